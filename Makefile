@@ -1,0 +1,31 @@
+# Every target works on a fresh clone: it makes .venv and installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# A CPU build of torch, pinned so a fresh machine does not pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench-planner clean venv
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[train,dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m examples.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check planner executor tests benchmarks examples
+	$(VENV)/bin/mypy planner executor
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""HexiScale executor: asymmetric 3D-parallel training on torch.distributed."""

@@ -1,0 +1,140 @@
+"""Device catalog: one JSON file per GPU type under ``profiles/devices/``.
+
+Each entry carries spec-derived figures (vendor datasheet; ``"derived": "spec"``) and room for a
+``measured`` section that the profiler fills (``"derived": "measured"`` entries carry it). A
+measured device type that is a throttled copy of another (e.g. an H100 with 60 % of its SMs under
+MPS) is its own entry: that is how a cluster file names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from planner.errors import SpecError
+from planner.fields import check_keys, expect_mapping, get_float, get_str, join
+
+ENTRY_KEYS_REQUIRED = ("key", "name", "memory_gib", "peak_tflops", "memory_bandwidth_GBps", "source",
+                       "derived")
+ENTRY_KEYS_OPTIONAL = ("aliases", "measured", "notes", "sm_percent", "base")
+
+
+@dataclass(frozen=True)
+class DeviceType:
+    """One GPU type. ``peak_tflops`` maps dtype ('bf16', 'fp16', 'tf32', 'fp32') to dense TFLOP/s."""
+
+    key: str
+    name: str
+    memory_gib: float
+    peak_tflops: dict[str, float]
+    memory_bandwidth_GBps: float
+    source: str
+    derived: str  # "spec" or "measured"
+    aliases: tuple[str, ...] = ()
+    measured: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+    sm_percent: float | None = None
+    base: str | None = None
+
+    def peak(self, dtype: str) -> float:
+        """Peak dense TFLOP/s for ``dtype`` (fp32 training on tensor cores counts as tf32)."""
+        if dtype in self.peak_tflops:
+            return self.peak_tflops[dtype]
+        if dtype == "fp32" and "tf32" in self.peak_tflops:
+            return self.peak_tflops["tf32"]
+        raise SpecError(f"devices.{self.key}.peak_tflops", f"no peak for dtype {dtype!r}",
+                        f"add '{dtype}' to the catalog entry")
+
+
+def profiles_dir() -> Path:
+    """Where device/link profiles live: ``$HEXISCALE_PROFILES`` or the repository's ``profiles/``."""
+    env = os.environ.get("HEXISCALE_PROFILES")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "profiles"
+
+
+def parse_device_entry(data: Any, path: str = "") -> DeviceType:
+    data = expect_mapping(data, path)
+    check_keys(data, path, ENTRY_KEYS_REQUIRED, ENTRY_KEYS_OPTIONAL)
+    peaks = expect_mapping(data["peak_tflops"], join(path, "peak_tflops"))
+    peak_values = {k: get_float(peaks, k, join(path, "peak_tflops"), positive=True) for k in peaks}
+    if "bf16" not in peak_values and "fp16" not in peak_values:
+        raise SpecError(join(path, "peak_tflops"), "needs a 'bf16' or 'fp16' entry", "add the dense tensor peak")
+    aliases = data.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise SpecError(join(path, "aliases"), "expected a list of strings", "write [\"name\", ...]")
+    measured = data.get("measured")
+    if measured is not None:
+        expect_mapping(measured, join(path, "measured"))
+    sm = data.get("sm_percent")
+    return DeviceType(
+        key=get_str(data, "key", path),
+        name=get_str(data, "name", path),
+        memory_gib=get_float(data, "memory_gib", path, positive=True),
+        peak_tflops=peak_values,
+        memory_bandwidth_GBps=get_float(data, "memory_bandwidth_GBps", path, positive=True),
+        source=get_str(data, "source", path),
+        derived=get_str(data, "derived", path, choices=("spec", "measured")),
+        aliases=tuple(aliases),
+        measured=dict(measured) if measured is not None else None,
+        sm_percent=get_float(data, "sm_percent", path, positive=True) if sm is not None else None,
+        base=get_str(data, "base", path) if "base" in data else None,
+    )
+
+
+class Catalog:
+    """All known device types, looked up by key or alias (case-insensitive)."""
+
+    def __init__(self, entries: list[DeviceType]):
+        self._by_key: dict[str, DeviceType] = {}
+        for entry in entries:
+            for name in (entry.key, *entry.aliases):
+                low = name.lower()
+                if low in self._by_key and self._by_key[low].key != entry.key:
+                    raise SpecError(f"devices.{entry.key}", f"name {name!r} is used by two entries",
+                                    "rename one alias")
+                self._by_key[low] = entry
+        self.entries = sorted({e.key: e for e in entries}.values(), key=lambda e: e.key)
+
+    def __contains__(self, name: str) -> bool:
+        return name.lower() in self._by_key
+
+    def get(self, name: str, path: str = "gpu") -> DeviceType:
+        try:
+            return self._by_key[name.lower()]
+        except KeyError:
+            import difflib
+
+            close = difflib.get_close_matches(name.lower(), list(self._by_key), n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else "run 'hexiscale devices' for the list"
+            raise SpecError(path, f"unknown GPU type {name!r}", hint) from None
+
+    def keys(self) -> list[str]:
+        return [e.key for e in self.entries]
+
+
+def load_catalog_dir(directory: Path) -> Catalog:
+    entries = []
+    for file in sorted(directory.glob("*.json")):
+        try:
+            data = json.loads(file.read_text())
+        except json.JSONDecodeError as exc:
+            raise SpecError("", f"not valid JSON: {exc.msg} at line {exc.lineno}", "fix the JSON",
+                            str(file)) from None
+        try:
+            entries.append(parse_device_entry(data))
+        except SpecError as exc:
+            raise exc.with_file(str(file)) from None
+    return Catalog(entries)
+
+
+@lru_cache(maxsize=4)
+def _cached(directory: str) -> Catalog:
+    return load_catalog_dir(Path(directory))
+
+
+def default_catalog() -> Catalog:
+    """The catalog under ``profiles/devices`` (cached per directory)."""
+    return _cached(str(profiles_dir() / "devices"))

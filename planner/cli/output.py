@@ -1,0 +1,85 @@
+"""Shared terminal output (rich) for the CLI: error lines and plan/cluster tables."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.cluster import ClusterSpec
+from planner.plan import Plan
+
+def _console(stderr: bool = False) -> Console:
+    """A console that keeps tables readable when output is piped (no terminal width to ask)."""
+    probe = Console(stderr=stderr)
+    return Console(stderr=stderr, width=None if probe.is_terminal else 160)
+
+
+console = _console()
+err_console = _console(stderr=True)
+
+
+def print_error(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+
+
+def _ranges(devices: tuple[str, ...] | list[str]) -> str:
+    """Compact device list: a100:0-3 instead of a100:0, a100:1, a100:2, a100:3."""
+    parts: list[str] = []
+    run: list[tuple[str, int]] = []
+
+    def flush() -> None:
+        if run:
+            node, first, last = run[0][0], run[0][1], run[-1][1]
+            parts.append(f"{node}:{first}" if first == last else f"{node}:{first}-{last}")
+            run.clear()
+
+    for dev in devices:
+        node, _, idx = dev.rpartition(":")
+        if idx.isdigit() and run and run[-1][0] == node and run[-1][1] + 1 == int(idx):
+            run.append((node, int(idx)))
+            continue
+        flush()
+        if idx.isdigit():
+            run.append((node, int(idx)))
+        else:
+            parts.append(dev)
+    flush()
+    return ", ".join(parts)
+
+
+def plan_table(plan: Plan, cluster: ClusterSpec | None = None) -> Table:
+    title = (f"plan: {plan.model.name}, global batch {plan.global_batch_size}, seq {plan.model.seq_len}, "
+             f"{plan.world_size} devices, recompute={plan.options.recompute}, zero={plan.options.zero}, "
+             f"dtype={plan.options.dtype}")
+    table = Table(title=title, title_justify="left")
+    for col in ("pipeline", "stage", "devices", "gpu", "tp", "layers", "batch", "micro-batches", "schedule"):
+        table.add_column(col, justify="right" if col in ("tp", "batch", "micro-batches") else "left")
+    for pi, pipe in enumerate(plan.pipelines):
+        for si, st in enumerate(pipe.stages):
+            gpu = ""
+            if cluster is not None:
+                gpu = ",".join(sorted({cluster.device(d).gpu for d in st.devices if cluster.has_device(d)}))
+            first = si == 0
+            table.add_row(str(pi) if first else "", str(si), _ranges(st.devices), gpu, str(st.tp),
+                          f"{st.layers[0]}-{st.layers[1] - 1} ({st.num_layers})",
+                          str(pipe.batch_size) if first else "", str(pipe.micro_batches) if first else "",
+                          pipe.schedule if first else "")
+        if pi != len(plan.pipelines) - 1:
+            table.add_section()
+    return table
+
+
+def cluster_table(cluster: ClusterSpec) -> Table:
+    table = Table(title=f"cluster: {cluster.name}, {cluster.num_devices} devices", title_justify="left")
+    for col in ("node", "gpu", "gpus", "memory GiB", "bf16 TFLOP/s", "intra-node link"):
+        table.add_column(col)
+    for n in cluster.nodes:
+        dt = cluster.catalog.get(n.gpu)
+        peak = dt.peak_tflops.get("bf16", dt.peak_tflops.get("fp16", 0.0))
+        lk = n.intra_link
+        table.add_row(n.name, n.gpu, str(n.gpus), f"{dt.memory_gib:g}", f"{peak:g}",
+                      f"{lk.kind} {lk.bandwidth_GBps:g} GB/s, {lk.latency_us:g} us")
+    lk = cluster.inter_node
+    table.caption = f"between nodes: {lk.kind} {lk.bandwidth_GBps:g} GB/s, {lk.latency_us:g} us" + (
+        f"; groups: {', '.join(g.name for g in cluster.groups)}" if cluster.groups else "")
+    return table

@@ -1,0 +1,41 @@
+"""One exception family for bad user input (cluster files, plans, flags, model configs).
+
+Every error names *where* (file and field path) and *what to do*, so the CLI can print one line
+instead of a traceback.
+"""
+
+from __future__ import annotations
+
+
+class SpecError(ValueError):
+    """Invalid user input. ``path`` is a dotted/indexed field path such as ``nodes[2].gpu``."""
+
+    def __init__(self, path: str, message: str, hint: str = "", file: str | None = None):
+        self.path = path
+        self.message = message
+        self.hint = hint
+        self.file = file
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = f"{self.file}: " if self.file else ""
+        field = self.path or "<root>"
+        text = f"{where}{field}: {self.message}"
+        if self.hint:
+            text += f" (hint: {self.hint})"
+        return text
+
+    def with_file(self, file: str) -> SpecError:
+        """The same error, annotated with the file it came from."""
+        return SpecError(self.path, self.message, self.hint, file)
+
+    def under(self, prefix: str) -> SpecError:
+        """The same error with its path nested under ``prefix``."""
+        if not prefix:
+            return self
+        path = f"{prefix}.{self.path}" if self.path and not self.path.startswith("[") else prefix + self.path
+        return SpecError(path, self.message, self.hint, self.file)
+
+
+class PlanInfeasible(SpecError):
+    """A plan or planning request that cannot fit the cluster (memory, device count)."""
