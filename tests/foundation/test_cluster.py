@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.cluster import cluster_to_dict, load_cluster, parse_cluster
+from planner.errors import SpecError
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples" / "clusters").glob("*.yaml"))
+
+LINK = {"kind": "pcie", "bandwidth_GBps": 16, "latency_us": 10}
+
+
+def base() -> dict:
+    return {
+        "name": "t",
+        "nodes": [
+            {"name": "a", "gpu": "a100-sxm-80g", "gpus": 4, "intra_link": {"kind": "nvlink", "bandwidth_GBps": 300}},
+            {"name": "b", "count": 2, "gpu": "rtx4090", "gpus": 2, "intra_link": dict(LINK)},
+        ],
+        "inter_node": {"kind": "ethernet", "bandwidth_GBps": 1.25, "latency_us": 50},
+    }
+
+
+def test_examples_load() -> None:
+    assert len(EXAMPLES) >= 6
+    sizes = {p.stem: load_cluster(p).num_devices for p in EXAMPLES}
+    assert sizes["seed-40gpu-3types"] == 40
+    assert sizes["seed-32gpu-4types"] == 32
+    assert sizes["seed-uneven-nodes"] == 8 + 2 * 4 + 4 * 8 + 8
+    assert sizes["a100-pcie-2x8-tcp"] == 16 and sizes["a100-pcie-4x8-tcp"] == 32
+    assert sizes["h20-h800"] == 48
+
+
+def test_compact_form_and_device_ids() -> None:
+    c = parse_cluster(base())
+    assert [n.name for n in c.nodes] == ["a", "b-0", "b-1"]
+    assert [d.id for d in c.devices][:5] == ["a:0", "a:1", "a:2", "a:3", "b-0:0"]
+    assert c.device("b-1:1").gpu == "rtx4090"
+    assert c.device("a:0").memory_gib == 80
+
+
+def test_link_resolution_order() -> None:
+    data = base()
+    data["groups"] = [{"name": "rack", "nodes": ["a", "b-0", "b-1"], "link": {"bandwidth_GBps": 10}},
+                      {"name": "pair", "nodes": ["b-0", "b-1"], "link": {"bandwidth_GBps": 20}}]
+    data["links"] = [{"between": ["a", "b-1"], "link": {"bandwidth_GBps": 5, "latency_us": 1}}]
+    c = parse_cluster(data)
+    assert c.link("a:0", "a:1").bandwidth_GBps == 300  # same node
+    assert c.link("a:0", "b-1:0").bandwidth_GBps == 5  # pair override
+    assert c.link("b-0:0", "b-1:0").bandwidth_GBps == 20  # smallest group
+    assert c.link("a:0", "b-0:0").bandwidth_GBps == 10  # larger group
+    del data["groups"]
+    assert parse_cluster(data).link("a:0", "b-0:0").bandwidth_GBps == 1.25  # default
+    assert parse_cluster(data).slowest_link(["a:0", "a:1", "b-0:0"]).bandwidth_GBps == 1.25
+
+
+def test_device_overrides() -> None:
+    data = base()
+    data["devices"] = {"b-0:1": {"memory_gib": 12, "slowdown": 1.5}}
+    d = parse_cluster(data).device("b-0:1")
+    assert (d.memory_gib, d.slowdown) == (12, 1.5)
+
+
+@pytest.mark.parametrize(
+    "mutate, path, word",
+    [
+        (lambda d: d.update(extra=1), "extra", "unknown key"),
+        (lambda d: d["nodes"][0].update(gpus=0), "nodes[0].gpus", ">= 1"),
+        (lambda d: d["nodes"][0].update(gpu="rtx9999"), "nodes[0].gpu", "unknown GPU type"),
+        (lambda d: d["nodes"][1]["intra_link"].update(bandwidth_GBps=-3), "nodes[1].intra_link.bandwidth_GBps", "> 0"),
+        (lambda d: d["nodes"][1]["intra_link"].update(bandwidth_GBps=0), "nodes[1].intra_link.bandwidth_GBps", "> 0"),
+        (lambda d: d["inter_node"].update(kind="carrier-pigeon"), "inter_node.kind", "not one of"),
+        (lambda d: d["nodes"].append(dict(d["nodes"][0])), "nodes", "duplicate node name"),
+        (lambda d: d["nodes"][0].update(gpus="four"), "nodes[0].gpus", "integer"),
+        (lambda d: d.update(devices={"zz:0": {"slowdown": 2}}), "devices.zz:0", "no device"),
+        (lambda d: d.update(links=[{"between": ["a", "q"], "link": LINK}]), "links[0].between[1]", "unknown node"),
+        (lambda d: d["nodes"][0].pop("intra_link"), "nodes[0].intra_link", "missing"),
+        (lambda d: d["nodes"][0].update(intra_lnk=1), "nodes[0].intra_lnk", "did you mean 'intra_link'"),
+    ],
+)
+def test_errors_name_the_field(mutate, path: str, word: str) -> None:
+    data = base()
+    mutate(data)
+    with pytest.raises(SpecError) as info:
+        parse_cluster(data)
+    assert info.value.path == path
+    assert word in str(info.value)
+    assert info.value.hint
+
+
+def test_file_errors_carry_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes: [\n  {name: a\n")
+    with pytest.raises(SpecError) as info:
+        load_cluster(bad)
+    assert str(bad) in str(info.value) and "line" in str(info.value)
+    with pytest.raises(SpecError, match="cannot read"):
+        load_cluster(tmp_path / "missing.yaml")
+
+
+def test_round_trip_through_dict() -> None:
+    for path in EXAMPLES:
+        c = load_cluster(path)
+        again = parse_cluster(cluster_to_dict(c))
+        assert [d for d in again.devices] == [d for d in c.devices]
+        assert again.inter_node == c.inter_node and again.groups == c.groups
