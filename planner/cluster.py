@@ -43,6 +43,8 @@ from planner.fields import (
     join,
 )
 
+MAX_GPUS_PER_NODE = 64
+MAX_NODES = 4096
 LINK_KINDS = ("nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet", "tcp", "other")
 
 
@@ -196,11 +198,14 @@ def _parse_nodes(raw: Any, catalog: Catalog) -> list[Node]:
         if ":" in name or any(c.isspace() for c in name):
             raise SpecError(join(p, "name"), f"{name!r} contains ':' or whitespace", "use letters, digits, '-', '_'")
         gpu = catalog.get(get_str(item, "gpu", p), join(p, "gpu")).key
-        gpus = get_int(item, "gpus", p, minimum=1)
+        gpus = get_int(item, "gpus", p, minimum=1, maximum=MAX_GPUS_PER_NODE)
         link = parse_link(item["intra_link"], join(p, "intra_link"))
-        count = get_int(item, "count", p, minimum=1, default=0) if "count" in item else 0
+        count = get_int(item, "count", p, minimum=1, default=0, maximum=MAX_NODES) if "count" in item else 0
         names = [f"{name}-{k}" for k in range(count)] if count else [name]
         nodes.extend(Node(n, gpu, gpus, link) for n in names)
+    if len(nodes) > MAX_NODES:
+        raise SpecError("nodes", f"{len(nodes)} nodes is more than the {MAX_NODES} HexiScale handles",
+                        "split the cluster")
     seen: set[str] = set()
     for n in nodes:
         if n.name in seen:

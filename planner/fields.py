@@ -47,7 +47,7 @@ def check_keys(
 
 
 def get_int(data: Mapping[str, Any], key: str, path: str, *, minimum: int | None = None,
-            default: int | None = None) -> int:
+            default: int | None = None, maximum: int | None = None) -> int:
     p = join(path, key)
     if key not in data:
         if default is None:
@@ -58,6 +58,8 @@ def get_int(data: Mapping[str, Any], key: str, path: str, *, minimum: int | None
         raise SpecError(p, f"expected an integer, got {value!r}", "write a whole number")
     if minimum is not None and value < minimum:
         raise SpecError(p, f"must be >= {minimum}, got {value}", f"use a value of at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise SpecError(p, f"must be <= {maximum}, got {value}", f"use a value of at most {maximum}")
     return value
 
 
@@ -71,7 +73,10 @@ def get_float(data: Mapping[str, Any], key: str, path: str, *, positive: bool = 
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(p, f"expected a number, got {value!r}", "write a number such as 25 or 1.5")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise SpecError(p, "number too large", "write a realistic value") from None
     if value != value or value in (float("inf"), float("-inf")):
         raise SpecError(p, f"must be finite, got {value}", "write a finite number")
     if positive and value <= 0:

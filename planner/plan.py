@@ -33,6 +33,7 @@ from planner.model import RECOMPUTE_MODES, ModelSpec, model_from_dict
 PLAN_FORMAT = "hexiscale.plan/1"
 SCHEDULES = ("1f1b", "gpipe")
 DTYPES = ("fp32", "bf16", "fp16")
+MAX_MICRO_BATCHES = 100_000
 
 
 @dataclass(frozen=True)
@@ -134,9 +135,10 @@ def check_structure(plan: Plan) -> None:
         if pipe.batch_size < 1:
             raise SpecError(f"{pp}.batch_size", f"must be >= 1, got {pipe.batch_size}",
                             "drop the pipeline or give it samples")
-        if not 1 <= pipe.micro_batches <= pipe.batch_size:
+        if not 1 <= pipe.micro_batches <= min(pipe.batch_size, MAX_MICRO_BATCHES):
             raise SpecError(f"{pp}.micro_batches", f"{pipe.micro_batches} is not in [1, batch_size="
-                            f"{pipe.batch_size}]", "every micro-batch needs at least one sample")
+                            f"{pipe.batch_size}] (at most {MAX_MICRO_BATCHES})",
+                            "every micro-batch needs at least one sample")
         if pipe.schedule not in SCHEDULES:
             raise SpecError(f"{pp}.schedule", f"{pipe.schedule!r} is not one of {list(SCHEDULES)}",
                             "use 1f1b or gpipe")

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.cluster import load_cluster
+from planner.errors import SpecError
+from planner.model import PRESETS
+from planner.plan import load_plan
+from planner.seed_flags import pad_to, plan_from_flags, plan_to_flags
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = load_cluster(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml")
+TINY = PRESETS["tiny"]
+
+
+def build(**kw):  # noqa: ANN003, ANN201
+    args = dict(model=TINY, cluster=CLUSTER, hetero_configs="[[2], [1, 2, 1]]", layer_partitions="[[4], [1, 2, 1]]",
+                global_bsz_size=["5", "3"], chunks=["2", "3"], devices_id="[[[0, 0]], [[1], [1, 1], [1]]]")
+    args.update(kw)
+    return plan_from_flags(**args)
+
+
+def test_flags_match_the_example_plan() -> None:
+    plan = load_plan(ROOT / "examples" / "plans" / "demo-cpu-6-tiny.json")
+    built = build()
+    assert built.pipelines == plan.pipelines
+
+
+def test_round_trip_plan_flags_plan() -> None:
+    for path in sorted((ROOT / "examples" / "plans").glob("*.json")):
+        plan = load_plan(path)
+        cluster = load_cluster(ROOT / "examples" / "clusters" / f"{plan.cluster}.yaml")
+        flags = plan_to_flags(plan, cluster)
+        again = plan_from_flags(model=plan.model, cluster=cluster, hetero_configs=str(flags.hetero_configs),
+                                layer_partitions=str(flags.layer_partitions),
+                                global_bsz_size=list(map(str, flags.global_bsz_size)),
+                                chunks=" ".join(map(str, flags.chunks)), devices_id=str(flags.devices_id),
+                                options=plan.options)
+        assert again.pipelines == plan.pipelines, path.name
+
+
+def test_trailing_commas_and_flat_single_pipeline() -> None:
+    plan = build(hetero_configs="[[1, 2, 1],]", layer_partitions="[[1, 2, 1],]", global_bsz_size="4",
+                 chunks="2", devices_id=None)
+    assert [s.devices for s in plan.pipelines[0].stages] == [("a100:0",), ("a100:1", "r4090:0"), ("r4090:1",)]
+    flat = build(hetero_configs="[1, 2, 1]", layer_partitions="[1, 2, 1]", global_bsz_size="4", chunks="2",
+                 devices_id=None)
+    assert flat.pipelines == plan.pipelines
+
+
+def test_padding_rule() -> None:
+    assert pad_to([8], 3) == [8, 8, 8]
+    assert pad_to([8, 4, 2, 1], 2) == [8, 4]
+    plan = build(global_bsz_size="[4]", chunks="[2, 1, 1, 1]")  # short batch padded, long chunks truncated
+    assert [p.batch_size for p in plan.pipelines] == [4, 4]
+    assert [p.micro_batches for p in plan.pipelines] == [2, 1]
+    assert plan.global_batch_size == 8
+
+
+def test_devices_id_local_numbering_in_order_of_appearance() -> None:
+    plan = build(devices_id="[[[1, 1]], [[0], [1, 1], [0]]]")
+    devs = [s.devices for p in plan.pipelines for s in p.stages]
+    assert devs == [("r4090:0", "r4090:1"), ("a100:0",), ("r4090:2", "r4090:3"), ("a100:1",)]
+
+
+@pytest.mark.parametrize("kw, path", [
+    ({"hetero_configs": "[[2], [1, 2"}, "--hetero_configs"),
+    ({"layer_partitions": "[[4], [1, 2]]"}, "--layer_partitions[1]"),
+    ({"layer_partitions": "[[3], [1, 2, 1]]"}, "--layer_partitions[0]"),
+    ({"global_bsz_size": "four"}, "--global_bsz_size"),
+    ({"chunks": "[0]"}, "--chunks[0]"),
+    ({"devices_id": "[[[0, 0]], [[1], [1, 1], [7]]]"}, "--devices_id[1][2][0]"),
+    ({"devices_id": "[[[0, 0]], [[0], [1, 1], [1]]]"}, "--devices_id[1][0][0]"),
+    ({"devices_id": "[[[0]], [[1], [1, 1], [1]]]"}, "--devices_id[0][0]"),
+    ({"hetero_configs": "__import__('os')"}, "--hetero_configs"),
+])
+def test_flag_errors_name_the_flag(kw: dict, path: str) -> None:
+    with pytest.raises(SpecError) as info:
+        build(**kw)
+    assert info.value.path == path, str(info.value)
+
+
+def test_to_flags_refuses_unexpressible_device_order() -> None:
+    plan = build(devices_id="[[[0, 0]], [[1], [1, 1], [1]]]")
+    from dataclasses import replace
+
+    from planner.plan import Stage
+    p1 = plan.pipelines[1]
+    swapped = replace(p1, stages=(Stage(("r4090:1",), 1, (0, 1)), Stage(("r4090:0", "r4090:2"), 2, (1, 3)),
+                                  p1.stages[2]))
+    bad = replace(plan, pipelines=(plan.pipelines[0], swapped))
+    with pytest.raises(SpecError, match="seed's numbering"):
+        plan_to_flags(bad, CLUSTER)
+    assert plan_to_flags(bad).devices_id is None  # without a cluster: no --devices_id
