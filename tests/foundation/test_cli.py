@@ -1,0 +1,66 @@
+"""The foundation's CLI commands, run in-process through the console-script entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTERS = sorted((ROOT / "examples" / "clusters").glob("*.yaml"))
+PLANS = sorted((ROOT / "examples" / "plans").glob("*.json"))
+
+
+def test_validate_every_example_prints_ok(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", *map(str, CLUSTERS + PLANS)]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": OK") == len(CLUSTERS) + len(PLANS)
+
+
+def test_validate_plan_against_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = ROOT / "examples" / "plans" / "demo-cpu-6-tiny.json"
+    assert main(["validate", str(plan), "--cluster", str(ROOT / "examples/clusters/demo-cpu-6.yaml")]) == 0
+    assert main(["validate", str(plan), "--cluster", str(ROOT / "examples/clusters/h20-h800.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "pipelines[0].stages[0].devices[0]" in err and "hint" in err
+
+
+def test_validate_broken_cluster_prints_path_and_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes:\n  - {name: a, gpu: a100, gpus: 2, intra_link: {bandwidth_GBps: -1}}\n"
+                   "inter_node: {bandwidth_GBps: 1}\n")
+    assert main(["validate", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "nodes[0].intra_link.bandwidth_GBps" in err and "hint" in err and str(bad) in err
+    assert "Traceback" not in err
+
+
+def test_show_plan_and_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = ROOT / "examples" / "plans" / "demo-cpu-6-tiny.json"
+    assert main(["show", str(plan), "--cluster", str(ROOT / "examples/clusters/demo-cpu-6.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "r4090:1-2" in out and "micro-batches" in out and "rtx4090" in out
+    assert main(["show", str(ROOT / "examples/clusters/seed-uneven-nodes.yaml")]) == 0
+    assert "r4090s-1" in capsys.readouterr().out
+
+
+def test_convert_both_ways(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = ROOT / "examples" / "plans" / "demo-cpu-6-tiny.json"
+    cluster = str(ROOT / "examples/clusters/demo-cpu-6.yaml")
+    assert main(["convert", "--to-flags", str(plan), "--cluster", cluster]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith('--hetero_configs "[[2], [1, 2, 1]]"')
+    out = tmp_path / "p.json"
+    assert main(["convert", "--from-flags", "--cluster", cluster, "--model", "tiny", "--dtype", "fp32",
+                 "--hetero_configs", "[[2], [1, 2, 1]]", "--layer_partitions", "[[4], [1, 2, 1],]",
+                 "--global_bsz_size", "5", "3", "--chunks", "2", "3",
+                 "--devices_id", "[[[0, 0]], [[1], [1, 1], [1]]]", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["pipelines"] == json.loads(plan.read_text())["pipelines"]
+
+
+def test_devices_lists_catalog(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices"]) == 0
+    assert "rtx3080ti" in capsys.readouterr().out
