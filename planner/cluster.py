@@ -135,7 +135,8 @@ class ClusterSpec:
             return self._devices[dev_id]  # type: ignore[attr-defined,no-any-return]
         except KeyError:
             raise SpecError(path, f"device {dev_id!r} is not in cluster {self.name!r}",
-                            "device ids look like 'node-name:local-index'; run 'hexiscale show' on the cluster") from None
+                            "device ids look like 'node-name:local-index'; 'hexiscale show CLUSTER' lists the nodes"
+                            ) from None
 
     def node(self, name: str) -> Node:
         return self._node_by_name[name]  # type: ignore[attr-defined,no-any-return]

@@ -8,6 +8,7 @@ from rich.table import Table
 from planner.cluster import ClusterSpec
 from planner.plan import Plan
 
+
 def _console(stderr: bool = False) -> Console:
     """A console that keeps tables readable when output is piped (no terminal width to ask)."""
     probe = Console(stderr=stderr)
