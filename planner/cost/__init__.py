@@ -1,0 +1,80 @@
+"""HexiScale cost model: step time, memory, MFU and bottleneck of a plan on a cluster.
+
+Whole plan (scores a candidate; ~ms)::
+
+    from planner.cost import estimate, ProfileSet, CostParams
+    est = estimate(plan, cluster)                     # -> Estimate
+    est.step_time_s, est.tokens_per_s, est.mfu, est.hfu, est.breakdown, est.memory_gib, est.oom,
+    est.bottleneck, est.pipelines; est.check_fits(); est.to_dict()  (JSON, for plan.estimate)
+    estimate(plan, cluster, ProfileSet(cluster.catalog, CostParams(gemm_efficiency=0.7)))
+
+Fast functions for the planner's inner loops (no plan object; results cached per argument tuple
+where they touch profiles, plain arithmetic elsewhere). Stable signatures:
+
+``ProfileSet(catalog=None, params=DEFAULT_PARAMS, prefer_measured=True).get(gpu) -> DeviceProfile``
+    one profile per device type (measured table if the catalog entry has one, else spec roofline).
+``DeviceProfile.layer_time(model, micro_batch, tp=1, dtype='bf16', recompute='none', seq_len=None) -> PassTime``
+    one layer, one micro-batch, one TP shard, nominal speed: ``.forward_s``, ``.backward_s``
+    (backward includes recompute). Also ``embedding_time``, ``head_time`` (same arguments without
+    recompute), ``optimizer_time(num_params, num_tensors, dtype)``, ``peak_flops(dtype)``.
+``stage_time(model, *, layers, first, last, micro_batch, tp, devices, tp_link, dtype, recompute, params)``
+    ``-> StageTime``; ``devices`` = [(DeviceProfile, slowdown), ...] of the TP group,
+    per micro-batch: ``forward_s``/``backward_s`` = slowest device's compute + TP all-reduces
+    (split in ``forward_compute_s``, ``forward_tp_s``, ...).
+``device_compute(model, profile, *, layers, first, last, micro_batch, tp, dtype, recompute) -> (fwd, bwd)``
+``tp_comm_time(model, *, layers, first, last, micro_batch, tp, dtype, recompute, link, params) -> (fwd, bwd)``
+``boundary_time(nbytes, sender_devices, receiver_devices, cluster, params)`` and
+``activation_bytes(model, micro_batch, dtype)``: p2p between two stages (TP-degree changes included).
+``p2p_time, broadcast_time, allreduce_time, ring_allreduce_time, tree_allreduce_time,
+reduce_scatter_time, all_gather_time, hierarchical_allreduce_time`` (nbytes, n, Link, params)
+and ``group_allreduce_time(nbytes, devices, cluster, params)``: collectives from links.
+``pipeline_time(f, b, m, schedule)``, ``one_f_one_b_time``, ``gpipe_time``,
+``one_f_one_b_lower_bound``, ``bubble_fraction``: closed-form schedules from per-stage times
+(p2p folded in with ``fold_p2p``); ``simulate(f, b, m, schedule)`` for the exact makespan.
+``in_flight(schedule, stages, stage_index, m)`` and
+``stage_memory(model, *, layers, tp, first, last, micro_batch, in_flight, dtype, recompute, zero_shards,
+params) -> MemoryBreakdown``
+    (bytes per term; ``.total_gib``); ``stage_params(model, layers, tp, first, last)``.
+``sync_groups(plan)``: cross-pipeline gradient groups (finest common slices) and their bytes.
+
+Every tunable constant is a named physical term of ``CostParams`` (see params.py); the formulas
+are documented in each module.
+"""
+
+from planner.cost.gradsync import sync_groups
+from planner.cost.links import (
+    all_gather_time,
+    allreduce_time,
+    broadcast_time,
+    group_allreduce_time,
+    group_broadcast_time,
+    hierarchical_allreduce_time,
+    p2p_time,
+    reduce_scatter_time,
+    ring_allreduce_time,
+    tree_allreduce_time,
+)
+from planner.cost.memory import GIB, MemoryBreakdown, layer_activation_bytes, stage_memory, stage_params
+from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.cost.profile import DeviceProfile, PassTime, ProfileSet, SpecProfile
+from planner.cost.schedule import (
+    bubble_fraction,
+    gpipe_time,
+    in_flight,
+    one_f_one_b_lower_bound,
+    one_f_one_b_time,
+    pipeline_time,
+)
+from planner.cost.simulate import SimResult, fold_p2p, simulate
+from planner.cost.stage import StageTime, activation_bytes, boundary_time, device_compute, stage_time, tp_comm_time
+from planner.cost.step import BREAKDOWN_TERMS, Estimate, PipelineEstimate, StageEstimate, estimate
+
+__all__ = [
+    "BREAKDOWN_TERMS", "DEFAULT_PARAMS", "GIB", "CostParams", "DeviceProfile", "Estimate", "MemoryBreakdown",
+    "PassTime", "PipelineEstimate", "ProfileSet", "SimResult", "SpecProfile", "StageEstimate", "StageTime",
+    "activation_bytes", "all_gather_time", "allreduce_time", "boundary_time", "broadcast_time", "bubble_fraction",
+    "device_compute", "estimate", "fold_p2p", "gpipe_time", "group_allreduce_time", "group_broadcast_time",
+    "hierarchical_allreduce_time", "in_flight", "layer_activation_bytes", "one_f_one_b_lower_bound",
+    "one_f_one_b_time", "p2p_time", "pipeline_time", "reduce_scatter_time", "ring_allreduce_time", "simulate",
+    "stage_memory", "stage_params", "stage_time", "sync_groups", "tp_comm_time", "tree_allreduce_time",
+]

@@ -1,0 +1,146 @@
+"""The kernels of one Llama layer (and of the embedding, LM head and optimizer) as a list of ops
+with their FLOPs and bytes moved, for one tensor-parallel shard. Pure counting, no device.
+
+Notation: ``T = micro_batch * seq_len`` tokens, ``h`` hidden, ``f`` ffn hidden, ``kv`` the K/V
+width (``num_kv_heads * head_dim``), ``t`` the TP degree, ``e`` bytes per element of the compute
+dtype. Megatron tensor parallelism without sequence parallelism: norms and residual adds run on
+the full (replicated) activation on every TP rank; q/k/v, gate/up are column-parallel (N/t),
+wo and w_down row-parallel (K/t).
+
+Forward ops of one layer (GEMM shapes are ``[M, K] x [K, N]``)::
+
+    attn_norm   mem   read T·h, write T·h
+    wq, wk, wv  gemm  [T, h] x [h, h/t], [h, kv/t], [h, kv/t]
+    rope        mem   read + write q and k: 2·T·(h + kv)/t
+    attention   attn  causal flash attention: 2·b·s²·h/t FLOPs (half of the 4·b·s²·h/t dense count)
+    wo          gemm  [T, h/t] x [h/t, h]
+    residual    mem   read 2·T·h, write T·h           (after attention and after the MLP)
+    mlp_norm    mem   read T·h, write T·h
+    w_gate,w_up gemm  [T, h] x [h, f/t]
+    swiglu      mem   read 2·T·f/t, write T·f/t       (two kernels: silu, mul)
+    w_down      gemm  [T, f/t] x [f/t, h]
+
+Backward: each GEMM becomes a data-gradient GEMM and a weight-gradient GEMM of the same FLOPs
+(the weight gradient also reads and writes the fp32 gradient accumulator); attention's backward
+runs ``attention_backward_flops_ratio`` times its forward FLOPs and moves twice its bytes;
+element-wise ops read their saved inputs and the output gradient and write the input gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.model import ModelSpec
+
+GEMM, ATTN, MEM = "gemm", "attn", "mem"
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+GRAD_BYTES = 4  # gradients are accumulated and reduced in fp32
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel (or a few fused ones): FLOPs, bytes moved, and its shape for efficiency curves.
+
+    ``dim`` is the smallest GEMM dimension (GEMM) or the sequence length (attention); 0 for
+    memory-bound ops. ``kernels`` is how many launches it takes."""
+
+    name: str
+    kind: str
+    flops: float
+    bytes: float
+    dim: float = 0.0
+    kernels: int = 1
+
+
+def _gemm(name: str, m: float, k: float, n: float, e: int) -> Op:
+    return Op(name, GEMM, 2.0 * m * k * n, e * (m * k + k * n + m * n), min(m, k, n))
+
+
+def _gemm_backward(name: str, m: float, k: float, n: float, e: int) -> list[Op]:
+    dgrad = Op(name + ".dgrad", GEMM, 2.0 * m * k * n, e * (m * n + k * n + m * k), min(m, k, n))
+    wgrad = Op(name + ".wgrad", GEMM, 2.0 * m * k * n, e * (m * k + m * n) + 2 * GRAD_BYTES * k * n, min(m, k, n))
+    return [dgrad, wgrad]
+
+
+def layer_gemms(model: ModelSpec, tokens: float, tp: int) -> list[tuple[str, float, float, float]]:
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_dim
+    return [("wq", tokens, h, h / tp), ("wk", tokens, h, kv / tp), ("wv", tokens, h, kv / tp),
+            ("wo", tokens, h / tp, h), ("w_gate", tokens, h, f / tp), ("w_up", tokens, h, f / tp),
+            ("w_down", tokens, f / tp, h)]
+
+
+def attention_core_forward(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, e: int) -> Op:
+    h, kv = model.hidden_size, model.kv_dim
+    tokens = micro_batch * seq_len
+    flops = 2.0 * micro_batch * seq_len * seq_len * h / tp  # causal half of 4·b·s²·h/t
+    return Op("attention", ATTN, flops, e * tokens * (2 * h + 2 * kv) / tp, seq_len)
+
+
+def layer_forward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: str) -> list[Op]:
+    e = DTYPE_BYTES[dtype]
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_dim
+    t = micro_batch * seq_len
+    gemms = {name: _gemm(name, m, k, n, e) for name, m, k, n in layer_gemms(model, t, tp)}
+    return [
+        Op("attn_norm", MEM, 0.0, e * 2 * t * h),
+        gemms["wq"], gemms["wk"], gemms["wv"],
+        Op("rope", MEM, 0.0, e * 2 * t * (h + kv) / tp, kernels=2),
+        attention_core_forward(model, micro_batch, seq_len, tp, e),
+        gemms["wo"],
+        Op("residual_attn", MEM, 0.0, e * 3 * t * h),
+        Op("mlp_norm", MEM, 0.0, e * 2 * t * h),
+        gemms["w_gate"], gemms["w_up"],
+        Op("swiglu", MEM, 0.0, e * 3 * t * f / tp, kernels=2),
+        gemms["w_down"],
+        Op("residual_mlp", MEM, 0.0, e * 3 * t * h),
+    ]
+
+
+def layer_backward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: str,
+                       attention_backward_flops_ratio: float) -> list[Op]:
+    """Backward ops without recompute (recompute adds forward ops; see profile.py)."""
+    e = DTYPE_BYTES[dtype]
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_dim
+    t = micro_batch * seq_len
+    ops: list[Op] = []
+    for name, m, k, n in layer_gemms(model, t, tp):
+        ops.extend(_gemm_backward(name, m, k, n, e))
+    attn = attention_core_forward(model, micro_batch, seq_len, tp, e)
+    ops.append(Op("attention.backward", ATTN, attn.flops * attention_backward_flops_ratio, 2 * attn.bytes,
+                  seq_len, kernels=2))
+    ops += [
+        Op("attn_norm.backward", MEM, 0.0, e * 3 * t * h),
+        Op("rope.backward", MEM, 0.0, e * 2 * t * (h + kv) / tp, kernels=2),
+        Op("residual_attn.backward", MEM, 0.0, e * 3 * t * h),  # accumulating the branch gradients
+        Op("mlp_norm.backward", MEM, 0.0, e * 3 * t * h),
+        Op("swiglu.backward", MEM, 0.0, e * 5 * t * f / tp, kernels=2),
+        Op("residual_mlp.backward", MEM, 0.0, e * 3 * t * h),
+    ]
+    return ops
+
+
+def embedding_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: str) -> tuple[list[Op], list[Op]]:
+    """Vocab-parallel embedding: a gather forward, a scatter-add into the fp32 gradient backward."""
+    e = DTYPE_BYTES[dtype]
+    t, h = micro_batch * seq_len, model.hidden_size
+    fwd = [Op("embedding", MEM, 0.0, e * 2 * t * h, kernels=3)]  # mask, gather, zero the foreign rows
+    bwd = [Op("embedding.backward", MEM, 0.0, e * t * h + 2 * GRAD_BYTES * t * h, kernels=2)]
+    return fwd, bwd
+
+
+def head_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: str) -> tuple[list[Op], list[Op]]:
+    """Final RMSNorm, vocab-parallel LM head and cross-entropy (fp32 softmax over the vocab shard)."""
+    e = DTYPE_BYTES[dtype]
+    t, h, v = micro_batch * seq_len, model.hidden_size, model.vocab_size
+    fwd = [Op("final_norm", MEM, 0.0, e * 2 * t * h), _gemm("lm_head", t, h, v / tp, e),
+           Op("cross_entropy", MEM, 0.0, (e + 4) * t * v / tp, kernels=4)]
+    bwd = [Op("cross_entropy.backward", MEM, 0.0, (e + 4 + e) * t * v / tp, kernels=2),
+           *_gemm_backward("lm_head", t, h, v / tp, e), Op("final_norm.backward", MEM, 0.0, e * 3 * t * h)]
+    return fwd, bwd
+
+
+def optimizer_bytes_per_param(dtype: str) -> float:
+    """AdamW step, per parameter: read fp32 grad, master, m, v; write master, m, v; write the
+    compute-dtype weight copy when it differs from the master; zero the gradient."""
+    e = DTYPE_BYTES[dtype]
+    return 4 * 4 + 3 * 4 + (e if e != 4 else 0) + GRAD_BYTES

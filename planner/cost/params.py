@@ -1,0 +1,84 @@
+"""Every tunable term of the cost model, in one frozen dataclass that calibration can fit.
+
+There is no global fudge factor. Each field is a physical quantity with a unit, and each is used
+in exactly the formulas named in its comment. Defaults are spec-level guesses for a modern NVIDIA
+GPU with cuBLAS/cuDNN/NCCL; the profiler issue fits them to measurements
+(``dataclasses.replace(DEFAULT_PARAMS, gemm_efficiency=0.71, ...)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from planner.errors import SpecError
+
+ALLREDUCE_ALGOS = ("ring", "tree", "best")
+
+
+@dataclass(frozen=True)
+class CostParams:
+    # ------------------------------------------------------------------ compute (profile.py)
+    # A GEMM with smallest dimension d reaches  gemm_efficiency * d / (d + gemm_half_dim)  of the
+    # dtype's peak (tile/wave quantisation makes skinny GEMMs slow). Dimensionless / elements.
+    gemm_efficiency: float = 0.80
+    gemm_half_dim: float = 96.0
+    # Fused (flash) attention reaches attention_efficiency * s / (s + attention_half_seq) of peak.
+    attention_efficiency: float = 0.60
+    attention_half_seq: float = 256.0
+    # Flash-attention backward executes this many times the forward's FLOPs (it recomputes the
+    # scores: 5 matmuls against 2 in the forward).
+    attention_backward_flops_ratio: float = 2.5
+    # Memory-bound kernels (norms, RoPE, SwiGLU, residual adds, optimizer) reach this fraction
+    # of the catalog's memory bandwidth.
+    memory_efficiency: float = 0.80
+    # Fixed cost of each kernel (launch + tail), seconds; every modelled op pays it once.
+    kernel_overhead_s: float = 4e-6
+
+    # ------------------------------------------------------------------ communication (links.py)
+    # Fraction of a link's nominal bandwidth a collective or p2p achieves (protocol overhead).
+    link_efficiency: float = 0.85
+    # All-reduce algorithm: ring, tree or the faster of the two per call (what NCCL tunes to).
+    allreduce_algo: str = "best"
+    # Use the hierarchical (intra-node reduce-scatter, inter-node all-reduce, intra-node
+    # all-gather) all-reduce when a group spans several nodes with several devices each.
+    hierarchical_allreduce: bool = True
+
+    # ------------------------------------------------------------------ overlap (step.py)
+    # Fraction of the cross-pipeline gradient sync that can run during the last micro-batch's
+    # backward of the same stage (bucketed all-reduce started as buckets fill). 0..1.
+    dp_overlap: float = 0.8
+
+    # ------------------------------------------------------------------ memory (memory.py)
+    # CUDA context, cuBLAS/cuDNN handles and kernels resident on every device, GiB.
+    framework_gib: float = 0.9
+    # Caching-allocator slack and workspaces (cuBLAS workspace, NCCL buffers), GiB per device.
+    workspace_gib: float = 0.6
+    # Fraction of the tensors' bytes lost to allocator fragmentation (0 = none).
+    fragmentation: float = 0.05
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "allreduce_algo":
+                if value not in ALLREDUCE_ALGOS:
+                    raise SpecError(f"cost.{f.name}", f"{value!r} is not one of {list(ALLREDUCE_ALGOS)}",
+                                    "use ring, tree or best")
+                continue
+            if isinstance(value, bool):
+                continue
+            if not isinstance(value, int | float) or value < 0:
+                raise SpecError(f"cost.{f.name}", f"must be a non-negative number, got {value!r}", "fix the value")
+        for name in ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "link_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise SpecError(f"cost.{name}", f"must be in (0, 1], got {getattr(self, name)}",
+                                "an efficiency is a fraction of the peak")
+        for name in ("dp_overlap", "fragmentation"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise SpecError(f"cost.{name}", f"must be in [0, 1], got {getattr(self, name)}", "use a fraction")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+DEFAULT_PARAMS = CostParams()

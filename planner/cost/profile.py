@@ -1,0 +1,219 @@
+"""Device compute profiles: how long one layer (and the embedding, the LM head, the optimizer
+step) takes on one device type. Two sources behind one interface (:class:`DeviceProfile`):
+
+* :class:`SpecProfile` — a roofline from the catalog's datasheet figures. Each op of
+  :mod:`planner.cost.ops` takes::
+
+      time(op) = kernels · kernel_overhead_s + max(flops / (peak · eff(op)), bytes / (bw · memory_efficiency))
+
+  with ``peak = DeviceType.peak(dtype)``, ``bw`` the memory bandwidth and the efficiency curves
+  (``CostParams``)::
+
+      GEMM:       eff = gemm_efficiency · d / (d + gemm_half_dim)          d = smallest GEMM dim
+      attention:  eff = attention_efficiency · s / (s + attention_half_seq) s = sequence length
+      memory op:  no FLOP term (pure bandwidth)
+
+  Recompute adds to the backward what it repeats: ``full`` the whole layer forward,
+  ``selective`` the attention core forward.
+* :class:`planner.cost.measured.MeasuredProfile` — tables measured by the profiler, read from the
+  catalog entry's ``measured`` section (format in that module), interpolated, falling back to the
+  spec roofline where the table has no entry.
+
+Times are for ONE device at nominal speed; a per-device ``slowdown`` (cluster overrides) is
+applied by the caller (``planner.cost.stage``), as is TP communication.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.catalog import Catalog, DeviceType, default_catalog
+from planner.cost.ops import (
+    ATTN,
+    GEMM,
+    Op,
+    attention_core_forward,
+    embedding_ops,
+    head_ops,
+    layer_backward_ops,
+    layer_forward_ops,
+    optimizer_bytes_per_param,
+)
+from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.errors import SpecError
+from planner.model import RECOMPUTE_MODES, ModelSpec
+from planner.plan import DTYPES
+
+
+@dataclass(frozen=True)
+class PassTime:
+    """Forward and backward seconds of one micro-batch (backward includes any recompute)."""
+
+    forward_s: float
+    backward_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+def _check(dtype: str, recompute: str, micro_batch: int, tp: int) -> None:
+    if dtype not in DTYPES:
+        raise SpecError("options.dtype", f"{dtype!r} is not one of {list(DTYPES)}", "use bf16, fp16 or fp32")
+    if recompute not in RECOMPUTE_MODES:
+        raise SpecError("options.recompute", f"{recompute!r} is not one of {list(RECOMPUTE_MODES)}",
+                        "use none, selective or full")
+    if micro_batch < 1 or tp < 1:
+        raise SpecError("micro_batch" if micro_batch < 1 else "tp", "must be >= 1", "use a positive integer")
+
+
+class DeviceProfile:
+    """Interface (and the spec roofline implementation's cache). Subclasses override ``_layer``,
+    ``_embedding``, ``_head`` and may override ``optimizer_time``. Results are cached per
+    argument tuple, so repeated calls from the planner's inner loops cost a dict lookup."""
+
+    source = "abstract"
+
+    def __init__(self, device: DeviceType, params: CostParams = DEFAULT_PARAMS):
+        self.device = device
+        self.params = params
+        self._cache: dict[tuple[object, ...], PassTime] = {}
+
+    @property
+    def key(self) -> str:
+        return self.device.key
+
+    @property
+    def memory_gib(self) -> float:
+        return self.device.memory_gib
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak FLOP/s of this device type for ``dtype`` (catalog figure)."""
+        return self.device.peak(dtype) * 1e12
+
+    # ----------------------------------------------------------------------- public, cached
+    def layer_time(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
+                   recompute: str = "none", seq_len: int | None = None) -> PassTime:
+        """One transformer layer, one micro-batch of ``micro_batch`` sequences, on a TP-``tp`` shard
+        (compute only; TP all-reduces are added by the stage model)."""
+        key = ("layer", model, micro_batch, tp, dtype, recompute, seq_len)
+        hit = self._cache.get(key)
+        if hit is None:
+            _check(dtype, recompute, micro_batch, tp)
+            hit = self._cache[key] = self._layer(model, micro_batch, tp, dtype, recompute, seq_len or model.seq_len)
+        return hit
+
+    def embedding_time(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
+                       seq_len: int | None = None) -> PassTime:
+        key = ("embedding", model, micro_batch, tp, dtype, seq_len)
+        hit = self._cache.get(key)
+        if hit is None:
+            _check(dtype, "none", micro_batch, tp)
+            hit = self._cache[key] = self._embedding(model, micro_batch, tp, dtype, seq_len or model.seq_len)
+        return hit
+
+    def head_time(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
+                  seq_len: int | None = None) -> PassTime:
+        """Final norm + LM head + cross-entropy loss."""
+        key = ("head", model, micro_batch, tp, dtype, seq_len)
+        hit = self._cache.get(key)
+        if hit is None:
+            _check(dtype, "none", micro_batch, tp)
+            hit = self._cache[key] = self._head(model, micro_batch, tp, dtype, seq_len or model.seq_len)
+        return hit
+
+    def optimizer_time(self, num_params: float, num_tensors: int, dtype: str = "bf16") -> float:
+        """AdamW step over ``num_params`` parameters in ``num_tensors`` tensors (memory-bound)."""
+        p = self.params
+        bw = self.device.memory_bandwidth_GBps * 1e9 * p.memory_efficiency
+        return num_tensors * p.kernel_overhead_s + num_params * optimizer_bytes_per_param(dtype) / bw
+
+    # ----------------------------------------------------------------------- spec roofline
+    def op_time(self, op: Op, dtype: str) -> float:
+        p = self.params
+        bw = self.device.memory_bandwidth_GBps * 1e9 * p.memory_efficiency
+        t_mem = op.bytes / bw
+        if op.kind == GEMM:
+            eff = p.gemm_efficiency * op.dim / (op.dim + p.gemm_half_dim)
+        elif op.kind == ATTN:
+            eff = p.attention_efficiency * op.dim / (op.dim + p.attention_half_seq)
+        else:
+            return op.kernels * p.kernel_overhead_s + t_mem
+        t_flop = op.flops / (self.peak_flops(dtype) * eff)
+        return op.kernels * p.kernel_overhead_s + max(t_flop, t_mem)
+
+    def ops_time(self, ops: list[Op], dtype: str) -> float:
+        return sum(self.op_time(op, dtype) for op in ops)
+
+    def _spec_layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
+                    seq_len: int) -> PassTime:
+        fwd = self.ops_time(layer_forward_ops(model, micro_batch, seq_len, tp, dtype), dtype)
+        bwd = self.ops_time(layer_backward_ops(model, micro_batch, seq_len, tp, dtype,
+                                               self.params.attention_backward_flops_ratio), dtype)
+        return PassTime(fwd, bwd + self._recompute_extra(model, micro_batch, tp, dtype, recompute, seq_len, fwd))
+
+    def _recompute_extra(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
+                         seq_len: int, forward_s: float) -> float:
+        if recompute == "full":
+            return forward_s
+        if recompute == "selective":
+            from planner.cost.ops import DTYPE_BYTES
+
+            return self.op_time(attention_core_forward(model, micro_batch, seq_len, tp, DTYPE_BYTES[dtype]), dtype)
+        return 0.0
+
+    def _spec_embedding(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
+        fwd, bwd = embedding_ops(model, micro_batch, seq_len, tp, dtype)
+        return PassTime(self.ops_time(fwd, dtype), self.ops_time(bwd, dtype))
+
+    def _spec_head(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
+        fwd, bwd = head_ops(model, micro_batch, seq_len, tp, dtype)
+        return PassTime(self.ops_time(fwd, dtype), self.ops_time(bwd, dtype))
+
+    def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
+               seq_len: int) -> PassTime:
+        raise NotImplementedError
+
+    def _embedding(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
+        raise NotImplementedError
+
+    def _head(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
+        raise NotImplementedError
+
+
+class SpecProfile(DeviceProfile):
+    """Roofline from the datasheet (``derived: spec``)."""
+
+    source = "spec"
+
+    _layer = DeviceProfile._spec_layer
+    _embedding = DeviceProfile._spec_embedding
+    _head = DeviceProfile._spec_head
+
+
+class ProfileSet:
+    """Profiles of every device type, built on demand from a catalog.
+
+    A catalog entry with a usable ``measured`` section gets a ``MeasuredProfile`` (unless
+    ``prefer_measured=False``); every other entry a ``SpecProfile``."""
+
+    def __init__(self, catalog: Catalog | None = None, params: CostParams = DEFAULT_PARAMS,
+                 prefer_measured: bool = True):
+        self.catalog = catalog or default_catalog()
+        self.params = params
+        self.prefer_measured = prefer_measured
+        self._profiles: dict[str, DeviceProfile] = {}
+
+    def get(self, gpu: str) -> DeviceProfile:
+        """Profile of a device type (catalog key or alias)."""
+        prof = self._profiles.get(gpu)
+        if prof is None:
+            device = self.catalog.get(gpu)
+            if self.prefer_measured and device.measured:
+                from planner.cost.measured import MeasuredProfile
+
+                prof = MeasuredProfile(device, self.params)
+            else:
+                prof = SpecProfile(device, self.params)
+            self._profiles[gpu] = self._profiles[device.key] = prof
+        return prof

@@ -1,0 +1,124 @@
+"""Per-stage time of one micro-batch: compute on the slowest device of the TP group plus the
+tensor-parallel all-reduces, and the p2p time between two stages. Fast: no plan object.
+
+Compute (forward; the backward likewise)::
+
+    compute_f = max over the stage's devices d of  slowdown_d · (n · layer_f + [first] embed_f + [last] head_f)
+
+TP all-reduces (Megatron tensor parallelism, no sequence parallelism), each of ``T·h·e`` bytes
+over the stage's TP group (flat, over the slowest link the group crosses)::
+
+    forward   2 per layer (after wo and after w_down) + [first] 1 (vocab-parallel embedding)
+              + [last] 3 of T·4 bytes (cross-entropy max, sum-exp and target logit)
+    backward  2 per layer (input gradients of wq/wk/wv and w_gate/w_up)
+              + [full recompute] 2 per layer (the repeated forward) + [last] 1 (LM-head input grad)
+
+TP communication is not overlapped with compute (Megatron's default without sequence
+parallelism), so it adds to the stage time.
+
+P2P between stage ``i`` (TP ``t_i``) and ``i+1`` (TP ``t_j``), one activation (or gradient) of
+``T·h·e`` bytes, replicated on every TP rank of both stages::
+
+    t_i == t_j   rank k sends to rank k, all pairs at once: max over pairs of p2p(link of the pair)
+    t_i != t_j   leader to leader, then a broadcast inside the receiving stage's TP group
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.cluster import ClusterSpec, Link
+from planner.cost.links import allreduce_time, group_broadcast_time, p2p_time
+from planner.cost.ops import DTYPE_BYTES
+from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.cost.profile import DeviceProfile
+from planner.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """Seconds per micro-batch. ``slowest`` is the index (in the stage's device list) of the device
+    whose compute sets the stage's pace."""
+
+    forward_compute_s: float
+    backward_compute_s: float
+    forward_tp_s: float
+    backward_tp_s: float
+    slowest: int = 0
+
+    @property
+    def forward_s(self) -> float:
+        return self.forward_compute_s + self.forward_tp_s
+
+    @property
+    def backward_s(self) -> float:
+        return self.backward_compute_s + self.backward_tp_s
+
+
+def device_compute(model: ModelSpec, profile: DeviceProfile, *, layers: int, first: bool, last: bool,
+                   micro_batch: int, tp: int, dtype: str, recompute: str,
+                   seq_len: int | None = None) -> tuple[float, float]:
+    """(forward, backward) compute seconds of one micro-batch on one device at nominal speed."""
+    lt = profile.layer_time(model, micro_batch, tp, dtype, recompute, seq_len)
+    f, b = layers * lt.forward_s, layers * lt.backward_s
+    if first:
+        et = profile.embedding_time(model, micro_batch, tp, dtype, seq_len)
+        f, b = f + et.forward_s, b + et.backward_s
+    if last:
+        ht = profile.head_time(model, micro_batch, tp, dtype, seq_len)
+        f, b = f + ht.forward_s, b + ht.backward_s
+        if recompute == "full":
+            b += ht.forward_s
+    return f, b
+
+
+def tp_comm_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_batch: int, tp: int,
+                 dtype: str, recompute: str, link: Link | None, params: CostParams = DEFAULT_PARAMS,
+                 seq_len: int | None = None) -> tuple[float, float]:
+    """(forward, backward) TP all-reduce seconds of one micro-batch (see the module docstring)."""
+    if tp <= 1 or link is None:
+        return 0.0, 0.0
+    tokens = micro_batch * (seq_len or model.seq_len)
+    act = allreduce_time(tokens * model.hidden_size * DTYPE_BYTES[dtype], tp, link, params)
+    small = allreduce_time(tokens * 4.0, tp, link, params)
+    f = 2 * layers * act + (act if first else 0.0) + (3 * small if last else 0.0)
+    b = 2 * layers * act * (2 if recompute == "full" else 1) + (act if last else 0.0)
+    return f, b
+
+
+def stage_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_batch: int, tp: int,
+               devices: Sequence[tuple[DeviceProfile, float]], tp_link: Link | None, dtype: str = "bf16",
+               recompute: str = "none", params: CostParams = DEFAULT_PARAMS,
+               seq_len: int | None = None) -> StageTime:
+    """Time of one micro-batch on a stage. ``devices`` lists (profile, slowdown) per device of the
+    TP group (identical devices may be passed once); ``tp_link`` is the slowest link inside it."""
+    best_f = best_b = -1.0
+    slowest = 0
+    cache: dict[int, tuple[float, float]] = {}
+    for i, (prof, slow) in enumerate(devices):
+        base = cache.get(id(prof))
+        if base is None:
+            base = cache[id(prof)] = device_compute(model, prof, layers=layers, first=first, last=last,
+                                                    micro_batch=micro_batch, tp=tp, dtype=dtype,
+                                                    recompute=recompute, seq_len=seq_len)
+        f, b = base[0] * slow, base[1] * slow
+        if f + b > best_f + best_b:
+            best_f, best_b, slowest = f, b, i
+    tf, tb = tp_comm_time(model, layers=layers, first=first, last=last, micro_batch=micro_batch, tp=tp,
+                          dtype=dtype, recompute=recompute, link=tp_link, params=params, seq_len=seq_len)
+    return StageTime(best_f, best_b, tf, tb, slowest)
+
+
+def activation_bytes(model: ModelSpec, micro_batch: int, dtype: str, seq_len: int | None = None) -> float:
+    """Bytes of one micro-batch's activation (or its gradient) at a stage boundary."""
+    return micro_batch * (seq_len or model.seq_len) * model.hidden_size * DTYPE_BYTES[dtype]
+
+
+def boundary_time(nbytes: float, sender: Sequence[str], receiver: Sequence[str], cluster: ClusterSpec,
+                  params: CostParams = DEFAULT_PARAMS) -> float:
+    """Send ``nbytes`` replicated on the ``sender`` TP group to every rank of the ``receiver`` group."""
+    if len(sender) == len(receiver):
+        return max(p2p_time(nbytes, cluster.link(a, b), params) for a, b in zip(sender, receiver, strict=True))
+    return p2p_time(nbytes, cluster.link(sender[0], receiver[0]), params) + group_broadcast_time(
+        nbytes, receiver, cluster, params)

@@ -1,0 +1,255 @@
+"""The whole-plan estimate: step time and its breakdown, throughput, MFU/HFU, memory, bottleneck.
+
+Model of one training step (every term named; parameters in ``CostParams``):
+
+1. Per pipeline ``p`` and stage ``i``, per micro-batch ``j`` (sizes from
+   ``Pipeline.micro_batch_sizes``): ``f[i][j]``, ``b[i][j]`` = compute on the stage's slowest
+   device (slowdown applied) + its TP all-reduces (:mod:`planner.cost.stage`) + its blocking p2p
+   send to the next (forward) or previous (backward) stage.
+2. The pipeline's schedule (1F1B or GPipe) is evaluated by :func:`planner.cost.simulate.simulate`
+   (exact for the model; the closed forms of :mod:`planner.cost.schedule` agree within their
+   documented conditions): makespan ``T_p`` and when each stage ends its last backward, ``E_{p,i}``.
+3. Gradient sync across pipelines over the finest-common-slice groups
+   (:mod:`planner.cost.gradsync`). Group ``g`` (one owner per pipeline) may start once every owner's
+   stage is in its last backward, less the overlappable part::
+
+       start_g = max_owners (E_{p,i} - dp_overlap · b[i][last])
+       end_d   = max_{g ∋ d} start_g + Σ_{g ∋ d} time_g        (a device runs its groups in turn)
+       time_g  = all-reduce of the fp32 gradient bytes (ZeRO-1: the reduce-scatter half)
+
+4. ``sync_done = max(max_p T_p, max_d end_d)``; then the global gradient-norm all-reduce (one fp32
+   scalar over every device, latency-bound), the optimizer step (AdamW, memory-bound, slowest
+   device), and under ZeRO-1 the all-gather of the updated compute-dtype weights::
+
+       step = sync_done + grad_norm + max_d optimizer_d + zero_all_gather
+
+Breakdown (sums to ``step``; ``p*`` the slowest pipeline, ``k`` its bottleneck stage, i.e. the
+stage with the largest busy time): compute, tp_comm, pp_comm = stage ``k``'s busy time split by
+kind; bubble = ``T_p* -`` that busy time; dp_sync = ``sync_done - T_p* +`` grad-norm + ZeRO
+all-gather; optimizer. ``idle_s`` of pipeline ``p`` = ``sync_done - T_p`` (its wait at the sync).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.cluster import ClusterSpec
+from planner.cost.gradsync import sync_groups
+from planner.cost.links import allreduce_time, group_allreduce_time
+from planner.cost.memory import MemoryBreakdown, stage_memory, stage_params
+from planner.cost.ops import DTYPE_BYTES
+from planner.cost.profile import ProfileSet
+from planner.cost.schedule import in_flight
+from planner.cost.simulate import simulate
+from planner.cost.stage import StageTime, activation_bytes, boundary_time, stage_time
+from planner.errors import PlanInfeasible
+from planner.plan import Pipeline, Plan
+from planner.validate import validate
+
+BREAKDOWN_TERMS = ("compute", "tp_comm", "pp_comm", "bubble", "dp_sync", "optimizer")
+
+
+@dataclass
+class StageEstimate:
+    devices: tuple[str, ...]
+    slowest_device: str
+    forward_s: float  # per micro-batch of the largest size, TP comm included, p2p excluded
+    backward_s: float
+    compute_s: float  # whole step (all micro-batches)
+    tp_comm_s: float
+    pp_comm_s: float
+    busy_s: float
+    last_backward_end_s: float
+
+
+@dataclass
+class PipelineEstimate:
+    time_s: float
+    idle_s: float
+    bottleneck_stage: int
+    bubble_fraction: float
+    stages: list[StageEstimate]
+
+
+@dataclass
+class Estimate:
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    breakdown: dict[str, float]
+    memory: dict[str, MemoryBreakdown]
+    capacity_gib: dict[str, float]
+    oom: list[dict[str, Any]]
+    bottleneck: dict[str, Any]
+    pipelines: list[PipelineEstimate]
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def memory_gib(self) -> dict[str, float]:
+        return {d: m.total_gib for d, m in self.memory.items()}
+
+    @property
+    def fits(self) -> bool:
+        return not self.oom
+
+    def check_fits(self) -> None:
+        """Raise ``PlanInfeasible`` naming the first device that runs out of memory."""
+        if self.oom:
+            o = self.oom[0]
+            more = f" (and {len(self.oom) - 1} more devices)" if len(self.oom) > 1 else ""
+            raise PlanInfeasible(o["path"], f"device {o['device']} needs {o['need_gib']:.2f} GiB but has "
+                                 f"{o['capacity_gib']:.2f} GiB: {o['over_gib']:.2f} GiB over{more}",
+                                 "use recompute, ZeRO-1, more micro-batches, more stages or a larger TP degree")
+
+    def to_dict(self) -> dict[str, Any]:
+        r = 6
+        return {
+            "step_time_s": round(self.step_time_s, r + 3),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "mfu": round(self.mfu, r),
+            "hfu": round(self.hfu, r),
+            "breakdown": {k: round(v, r + 3) for k, v in self.breakdown.items()},
+            "memory_gib": {d: round(v, 4) for d, v in self.memory_gib.items()},
+            "memory_detail_gib": {d: {k: round(v, 4) for k, v in m.to_gib_dict().items()}
+                                  for d, m in self.memory.items()},
+            "oom": self.oom,
+            "bottleneck": self.bottleneck,
+            "pipelines": [{"time_s": round(p.time_s, r + 3), "idle_s": round(p.idle_s, r + 3),
+                           "bottleneck_stage": p.bottleneck_stage, "bubble_fraction": round(p.bubble_fraction, r),
+                           "stages": [{"devices": list(s.devices), "slowest_device": s.slowest_device,
+                                       "forward_s": round(s.forward_s, r + 3), "backward_s": round(s.backward_s, r + 3),
+                                       "compute_s": round(s.compute_s, r + 3), "tp_comm_s": round(s.tp_comm_s, r + 3),
+                                       "pp_comm_s": round(s.pp_comm_s, r + 3)} for s in p.stages]}
+                          for p in self.pipelines],
+            "profile_sources": self.sources,
+        }
+
+
+def _pipeline(plan: Plan, pi: int, pipe: Pipeline, cluster: ClusterSpec, profiles: ProfileSet
+              ) -> tuple[PipelineEstimate, list[list[float]]]:
+    """Simulate one pipeline; returns its estimate and per-stage backward times per micro-batch."""
+    m, o, params = plan.model, plan.options, profiles.params
+    sizes = pipe.micro_batch_sizes()
+    n_st = len(pipe.stages)
+    times: dict[tuple[int, int], StageTime] = {}
+    p2p: dict[tuple[int, int], float] = {}
+    for mb in sorted(set(sizes)):
+        nbytes = activation_bytes(m, mb, o.dtype)
+        for si, st in enumerate(pipe.stages):
+            devs = [cluster.device(d) for d in st.devices]
+            times[si, mb] = stage_time(
+                m, layers=st.num_layers, first=si == 0, last=si == n_st - 1, micro_batch=mb, tp=st.tp,
+                devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
+                tp_link=cluster.slowest_link(st.devices), dtype=o.dtype, recompute=o.recompute, params=params)
+            if si < n_st - 1:
+                nxt = pipe.stages[si + 1].devices
+                p2p[si, mb] = boundary_time(nbytes, st.devices, nxt, cluster, params)  # activation i -> i+1
+                p2p[-si - 1, mb] = boundary_time(nbytes, nxt, st.devices, cluster, params)  # gradient i+1 -> i
+    f = [[times[si, mb].forward_s + p2p.get((si, mb), 0.0) for mb in sizes] for si in range(n_st)]
+    b = [[times[si, mb].backward_s + (p2p[-si, mb] if si > 0 else 0.0) for mb in sizes] for si in range(n_st)]
+    sim = simulate(f, b, len(sizes), pipe.schedule)
+    stages = []
+    for si, st in enumerate(pipe.stages):
+        ts = [times[si, mb] for mb in sizes]
+        pp = sum(p2p.get((si, mb), 0.0) + (p2p[-si, mb] if si > 0 else 0.0) for mb in sizes)
+        big = times[si, max(sizes)]
+        stages.append(StageEstimate(
+            devices=st.devices, slowest_device=st.devices[big.slowest], forward_s=big.forward_s,
+            backward_s=big.backward_s, compute_s=sum(t.forward_compute_s + t.backward_compute_s for t in ts),
+            tp_comm_s=sum(t.forward_tp_s + t.backward_tp_s for t in ts), pp_comm_s=pp, busy_s=sim.busy[si],
+            last_backward_end_s=sim.last_backward_end[si]))
+    k = max(range(n_st), key=lambda i: sim.busy[i])
+    bubble = 1.0 - sim.busy[k] / sim.makespan if sim.makespan > 0 else 0.0
+    return PipelineEstimate(sim.makespan, 0.0, k, bubble, stages), b
+
+
+def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = None) -> Estimate:
+    """Estimate one training step of ``plan`` on ``cluster`` (see the module docstring).
+
+    Raises ``SpecError`` when the plan names devices the cluster lacks; running out of memory is
+    reported in ``Estimate.oom`` (call ``check_fits()`` to turn it into an error)."""
+    validate(plan, cluster)
+    profiles = profiles or ProfileSet(cluster.catalog)
+    params, m, o = profiles.params, plan.model, plan.options
+    n_pipes = len(plan.pipelines)
+    zero_shards = n_pipes if o.zero == 1 else 1
+
+    pipes: list[PipelineEstimate] = []
+    bwd_last: dict[str, float] = {}  # device -> its stage's last-micro-batch backward
+    lbe: dict[str, float] = {}  # device -> end of its stage's last backward
+    memory: dict[str, MemoryBreakdown] = {}
+    capacity: dict[str, float] = {}
+    oom: list[dict[str, Any]] = []
+    optimizer: dict[str, float] = {}
+    for pi, pipe in enumerate(plan.pipelines):
+        est, b = _pipeline(plan, pi, pipe, cluster, profiles)
+        pipes.append(est)
+        mb = max(pipe.micro_batch_sizes())
+        for si, st in enumerate(pipe.stages):
+            first, last = si == 0, si == len(pipe.stages) - 1
+            mem = stage_memory(m, layers=st.num_layers, tp=st.tp, first=first, last=last, micro_batch=mb,
+                               in_flight=in_flight(pipe.schedule, len(pipe.stages), si, pipe.micro_batches),
+                               dtype=o.dtype, recompute=o.recompute, zero_shards=zero_shards, params=params)
+            n_params = stage_params(m, st.num_layers, st.tp, first, last) / zero_shards
+            n_tensors = 9 * st.num_layers + (1 if first else 0) + (2 if last else 0)
+            for di, dev_id in enumerate(st.devices):
+                dev = cluster.device(dev_id)
+                memory[dev_id] = mem
+                capacity[dev_id] = dev.memory_gib
+                if mem.total_gib > dev.memory_gib:
+                    oom.append({"device": dev_id, "path": f"pipelines[{pi}].stages[{si}].devices[{di}]",
+                                "need_gib": round(mem.total_gib, 3), "capacity_gib": dev.memory_gib,
+                                "over_gib": round(mem.total_gib - dev.memory_gib, 3)})
+                optimizer[dev_id] = profiles.get(dev.gpu).optimizer_time(n_params, n_tensors, o.dtype) * dev.slowdown
+                bwd_last[dev_id] = b[si][-1]
+                lbe[dev_id] = est.stages[si].last_backward_end_s
+
+    # ---- cross-pipeline gradient sync (finest common slices) and the ZeRO-1 all-gather
+    groups = sync_groups(plan)
+    starts: dict[str, float] = {}
+    busy: dict[str, float] = {}
+    zero_ag = 0.0
+    e = DTYPE_BYTES[o.dtype]
+    for owners, nbytes in groups.items():
+        t_g = group_allreduce_time(nbytes, owners, cluster, params)
+        if o.zero == 1:
+            zero_ag = max(zero_ag, 0.5 * group_allreduce_time(nbytes * e / 4, owners, cluster, params))
+            t_g *= 0.5
+        start = max(lbe[d] - params.dp_overlap * bwd_last[d] for d in owners)
+        for d in owners:
+            starts[d] = max(starts.get(d, 0.0), start)
+            busy[d] = busy.get(d, 0.0) + t_g
+    sync_end = {d: starts[d] + busy[d] for d in starts}
+    t_max = max(p.time_s for p in pipes)
+    sync_done = max([t_max, *sync_end.values()])
+    devices = plan.devices
+    grad_norm = allreduce_time(4.0, len(devices), cluster.slowest_link(devices), params) if len(devices) > 1 else 0.0
+    opt = max(optimizer.values())
+    step = sync_done + grad_norm + max(optimizer.values()) + zero_ag
+    for p in pipes:
+        p.idle_s = sync_done - p.time_s
+
+    # ---- breakdown on the slowest pipeline's bottleneck stage
+    pstar = max(range(n_pipes), key=lambda i: pipes[i].time_s)
+    pe = pipes[pstar]
+    se = pe.stages[pe.bottleneck_stage]
+    breakdown = {"compute": se.compute_s, "tp_comm": se.tp_comm_s, "pp_comm": se.pp_comm_s,
+                 "bubble": pe.time_s - se.busy_s, "dp_sync": sync_done - pe.time_s + grad_norm + zero_ag,
+                 "optimizer": opt}
+    term = max(breakdown, key=lambda k: breakdown[k])
+    device = se.slowest_device
+    if term == "dp_sync" and sync_end:
+        device = max(sync_end, key=lambda d: sync_end[d])
+    elif term == "optimizer":
+        device = max(optimizer, key=lambda d: optimizer[d])
+    bottleneck = {"pipeline": pstar, "stage": pe.bottleneck_stage, "device": device, "term": term}
+
+    tokens = plan.global_batch_size * m.seq_len
+    tps = tokens / step
+    peak = sum(profiles.get(cluster.device(d).gpu).peak_flops(o.dtype) for d in devices)
+    sources = {cluster.device(d).gpu: profiles.get(cluster.device(d).gpu).source for d in devices}
+    return Estimate(step_time_s=step, tokens_per_s=tps, mfu=tps * m.model_flops_per_token() / peak,
+                    hfu=tps * m.hardware_flops_per_token(o.recompute) / peak, breakdown=breakdown, memory=memory,
+                    capacity_gib=capacity, oom=oom, bottleneck=bottleneck, pipelines=pipes, sources=sources)
