@@ -1,0 +1,199 @@
+"""The training engine of one rank: stage module, schedule, gradient sync, clipping, AdamW.
+
+One optimizer step (``train_step``) on rank ``r`` of pipeline ``p``, stage ``i``:
+
+1. split the pipeline's rows into micro-batches (``Pipeline.micro_batch_sizes()``), run the
+   pipeline's schedule (1F1B or GPipe); every micro-batch loss is ``Σ CE / global_tokens``;
+2. SUM-reduce gradients across pipelines over finest-common slices (:mod:`executor.grad_sync`);
+3. one all-reduce over the plan's ranks of ``[loss, ‖g‖²-part]``: the loss part comes from each
+   pipeline's last-stage leader; the squared gradient norm counts every logical element exactly
+   once — only pipeline 0 contributes (after the sync every pipeline holds the same gradient), its
+   TP-sharded parameters from every TP rank and its replicated ones (norm scales) from the stage
+   leader only;
+4. clip by the global norm, set the scheduled LR, AdamW step.
+
+The only host synchronisation is the final ``tolist()`` that produces the returned floats.
+
+Precision: parameters, gradients, reduction and optimizer state are fp32 (the parameters *are* the
+fp32 master weights). ``plan.options.dtype == "bf16"`` (or fp16) runs the forward/backward under
+``torch.autocast`` on accelerators; on CPU it computes in fp32 and logs that once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor import checkpoint as ckpt
+from executor.grad_sync import GradSync
+from executor.groups import ProcessGroups
+from executor.init import logical_init
+from executor.model import StageModule
+from executor.optim import OptimConfig, build_optimizer, clip_coefficient, lr_at, set_lr
+from executor.p2p import StageComm
+from executor.schedules import MicroBatch, run_schedule
+from executor.topology import Topology, stage_params
+from planner.plan import Plan
+
+log = logging.getLogger("hexiscale.executor")
+
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class StepStats:
+    loss: float  # global mean token loss (identical on every rank)
+    grad_norm: float  # global L2 norm of the logical gradient, before clipping
+    lr: float
+    tokens: int  # tokens of the global batch this step
+
+
+class Engine:
+    def __init__(self, plan: Plan, topology: Topology, groups: ProcessGroups, *, device: torch.device,
+                 optim: OptimConfig = OptimConfig(), seed: int = 0):
+        if not groups.in_plan:
+            raise ValueError(f"rank {groups.rank} is not part of the plan ({topology.world_size} ranks)")
+        self.plan = plan
+        self.topology = topology
+        self.groups = groups
+        self.device = torch.device(device)
+        self.optim_cfg = optim
+        self.seed = seed
+        self.rank = groups.rank
+        self.stage = topology.stage_of(self.rank)
+        self.tp_rank = self.stage.ranks.index(self.rank)
+        self.pipeline = plan.pipelines[self.stage.pipeline]
+        self.step = 0
+        model = plan.model
+        self.autocast_dtype = self._compute_dtype(plan.options.dtype)
+
+        self.module = StageModule(model, layers=self.stage.layers, first=self.stage.is_first,
+                                  last=self.stage.is_last, tp=self.stage.tp, tp_rank=self.tp_rank,
+                                  group=groups.tp_group, device=self.device, recompute=plan.options.recompute)
+        infos = stage_params(model, self.stage.layers, self.stage.is_first, self.stage.is_last)
+        self.shard_dims = {p.name: p.shard_dim for p in infos}
+        self.params: dict[str, torch.nn.Parameter] = dict(self.module.named_parameters())
+        if list(self.params) != [p.name for p in infos]:
+            raise RuntimeError("stage parameters do not match the logical layout: "
+                               f"{list(self.params)} vs {[p.name for p in infos]}")
+        self.module.load_logical(logical_init(model, seed, self.shard_dims), self.shard_dims)
+        self.optimizer = build_optimizer(list(self.params.items()), optim)
+        self.comm = StageComm(self.stage, self.rank, groups.tp_group, device=self.device)
+        self.grad_sync = GradSync(groups, self.params)
+        # parameters whose squared gradient this rank adds to the global norm (no double counting)
+        counted = self.stage.pipeline == 0
+        self._norm_params = [p for n, p in self.params.items()
+                             if counted and (self.shard_dims[n] is not None or self.tp_rank == 0)]
+
+    def _compute_dtype(self, dtype: str) -> torch.dtype | None:
+        if dtype not in _AUTOCAST:
+            return None
+        if self.device.type == "cpu":
+            if self.rank == 0:
+                log.warning("plan options.dtype=%s on CPU: computing in fp32 instead", dtype)
+            return None
+        return _AUTOCAST[dtype]
+
+    def _autocast(self) -> Callable[[], contextlib.AbstractContextManager]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext
+        dev, dt = self.device.type, self.autocast_dtype
+        return lambda: torch.autocast(dev, dtype=dt)
+
+    # ------------------------------------------------------------------------------ training
+    def micro_batches(self, tokens: torch.Tensor) -> list[MicroBatch]:
+        out, row = [], 0
+        for size in self.pipeline.micro_batch_sizes():
+            chunk = tokens[row:row + size]
+            out.append(MicroBatch(inputs=chunk[:, :-1], labels=chunk[:, 1:]))
+            row += size
+        return out
+
+    def train_step(self, tokens: torch.Tensor) -> StepStats:
+        """One optimizer step on this pipeline's rows ``tokens [batch_size_p, seq_len + 1]``."""
+        bs = self.pipeline.batch_size
+        if tokens.dim() != 2 or tokens.shape[0] != bs or not 2 <= tokens.shape[1] <= self.plan.model.seq_len + 1:
+            raise ValueError(f"pipeline {self.stage.pipeline} expects tokens [{bs}, <= {self.plan.model.seq_len + 1}]"
+                             f", got {list(tokens.shape)}")
+        seq = tokens.shape[1] - 1
+        global_tokens = self.plan.global_batch_size * seq
+        tokens = tokens.to(self.device, non_blocking=True)
+        for p in self.params.values():
+            p.grad = None
+        loss = run_schedule(self.pipeline.schedule, module=self.module, comm=self.comm,
+                            micro=self.micro_batches(tokens), loss_scale=1.0 / global_tokens,
+                            n_stages=len(self.pipeline.stages), autocast=self._autocast())
+        for p in self.params.values():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.grad_sync.sync()
+
+        stats = torch.zeros(2, dtype=torch.float32, device=self.device)
+        if loss is not None and self.tp_rank == 0:
+            stats[0] = loss.float()
+        if self._norm_params:
+            norms = torch._foreach_norm([p.grad for p in self._norm_params])  # type: ignore[misc]
+            stats[1] = torch.stack(norms).float().pow(2).sum()
+        if self.topology.world_size > 1:
+            dist.all_reduce(stats, group=self.groups.world)
+        norm = stats[1].sqrt()
+        coef = clip_coefficient(norm, self.optim_cfg.grad_clip)
+        grads = [p.grad for p in self.params.values()]
+        torch._foreach_mul_(grads, coef)  # type: ignore[arg-type]
+        lr = lr_at(self.step, self.optim_cfg)
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        self.step += 1
+        host = stats.tolist()
+        return StepStats(loss=host[0], grad_norm=host[1] ** 0.5, lr=lr, tokens=global_tokens)
+
+    # ------------------------------------------------------------------------------ state
+    def logical_state_dict(self, to_all: bool = True) -> dict[str, torch.Tensor]:
+        """Collective: full fp32 logical tensors (CPU). With ``to_all=False`` only global rank 0
+        receives them (other ranks get an empty dict)."""
+        local = {n: p.detach() for n, p in self.params.items()}
+        return ckpt.gather_logical(self.groups, local, to_all=to_all)
+
+    def optimizer_moments(self) -> dict[str, dict[str, torch.Tensor]]:
+        """This rank's AdamW moments per parameter name (zeros before the first step)."""
+        out: dict[str, dict[str, torch.Tensor]] = {"exp_avg": {}, "exp_avg_sq": {}}
+        for n, p in self.params.items():
+            st = self.optimizer.state.get(p, {})
+            for key in out:
+                out[key][n] = st[key] if key in st else torch.zeros_like(p)
+        return out
+
+    def set_optimizer_state(self, moments: dict[str, dict[str, torch.Tensor]], step: int) -> None:
+        """Install (sharded) AdamW moments and the step count."""
+        for group in self.optimizer.param_groups:
+            on_device = bool(group.get("fused") or group.get("capturable"))
+            for p in group["params"]:
+                name = self._name_of(p)
+                self.optimizer.state[p] = {
+                    "step": torch.tensor(float(step), dtype=torch.float32,
+                                         device=self.device if on_device else torch.device("cpu")),
+                    "exp_avg": moments["exp_avg"][name].to(self.device, torch.float32).clone(),
+                    "exp_avg_sq": moments["exp_avg_sq"][name].to(self.device, torch.float32).clone(),
+                }
+        self.step = step
+
+    def _name_of(self, p: torch.nn.Parameter) -> str:
+        for n, q in self.params.items():
+            if q is p:
+                return n
+        raise KeyError("parameter not in this stage")
+
+    def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
+        """Collective: write a layout-independent checkpoint (global rank 0 writes)."""
+        ckpt.save(self, Path(path), extra)
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Collective: load a checkpoint written under any plan of the same model; returns ``extra``."""
+        return ckpt.load(self, Path(path))

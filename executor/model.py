@@ -1,0 +1,200 @@
+"""Llama decoder built from a ModelSpec, tensor-parallel, cut into pipeline stages.
+
+Block (pre-norm)::
+
+    x = x + Wo · Attn(RoPE(Wq · n1(x)), RoPE(Wk · n1(x)), Wv · n1(x))     n = RMSNorm
+    x = x + W_down · (silu(W_gate · n2(x)) * (W_up · n2(x)))
+
+* RMSNorm: ``x / sqrt(mean(x²) + eps) * w`` (computed in fp32).
+* RoPE, rotate-half convention: for each head, pairs ``(x_i, x_{i+d/2})`` rotate by angle
+  ``pos · θ^(-2i/d)``; applied as ``x·cos + rotate_half(x)·sin`` with precomputed tables (no loops).
+* Grouped-query attention: each KV head serves ``num_heads / num_kv_heads`` consecutive query
+  heads; SDPA with a causal mask. With TP degree ``t`` a rank holds ``num_heads/t`` query heads and
+  the matching ``num_kv_heads/t`` KV heads (whole groups, so no KV head is split).
+
+Parameter names are the logical (dense) names of :mod:`executor.topology`, e.g.
+``layers.3.attn.wq.weight``, so a stage's ``named_parameters()`` maps 1:1 to logical tensors (this
+rank's shard of them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from executor.tp_layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    copy_to_tp,
+    vocab_parallel_cross_entropy,
+)
+from planner.model import ModelSpec
+
+# ------------------------------------------------------------------------------ functional pieces
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables ``[seq_len, head_dim]`` (fp32) for the rotate-half RoPE convention."""
+    inv = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+    ang = torch.arange(seq_len, dtype=torch.float64, device=device)[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().float(), ang.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [b, heads, s, d]`` by position (tables cut to ``s``)."""
+    s = x.shape[-2]
+    c, sn = cos[:s].to(x.dtype), sin[:s].to(x.dtype)
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * c + rot * sn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, device: torch.device | None = None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+# ------------------------------------------------------------------------------ blocks
+
+
+class Attention(nn.Module):
+    def __init__(self, m: ModelSpec, *, tp: int, group: Any, recompute: str, device: torch.device | None):
+        super().__init__()
+        self.group = group
+        self.heads = m.num_heads // tp
+        self.kv_heads = m.num_kv_heads // tp
+        self.head_dim = m.head_dim
+        self.recompute_core = recompute == "selective"
+        h = m.hidden_size
+        self.wq = ColumnParallelLinear(h, h, tp=tp, group=group, device=device)
+        self.wk = ColumnParallelLinear(h, m.kv_dim, tp=tp, group=group, device=device)
+        self.wv = ColumnParallelLinear(h, m.kv_dim, tp=tp, group=group, device=device)
+        self.wo = RowParallelLinear(h, h, tp=tp, group=group, device=device)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rep = self.heads // self.kv_heads
+        if rep > 1:
+            b, g, s, d = k.shape
+            k = k[:, :, None].expand(b, g, rep, s, d).reshape(b, g * rep, s, d)
+            v = v[:, :, None].expand(b, g, rep, s, d).reshape(b, g * rep, s, d)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        x = copy_to_tp(x, self.group)
+        q = self.wq(x, input_is_copied=True).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x, input_is_copied=True).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x, input_is_copied=True).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.recompute_core and torch.is_grad_enabled():
+            o = checkpoint(self._core, q, k, v, use_reentrant=False)
+        else:
+            o = self._core(q, k, v)
+        return self.wo(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, m: ModelSpec, *, tp: int, group: Any, device: torch.device | None):
+        super().__init__()
+        self.group = group
+        h, f = m.hidden_size, m.ffn_hidden_size
+        self.w_gate = ColumnParallelLinear(h, f, tp=tp, group=group, device=device)
+        self.w_up = ColumnParallelLinear(h, f, tp=tp, group=group, device=device)
+        self.w_down = RowParallelLinear(f, h, tp=tp, group=group, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tp(x, self.group)
+        return self.w_down(F.silu(self.w_gate(x, input_is_copied=True)) * self.w_up(x, input_is_copied=True))
+
+
+class Block(nn.Module):
+    def __init__(self, m: ModelSpec, *, tp: int, group: Any, recompute: str, device: torch.device | None):
+        super().__init__()
+        self.full_recompute = recompute == "full"
+        self.attn_norm = RMSNorm(m.hidden_size, m.norm_eps, device)
+        self.attn = Attention(m, tp=tp, group=group, recompute=recompute, device=device)
+        self.mlp_norm = RMSNorm(m.hidden_size, m.norm_eps, device)
+        self.mlp = MLP(m, tp=tp, group=group, device=device)
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.full_recompute and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
+        return self._forward(x, cos, sin)
+
+
+# ------------------------------------------------------------------------------ stage
+
+
+class StageModule(nn.Module):
+    """Layers ``[start, end)`` of the model on one TP rank, plus the vocab-parallel embedding on the
+    first stage and the final norm + vocab-parallel LM head on the last stage.
+
+    ``forward(x)`` maps token ids ``[b, s]`` (first stage) or hidden states ``[b, s, h]`` to hidden
+    states; ``loss(hidden, labels)`` (last stage) returns per-token fp32 cross-entropy ``[b, s]``.
+    Parameters are created empty; :meth:`load_logical` fills them from logical tensors.
+    """
+
+    def __init__(self, m: ModelSpec, *, layers: tuple[int, int], first: bool, last: bool, tp: int, tp_rank: int,
+                 group: Any, device: torch.device | None = None, recompute: str = "none"):
+        super().__init__()
+        self.spec = m
+        self.first, self.last = first, last
+        self.tp, self.tp_rank, self.group = tp, tp_rank, group
+        self.embed = (VocabParallelEmbedding(m.vocab_size, m.hidden_size, tp=tp, tp_rank=tp_rank, group=group,
+                                             device=device) if first else None)
+        self.layers = nn.ModuleDict({
+            str(i): Block(m, tp=tp, group=group, recompute=recompute, device=device) for i in range(*layers)})
+        if last:
+            self.final_norm: RMSNorm | None = RMSNorm(m.hidden_size, m.norm_eps, device)
+            self.lm_head: ColumnParallelLinear | None = ColumnParallelLinear(
+                m.hidden_size, m.vocab_size, tp=tp, group=group, device=device)
+        else:
+            self.final_norm, self.lm_head = None, None
+        cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta, device)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.layers.values():
+            x = block(x, self.rope_cos, self.rope_sin)
+        return x
+
+    def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        assert self.final_norm is not None and self.lm_head is not None, "loss() is for the last stage"
+        logits = self.lm_head(self.final_norm(hidden))
+        start = self.tp_rank * (self.spec.vocab_size // self.tp)
+        return vocab_parallel_cross_entropy(logits, labels, vocab_start=start, group=self.group)
+
+    @torch.no_grad()
+    def load_logical(self, tensors: dict[str, torch.Tensor], shard_dims: dict[str, int | None]) -> None:
+        """Copy this rank's shard of every logical tensor into the parameters."""
+        for name, p in self.named_parameters():
+            p.copy_(shard_of(tensors[name], shard_dims[name], self.tp, self.tp_rank))
+
+
+def shard_of(full: torch.Tensor, dim: int | None, tp: int, tp_rank: int) -> torch.Tensor:
+    """This TP rank's contiguous part of ``full`` along ``dim`` (all of it if ``dim`` is None)."""
+    if dim is None or tp == 1:
+        return full
+    n = full.shape[dim] // tp
+    return full.narrow(dim, tp_rank * n, n)
