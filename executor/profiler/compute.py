@@ -1,0 +1,152 @@
+"""Compute measurements with the executor's own modules (what is profiled is what is run).
+
+A TP-``t`` shard is simulated on one device by building the module with ``tp=t`` and no process group:
+:class:`executor.tp_layers.ColumnParallelLinear` then holds ``out/t`` rows, ``RowParallelLinear`` ``in/t``
+columns, attention ``heads/t`` query heads and ``kv_heads/t`` KV heads — exactly one rank's shapes — and
+the TP collectives are skipped (they are measured separately, in :mod:`executor.profiler.comm`).
+
+Per point the profiler records:
+
+* layer: forward and backward seconds of one ``Block`` on one micro-batch ``[b, s, h]`` (parameter
+  gradients accumulate as in training), the activation bytes the forward leaves alive for the
+  backward (``allocated after forward - allocated before``), and the peak bytes above the parameters
+  during forward + backward;
+* embedding: the (vocab-sharded) embedding forward and its backward;
+* head: final RMSNorm + LM head + vocab-parallel cross-entropy forward, and backward;
+* optimizer: one AdamW step (fused on CUDA) over ``n`` layers' worth of fp32 parameters;
+* ceilings: a large bf16 GEMM's FLOP/s and a large device copy's bytes/s (read + write).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from executor.model import Block, StageModule
+from executor.optim import OptimConfig, build_optimizer
+from executor.profiler.timing import synchronize, time_call, time_phases
+from planner.model import ModelSpec
+
+M = TypeVar("M", bound=nn.Module)
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def prepare(module: M, dtype: str, device: torch.device) -> M:
+    """Cast a module to the compute dtype on ``device`` the way training runs it (weights in the compute
+    dtype; fp32 master weights live in the optimizer, measured separately)."""
+    module.to(device=device, dtype=TORCH_DTYPES[dtype])
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.02)  # random, never zeros: zeros can run faster than real data
+    return module
+
+
+def _rope(model: ModelSpec, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    from executor.model import rope_tables
+
+    return rope_tables(seq_len, model.head_dim, model.rope_theta, device)
+
+
+def _mem(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def _measure_fwd_bwd(forward: Callable[[], torch.Tensor], params: list[torch.Tensor], device: torch.device,
+                     warmup: int, repeats: int) -> dict[str, Any]:
+    """Time ``forward()`` then ``out.backward(grad)``; measure activation and peak memory of one pass."""
+    state: dict[str, Any] = {}
+
+    def step(mark: Callable[[int], None]) -> None:
+        mark(0)
+        out = forward()
+        mark(1)
+        grad = state.get("grad")
+        if grad is None or grad.shape != out.shape:
+            grad = state["grad"] = torch.randn_like(out)
+        out.backward(grad)
+        mark(2)
+
+    fwd, bwd = time_phases(step, 2, device, warmup, repeats)
+    result: dict[str, Any] = {"forward_s": fwd, "backward_s": bwd}
+    if device.type == "cuda":
+        synchronize(device)
+        base = _mem(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        out = forward()
+        synchronize(device)
+        result["activation_bytes"] = _mem(device) - base - out.numel() * out.element_size()
+        out.backward(state["grad"])
+        synchronize(device)
+        result["peak_bytes"] = torch.cuda.max_memory_allocated(device) - base
+        del out
+    for p in params:
+        p.grad = None
+    return result
+
+
+def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, recompute: str, dtype: str,
+                  device: torch.device, warmup: int, repeats: int) -> dict[str, Any]:
+    """One transformer layer (``Block``) on a TP-``tp`` shard, one micro-batch."""
+    spec = replace(model, seq_len=max(model.seq_len, seq_len))
+    block = prepare(Block(spec, tp=tp, group=None, recompute=recompute, device=None), dtype, device)
+    cos, sin = _rope(spec, seq_len, device)
+    x = torch.randn(micro_batch, seq_len, model.hidden_size, device=device, dtype=TORCH_DTYPES[dtype],
+                    requires_grad=True)
+    return _measure_fwd_bwd(lambda: block(x, cos, sin), [*block.parameters(), x], device, warmup, repeats)
+
+
+def measure_embedding(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, dtype: str,
+                      device: torch.device, warmup: int, repeats: int) -> dict[str, Any]:
+    """Vocab-parallel embedding of one TP rank (ids drawn inside its vocabulary slice)."""
+    spec = replace(model, seq_len=max(model.seq_len, seq_len))
+    stage = prepare(StageModule(spec, layers=(0, 0), first=True, last=False, tp=tp, tp_rank=0, group=None),
+                    dtype, device)
+    ids = torch.randint(0, model.vocab_size // tp, (micro_batch, seq_len), device=device)
+    return _measure_fwd_bwd(lambda: stage(ids), list(stage.parameters()), device, warmup, repeats)
+
+
+def measure_head(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, dtype: str,
+                 device: torch.device, warmup: int, repeats: int) -> dict[str, Any]:
+    """Final norm + vocab-parallel LM head + cross-entropy of one TP rank (loss summed to a scalar)."""
+    spec = replace(model, seq_len=max(model.seq_len, seq_len))
+    stage = prepare(StageModule(spec, layers=(0, 0), first=False, last=True, tp=tp, tp_rank=0, group=None),
+                    dtype, device)
+    hidden = torch.randn(micro_batch, seq_len, model.hidden_size, device=device, dtype=TORCH_DTYPES[dtype],
+                         requires_grad=True)
+    labels = torch.randint(0, model.vocab_size, (micro_batch, seq_len), device=device)
+    scale = 1.0 / (micro_batch * seq_len)
+    return _measure_fwd_bwd(lambda: stage.loss(hidden, labels).sum() * scale, [*stage.parameters(), hidden],
+                            device, warmup, repeats)
+
+
+def measure_optimizer(model: ModelSpec, *, layers: int, tp: int, device: torch.device, warmup: int,
+                      repeats: int) -> dict[str, Any]:
+    """One AdamW step over ``layers`` layers of a TP-``tp`` shard (fp32 master weights and gradients)."""
+    blocks = nn.ModuleList(Block(model, tp=tp, group=None, recompute="none", device=None) for _ in range(layers))
+    blocks.to(device=device, dtype=torch.float32)
+    named = list(blocks.named_parameters())
+    for _, p in named:
+        p.grad = torch.randn_like(p) * 1e-3
+    opt = build_optimizer(named, OptimConfig(fused=True if device.type == "cuda" else None))
+    seconds = time_call(opt.step, device, warmup, repeats)
+    return {"seconds": seconds, "num_params": sum(p.numel() for _, p in named), "num_tensors": len(named)}
+
+
+def measure_ceilings(device: torch.device, dtype: str, *, gemm_dim: int, copy_mib: int, warmup: int,
+                     repeats: int) -> dict[str, Any]:
+    """A square GEMM's FLOP/s in ``dtype`` and a device copy's bytes/s (read + write), on random data."""
+    dt = TORCH_DTYPES[dtype]
+    a = torch.randn(gemm_dim, gemm_dim, device=device, dtype=dt)
+    b = torch.randn(gemm_dim, gemm_dim, device=device, dtype=dt)
+    t_gemm = time_call(lambda: a @ b, device, warmup, repeats)
+    n = copy_mib * 2**20 // 4
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    t_copy = time_call(lambda: dst.copy_(src), device, warmup, repeats)
+    return {"gemm_dim": gemm_dim, "gemm_tflops": 2.0 * gemm_dim**3 / t_gemm / 1e12,
+            "copy_bytes": 2 * n * 4, "copy_GBps": 2 * n * 4 / t_copy / 1e9}
