@@ -12,7 +12,8 @@ Fast functions for the planner's inner loops (no plan object; results cached per
 where they touch profiles, plain arithmetic elsewhere). Stable signatures:
 
 ``ProfileSet(catalog=None, params=DEFAULT_PARAMS, prefer_measured=True).get(gpu) -> DeviceProfile``
-    one profile per device type (measured table if the catalog entry has one, else spec roofline).
+    one profile per device type (measured table if the catalog entry has one, else spec roofline;
+    the table format is documented in measured.py).
 ``DeviceProfile.layer_time(model, micro_batch, tp=1, dtype='bf16', recompute='none', seq_len=None) -> PassTime``
     one layer, one micro-batch, one TP shard, nominal speed: ``.forward_s``, ``.backward_s``
     (backward includes recompute). Also ``embedding_time``, ``head_time`` (same arguments without
@@ -54,6 +55,7 @@ from planner.cost.links import (
     ring_allreduce_time,
     tree_allreduce_time,
 )
+from planner.cost.measured import MEASURED_FORMAT, MeasuredProfile, parse_measured
 from planner.cost.memory import GIB, MemoryBreakdown, layer_activation_bytes, stage_memory, stage_params
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, PassTime, ProfileSet, SpecProfile
@@ -70,7 +72,8 @@ from planner.cost.stage import StageTime, activation_bytes, boundary_time, devic
 from planner.cost.step import BREAKDOWN_TERMS, Estimate, PipelineEstimate, StageEstimate, estimate
 
 __all__ = [
-    "BREAKDOWN_TERMS", "DEFAULT_PARAMS", "GIB", "CostParams", "DeviceProfile", "Estimate", "MemoryBreakdown",
+    "BREAKDOWN_TERMS", "DEFAULT_PARAMS", "GIB", "MEASURED_FORMAT", "MeasuredProfile", "parse_measured",
+    "CostParams", "DeviceProfile", "Estimate", "MemoryBreakdown",
     "PassTime", "PipelineEstimate", "ProfileSet", "SimResult", "SpecProfile", "StageEstimate", "StageTime",
     "activation_bytes", "all_gather_time", "allreduce_time", "boundary_time", "broadcast_time", "bubble_fraction",
     "device_compute", "estimate", "fold_p2p", "gpipe_time", "group_allreduce_time", "group_broadcast_time",
