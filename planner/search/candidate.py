@@ -1,0 +1,249 @@
+"""One candidate structure (pipelines of ordered stage units + a setting), refined and priced.
+
+:func:`evaluate` runs the refinement of :mod:`.refine` on a structure:
+
+1. Pipelines with the same stage signatures (units and the links between consecutive stages)
+   form one *type*; each type is split once.
+2. Start from ``m = ceil(B / (k·μ))`` micro-batches; split every type's layers exactly for its
+   ``m``; solve the batch ILP; repeat with the ILP's micro-batch counts until they stop changing
+   (at most ``MAX_ROUNDS`` rounds; the best round is kept). The memory of a split uses the
+   schedule's in-flight count for that ``m``, so the final split is checked at the final ``m``.
+3. The surrogate step time is the slowest pipeline (its optimizer step included) plus the exposed
+   gradient sync between pipelines (:class:`.oracle.Oracle`).
+
+:func:`to_plan` turns the result into a :class:`planner.plan.Plan`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from planner.cluster import ClusterSpec, Link
+from planner.cost.schedule import in_flight
+from planner.plan import Pipeline, Plan, PlanOptions, Stage
+from planner.search.graph import Unit, slowest_link_among
+from planner.search.oracle import Oracle, Setting
+from planner.search.refine import LayerSplit, PipeType, StageCost, allocate_batch, split_layers
+
+MAX_ROUNDS = 4
+
+
+@dataclass
+class Layout:
+    """A refined pipeline: ordered stage units, layers per stage, samples and micro-batches."""
+
+    units: tuple[Unit, ...]
+    counts: tuple[int, ...]
+    batch: int
+    micro_batches: int
+
+
+@dataclass
+class Candidate:
+    pipelines: list[list[Unit]]
+    setting: Setting
+    step_s: float = math.inf
+    layouts: list[Layout] = field(default_factory=list)
+    problem: str = ""  # why it does not fit, when step_s is inf
+
+    @property
+    def feasible(self) -> bool:
+        return math.isfinite(self.step_s)
+
+
+def _links(cluster: ClusterSpec, units: Sequence[Unit]) -> tuple[Link, ...]:
+    return tuple(cluster.node_link(a.node, b.node) for a, b in zip(units, units[1:]))
+
+
+def stage_costs(oracle: Oracle, units: Sequence[Unit], m: int, s: Setting, shards: int) -> list[StageCost]:
+    S = len(units)
+    return [oracle.stage_cost(u, i == 0, i == S - 1, in_flight(s.schedule, S, i, m),
+                              units[i - 1] if i > 0 else None, units[i + 1] if i < S - 1 else None, s, shards)
+            for i, u in enumerate(units)]
+
+
+def explain_split(oracle: Oracle, units: Sequence[Unit], costs: Sequence[StageCost], num_layers: int) -> str:
+    """Which stage of a pipeline cannot fit what (for infeasible splits)."""
+    gib = float(1 << 30)
+    parts = []
+    for i, (u, c) in enumerate(zip(units, costs)):
+        fits = c.max_layers()
+        parts.append(f"stage {i} ({u.devices[0]}.., {u.gpu} x{u.tp}, {u.memory_gib:g} GiB) fits {fits} layers "
+                     f"({c.per_layer_bytes / gib:.2f} GiB per layer + {c.fixed_bytes / gib:.2f} GiB fixed)")
+    total = sum(min(c.max_layers(), num_layers) for c in costs)
+    head = (f"{len(units)} stages hold at most {total} of {num_layers} layers" if total < num_layers
+            else "a stage cannot hold even one layer" if min(c.max_layers() for c in costs) < 1
+            else f"{len(units)} stages for {num_layers} layers")
+    return head + ": " + "; ".join(parts)
+
+
+def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, global_batch: int,
+             use_ilp: bool = False) -> Candidate:
+    """Refine and price one structure (module docstring); ``use_ilp`` solves the batch split as the ILP
+    (else by bisection, :func:`.refine.waterfill`, which reaches the same min-max)."""
+    cand = Candidate([list(p) for p in pipelines], s)
+    L = oracle.model.num_layers
+    k = len(pipelines)
+    if k == 0:
+        cand.problem = "no pipelines"
+        return cand
+    types: dict[tuple[object, ...], list[int]] = {}
+    links_of: list[tuple[Link, ...]] = []
+    for pi, units in enumerate(pipelines):
+        links = _links(oracle.cluster, units)
+        links_of.append(links)
+        types.setdefault((tuple(u.signature for u in units), links), []).append(pi)
+    keys = list(types)
+    mu = s.micro_batch
+    m_of = {key: max(1, math.ceil(global_batch / (k * mu))) for key in keys}
+    best: tuple[float, dict, object, dict] | None = None
+    problems: list[str] = []
+    for _ in range(MAX_ROUNDS):
+        splits: dict[tuple[object, ...], LayerSplit] = {}
+        cost_of: dict[tuple[object, ...], list[StageCost]] = {}
+        ptypes: list[PipeType] = []
+        live: list[tuple[object, ...]] = []
+        problems = []
+        for key in keys:
+            rep = pipelines[types[key][0]]
+            costs = stage_costs(oracle, rep, m_of[key], s, k)
+            split = split_layers(costs, L, m_of[key])
+            if split is None:
+                problems.append(explain_split(oracle, rep, costs, L))
+                continue
+            splits[key] = split
+            cost_of[key] = costs
+            live.append(key)
+            opt = _optimizer_s(oracle, rep, split.counts, s, k)
+            cap = _micro_batch_cap(oracle, rep, split.counts, m_of[key], s, k, global_batch)
+            ptypes.append(PipeType(len(types[key]), split.bottleneck_s, split.sum_s, opt, cap))
+        if not live:
+            break
+        alloc = allocate_batch(ptypes, global_batch, mu, use_ilp=use_ilp)
+        if alloc is None:
+            problems.append(f"the pipelines cannot take {global_batch} samples at micro-batch size {mu}")
+            break
+        step = alloc.time_s + _sync_s(oracle, pipelines, types, live, splits, cost_of, alloc.base, alloc.extra, s)
+        new_m = dict(m_of)
+        for j, key in enumerate(live):
+            if alloc.base[j] + alloc.extra[j] > 0:
+                new_m[key] = max(1, alloc.micro_batches[j])
+        if best is None or step < best[0]:
+            best = (step, dict(zip(live, zip(alloc.base, alloc.extra, alloc.micro_batches))), None, dict(splits))
+        if new_m == m_of:
+            break
+        # only raise m where the split at the new m fits; re-split next round
+        m_of = new_m
+    if best is None:
+        cand.problem = problems[0] if problems else "no feasible split"
+        return cand
+    step, per_type, _, splits = best
+    layouts: list[Layout] = []
+    rank_in_type = {pi: idx for members in types.values() for idx, pi in enumerate(members)}
+    type_of = {pi: key for key, members in types.items() for pi in members}
+    for pi in range(k):
+        key = type_of[pi]
+        if key not in per_type:
+            continue
+        q, r, m = per_type[key]
+        b = q + 1 if rank_in_type[pi] < r else q
+        if b > 0:
+            layouts.append(Layout(tuple(pipelines[pi]), splits[key].counts, b, max(1, min(m, b))))
+    cand.step_s = step
+    cand.layouts = layouts
+    return cand
+
+
+def _fits(oracle: Oracle, units: Sequence[Unit], counts: Sequence[int], m: int, s: Setting, shards: int) -> bool:
+    costs = stage_costs(oracle, units, m, s, shards)
+    return all(n <= c.max_layers() for n, c in zip(counts, costs))
+
+
+def _micro_batch_cap(oracle: Oracle, units: Sequence[Unit], counts: Sequence[int], m: int, s: Setting,
+                     shards: int, global_batch: int) -> int:
+    """The most micro-batches this split still fits with (1F1B: in-flight stops growing at S)."""
+    limit = global_batch if s.schedule == "gpipe" else len(units)
+    if m >= limit or _fits(oracle, units, counts, limit, s, shards):
+        return global_batch
+    lo, hi = m, limit  # fits at lo, not at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits(oracle, units, counts, mid, s, shards):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _optimizer_s(oracle: Oracle, units: Sequence[Unit], counts: Sequence[int], s: Setting, shards: int) -> float:
+    S = len(units)
+    return max(oracle.optimizer_seconds(u, n, i == 0, i == S - 1, shards, s)
+               for i, (u, n) in enumerate(zip(units, counts)))
+
+
+def _sync_s(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], types: dict, live: list, splits: dict,
+            costs: dict, base: Sequence[int], extra: Sequence[int], s: Setting) -> float:
+    """Exposed gradient sync (surrogate of :mod:`planner.cost.step`'s model).
+
+    Per layer, the owners (one stage per pipeline) all-reduce over the slowest link among their
+    nodes. Stage ``i`` of a 1F1B pipeline ends its last backward about ``Σ_{j<i} b_j`` before
+    stage 0 does (``b`` ≈ 2/3 of a stage's time), and ``dp_overlap`` of its last backward overlaps
+    the sync, so its sync is hidden up to that slack; the rest is exposed."""
+    active: list[tuple[Sequence[Unit], tuple[int, ...], list[StageCost]]] = []
+    for j, key in enumerate(live):
+        n_active = len(types[key]) if base[j] > 0 else extra[j]
+        for pi in types[key][:n_active]:
+            active.append((pipelines[pi], splits[key].counts, costs[key]))
+    k = len(active)
+    if k <= 1:
+        return 0.0
+    L = oracle.model.num_layers
+    owner_nodes: list[set[str]] = [set() for _ in range(L)]
+    for units, counts, _ in active:
+        start = 0
+        for u, n in zip(units, counts):
+            for layer in range(start, start + n):
+                owner_nodes[layer].add(u.node)
+            start += n
+    cache: dict[frozenset[str], Link | None] = {}
+    layer_link: list[Link | None] = []
+    for nodes in owner_nodes:
+        fk = frozenset(nodes)
+        if fk not in cache:
+            cache[fk] = slowest_link_among(oracle.cluster, fk)
+        layer_link.append(cache[fk])
+    worst = 0.0
+    seen: set[tuple[object, ...]] = set()
+    overlap = oracle.params.dp_overlap
+    for units, counts, stage_c in active:
+        key = (tuple(u.signature for u in units), counts)
+        if key in seen:
+            continue
+        seen.add(key)
+        start, ahead = 0, 0.0
+        S = len(units)
+        for i, (u, n, c) in enumerate(zip(units, counts, stage_c)):
+            link = min((lk for lk in layer_link[start:start + n] if lk is not None),
+                       key=lambda lk: (lk.bandwidth_GBps, -lk.latency_us), default=None)
+            hidden, exposed = oracle.grad_sync_seconds(oracle.stage_params(n, u.tp, i == 0, i == S - 1), k, link, s)
+            back = 2.0 / 3.0 * c.time(n)
+            worst = max(worst, max(0.0, hidden - overlap * back - ahead) + exposed)
+            ahead += back
+            start += n
+    return worst
+
+
+def to_plan(cand: Candidate, oracle: Oracle, global_batch: int, cluster_name: str | None) -> Plan:
+    """The plan of a feasible candidate (pipelines in the candidate's order)."""
+    pipes = []
+    for lay in cand.layouts:
+        stages = []
+        start = 0
+        for u, n in zip(lay.units, lay.counts):
+            stages.append(Stage(u.devices, u.tp, (start, start + n)))
+            start += n
+        pipes.append(Pipeline(lay.batch, lay.micro_batches, tuple(stages), cand.setting.schedule))
+    s = cand.setting
+    return Plan(oracle.model, global_batch, tuple(pipes), PlanOptions(s.recompute, s.zero, s.dtype), cluster_name)

@@ -1,0 +1,175 @@
+"""Local search on the best candidate, under its setting, by the surrogate step time.
+
+Moves (each keeps every device in at most one stage):
+
+* ``move``   one stage unit from pipeline A to pipeline B;
+* ``swap``   two units of different kinds between two pipelines;
+* ``merge``  two pipelines into one;  ``split``  one pipeline into two (alternate units);
+* ``tp-split`` a TP-``t`` stage into two TP-``t/2`` stages;  ``tp-merge`` two stages of one node
+  in one pipeline into one TP group (only TP degrees the model allows);
+* ``reverse`` a pipeline's stage order.
+
+Layers are not moved one by one: the refinement already places them optimally for any
+structure (:func:`planner.search.refine.split_layers` is exact), so every move is scored with
+its best layer and batch split. Each round draws ``MOVES_PER_ROUND`` moves with a
+``random.Random(seed)`` generator, takes the best improving one, and stops after ``PATIENCE``
+rounds without improvement, or when the evaluation budget or the time limit is spent. The local
+search is skipped above ``MAX_PIPELINES`` pipelines (large clusters rely on the hierarchical
+partition, whose identical pipelines these moves would only break up).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from planner.cluster import ClusterSpec
+from planner.search.candidate import Candidate
+from planner.search.graph import Unit, merge_units, split_unit
+from planner.search.stages import tp_choices
+
+if TYPE_CHECKING:
+    from planner.search.planner import Search
+
+MOVES_PER_ROUND = 24
+PATIENCE = 3
+MAX_PIPELINES = 64
+MAX_ROUNDS = 60
+
+Pipes = list[list[Unit]]
+
+
+def improve(search: Search, start: Candidate) -> Candidate:
+    """Hill-climb from ``start`` (module docstring); returns the best candidate seen."""
+    from planner.search.planner import _Budget
+
+    if len(start.pipelines) > MAX_PIPELINES:
+        search.log.append(f"local search skipped: {len(start.pipelines)} pipelines > {MAX_PIPELINES}")
+        return start
+    rng = random.Random(search.config.seed)
+    moves = _Moves(search.cluster)
+    kinds: list[Callable[[Pipes, random.Random], Pipes | None]] = [
+        moves.move, moves.swap, moves.merge, moves.split, moves.tp_split, moves.tp_merge, moves.reverse]
+    best = start
+    stale = rounds = 0
+    try:
+        while stale < PATIENCE and rounds < MAX_ROUNDS:
+            rounds += 1
+            round_best = best
+            for _ in range(MOVES_PER_ROUND):
+                move = kinds[rng.randrange(len(kinds))]
+                pipes = move(_copy(best.pipelines), rng)
+                if pipes is None or not _valid(search, pipes):
+                    continue
+                cand = search.evaluate(pipes, best.setting)
+                if cand.feasible and cand.step_s < round_best.step_s * (1 - 1e-9):
+                    round_best = cand
+            if round_best is not best:
+                search.log.append(f"local search: {best.step_s:.4f} -> {round_best.step_s:.4f} s")
+                best = round_best
+                stale = 0
+            else:
+                stale += 1
+    except _Budget:
+        search.log.append("local search stopped by the budget")
+    return best
+
+
+def _copy(pipes: Pipes) -> Pipes:
+    return [list(p) for p in pipes]
+
+
+def _valid(search: Search, pipes: Pipes) -> bool:
+    """No empty pipeline, no more stages than layers, only TP degrees the model allows."""
+    L = search.model.num_layers
+    return all(p and len(p) <= L and all(u.tp in tp_choices(search.model, u.tp) for u in p) for p in pipes)
+
+
+def _place(p: list[Unit], u: Unit) -> None:
+    """Insert ``u`` next to a unit of the same node if there is one, else by memory (phase-2 rule)."""
+    for i, v in enumerate(p):
+        if v.node == u.node:
+            p.insert(i + 1, u)
+            return
+    for i, v in enumerate(p):
+        if v.memory_gib < u.memory_gib:
+            p.insert(i, u)
+            return
+    p.append(u)
+
+
+class _Moves:
+    """The moves of the module docstring; each edits a copy of the pipelines or returns None."""
+
+    def __init__(self, cluster: ClusterSpec):
+        self.cluster = cluster
+        self.next_index = 1 << 30  # indices of units made by TP moves (never clash with make_units)
+
+    def move(self, pipes: Pipes, rng: random.Random) -> Pipes | None:
+        if len(pipes) < 2:
+            return None
+        a, b = rng.sample(range(len(pipes)), 2)
+        if len(pipes[a]) < 2:
+            return None
+        _place(pipes[b], pipes[a].pop(rng.randrange(len(pipes[a]))))
+        return pipes
+
+    def swap(self, pipes: Pipes, rng: random.Random) -> Pipes | None:
+        if len(pipes) < 2:
+            return None
+        a, b = rng.sample(range(len(pipes)), 2)
+        i, j = rng.randrange(len(pipes[a])), rng.randrange(len(pipes[b]))
+        if pipes[a][i].signature == pipes[b][j].signature:
+            return None
+        u, v = pipes[a].pop(i), pipes[b].pop(j)
+        _place(pipes[a], v)
+        _place(pipes[b], u)
+        return pipes
+
+    def merge(self, pipes: Pipes, rng: random.Random) -> Pipes | None:
+        if len(pipes) < 2:
+            return None
+        a, b = sorted(rng.sample(range(len(pipes)), 2))
+        for u in pipes.pop(b):
+            _place(pipes[a], u)
+        return pipes
+
+    def split(self, pipes: Pipes, rng: random.Random) -> Pipes | None:
+        a = rng.randrange(len(pipes))
+        if len(pipes[a]) < 2:
+            return None
+        p = pipes[a]
+        pipes[a] = p[0::2]
+        pipes.insert(a + 1, p[1::2])
+        return pipes
+
+    def tp_split(self, pipes: Pipes, rng: random.Random) -> Pipes | None:
+        a = rng.randrange(len(pipes))
+        i = rng.randrange(len(pipes[a]))
+        if pipes[a][i].tp < 2:
+            return None
+        x, y = split_unit(self.cluster, pipes[a][i], self.next_index)
+        self.next_index += 2
+        pipes[a][i:i + 1] = [x, y]
+        return pipes
+
+    def tp_merge(self, pipes: Pipes, rng: random.Random) -> Pipes | None:
+        a = rng.randrange(len(pipes))
+        p = pipes[a]
+        pairs = [(i, j) for i in range(len(p)) for j in range(i + 1, len(p))
+                 if p[i].node == p[j].node and p[i].tp == p[j].tp]
+        if not pairs:
+            return None
+        i, j = pairs[rng.randrange(len(pairs))]
+        p[i] = merge_units(self.cluster, p[i], p[j], self.next_index)
+        self.next_index += 1
+        del p[j]
+        return pipes
+
+    def reverse(self, pipes: Pipes, rng: random.Random) -> Pipes | None:
+        a = rng.randrange(len(pipes))
+        if len(pipes[a]) < 2:
+            return None
+        pipes[a].reverse()
+        return pipes

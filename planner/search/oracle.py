@@ -1,0 +1,129 @@
+"""The planner's view of the cost model: linear per-stage costs for the refinement.
+
+Everything here is computed by the cost model's own pure functions (:mod:`planner.cost`): device
+profiles for the layer, embedding and head times, :mod:`planner.cost.links` for TP all-reduces,
+p2p sends and the gradient sync, :mod:`planner.cost.memory` for memory, and the closed-form
+schedule times of :mod:`planner.cost.schedule`. The planner only reshapes them:
+
+* a stage's time per micro-batch (forward + backward, p2p sends included) is linear in its layer
+  count, ``a·n + e``, and so is its memory, ``w·n + f`` (``stage_memory`` is linear in ``layers``);
+  :meth:`Oracle.stage_cost` returns those four numbers for a unit in a given position;
+* the step time of a candidate is ``max_p T_p + sync + optimizer`` with ``T_p`` the 1F1B/GPipe
+  closed form, the gradient sync an all-reduce over the pipelines of the largest gradient any
+  device holds, across the slowest link between pipelines, of which ``1 - dp_overlap`` is exposed,
+  and the optimizer step of the device holding the most parameters. This *surrogate* ranks the
+  candidates; the plan the planner returns carries the full :func:`planner.cost.estimate`, which
+  also decides between the best few candidates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cluster import ClusterSpec, Link
+from planner.cost.links import allreduce_time
+from planner.cost.memory import GIB, stage_memory
+from planner.cost.params import CostParams
+from planner.cost.profile import ProfileSet
+from planner.cost.stage import activation_bytes, boundary_time, stage_time
+from planner.model import ModelSpec
+from planner.search.graph import Unit
+from planner.search.refine import StageCost
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The options the search enumerates for a candidate."""
+
+    micro_batch: int = 1
+    recompute: str = "none"
+    zero: int = 0
+    schedule: str = "1f1b"
+    dtype: str = "bf16"
+
+    def label(self) -> str:
+        return f"mbs={self.micro_batch} recompute={self.recompute} zero={self.zero} {self.schedule}"
+
+
+class Oracle:
+    """Cached cost-model numbers for one (cluster, model, global batch)."""
+
+    def __init__(self, cluster: ClusterSpec, model: ModelSpec, profiles: ProfileSet | None = None):
+        self.cluster = cluster
+        self.model = model
+        self.profiles = profiles or ProfileSet(cluster.catalog)
+        self.params: CostParams = self.profiles.params
+        self._stage_cache: dict[tuple[object, ...], StageCost] = {}
+
+    # ------------------------------------------------------------------ per stage
+    def stage_seconds(self, unit: Unit, layers: int, first: bool, last: bool, s: Setting) -> float:
+        """Forward + backward of one micro-batch on ``unit`` holding ``layers`` layers (TP included)."""
+        devs = [self.cluster.device(d) for d in unit.devices]
+        st = stage_time(self.model, layers=layers, first=first, last=last, micro_batch=s.micro_batch, tp=unit.tp,
+                        devices=[(self.profiles.get(d.gpu), d.slowdown) for d in devs],
+                        tp_link=unit.link if unit.tp > 1 else None, dtype=s.dtype, recompute=s.recompute,
+                        params=self.params)
+        return st.forward_s + st.backward_s
+
+    def boundary_seconds(self, a: Unit, b: Unit, s: Setting) -> float:
+        """Activation a -> b plus its gradient b -> a, one micro-batch."""
+        nbytes = activation_bytes(self.model, s.micro_batch, s.dtype)
+        return (boundary_time(nbytes, a.devices, b.devices, self.cluster, self.params)
+                + boundary_time(nbytes, b.devices, a.devices, self.cluster, self.params))
+
+    def stage_cost(self, unit: Unit, first: bool, last: bool, in_flight: int, prev: Unit | None,
+                   nxt: Unit | None, s: Setting, zero_shards: int) -> StageCost:
+        """Linear time and memory of ``unit`` as a stage between ``prev`` and ``nxt`` (cached per
+        unit signature, position and the links to its neighbours)."""
+        link_prev = self.cluster.node_link(prev.node, unit.node) if prev is not None else None
+        link_next = self.cluster.node_link(unit.node, nxt.node) if nxt is not None else None
+        key = (unit.signature, first, last, in_flight, link_prev, prev.tp if prev else 0, link_next,
+               nxt.tp if nxt else 0, s, zero_shards if s.zero else 1)
+        hit = self._stage_cache.get(key)
+        if hit is None:
+            hit = self._stage_cache[key] = self._stage_cost(unit, first, last, in_flight, prev, nxt, s, zero_shards)
+        return hit
+
+    def _stage_cost(self, unit: Unit, first: bool, last: bool, in_flight: int, prev: Unit | None,
+                    nxt: Unit | None, s: Setting, zero_shards: int) -> StageCost:
+        m = self.model
+        t0 = self.stage_seconds(unit, 0, first, last, s)
+        t1 = self.stage_seconds(unit, 1, first, last, s)
+        # each boundary's two messages are charged half to each side (the sender blocks on its send)
+        fixed = t0
+        if nxt is not None:
+            fixed += 0.5 * self.boundary_seconds(unit, nxt, s)
+        if prev is not None:
+            fixed += 0.5 * self.boundary_seconds(prev, unit, s)
+        kw = dict(tp=unit.tp, first=first, last=last, micro_batch=s.micro_batch, in_flight=in_flight,
+                  dtype=s.dtype, recompute=s.recompute, zero_shards=zero_shards if s.zero else 1,
+                  params=self.params)
+        mem0 = stage_memory(m, layers=0, **kw).total  # type: ignore[arg-type]
+        mem1 = stage_memory(m, layers=1, **kw).total  # type: ignore[arg-type]
+        return StageCost(t1 - t0, fixed, mem1 - mem0, mem0, unit.memory_gib * GIB)
+
+    # ------------------------------------------------------------------ per step
+    def grad_sync_seconds(self, params: float, pipelines: int, link: Link | None, s: Setting) -> tuple[float, float]:
+        """(overlappable, not overlappable) seconds of the cross-pipeline gradient sync of ``params``
+        fp32 gradients among one owner per pipeline over ``link``; under ZeRO-1 the reduce-scatter
+        half, then the all-gather of the updated compute-dtype weights after the optimizer."""
+        if pipelines <= 1 or link is None:
+            return 0.0, 0.0
+        full = allreduce_time(params * 4, pipelines, link, self.params)
+        if not s.zero:
+            return full, 0.0
+        e = 2 if s.dtype in ("bf16", "fp16") else 4
+        return 0.5 * full, 0.5 * allreduce_time(params * e, pipelines, link, self.params)
+
+    def optimizer_seconds(self, unit: Unit, layers: int, first: bool, last: bool, zero_shards: int,
+                          s: Setting) -> float:
+        """AdamW step of one device of ``unit`` (as :func:`planner.cost.estimate` counts it)."""
+        prof = self.profiles.get(unit.gpu)
+        shard = self.stage_params(layers, unit.tp, first, last) / (zero_shards if s.zero else 1)
+        tensors = 9 * layers + (1 if first else 0) + (2 if last else 0)
+        return prof.optimizer_time(shard, tensors, s.dtype) * unit.slowdown
+
+    def stage_params(self, layers: int, tp: int, first: bool, last: bool) -> float:
+        from planner.cost.memory import stage_params
+
+        return stage_params(self.model, layers, tp, first, last)

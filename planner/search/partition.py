@@ -1,0 +1,93 @@
+"""Phase 1: split the stage units into pipelines (data-parallel replicas).
+
+Two deterministic partitioners, both tried by the planner:
+
+* :func:`metis_pipelines` — a METIS k-way partition of the unit graph (pymetis) with two balance
+  constraints per vertex, compute (TFLOP/s) and memory (GiB), and edge weights proportional to link
+  bandwidth, so the cut (the links between pipelines) falls on the slow links and each pipeline's
+  stage-to-stage traffic stays on fast ones. METIS runs with a fixed seed, so the result is a
+  function of the inputs and ``seed`` only.
+* :func:`class_pipelines` — the hierarchical partition used for large clusters: units are grouped
+  into *classes* of interchangeable units (same signature, same node group), and each class is cut
+  into pipelines of ``n`` consecutive units. Identical pipelines then cost the same, so the
+  planner evaluates one pipeline per (class, n) instead of one per pipeline.
+
+Pipelines are lists of unit indices; their stage order is phase 2's job (:mod:`.stages`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import networkx as nx
+import pymetis
+
+from planner.cluster import ClusterSpec
+from planner.search.graph import Unit
+
+EDGE_SCALE = 10  # METIS edge weights are integers: bandwidth in units of 0.1 GB/s
+VERTEX_SCALE = 1000
+
+
+def metis_pipelines(graph: nx.Graph, k: int, seed: int = 0) -> list[list[int]]:
+    """k-way METIS partition of the unit graph; empty parts are dropped; parts sorted by first unit."""
+    n = graph.number_of_nodes()
+    order = sorted(graph.nodes)
+    if k <= 1 or n <= 1:
+        return [order]
+    if k >= n:
+        return [[u] for u in order]
+    pos = {u: i for i, u in enumerate(order)}
+    max_c = max(graph.nodes[u]["compute"] for u in order) or 1.0
+    max_m = max(graph.nodes[u]["memory_gib"] for u in order) or 1.0
+    xadj = [0]
+    adjncy: list[int] = []
+    eweights: list[int] = []
+    vweights: list[int] = []
+    for u in order:
+        for v in sorted(graph.adj[u], key=pos.__getitem__):
+            adjncy.append(pos[v])
+            eweights.append(max(1, round(graph.adj[u][v]["bandwidth"] * EDGE_SCALE)))
+        xadj.append(len(adjncy))
+        vweights.append(max(1, round(graph.nodes[u]["compute"] / max_c * VERTEX_SCALE)))
+        vweights.append(max(1, round(graph.nodes[u]["memory_gib"] / max_m * VERTEX_SCALE)))
+    opts = pymetis.Options(seed=seed)
+    _, parts = pymetis.part_graph(k, xadj=xadj, adjncy=adjncy, vweights=vweights,
+                                  eweights=eweights or None, options=opts)
+    groups: dict[int, list[int]] = {}
+    for u, p in zip(order, parts):
+        groups.setdefault(p, []).append(u)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+def unit_classes(cluster: ClusterSpec, units: Sequence[Unit]) -> list[list[int]]:
+    """Units grouped into classes of interchangeable ones (signature + smallest node group).
+
+    Classes come in order of their first unit; members keep node order."""
+    group_of: dict[str, str] = {}
+    for g in sorted(cluster.groups, key=lambda g: -len(g.nodes)):
+        for n in g.nodes:
+            group_of[n] = g.name  # the smallest group wins (it is assigned last)
+    classes: dict[tuple[object, ...], list[int]] = {}
+    for u in units:
+        key = (*u.signature, group_of.get(u.node, ""), cluster.node(u.node).gpus)
+        classes.setdefault(key, []).append(u.index)
+    return list(classes.values())
+
+
+def chunk(members: Sequence[int], size: int) -> list[list[int]]:
+    """Consecutive chunks of ``size`` units; a short tail joins the previous chunk."""
+    size = max(1, size)
+    out = [list(members[i:i + size]) for i in range(0, len(members), size)]
+    if len(out) > 1 and len(out[-1]) < size:
+        out[-2].extend(out.pop())
+    return out
+
+
+def class_pipelines(classes: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[list[int]]:
+    """Each class cut into pipelines of ``sizes[j]`` units (0 = leave the class unused)."""
+    out: list[list[int]] = []
+    for members, size in zip(classes, sizes):
+        if size > 0 and len(members) >= size:
+            out.extend(chunk(members, size))
+    return out
