@@ -1,0 +1,96 @@
+"""This process's place in the job, from the environment the launchers set.
+
+Read: ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (torchrun, the
+per-node scripts, ``--local`` and Slurm all set them), plus HexiScale's own:
+
+* ``HEXISCALE_NODE_RANKS`` — the plan ranks of this node's processes by local rank. When set, the
+  global rank is ``NODE_RANKS[LOCAL_RANK]`` whatever ``RANK`` says: torchrun's c10d rendezvous
+  numbers nodes in join order, so this is how plan rank order survives it.
+* ``HEXISCALE_NODE`` — the cluster node's name (for messages).
+* ``HEXISCALE_STORE_HOSTED=1`` — someone else (the ``--local`` supervisor) hosts the TCPStore at
+  ``MASTER_ADDR:MASTER_PORT``; torchrun says the same with ``TORCHELASTIC_USE_AGENT_STORE=True``.
+  Otherwise global rank 0 hosts it.
+
+The store carries the pre-flight verdicts and the heartbeats; the process group is built on a
+prefix of it, so rank numbering is ours, not the launcher's.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from planner.errors import SpecError
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    host: str
+    node: str
+    store_hosted: bool  # True: connect to an existing store; False: rank 0 hosts it
+    prefix: str  # namespace of this run's keys in the store
+
+    @property
+    def where(self) -> str:
+        """``rank 3 (host gpu7, node r4090-1)`` for messages."""
+        node = f", node {self.node}" if self.node and self.node != self.host else ""
+        return f"rank {self.rank} (host {self.host}{node})"
+
+
+def _int(environ: Mapping[str, str], key: str, default: int | None = None) -> int:
+    raw = environ.get(key)
+    if raw is None:
+        if default is None:
+            raise SpecError(key, "is not set", "run under torchrun or 'hexiscale launch' (or set RANK, "
+                            "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SpecError(key, f"{raw!r} is not an integer", "fix the launcher environment") from None
+
+
+def rank_env(environ: Mapping[str, str] | None = None) -> RankEnv:
+    """Parse the launcher environment (a single process with none of it is rank 0 of 1)."""
+    env = os.environ if environ is None else environ
+    world = _int(env, "WORLD_SIZE", 1)
+    rank = _int(env, "RANK", 0)
+    local = _int(env, "LOCAL_RANK", 0)
+    node_ranks = env.get("HEXISCALE_NODE_RANKS")
+    if node_ranks:
+        try:
+            ranks = [int(r) for r in node_ranks.split(",")]
+        except ValueError:
+            raise SpecError("HEXISCALE_NODE_RANKS", f"{node_ranks!r} is not a list of ranks",
+                            "regenerate the launch command") from None
+        if not 0 <= local < len(ranks):
+            raise SpecError("LOCAL_RANK", f"{local} but HEXISCALE_NODE_RANKS lists {len(ranks)} ranks",
+                            "--nproc-per-node must match the node's plan devices")
+        rank = ranks[local]
+    if not 0 <= rank < world:
+        raise SpecError("RANK", f"{rank} is not in [0, WORLD_SIZE={world})", "fix the launcher environment")
+    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    hosted = env.get("HEXISCALE_STORE_HOSTED") == "1" or env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    host = socket.gethostname()
+    return RankEnv(rank=rank, world_size=world, local_rank=local,
+                   master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=_int(env, "MASTER_PORT", 29500),
+                   host=host, node=env.get("HEXISCALE_NODE", host), store_hosted=hosted,
+                   prefix=f"hexiscale/{env.get('HEXISCALE_RUN_ID', 'run')}/{restart}")
+
+
+def connect_store(renv: RankEnv, timeout_s: float, *, host: bool | None = None) -> Any:
+    """A TCPStore client (or, for rank 0 when nobody else hosts it, the server)."""
+    from torch.distributed import TCPStore
+
+    is_master = (renv.rank == 0 and not renv.store_hosted) if host is None else host
+    return TCPStore(renv.master_addr, renv.master_port, world_size=None, is_master=is_master,
+                    timeout=timedelta(seconds=timeout_s), wait_for_workers=False)

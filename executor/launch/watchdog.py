@@ -1,0 +1,224 @@
+"""Failures that never hang: exit codes, a heartbeat through the TCPStore, one verdict per job.
+
+Exit codes of ``hexiscale train`` / ``hexiscale launch`` (**contract**, documented in the README):
+
+    0  success
+    1  user error: bad plan, flags, data file or checkpoint (found before training starts)
+    2  command-line usage error (argparse)
+    3  rank failure: a rank died, hung, or raised; every other rank stops with this code too
+    4  out of device memory on some rank (every other rank stops with this code too)
+    130 interrupted (Ctrl-C / SIGTERM from the launcher)
+
+How a failure reaches every rank within a bound:
+
+* Every rank runs a :class:`Watchdog` thread with its own store connection. Every ``interval``
+  seconds it bumps ``hb/<rank>`` (a counter with the current step) and reads everyone's.
+* A rank whose counter has not moved for ``dead_after`` seconds (measured on the observer's own
+  monotonic clock, so host clocks need not agree) is declared dead. A job where no rank finished a
+  step for ``hang_after`` seconds is declared hung (naming the ranks at the lowest step).
+* A rank that raises (or runs out of memory) records why; a communication error (a peer vanished)
+  first waits up to ``dead_after + 2 * interval`` for the heartbeat verdict, so the rank that
+  really died is named rather than its neighbour.
+* The first verdict wins (``compare_set`` on ``abort``); every watchdog sees it within one
+  interval, prints ``rank R (host H) failed at step S: why`` and exits with the verdict's code
+  (``os._exit``: a rank blocked in a collective cannot be unblocked any other way).
+* Losing the store itself (its host died) is a verdict too, naming the host rank.
+
+So a dead rank stops the whole job within ``dead_after + 2 * interval`` seconds, and a hung one
+within ``hang_after + interval``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from executor.launch.env import RankEnv, connect_store
+
+EXIT_OK = 0
+EXIT_USER_ERROR = 1
+EXIT_USAGE = 2
+EXIT_RANK_FAILURE = 3
+EXIT_OOM = 4
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rank: int
+    host: str
+    step: int
+    reason: str
+    code: int
+
+    def message(self) -> str:
+        when = f"at step {self.step}" if self.step > 0 else "during set-up"
+        who = "the launcher" if self.rank < 0 else f"rank {self.rank}"
+        return f"{who} (host {self.host}) failed {when}: {self.reason}"
+
+    def encode(self) -> bytes:
+        return json.dumps(self.__dict__).encode()
+
+    @staticmethod
+    def decode(raw: bytes) -> Verdict:
+        return Verdict(**json.loads(raw.decode()))
+
+
+def log_error(renv: RankEnv, text: str) -> None:
+    print(f"[{renv.where}] error: {text}", file=sys.stderr, flush=True)
+
+
+class Watchdog:
+    """Heartbeat thread of one rank (see the module docstring)."""
+
+    def __init__(self, renv: RankEnv, *, interval: float = 1.0, dead_after: float = 30.0,
+                 hang_after: float = 1800.0):
+        self.renv = renv
+        self.interval = interval
+        self.dead_after = dead_after
+        self.hang_after = hang_after
+        self.step = 0  # the step (1-based, as in the logs) this rank is working on; see begin_step
+        self._store: Any = None
+        self._main_store: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._hosts: dict[int, str] = {}
+
+    def _key(self, name: str) -> str:
+        return f"{self.renv.prefix}/wd/{name}"
+
+    def begin_step(self, step: int) -> None:
+        """Called by the training loop as it starts ``step`` (1-based): published for verdicts."""
+        self.step = step
+        if self._main_store is not None:
+            self._main_store.set(self._key(f"step/{self.renv.rank}"), str(step))
+
+    def start(self, main_store: Any = None) -> None:
+        """Start the thread. ``main_store`` (the training thread's connection) publishes steps."""
+        self._main_store = main_store
+        self._store = connect_store(self.renv, max(30.0, self.dead_after), host=False)
+        self._store.set(self._key(f"host/{self.renv.rank}"), self.renv.host)
+        self._thread = threading.Thread(target=self._run, name="hexiscale-watchdog", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        """This rank ended normally: others stop watching it; then the thread stops."""
+        if self._store is not None:
+            try:
+                self._store.set(self._key(f"done/{self.renv.rank}"), "1")
+            except Exception:
+                pass
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self.interval)
+
+    def host_of(self, rank: int) -> str:
+        if rank not in self._hosts and self._store is not None:
+            try:
+                self._hosts[rank] = self._store.get(self._key(f"host/{rank}")).decode()
+            except Exception:
+                return "?"
+        return self._hosts.get(rank, "?")
+
+    # ---------------------------------------------------------------- verdicts
+    def _propose(self, verdict: Verdict) -> Verdict:
+        """Record ``verdict`` unless another came first; return the winning one."""
+        if self._store is None:
+            return verdict
+        key = self._key("abort")
+        try:
+            won = self._store.compare_set(key, b"", verdict.encode())
+            return Verdict.decode(won)
+        except Exception:
+            return verdict
+
+    def _exit(self, verdict: Verdict) -> None:
+        log_error(self.renv, f"stopping: {verdict.message()}")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(verdict.code)
+
+    def current_verdict(self) -> Verdict | None:
+        try:
+            if self._store is not None and self._store.check([self._key("abort")]):
+                return Verdict.decode(self._store.get(self._key("abort")))
+        except Exception:
+            return None
+        return None
+
+    def fail(self, reason: str, code: int, *, suspect_peer: bool) -> None:
+        """This rank cannot go on: name the culprit for everyone, then exit (never returns).
+
+        ``suspect_peer``: the error may be a symptom of another rank's death (a communication
+        error); then wait for the heartbeat verdict before blaming this rank.
+        """
+        if suspect_peer and self._store is not None:
+            deadline = time.monotonic() + self.dead_after + 2 * self.interval
+            while time.monotonic() < deadline:
+                found = self.current_verdict()
+                if found is not None:
+                    self._exit(found)
+                time.sleep(self.interval / 2)
+        self._exit(self._propose(Verdict(self.renv.rank, self.renv.host, self.step, reason, code)))
+
+    def _step_of(self, rank: int, fallback: int) -> int:
+        try:
+            return int(self._store.get(self._key(f"step/{rank}")).decode())
+        except Exception:
+            return fallback
+
+    # ---------------------------------------------------------------- the thread
+    def _run(self) -> None:
+        r, world = self.renv.rank, self.renv.world_size
+        beat = 0
+        last_seen: dict[int, tuple[str, float]] = {}
+        last_progress = (-1, time.monotonic())  # (lowest step of any rank, when it last changed)
+        while not self._stop.wait(self.interval):
+            beat += 1
+            now = time.monotonic()
+            try:
+                self._store.set(self._key(f"hb/{r}"), f"{beat} {self.step}")
+                found = self.current_verdict()
+                if found is not None:
+                    self._exit(found)
+                keys = [self._key(f"hb/{q}") for q in range(world)]
+                present = [q for q in range(world) if self._store.check([keys[q]])]
+                values = {q: self._store.get(keys[q]).decode() for q in present}
+                done = {q for q in range(world) if self._store.check([self._key(f"done/{q}")])}
+                for q in present:
+                    self.host_of(q)
+            except Exception as exc:  # the store is gone: its host died
+                where = "the launcher that hosts it" if self.renv.store_hosted else "rank 0, which hosts it"
+                self._exit(Verdict(-1 if self.renv.store_hosted else 0, self._hosts.get(0, self.renv.master_addr),
+                                   self.step, f"lost contact with the store at {self.renv.master_addr}:"
+                                   f"{self.renv.master_port} ({type(exc).__name__}): {where} died",
+                                   EXIT_RANK_FAILURE))
+                return
+            for q, value in values.items():
+                if q not in last_seen or last_seen[q][0] != value:
+                    last_seen[q] = (value, now)
+            for q, (value, seen) in last_seen.items():
+                if q != r and q not in done and now - seen > self.dead_after:
+                    step = self._step_of(q, int(value.split()[1]))
+                    self._exit(self._propose(Verdict(
+                        q, self.host_of(q), step,
+                        f"no heartbeat for {now - seen:.0f} s (process died or froze)", EXIT_RANK_FAILURE)))
+            if len(values) == world and len(done) < world:
+                steps = {q: int(v.split()[1]) for q, v in values.items() if q not in done}
+                low = min(steps.values())
+                if low != last_progress[0]:
+                    last_progress = (low, now)
+                elif now - last_progress[1] > self.hang_after:
+                    stuck = [q for q, s in steps.items() if s == low]
+                    self._exit(self._propose(Verdict(
+                        stuck[0], self.host_of(stuck[0]), low,
+                        f"no step finished for {now - last_progress[1]:.0f} s (hung; ranks at this step: "
+                        f"{stuck})", EXIT_RANK_FAILURE)))

@@ -1,0 +1,126 @@
+"""``hexiscale train`` / ``python -m executor.train``: one process per plan rank.
+
+Order of events on every rank: read the launcher environment and the plan (world size checked) ->
+connect to the job's TCPStore -> local pre-flight (device, data, checkpoint) -> agree through the
+store (any failure: every rank exits 1 with the same message, nothing trained) -> process group ->
+heartbeat watchdog -> engine (+ resume) -> steps (log, checkpoint) -> clean finish. From the process
+group on, any failure is turned into one job-wide verdict and exit code by the watchdog (see
+:mod:`executor.launch.watchdog` for the codes and the time bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from executor.data import BatchStream, DataPosition, pipeline_rows
+from executor.engine import Engine
+from executor.groups import ProcessGroups
+from executor.launch.env import RankEnv, connect_store, rank_env
+from executor.launch.faults import maybe_inject, parse_fault
+from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog, log_error
+from executor.metrics import StepLogger
+from executor.preflight import agree, local_checks, wait_all_seen
+from executor.topology import build_topology
+from executor.train_args import build_train_parser
+from executor.train_setup import (
+    check_world,
+    checkpoint_path,
+    classify,
+    init_process_group,
+    mark_latest,
+    optim_config,
+    resolve_plan,
+)
+from planner.errors import SpecError
+
+
+def run_training(args: argparse.Namespace) -> int:
+    """Train per ``args`` on this rank; returns the exit code (never hangs; see module docstring)."""
+    renv: RankEnv | None = None
+    store = None
+    try:
+        renv = rank_env()
+        plan, cluster = resolve_plan(args)
+        check_world(plan, renv)
+        opt = optim_config(args)
+        fault = parse_fault(os.environ.get("HEXISCALE_FAULT"))
+        store = connect_store(renv, args.startup_timeout)
+        error, prep = None, None
+        try:
+            prep = local_checks(plan, renv, device=args.device, data=args.data, seed=args.seed, resume=args.resume)
+        except SpecError as exc:
+            error = exc
+        agree(store, renv, error, args.startup_timeout)
+        assert prep is not None
+    except SpecError as exc:
+        if renv is not None:
+            log_error(renv, str(exc))
+            if store is not None and renv.rank == 0 and not renv.store_hosted:
+                wait_all_seen(store, renv, "preflight-seen", 30.0)  # let everyone read it first
+        else:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
+
+    wd = Watchdog(renv, interval=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after)
+    try:
+        backend = init_process_group(renv, store, prep.device, args.pg_timeout)
+        wd.start(store)
+        topology = build_topology(plan)
+        engine = Engine(plan, topology, ProcessGroups.create(topology, backend), device=prep.device,
+                        optim=opt, seed=args.seed)
+        position = DataPosition()
+        if prep.resume is not None:
+            extra = engine.load_checkpoint(prep.resume.path)
+            gbs = plan.global_batch_size
+            position = DataPosition.from_dict(extra["data"], str(prep.resume.path)) if "data" in extra \
+                else DataPosition(engine.step, engine.step * gbs)
+        pipeline = engine.stage.pipeline
+        stream = BatchStream(prep.source, global_batch_size=plan.global_batch_size,
+                             rows=pipeline_rows(plan, pipeline), position=position, device=prep.device)
+        logger = StepLogger(plan, renv.rank, pipeline, leader=engine.stage.is_first and engine.tp_rank == 0,
+                            device=prep.device, cluster=cluster, jsonl=args.log_jsonl, every=args.log_every)
+        start = engine.step
+        if renv.rank == 0:
+            print(f"hexiscale train: {plan.world_size} ranks, {len(plan.pipelines)} pipelines, model "
+                  f"{plan.model.name}, {prep.device.type} ({backend}), data {args.data or 'synthetic'}, steps "
+                  f"{start}..{args.steps}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
+        for k in range(start, args.steps):
+            wd.begin_step(k + 1)
+            maybe_inject(fault, renv.rank, k)
+            t0 = time.perf_counter()
+            stats = engine.train_step(stream.next())
+            logger.step(k, args.steps, stats, time.perf_counter() - t0)
+            last = k + 1 == args.steps
+            if args.checkpoint_dir and (last or (args.save_every and (k + 1) % args.save_every == 0)):
+                engine.save_checkpoint(checkpoint_path(args.checkpoint_dir, k + 1),
+                                       extra={"data": stream.position.to_dict(), "plan_world_size": plan.world_size})
+                if renv.rank == 0:
+                    mark_latest(args.checkpoint_dir, k + 1)
+        logger.summary(start, plan.global_batch_size * plan.model.seq_len)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes one job-wide verdict
+        reason, code, suspect_peer = classify(exc)
+        wd.fail(reason, code, suspect_peer=suspect_peer)  # exits the process
+    wd.finish()
+    dist.destroy_process_group()
+    if renv.rank == 0 and not renv.store_hosted:
+        wait_all_seen(store, renv, "wd/done", args.startup_timeout)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_train_parser("python -m executor.train").parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    return run_training(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

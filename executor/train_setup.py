@@ -1,0 +1,93 @@
+"""Helpers of ``executor.train``: the plan from the arguments, optimizer settings, the process
+group, checkpoint directories and the classification of errors into exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.launch.env import RankEnv
+from executor.launch.watchdog import EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
+from executor.optim import OptimConfig
+from planner.cluster import ClusterSpec, load_cluster
+from planner.errors import SpecError
+from planner.plan import Plan, load_plan
+from planner.validate import validate
+
+
+def resolve_plan(args: argparse.Namespace) -> tuple[Plan, ClusterSpec | None]:
+    """``--plan`` (checked against ``--cluster`` when given) or the seed-style flags."""
+    cluster = load_cluster(args.cluster) if args.cluster else None
+    if args.plan:
+        seed_given = [f for f in ("hetero_configs", "layer_partitions", "global_bsz_size", "chunks")
+                      if getattr(args, f, None) is not None]
+        if seed_given:
+            raise SpecError(f"--{seed_given[0]}", "given together with --plan", "use either --plan or the seed flags")
+        plan = load_plan(args.plan)
+    else:
+        if getattr(args, "hetero_configs", None) is None:
+            raise SpecError("--plan", "missing", "pass --plan PLAN.json, or the seed-style flags with "
+                            "--cluster and --model")
+        from planner.cli.cmd_convert import plan_from_args
+
+        plan = plan_from_args(args)
+    if cluster is not None:
+        validate(plan, cluster)
+    return plan, cluster
+
+
+def check_world(plan: Plan, renv: RankEnv) -> None:
+    if renv.world_size != plan.world_size:
+        raise SpecError("WORLD_SIZE", f"{renv.world_size} processes were started, the plan has "
+                        f"{plan.world_size} ranks (one per device)",
+                        f"start {plan.world_size} processes, e.g. with 'hexiscale launch'")
+
+
+def optim_config(args: argparse.Namespace) -> OptimConfig:
+    steps = max(1, args.steps)
+    warmup = args.warmup if args.warmup is not None else min(100, steps // 10)
+    min_lr = args.min_lr if args.min_lr is not None else args.lr / 10
+    try:
+        return OptimConfig(lr=args.lr, min_lr=min_lr, warmup_steps=warmup, total_steps=steps,
+                           weight_decay=args.weight_decay, grad_clip=args.clip)
+    except ValueError as exc:
+        raise SpecError("--lr", str(exc), "check --lr, --min-lr, --warmup and --steps") from None
+
+
+def init_process_group(renv: RankEnv, store: Any, device: torch.device, timeout_s: float) -> str:
+    """The default process group on a prefix of our store, with our (plan) rank numbering."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"{renv.prefix}/pg", store), rank=renv.rank,
+                            world_size=renv.world_size, timeout=timedelta(seconds=timeout_s))
+    return backend
+
+
+def checkpoint_path(directory: str, step: int) -> Path:
+    return Path(directory) / f"step-{step:06d}"
+
+
+def mark_latest(directory: str, step: int) -> None:
+    """Point ``DIR/latest`` at the checkpoint of ``step`` (rank 0, after the save completed)."""
+    tmp = Path(directory) / "latest.tmp"
+    tmp.write_text(checkpoint_path(directory, step).name + "\n")
+    os.replace(tmp, Path(directory) / "latest")
+
+
+def classify(exc: BaseException) -> tuple[str, int, bool]:
+    """(reason, exit code, may be a symptom of another rank's failure)."""
+    if isinstance(exc, SpecError):
+        return str(exc), EXIT_USER_ERROR, False
+    if isinstance(exc, torch.OutOfMemoryError):
+        return f"out of memory: {exc}".splitlines()[0], EXIT_OOM, False
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    comm_words = ("gloo", "nccl", "connection", "socket", "timed out", "timeout", "peer", "broken pipe")
+    comm = isinstance(exc, dist.DistError) or any(w in str(exc).lower() for w in comm_words)
+    return text, EXIT_RANK_FAILURE, comm
