@@ -14,11 +14,16 @@ Per point the profiler records:
 * embedding: the (vocab-sharded) embedding forward and its backward;
 * head: final RMSNorm + LM head + vocab-parallel cross-entropy forward, and backward;
 * optimizer: one AdamW step (fused on CUDA) over ``n`` layers' worth of fp32 parameters;
+
+Precision follows the engine: fp32 parameters (the master weights) with the forward under
+``torch.autocast`` to the compute dtype on GPUs, fp32 on the CPU; the residual stream between layers
+stays fp32 (a bf16 branch added to an fp32 residual).
 * ceilings: a large bf16 GEMM's FLOP/s and a large device copy's bytes/s (read + write).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -36,14 +41,21 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 
 
 def prepare(module: M, dtype: str, device: torch.device) -> M:
-    """Cast a module to the compute dtype on ``device`` the way training runs it (weights in the compute
-    dtype; fp32 master weights live in the optimizer, measured separately)."""
-    module.to(device=device, dtype=TORCH_DTYPES[dtype])
+    """Put a module on ``device`` the way :class:`executor.engine.Engine` runs it: fp32 parameters (they
+    are the master weights), random values (never zeros: zeros can run faster than real data)."""
+    module.to(device=device, dtype=torch.float32)
     with torch.no_grad():
         for p in module.parameters():
             if p.dim() > 1:
-                p.normal_(0.0, 0.02)  # random, never zeros: zeros can run faster than real data
+                p.normal_(0.0, 0.02)
     return module
+
+
+def autocast(dtype: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The engine's precision: ``torch.autocast`` to bf16/fp16 on accelerators, plain fp32 on the CPU."""
+    if device.type == "cpu" or dtype == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=TORCH_DTYPES[dtype])
 
 
 def _rope(model: ModelSpec, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,10 +68,15 @@ def _mem(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
-def _measure_fwd_bwd(forward: Callable[[], torch.Tensor], params: list[torch.Tensor], device: torch.device,
-                     warmup: int, repeats: int) -> dict[str, Any]:
-    """Time ``forward()`` then ``out.backward(grad)``; measure activation and peak memory of one pass."""
+def _measure_fwd_bwd(fwd_fn: Callable[[], torch.Tensor], params: list[torch.Tensor], device: torch.device,
+                     dtype: str, warmup: int, repeats: int) -> dict[str, Any]:
+    """Time ``forward()`` (under the engine's autocast) then ``out.backward(grad)``; measure activation and
+    peak memory of one pass."""
     state: dict[str, Any] = {}
+
+    def forward() -> torch.Tensor:
+        with autocast(dtype, device):
+            return fwd_fn()
 
     def step(mark: Callable[[int], None]) -> None:
         mark(0)
@@ -95,9 +112,8 @@ def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, 
     spec = replace(model, seq_len=max(model.seq_len, seq_len))
     block = prepare(Block(spec, tp=tp, group=None, recompute=recompute, device=None), dtype, device)
     cos, sin = _rope(spec, seq_len, device)
-    x = torch.randn(micro_batch, seq_len, model.hidden_size, device=device, dtype=TORCH_DTYPES[dtype],
-                    requires_grad=True)
-    return _measure_fwd_bwd(lambda: block(x, cos, sin), [*block.parameters(), x], device, warmup, repeats)
+    x = torch.randn(micro_batch, seq_len, model.hidden_size, device=device, requires_grad=True)  # fp32 residual
+    return _measure_fwd_bwd(lambda: block(x, cos, sin), [*block.parameters(), x], device, dtype, warmup, repeats)
 
 
 def measure_embedding(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, dtype: str,
@@ -107,7 +123,7 @@ def measure_embedding(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: i
     stage = prepare(StageModule(spec, layers=(0, 0), first=True, last=False, tp=tp, tp_rank=0, group=None),
                     dtype, device)
     ids = torch.randint(0, model.vocab_size // tp, (micro_batch, seq_len), device=device)
-    return _measure_fwd_bwd(lambda: stage(ids), list(stage.parameters()), device, warmup, repeats)
+    return _measure_fwd_bwd(lambda: stage(ids), list(stage.parameters()), device, dtype, warmup, repeats)
 
 
 def measure_head(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, dtype: str,
@@ -116,12 +132,11 @@ def measure_head(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, d
     spec = replace(model, seq_len=max(model.seq_len, seq_len))
     stage = prepare(StageModule(spec, layers=(0, 0), first=False, last=True, tp=tp, tp_rank=0, group=None),
                     dtype, device)
-    hidden = torch.randn(micro_batch, seq_len, model.hidden_size, device=device, dtype=TORCH_DTYPES[dtype],
-                         requires_grad=True)
+    hidden = torch.randn(micro_batch, seq_len, model.hidden_size, device=device, requires_grad=True)
     labels = torch.randint(0, model.vocab_size, (micro_batch, seq_len), device=device)
     scale = 1.0 / (micro_batch * seq_len)
     return _measure_fwd_bwd(lambda: stage.loss(hidden, labels).sum() * scale, [*stage.parameters(), hidden],
-                            device, warmup, repeats)
+                            device, dtype, warmup, repeats)
 
 
 def measure_optimizer(model: ModelSpec, *, layers: int, tp: int, device: torch.device, warmup: int,
