@@ -21,6 +21,7 @@ per-pipeline results and group identical nodes on large clusters.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import networkx as nx
@@ -101,17 +102,24 @@ def device_graph(cluster: ClusterSpec, dtype: str = "bf16") -> nx.Graph:
     return g
 
 
-def make_units(cluster: ClusterSpec, tp_of_node: dict[str, int], dtype: str = "bf16") -> list[Unit]:
-    """Split every node into TP groups of ``tp_of_node[node]`` consecutive GPUs (in node order).
+def make_units(cluster: ClusterSpec, tp_of_node: Mapping[str, int | Sequence[int]], dtype: str = "bf16") -> list[Unit]:
+    """Cut every node into TP groups of consecutive GPUs (in node order).
 
-    A node whose GPU count is not a multiple of its TP degree keeps the remainder as smaller
-    groups of the largest power of two that fits (so no GPU is left out)."""
+    ``tp_of_node[node]`` is one TP degree (every group of the node) or a list of group sizes
+    (used by the enumerator: e.g. ``[4, 2, 2]``). With one degree that does not divide the node's
+    GPU count, the remainder becomes smaller groups of the largest power of two that fits."""
     units: list[Unit] = []
     for node in cluster.nodes:
-        tp = tp_of_node[node.name]
+        spec = tp_of_node[node.name]
         start = 0
+        if not isinstance(spec, int):
+            for size in spec:
+                devs = tuple(f"{node.name}:{i}" for i in range(start, start + size))
+                units.append(_unit(cluster, len(units), node.name, devs, dtype))
+                start += size
+            continue
         while start < node.gpus:
-            size = tp
+            size = spec
             while start + size > node.gpus:
                 size //= 2
             devs = tuple(f"{node.name}:{i}" for i in range(start, start + size))

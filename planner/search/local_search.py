@@ -6,8 +6,10 @@ Moves (each keeps every device in at most one stage):
 * ``swap``   two units of different kinds between two pipelines;
 * ``merge``  two pipelines into one;  ``split``  one pipeline into two (alternate units);
 * ``tp-split`` a TP-``t`` stage into two TP-``t/2`` stages;  ``tp-merge`` two stages of one node
-  in one pipeline into one TP group (only TP degrees the model allows);
-* ``reverse`` a pipeline's stage order.
+  in one pipeline into one TP group (only TP degrees the model allows).
+
+Changed pipelines are put back in the phase-2 stage order (:func:`.stages.order_units`), so
+the local search stays inside the space the enumerator (:mod:`.enumerate`) covers.
 
 Layers are not moved one by one: the refinement already places them optimally for any
 structure (:func:`planner.search.refine.split_layers` is exact), so every move is scored with
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING
 from planner.cluster import ClusterSpec
 from planner.search.candidate import Candidate
 from planner.search.graph import Unit, merge_units, split_unit
-from planner.search.stages import tp_choices
+from planner.search.stages import order_units, tp_choices
 
 if TYPE_CHECKING:
     from planner.search.planner import Search
@@ -50,7 +52,7 @@ def improve(search: Search, start: Candidate) -> Candidate:
     rng = random.Random(search.config.seed)
     moves = _Moves(search.cluster)
     kinds: list[Callable[[Pipes, random.Random], Pipes | None]] = [
-        moves.move, moves.swap, moves.merge, moves.split, moves.tp_split, moves.tp_merge, moves.reverse]
+        moves.move, moves.swap, moves.merge, moves.split, moves.tp_split, moves.tp_merge]
     best = start
     stale = rounds = 0
     try:
@@ -62,6 +64,7 @@ def improve(search: Search, start: Candidate) -> Candidate:
                 pipes = move(_copy(best.pipelines), rng)
                 if pipes is None or not _valid(search, pipes):
                     continue
+                pipes = [order_units(search.cluster, p) for p in pipes]
                 cand = search.evaluate(pipes, best.setting)
                 if cand.feasible and cand.step_s < round_best.step_s * (1 - 1e-9):
                     round_best = cand
@@ -87,16 +90,7 @@ def _valid(search: Search, pipes: Pipes) -> bool:
 
 
 def _place(p: list[Unit], u: Unit) -> None:
-    """Insert ``u`` next to a unit of the same node if there is one, else by memory (phase-2 rule)."""
-    for i, v in enumerate(p):
-        if v.node == u.node:
-            p.insert(i + 1, u)
-            return
-    for i, v in enumerate(p):
-        if v.memory_gib < u.memory_gib:
-            p.insert(i, u)
-            return
-    p.append(u)
+    p.append(u)  # the caller restores the phase-2 order
 
 
 class _Moves:
@@ -165,11 +159,4 @@ class _Moves:
         p[i] = merge_units(self.cluster, p[i], p[j], self.next_index)
         self.next_index += 1
         del p[j]
-        return pipes
-
-    def reverse(self, pipes: Pipes, rng: random.Random) -> Pipes | None:
-        a = rng.randrange(len(pipes))
-        if len(pipes[a]) < 2:
-            return None
-        pipes[a].reverse()
         return pipes

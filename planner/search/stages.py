@@ -6,8 +6,8 @@
   link between nodes is the slow one (the cost model would also charge TP all-reduces there).
 * **TP templates** (:func:`tp_templates`): one TP degree per node *kind* (GPU type and GPU count);
   the planner searches templates, the local search changes single stages afterwards.
-* **Stage order** (:func:`order_stages`): stages of a pipeline are sorted by (memory per device,
-  descending; node group; node position; first GPU). Keeping a node's units together makes
+* **Stage order** (:func:`order_units`): stages of a pipeline are sorted by (memory per device,
+  descending; node group; node position; TP degree; first GPU). Keeping a node's units together makes
   consecutive stages share the intra-node link, keeping a group's nodes together keeps the hops
   between nodes on the group's (fast) link, and putting the devices with the most memory first
   matches 1F1B, where stage ``i`` of ``S`` keeps ``S - i`` micro-batches of activations alive.
@@ -78,14 +78,22 @@ def tp_templates(cluster: ClusterSpec, model: ModelSpec, uniform_only: bool = Fa
 
 
 def order_stages(cluster: ClusterSpec, units: Sequence[Unit], members: Sequence[int]) -> list[int]:
-    """The stage order of one pipeline (module docstring)."""
+    """The stage order of one pipeline given as unit indices (module docstring)."""
+    by_index = {units[i].index: i for i in members}
+    return [by_index[u.index] for u in order_units(cluster, [units[i] for i in members])]
+
+
+def order_units(cluster: ClusterSpec, pipeline: Sequence[Unit]) -> list[Unit]:
+    """The stage order of one pipeline (module docstring): memory per device descending, then node
+    group, node position, TP degree and first GPU. Inside a node the order depends only on the
+    groups' sizes (and memory), not on which GPUs form them."""
     pos = {n.name: i for i, n in enumerate(cluster.nodes)}
     group_of: dict[str, int] = {}
     for gi, g in sorted(enumerate(cluster.groups), key=lambda x: -len(x[1].nodes)):
         for n in g.nodes:
             group_of[n] = gi
-    return sorted(members, key=lambda u: (-units[u].memory_gib, group_of.get(units[u].node, -1),
-                                          pos[units[u].node], units[u].index))
+    return sorted(pipeline, key=lambda u: (-u.memory_gib, group_of.get(u.node, -1), pos[u.node], u.tp,
+                                           cluster.device(u.devices[0]).local_index))
 
 
 def seed_numbering(plan: Plan, cluster: ClusterSpec) -> Plan:
