@@ -1,0 +1,100 @@
+"""Real multi-process jobs on CPU/gloo: ``hexiscale launch --local`` end to end, resume under a
+different plan, pre-flight errors, a rank killed mid-step, and seed-style flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAN4 = ROOT / "examples" / "plans" / "demo-cpu-4-tiny.json"
+CLUSTER = ROOT / "examples" / "clusters" / "demo-cpu-6.yaml"
+JOB_TIMEOUT = 240  # a job that runs past this is hung: the test fails instead of waiting forever
+
+pytestmark = pytest.mark.slow
+
+
+def hexiscale(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("HEXISCALE_")}
+    full.update({"OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run([sys.executable, "-m", "planner.cli.main", *argv], env=full, capture_output=True,
+                          text=True, timeout=JOB_TIMEOUT, cwd=ROOT)
+
+
+def losses(jsonl: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in jsonl.read_text().splitlines()]
+
+
+def two_rank_plan(tmp_path: Path) -> Path:
+    """Another layout of the same model and global batch: one pipeline, TP 2."""
+    data = json.loads(PLAN4.read_text())
+    data["pipelines"] = [{"batch_size": 8, "micro_batches": 2, "schedule": "1f1b",
+                          "stages": [{"devices": ["r4090:0", "r4090:1"], "tp": 2, "layers": [0, 4]}]}]
+    path = tmp_path / "plan2.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_local_job_then_resume_under_another_plan(tmp_path: Path) -> None:
+    ck, full = tmp_path / "ck", tmp_path / "full.jsonl"
+    run = hexiscale("launch", str(PLAN4), "--local", "--", "--steps", "4", "--checkpoint-dir", str(ck),
+                    "--save-every", "2", "--log-jsonl", str(full), "--lr", "3e-3", "--warmup", "1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "step 4/4 pipeline 0 rank 0" in run.stdout and "step 4/4 pipeline 1 rank 1" in run.stdout
+    assert "summary: 4 steps" in run.stdout and "MFU n/a" in run.stdout
+    ref = losses(full)
+    assert len(ref) == 4 and ref[-1] < ref[0]
+    assert (ck / "latest").read_text().strip() == "step-000004"
+    # resume the step-2 checkpoint on 2 ranks with another layout: steps 3 and 4 match
+    part = tmp_path / "part.jsonl"
+    run = hexiscale("launch", str(two_rank_plan(tmp_path)), "--local", "--", "--steps", "4", "--resume",
+                    str(ck / "step-000002"), "--log-jsonl", str(part), "--lr", "3e-3", "--warmup", "1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "resumed from" in run.stdout
+    got = losses(part)
+    assert len(got) == 2
+    assert got == pytest.approx(ref[2:], rel=1e-5)
+
+
+def test_rank_killed_mid_step_stops_the_job(tmp_path: Path) -> None:
+    run = hexiscale("launch", str(PLAN4), "--local", "--grace", "120", "--", "--steps", "6", "--dead-after", "4",
+                    "--heartbeat", "0.5", env={"HEXISCALE_FAULT": "2:2:kill"})
+    out = run.stdout + run.stderr
+    assert run.returncode == 3, out
+    assert "rank 2 (local, pid" in out and "killed by SIGKILL" in out
+    # every surviving rank stopped by itself (not by the supervisor) and named the culprit
+    assert "stopping them" not in out
+    for r in (0, 1, 3):
+        assert f"[rank {r} (host" in out
+    assert out.count("stopping: rank 2 (host ") == 3 and "failed at step 3" in out
+
+
+def test_preflight_errors_reach_every_rank(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    run = hexiscale("launch", str(PLAN4), "--local", "--", "--steps", "2", "--data", str(missing))
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert out.count("error: pre-flight: rank 0 (host") == 4 and "nope.idx" in out
+    assert "step 1/" not in out  # nothing trained
+
+
+def test_world_size_mismatch_is_a_user_error() -> None:
+    run = hexiscale("train", "--plan", str(PLAN4), "--steps", "1", env={"WORLD_SIZE": "2", "RANK": "0"})
+    assert run.returncode == 1
+    assert "WORLD_SIZE: 2 processes were started, the plan has 4 ranks" in run.stderr
+
+
+def test_train_with_seed_style_flags(tmp_path: Path) -> None:
+    jsonl = tmp_path / "m.jsonl"
+    run = hexiscale("train", "--cluster", str(CLUSTER), "--model", "tiny", "--hetero_configs", "[[1]]",
+                    "--layer_partitions", "[[4]]", "--global_bsz_size", "4", "--chunks", "2", "--dtype", "fp32",
+                    "--steps", "2", "--device", "cpu", "--log-jsonl", str(jsonl), env={"WORLD_SIZE": "1"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "step 2/2 pipeline 0 rank 0" in run.stdout
+    rec = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert [r["step"] for r in rec] == [1, 2] and rec[0]["tokens"] == 4 * 32 and rec[0]["mfu"] is None
