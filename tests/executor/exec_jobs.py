@@ -17,7 +17,7 @@ from planner.plan import Pipeline, Plan, PlanOptions, Stage
 
 TINY = PRESETS["tiny"]
 TINY8 = PRESETS["tiny-8l"]
-ORACLE_OPTIM = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, total_steps=6, grad_clip=0.5,
+ORACLE_OPTIM = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, total_steps=6, grad_clip=0.5, eps=1e-6,
                            weight_decay=0.1)
 
 
@@ -65,5 +65,138 @@ def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: Opt
         stats = [eng.train_step(pipeline_rows(plan, eng.stage.pipeline, t)) for t in steps]
         state = eng.logical_state_dict(to_all=False)
         out.append({"losses": [s.loss for s in stats], "norms": [s.grad_norm for s in stats],
-                    "lrs": [s.lr for s in stats], "state": state if rank == 0 else None})
+                    "lrs": [s.lr for s in stats], "tokens": [s.tokens for s in stats],
+                    "state": state if rank == 0 else None,
+                    "shards": {n: p.detach().clone() for n, p in eng.params.items()},
+                    "pipeline": eng.stage.pipeline, "tp": eng.stage.tp, "tp_rank": eng.tp_rank})
     return out
+
+
+def assemble_pipeline(plan: Plan, results: list[dict[str, Any] | None], pipeline: int) -> dict[str, torch.Tensor]:
+    """Logical tensors of ``pipeline`` rebuilt from the per-rank shards returned by :func:`train_plans`."""
+    from executor.topology import logical_params
+
+    topo = build_topology(plan)
+    out = {}
+    for info in logical_params(plan.model):
+        st = topo.holder(pipeline, info.name)
+        parts = [results[r]["shards"][info.name] for r in st.ranks]  # type: ignore[index]
+        out[info.name] = parts[0] if info.shard_dim is None else torch.cat(parts, dim=info.shard_dim)
+    return out
+
+
+# ------------------------------------------------------------------------------ TP layer equivalence
+
+
+def _shard(t: torch.Tensor, dim: int, n: int, r: int) -> torch.Tensor:
+    return t.chunk(n, dim=dim)[r].contiguous()
+
+
+def tp_layers_job(n: int) -> int:
+    """Each TP layer on ``n`` ranks vs its dense twin, forward and backward (asserts inside; returns
+    the number of checks done on this rank)."""
+    import torch.nn.functional as F
+    from torch.testing import assert_close
+
+    from executor.model import MLP, Attention, rope_tables
+    from executor.reference import _MLP, _Attn
+    from executor.tp_layers import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+        vocab_parallel_cross_entropy,
+    )
+
+    rank = dist.get_rank()
+    group = dist.new_group(list(range(n)))
+    if rank >= n:
+        return 0
+    m = TINY8
+    h, f, v = m.hidden_size, m.ffn_hidden_size, m.vocab_size
+    gen = torch.Generator().manual_seed(7)
+    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731 - same draws on every rank
+    done = 0
+
+    def close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+        nonlocal done
+        # atol relative to the tensor's scale: unit-variance data sums ~100 terms per element
+        atol = 1e-6 * max(1.0, float(b.abs().max()))
+        assert_close(a, b, rtol=1e-5, atol=atol, msg=lambda s: f"tp={n} rank={rank} {what}: {s}")
+        done += 1
+
+    # column-parallel linear
+    x, w, dy = rnd(2, 5, h), rnd(f, h), rnd(2, 5, f)
+    xd = x.clone().requires_grad_()
+    wd = w.clone().requires_grad_()
+    F.linear(xd, wd).backward(dy)
+    col = ColumnParallelLinear(h, f, tp=n, group=group)
+    col.weight.data.copy_(_shard(w, 0, n, rank))
+    xp = x.clone().requires_grad_()
+    y = col(xp)
+    close(y, _shard(F.linear(x, w), -1, n, rank), "column fwd")
+    y.backward(_shard(dy, -1, n, rank))
+    close(xp.grad, xd.grad, "column dx")
+    close(col.weight.grad, _shard(wd.grad, 0, n, rank), "column dW")
+
+    # row-parallel linear
+    x, w, dy = rnd(2, 5, f), rnd(h, f), rnd(2, 5, h)
+    xd, wd = x.clone().requires_grad_(), w.clone().requires_grad_()
+    yd = F.linear(xd, wd)
+    yd.backward(dy)
+    row = RowParallelLinear(f, h, tp=n, group=group)
+    row.weight.data.copy_(_shard(w, 1, n, rank))
+    xp = _shard(x, -1, n, rank).requires_grad_()
+    y = row(xp)
+    close(y, yd.detach(), "row fwd")
+    y.backward(dy)
+    close(xp.grad, _shard(xd.grad, -1, n, rank), "row dx")
+    close(row.weight.grad, _shard(wd.grad, 1, n, rank), "row dW")
+
+    # vocab-parallel embedding
+    ids, w, dy = torch.randint(0, v, (3, 7), generator=gen), rnd(v, h), rnd(3, 7, h)
+    wd = w.clone().requires_grad_()
+    yd = F.embedding(ids, wd)
+    yd.backward(dy)
+    emb = VocabParallelEmbedding(v, h, tp=n, tp_rank=rank, group=group)
+    emb.weight.data.copy_(_shard(w, 0, n, rank))
+    y = emb(ids)
+    close(y, yd.detach(), "embedding fwd")
+    y.backward(dy)
+    close(emb.weight.grad, _shard(wd.grad, 0, n, rank), "embedding dW")
+
+    # vocab-parallel cross-entropy (from sharded logits)
+    logits, labels, g = rnd(3, 7, v) * 3, torch.randint(0, v, (3, 7), generator=gen), rnd(3, 7)
+    ld = logits.clone().requires_grad_()
+    ce = F.cross_entropy(ld.reshape(-1, v), labels.reshape(-1), reduction="none").view(3, 7)
+    ce.backward(g)
+    lp = _shard(logits, -1, n, rank).requires_grad_()
+    loss = vocab_parallel_cross_entropy(lp, labels, vocab_start=rank * (v // n), group=group)
+    close(loss, ce.detach(), "cross-entropy fwd")
+    loss.backward(g)
+    close(lp.grad, _shard(ld.grad, -1, n, rank), "cross-entropy dlogits")
+
+    # attention block (GQA + RoPE + causal SDPA) and SwiGLU MLP vs the dense reference's blocks
+    cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta)
+    dense_attn, dense_mlp = _Attn(m), _MLP(m)
+    for p in list(dense_attn.parameters()) + list(dense_mlp.parameters()):
+        p.data.copy_(rnd(*p.shape) * 0.1)
+    attn = Attention(m, tp=n, group=group, recompute="none", device=None)
+    mlp = MLP(m, tp=n, group=group, device=None)
+    for mod, dense in ((attn, dense_attn), (mlp, dense_mlp)):
+        for (name, p), (dname, dp) in zip(mod.named_parameters(), dense.named_parameters()):
+            assert name == dname
+            dim = 1 if name.startswith(("wo", "w_down")) else 0
+            p.data.copy_(_shard(dp.data, dim, n, rank))
+        x, dy = rnd(2, 9, h), rnd(2, 9, h)
+        xd = x.clone().requires_grad_()
+        yd = dense(xd, cos, sin) if mod is attn else dense(xd)
+        yd.backward(dy)
+        xp = x.clone().requires_grad_()
+        y = mod(xp, cos, sin) if mod is attn else mod(xp)
+        close(y, yd.detach(), f"{type(mod).__name__} fwd")
+        y.backward(dy)
+        close(xp.grad, xd.grad, f"{type(mod).__name__} dx")
+        for (name, p), (_, dp) in zip(mod.named_parameters(), dense.named_parameters()):
+            dim = 1 if name.startswith(("wo", "w_down")) else 0
+            close(p.grad, _shard(dp.grad, dim, n, rank), f"{type(mod).__name__} d{name}")
+    return done
