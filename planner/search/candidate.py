@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from planner.cluster import ClusterSpec, Link
+from planner.cluster import Link
 from planner.cost.schedule import in_flight
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 from planner.search.graph import Unit, slowest_link_among
@@ -53,8 +53,8 @@ class Candidate:
         return math.isfinite(self.step_s)
 
 
-def _links(cluster: ClusterSpec, units: Sequence[Unit]) -> tuple[Link, ...]:
-    return tuple(cluster.node_link(a.node, b.node) for a, b in zip(units, units[1:]))
+def _links(oracle: Oracle, units: Sequence[Unit]) -> tuple[Link, ...]:
+    return tuple(oracle.node_link(a.node, b.node) for a, b in zip(units, units[1:]))
 
 
 def stage_costs(oracle: Oracle, units: Sequence[Unit], m: int, s: Setting, shards: int) -> list[StageCost]:
@@ -80,7 +80,7 @@ def explain_split(oracle: Oracle, units: Sequence[Unit], costs: Sequence[StageCo
 
 
 def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, global_batch: int,
-             use_ilp: bool = False) -> Candidate:
+             use_ilp: bool = False, explain: bool = True) -> Candidate:
     """Refine and price one structure (module docstring); ``use_ilp`` solves the batch split as the ILP
     (else by bisection, :func:`.refine.waterfill`, which reaches the same min-max)."""
     cand = Candidate([list(p) for p in pipelines], s)
@@ -92,7 +92,7 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
     types: dict[tuple[object, ...], list[int]] = {}
     links_of: list[tuple[Link, ...]] = []
     for pi, units in enumerate(pipelines):
-        links = _links(oracle.cluster, units)
+        links = _links(oracle, units)
         links_of.append(links)
         types.setdefault((tuple(u.signature for u in units), links), []).append(pi)
     keys = list(types)
@@ -111,7 +111,8 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
             costs = stage_costs(oracle, rep, m_of[key], s, k)
             split = split_layers(costs, L, m_of[key])
             if split is None:
-                problems.append(explain_split(oracle, rep, costs, L))
+                if explain:
+                    problems.append(explain_split(oracle, rep, costs, L))
                 continue
             splits[key] = split
             cost_of[key] = costs

@@ -54,6 +54,14 @@ class Oracle:
         self.profiles = profiles or ProfileSet(cluster.catalog)
         self.params: CostParams = self.profiles.params
         self._stage_cache: dict[tuple[object, ...], StageCost] = {}
+        self._links: dict[tuple[str, str], Link] = {}
+
+    def node_link(self, a: str, b: str) -> Link:
+        """``cluster.node_link``, cached."""
+        hit = self._links.get((a, b))
+        if hit is None:
+            hit = self._links[a, b] = self._links[b, a] = self.cluster.node_link(a, b)
+        return hit
 
     # ------------------------------------------------------------------ per stage
     def stage_seconds(self, unit: Unit, layers: int, first: bool, last: bool, s: Setting) -> float:
@@ -75,8 +83,8 @@ class Oracle:
                    nxt: Unit | None, s: Setting, zero_shards: int) -> StageCost:
         """Linear time and memory of ``unit`` as a stage between ``prev`` and ``nxt`` (cached per
         unit signature, position and the links to its neighbours)."""
-        link_prev = self.cluster.node_link(prev.node, unit.node) if prev is not None else None
-        link_next = self.cluster.node_link(unit.node, nxt.node) if nxt is not None else None
+        link_prev = self.node_link(prev.node, unit.node) if prev is not None else None
+        link_next = self.node_link(unit.node, nxt.node) if nxt is not None else None
         key = (unit.signature, first, last, in_flight, link_prev, prev.tp if prev else 0, link_next,
                nxt.tp if nxt else 0, s, zero_shards if s.zero else 1)
         hit = self._stage_cache.get(key)

@@ -132,9 +132,9 @@ class Search:
             return hit
         self.check_budget()
         self.evaluations += 1
-        cand = evaluate(self.oracle, pipelines, s, self.B)
+        cand = evaluate(self.oracle, pipelines, s, self.B, explain=len(self.problems) < 5)
         self.cache[key] = cand
-        if not cand.feasible and len(self.problems) < 50:
+        if not cand.feasible and len(self.problems) < 5 and cand.problem:
             self.problems.append(cand.problem)
         return cand
 

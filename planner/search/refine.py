@@ -224,14 +224,14 @@ def waterfill(types: Sequence[PipeType], B: int, mu: int) -> BatchSplit | None:
         hi = max(t.time(min(t.max_micro_batches, B)) for t in types)
         if capacity(hi) < B:
             return None
-    lo = 0.0
+    lo = min(t.sum_s + t.fixed_s for t in types) * (1 - 1e-12)
     for _ in range(100):
         mid = (lo + hi) / 2
         if capacity(mid) >= B:
             hi = mid
         else:
             lo = mid
-        if hi - lo <= 1e-12 * max(1.0, hi):
+        if hi - lo <= 1e-9 * hi:
             break
     ms = [m_at(t, hi) for t in types]
     totals = [t.count * mu * m for t, m in zip(types, ms)]
