@@ -1,46 +1,50 @@
-"""Measured compute profiles: tables from the profiler, read from a catalog entry's ``measured``
-section, interpolated, with the spec roofline filling the gaps.
+"""Measured compute profiles: the profiler's tables (``hexiscale profile``, executor/profiler/store.py),
+read from a catalog entry's ``measured`` section, interpolated, with the spec roofline filling gaps.
 
-Format (``hexiscale.measured/1``; the profiler writes it, times in milliseconds, recompute none)::
+The layout (``hexiscale.measured/1``, written by the profiler; times in seconds)::
 
     "measured": {
-      "format": "hexiscale.measured/1",
-      "dtype": "bf16",                       # the compute dtype the tables were taken in
-      "provenance": {...},                   # free-form: GPU name, driver, torch, date, SM %
-      "layer": [                             # one transformer layer, one TP shard
-        {"model": {"hidden_size": 4096, "ffn_hidden_size": 11008, "num_heads": 32, "num_kv_heads": 32},
-         "tp": 1, "seq_len": 4096,
-         "points": [[1, 10.2, 21.9], [2, 19.8, 42.5], [4, 39.1, 84.0]]}   # [micro_batch, fwd_ms, bwd_ms]
-      ],
-      "embedding": [ ...same, "model" adds "vocab_size"... ],
-      "head":      [ ...same, "model" adds "vocab_size"... ],   # final norm + LM head + loss
-      "optimizer": {"bytes_per_s": 2.1e12}   # optional: measured AdamW streaming rate
+      "format": "hexiscale.measured/1", "meta": {...}, "dtype": "bf16",
+      "model": {ModelSpec fields},            # the model whose shapes were timed
+      "layer":     [{"micro_batch", "seq_len", "tp", "recompute", "forward_s", "backward_s",
+                     "activation_bytes"?, "peak_bytes"?}, ...],
+      "embedding": [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", ...}, ...],
+      "head":      [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", "activation_bytes"?}, ...],
+      "optimizer": [{"layers", "tp", "seconds", "num_params", "num_tensors"}, ...],
+      "ceilings": {...}, "comm": {...}        # not read here (calibration reads them)
     }
 
-Lookup of (model, micro_batch, tp, dtype, seq_len):
+Lookup of (model, micro_batch, tp, dtype, recompute, seq_len):
 
-1. Entries of the same kind whose ``model`` fields equal the model's, in the same dtype. None:
-   the spec roofline (the profile reports itself measured only for what it has).
-2. An entry with the same ``tp`` and ``seq_len``: piecewise-linear interpolation over
-   ``micro_batch`` inside the measured range.
-3. Otherwise, and outside the range: the nearest measured point (same tp first, then nearest
-   seq_len, then nearest micro-batch) times the spec roofline's ratio between the requested and
-   the measured configuration. The roofline carries the *shape* of the curve; the table its level.
+1. The table applies when its ``dtype`` equals the plan's and the model's shape matches the
+   measured model (hidden, ffn, heads, kv-heads; the vocabulary too for embedding and head).
+   Otherwise the spec roofline answers.
+2. Rows with the same ``tp``, ``seq_len`` and ``recompute`` form a curve over ``micro_batch``;
+   inside its range the value is interpolated linearly.
+3. Otherwise (another tp, sequence length or micro-batch outside the range) the nearest measured
+   point (same tp first, then nearest sequence length, nearest tp, nearest micro-batch) is scaled
+   by the spec roofline's ratio between the requested and the measured configuration: the table
+   sets the level, the roofline the shape of the curve.
+4. A recompute mode without rows of its own is derived from ``none``: ``full`` adds the forward
+   to the backward; ``selective`` adds the spec attention-core time scaled by measured/spec.
 
-Recompute adds to the measured backward what it repeats: ``full`` the measured forward,
-``selective`` the spec attention-core time scaled by measured/spec forward of the same point.
+Activation bytes (``activation_bytes`` column) follow the same rules, scaled by the memory
+formula of :mod:`planner.cost.memory`. The optimizer rows fit
+``seconds = a · num_tensors + b · num_params`` (least squares); the gradient-clipping tail is added
+from the spec bandwidth.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from planner.catalog import DeviceType
-from planner.cost.ops import DTYPE_BYTES, attention_core_forward
+from planner.cost.memory import head_activation_bytes, layer_activation_bytes
+from planner.cost.ops import CLIP_BYTES_PER_PARAM, DTYPE_BYTES, attention_core_forward
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, PassTime
 from planner.errors import SpecError
@@ -53,58 +57,107 @@ SHAPE_KEYS = {"layer": ("hidden_size", "ffn_hidden_size", "num_heads", "num_kv_h
 
 
 @dataclass(frozen=True)
-class Table:
-    shape: tuple[tuple[str, int], ...]
+class Curve:
+    """Rows of one (tp, seq_len, recompute) over micro-batch sizes; values in seconds / bytes."""
+
     tp: int
     seq_len: int
+    recompute: str
     mbs: tuple[int, ...]
-    fwd: tuple[float, ...]  # seconds
+    fwd: tuple[float, ...]
     bwd: tuple[float, ...]
+    act: tuple[float, ...] | None
 
 
-def parse_measured(data: Mapping[str, Any], path: str) -> tuple[str, dict[str, list[Table]], float | None]:
-    """Validate a ``measured`` section; returns (dtype, tables per kind, optimizer bytes/s)."""
+@dataclass(frozen=True)
+class MeasuredTables:
+    dtype: str
+    shape: dict[str, int]
+    curves: dict[str, list[Curve]]
+    optimizer_fit: tuple[float, float] | None  # (seconds per tensor, seconds per parameter)
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and x > 0
+
+
+def _fit_optimizer(rows: list[Mapping[str, Any]], path: str) -> tuple[float, float] | None:
+    pts = []
+    for i, r in enumerate(rows):
+        if not (isinstance(r, Mapping) and all(_num(r.get(k)) for k in ("seconds", "num_params", "num_tensors"))):
+            raise SpecError(f"{path}[{i}]", "needs positive seconds, num_params and num_tensors", "re-run the profiler")
+        pts.append((float(r["num_tensors"]), float(r["num_params"]), float(r["seconds"])))
+    if not pts:
+        return None
+    # least squares for s = a·n_t + b·n_p (2x2 normal equations)
+    stt = sum(t * t for t, _, _ in pts)
+    spp = sum(p * p for _, p, _ in pts)
+    stp = sum(t * p for t, p, _ in pts)
+    sts = sum(t * s for t, _, s in pts)
+    sps = sum(p * s for _, p, s in pts)
+    det = stt * spp - stp * stp
+    if len(pts) >= 2 and det > 1e-12 * stt * spp:
+        a, b = (sts * spp - sps * stp) / det, (stt * sps - stp * sts) / det
+        if a >= 0 and b > 0:
+            return a, b
+    # one point (or a degenerate fit): everything per parameter
+    return 0.0, sum(s for _, _, s in pts) / sum(p for _, p, _ in pts)
+
+
+def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
+    """Validate a ``measured`` section (see the module docstring)."""
     if data.get("format") != MEASURED_FORMAT:
         raise SpecError(f"{path}.format", f"expected {MEASURED_FORMAT!r}, got {data.get('format')!r}",
                         "re-run the profiler")
     dtype = data.get("dtype")
     if dtype not in DTYPE_BYTES:
         raise SpecError(f"{path}.dtype", f"{dtype!r} is not bf16, fp16 or fp32", "record the compute dtype")
-    tables: dict[str, list[Table]] = {k: [] for k in KINDS}
+    model = data.get("model")
+    keys = {k for v in SHAPE_KEYS.values() for k in v}
+    if not isinstance(model, Mapping) or any(not isinstance(model.get(k), int) for k in keys):
+        raise SpecError(f"{path}.model", f"needs integer {', '.join(sorted(keys))}", "record the profiled model")
+    curves: dict[str, list[Curve]] = {}
     for kind in KINDS:
-        entries = data.get(kind, [])
-        if not isinstance(entries, list):
-            raise SpecError(f"{path}.{kind}", "expected a list", "write a list of tables")
-        for i, ent in enumerate(entries):
+        rows = data.get(kind, [])
+        if not isinstance(rows, list):
+            raise SpecError(f"{path}.{kind}", "expected a list of rows", "re-run the profiler")
+        groups: dict[tuple[int, int, str], list[Mapping[str, Any]]] = {}
+        for i, r in enumerate(rows):
             p = f"{path}.{kind}[{i}]"
-            if not isinstance(ent, Mapping) or not {"model", "tp", "seq_len", "points"} <= set(ent):
-                raise SpecError(p, "needs model, tp, seq_len and points", "see planner/cost/measured.py")
-            model = ent["model"]
-            if not isinstance(model, Mapping) or any(not isinstance(model.get(k), int) for k in SHAPE_KEYS[kind]):
-                raise SpecError(f"{p}.model", f"needs integer {', '.join(SHAPE_KEYS[kind])}", "record the model shape")
-            points = sorted(ent["points"], key=lambda r: r[0]) if isinstance(ent["points"], list) else None
-            ok = points and all(isinstance(r, list) and len(r) == 3 and isinstance(r[0], int) and r[0] >= 1
-                                and all(isinstance(x, int | float) and x > 0 for x in r[1:]) for r in points)
-            if not ok or len({r[0] for r in points or []}) != len(points or []):
-                raise SpecError(f"{p}.points", "expected [[micro_batch, forward_ms, backward_ms], ...] with "
-                                "distinct positive micro-batches and positive times", "fix the table")
-            assert points is not None
-            tables[kind].append(Table(tuple((k, int(model[k])) for k in SHAPE_KEYS[kind]), int(ent["tp"]),
-                                      int(ent["seq_len"]), tuple(r[0] for r in points),
-                                      tuple(r[1] * 1e-3 for r in points), tuple(r[2] * 1e-3 for r in points)))
-    opt = data.get("optimizer", {}) or {}
-    rate = opt.get("bytes_per_s") if isinstance(opt, Mapping) else None
-    if rate is not None and (not isinstance(rate, int | float) or rate <= 0):
-        raise SpecError(f"{path}.optimizer.bytes_per_s", "must be a positive number", "fix the value")
-    return str(dtype), tables, float(rate) if rate is not None else None
+            ok = isinstance(r, Mapping) and all(isinstance(r.get(k), int) and r[k] >= 1
+                                                for k in ("micro_batch", "seq_len", "tp"))
+            if not ok or not (_num(r.get("forward_s")) and _num(r.get("backward_s"))):
+                raise SpecError(p, "needs integer micro_batch, seq_len, tp and positive forward_s, backward_s",
+                                "re-run the profiler")
+            rc = r.get("recompute", "none")
+            groups.setdefault((r["tp"], r["seq_len"], rc), []).append(r)
+        out = []
+        for (tp, seq, rc), rs in sorted(groups.items()):
+            rs = sorted(rs, key=lambda r: r["micro_batch"])
+            if len({r["micro_batch"] for r in rs}) != len(rs):
+                raise SpecError(f"{path}.{kind}", f"two rows for micro_batch of tp={tp} seq_len={seq} {rc}",
+                                "keep one row per point")
+            acts = tuple(float(r["activation_bytes"]) for r in rs) if all(
+                _num(r.get("activation_bytes")) for r in rs) else None
+            out.append(Curve(tp, seq, rc, tuple(r["micro_batch"] for r in rs),
+                             tuple(float(r["forward_s"]) for r in rs), tuple(float(r["backward_s"]) for r in rs), acts))
+        curves[kind] = out
+    opt_rows = data.get("optimizer", [])
+    if not isinstance(opt_rows, list):
+        raise SpecError(f"{path}.optimizer", "expected a list of rows", "re-run the profiler")
+    return MeasuredTables(str(dtype), {k: int(model[k]) for k in keys}, curves,
+                          _fit_optimizer(opt_rows, f"{path}.optimizer"))
 
 
 def _interp(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
     i = bisect.bisect_left(xs, x)
-    if i < len(xs) and xs[i] == x:
+    if xs[i] == x:
         return ys[i]
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+Spec = Callable[[int, int, int], tuple[float, float]]  # (micro_batch, tp, seq_len) -> two spec values
 
 
 class MeasuredProfile(DeviceProfile):
@@ -114,56 +167,90 @@ class MeasuredProfile(DeviceProfile):
 
     def __init__(self, device: DeviceType, params: CostParams = DEFAULT_PARAMS):
         super().__init__(device, params)
-        self.dtype, self.tables, self.optimizer_rate = parse_measured(device.measured or {},
-                                                                      f"devices.{device.key}.measured")
+        self.tables = parse_measured(device.measured or {}, f"devices.{device.key}.measured")
 
-    def _lookup(self, kind: str, model: ModelSpec, mb: int, tp: int, dtype: str, seq_len: int,
-                spec: Any) -> PassTime | None:
-        """Measured (fwd, bwd) for the configuration, or None where no table matches."""
-        if dtype != self.dtype:
-            return None
-        shape = tuple((k, getattr(model, k)) for k in SHAPE_KEYS[kind])
-        cands = [t for t in self.tables[kind] if t.shape == shape]
+    def covers(self, kind: str, model: ModelSpec, dtype: str) -> bool:
+        """Whether the tables apply to ``model`` in ``dtype`` for ``kind`` ('layer', 'embedding', 'head')."""
+        t = self.tables
+        return dtype == t.dtype and all(getattr(model, k) == t.shape[k] for k in SHAPE_KEYS[kind]) and bool(
+            t.curves[kind])
+
+    def _lookup(self, kind: str, recompute: str, mb: int, tp: int, seq: int, spec: Spec,
+                value: Callable[[Curve], tuple[tuple[float, ...], tuple[float, ...]] | None]
+                ) -> tuple[float, float] | None:
+        cands = [(c, v) for c in self.tables.curves[kind] if c.recompute == recompute
+                 for v in [value(c)] if v is not None]
         if not cands:
             return None
-        for t in cands:
-            if t.tp == tp and t.seq_len == seq_len and t.mbs[0] <= mb <= t.mbs[-1]:
-                return PassTime(_interp(t.mbs, t.fwd, mb), _interp(t.mbs, t.bwd, mb))
-        t = min(cands, key=lambda c: (c.tp != tp, abs(math.log(c.seq_len / seq_len)), abs(math.log(c.tp / tp))))
-        j = min(range(len(t.mbs)), key=lambda i: abs(math.log(t.mbs[i] / mb)))
-        want: PassTime = spec(model, mb, tp, dtype, seq_len)
-        have: PassTime = spec(model, t.mbs[j], t.tp, dtype, t.seq_len)
-        return PassTime(t.fwd[j] * want.forward_s / have.forward_s, t.bwd[j] * want.backward_s / have.backward_s)
+        for c, (ys0, ys1) in cands:
+            if c.tp == tp and c.seq_len == seq and c.mbs[0] <= mb <= c.mbs[-1]:
+                return _interp(c.mbs, ys0, mb), _interp(c.mbs, ys1, mb)
+        c, (ys0, ys1) = min(cands, key=lambda cv: (cv[0].tp != tp, abs(math.log(cv[0].seq_len / seq)),
+                                                   abs(math.log(cv[0].tp / tp))))
+        j = min(range(len(c.mbs)), key=lambda i: abs(math.log(c.mbs[i] / mb)))
+        want, have = spec(mb, tp, seq), spec(c.mbs[j], c.tp, c.seq_len)
+        return ys0[j] * want[0] / have[0], ys1[j] * want[1] / have[1]
+
+    def _times(self, kind: str, model: ModelSpec, mb: int, tp: int, dtype: str, recompute: str, seq: int,
+               spec_fn: Callable[..., PassTime]) -> PassTime | None:
+        def spec(b: int, t: int, s: int) -> tuple[float, float]:
+            pt = spec_fn(model, b, t, dtype, s) if kind != "layer" else spec_fn(model, b, t, dtype, "none", s)
+            return pt.forward_s, pt.backward_s
+
+        got = self._lookup(kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd))
+        return PassTime(*got) if got is not None else None
 
     def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                seq_len: int) -> PassTime:
-        def spec(m: ModelSpec, b: int, t: int, d: str, s: int) -> PassTime:
-            return self._spec_layer(m, b, t, d, "none", s)
-
-        got = self._lookup("layer", model, micro_batch, tp, dtype, seq_len, spec)
+        if not self.covers("layer", model, dtype):
+            return self._spec_layer(model, micro_batch, tp, dtype, recompute, seq_len)
+        if recompute != "none":
+            own = self._times("layer", model, micro_batch, tp, dtype, recompute, seq_len, self._spec_layer)
+            if own is not None:
+                return own
+        got = self._times("layer", model, micro_batch, tp, dtype, "none", seq_len, self._spec_layer)
         if got is None:
             return self._spec_layer(model, micro_batch, tp, dtype, recompute, seq_len)
         extra = 0.0
         if recompute == "full":
             extra = got.forward_s
         elif recompute == "selective":
-            base = spec(model, micro_batch, tp, dtype, seq_len).forward_s
+            base = self._spec_layer(model, micro_batch, tp, dtype, "none", seq_len).forward_s
             attn = self.op_time(attention_core_forward(model, micro_batch, seq_len, tp, DTYPE_BYTES[dtype]), dtype)
             extra = attn * got.forward_s / base
         return PassTime(got.forward_s, got.backward_s + extra)
 
     def _embedding(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
-        got = self._lookup("embedding", model, micro_batch, tp, dtype, seq_len, self._spec_embedding)
+        got = None
+        if self.covers("embedding", model, dtype):
+            got = self._times("embedding", model, micro_batch, tp, dtype, "none", seq_len, self._spec_embedding)
         return got if got is not None else self._spec_embedding(model, micro_batch, tp, dtype, seq_len)
 
     def _head(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
-        got = self._lookup("head", model, micro_batch, tp, dtype, seq_len, self._spec_head)
+        got = None
+        if self.covers("head", model, dtype):
+            got = self._times("head", model, micro_batch, tp, dtype, "none", seq_len, self._spec_head)
         return got if got is not None else self._spec_head(model, micro_batch, tp, dtype, seq_len)
 
-    def optimizer_time(self, num_params: float, num_tensors: int, dtype: str = "bf16") -> float:
-        if self.optimizer_rate is None:
-            return super().optimizer_time(num_params, num_tensors, dtype)
-        from planner.cost.ops import optimizer_bytes_per_param
+    def activation_bytes(self, kind: str, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
+                         recompute: str = "none", seq_len: int | None = None) -> float | None:
+        seq = seq_len or model.seq_len
+        if kind not in ("layer", "head") or not self.covers(kind, model, dtype):
+            return None
+        p = self.params
 
-        return num_tensors * self.params.kernel_overhead_s + num_params * optimizer_bytes_per_param(dtype) / \
-            self.optimizer_rate
+        def spec(b: int, t: int, s: int) -> tuple[float, float]:
+            v = (layer_activation_bytes(model, b, t, dtype, recompute, s, p) if kind == "layer"
+                 else head_activation_bytes(model, b, t, dtype, s, p))
+            return v, v
+
+        got = self._lookup(kind, recompute if kind == "layer" else "none", micro_batch, tp, seq, spec,
+                           lambda c: (c.act, c.act) if c.act is not None else None)
+        return got[0] if got is not None else None
+
+    def optimizer_time(self, num_params: float, num_tensors: int, dtype: str = "bf16") -> float:
+        fit = self.tables.optimizer_fit
+        if fit is None:
+            return super().optimizer_time(num_params, num_tensors, dtype)
+        bw = self.device.memory_bandwidth_GBps * 1e9 * self.params.memory_efficiency
+        return fit[0] * num_tensors + fit[1] * num_params + num_params * CLIP_BYTES_PER_PARAM / bw

@@ -7,28 +7,34 @@ Parameters on one device of a stage with ``n`` layers and TP degree ``t``::
       + [last stage]  h + V·h / t                          final norm + LM head (not when tied
                                                            and the same stage holds the embedding)
 
-Bytes per parameter (mixed precision, Megatron-style)::
+Bytes per parameter (the executor: parameters are the fp32 master weights, the compute dtype
+comes from autocast; executor/engine.py)::
 
-    weights    e                  compute-dtype copy (e = 2 for bf16/fp16, 4 for fp32)
+    weights    4                  fp32 parameters
     gradients  4                  fp32 accumulation / reduction buffer
-    optimizer  4 (master, only when e != 4) + 8 (Adam m and v), divided by Z
-               Z = zero_shards: the owners of each parameter slice (the number of pipelines)
-               under ZeRO-1, 1 without it
+    optimizer  8 (Adam m and v), divided by Z = zero_shards: the owners of each parameter slice
+               (the number of pipelines) under ZeRO-1, 1 without it
 
-Activations saved for backward, per layer per micro-batch of ``T = b·s`` tokens (flash
-attention keeps no s² scores; no dropout in Llama)::
+Activations saved for backward, per layer per micro-batch of ``T = b·s`` tokens (``e`` compute
+bytes, ``r`` residual bytes, ``a`` heads; flash/SDPA keeps no s² scores; no dropout)::
 
-    none       T·[e·(4h + (h + 2kv)/t + h/t + 3f/t) + 8 + 4·a/t]
-               = norm inputs and outputs (4·T·h, replicated across TP), q/k/v after RoPE,
-                 attention output (wo input), gate/up/SwiGLU outputs, fp32 RMSNorm rstd (2·4 B)
-                 and the flash-attention log-sum-exp (4 B per head)
-    selective  the same minus the attention output and log-sum-exp (recomputed from q/k/v)
-    full       T·h·e (the layer input only) + ONE layer's ``none`` activations while it is
+    none       T·[2·(r·h + 4·h + 4)                 two RMSNorms: input, fp32 normalised, rstd
+                  + 5·e·h  (r != e) or 2·e·h        autocast casts of the norm outputs (q,k,v,gate,up)
+                  + e·(h + 2·kv')/t + e·h/t + 4·a/t q, k, v into SDPA (kv' = h if K/V are expanded
+                                                    for GQA, else kv), attention output, log-sum-exp
+                  + 3·e·f/t]                        gate, up, silu(gate)
+    selective  the attention core is checkpointed: it keeps q, k, v (unexpanded) and its output,
+               drops the expanded K/V copies and the log-sum-exp
+    full       T·r·h (the layer input only) + ONE layer's ``none`` activations while it is
                recomputed in the backward
 
-A stage holds ``in_flight`` micro-batches (1F1B: ``min(S - i, m)``; GPipe: ``m``). The first
-stage adds the token ids (8 B/token), the last stage the final norm input/output and the
-logits with their fp32 loss buffer, ``T·(2h·e + V/t·(e + 4))``, per micro-batch in flight.
+Per micro-batch in flight a stage also holds: with autocast (bf16/fp16) and recompute other
+than full, the compute-dtype copies of its matmul weights (``e`` per matmul parameter: saved by
+the matmuls for their backward); on every stage but the last, its output ``T·r·h`` (kept for the
+backward); on the first stage the token ids (8 B/token); on the last stage the final norm and the
+logits with their fp32 loss buffer, ``T·(r·h + 4·h + 4 + e·h + V/t·(e + 4))``.
+A stage holds ``in_flight`` micro-batches (1F1B: ``min(S - i, m)``; GPipe: ``m``). Measured
+per-layer activation bytes (the profiler's tables) replace the formula when given.
 
 Overhead per device: ``framework_gib + workspace_gib`` plus ``fragmentation`` times the tensor
 bytes (``CostParams``).
@@ -38,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from planner.cost.ops import DTYPE_BYTES, GRAD_BYTES
+from planner.cost.ops import GRAD_BYTES, Numerics
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.model import ModelSpec
 
@@ -82,48 +88,69 @@ def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool
     return p
 
 
+def _num(dtype: str, params: CostParams) -> Numerics:
+    return Numerics.of(dtype, params.fp32_residual, params.autocast_weight_copies, params.expand_kv_heads)
+
+
 def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
-                           seq_len: int | None = None) -> float:
+                           seq_len: int | None = None, params: CostParams = DEFAULT_PARAMS) -> float:
     """Bytes one layer keeps for its backward, per micro-batch (``full``: the layer input only)."""
-    e = DTYPE_BYTES[dtype]
+    num = _num(dtype, params)
+    e, r = num.e, num.r
     h, f, kv, a = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.num_heads
     tokens = micro_batch * (seq_len or model.seq_len)
     if recompute == "full":
-        return tokens * h * e
-    per_token = e * (4 * h + (h + 2 * kv) / tp + 3 * f / tp) + 8
+        return tokens * h * r
+    per_token = 2 * (r * h + 4 * h + 4) + (5 if r != e else 2) * e * h + 3 * e * f / tp
     if recompute == "none":
-        per_token += e * h / tp + 4 * a / tp
+        kv_saved = h if (num.expand_kv and kv != h) else kv
+        per_token += e * (h + 2 * kv_saved) / tp + e * h / tp + 4 * a / tp
+    else:  # selective
+        per_token += e * (h + 2 * kv) / tp + e * h / tp
     return tokens * per_token
 
 
-def head_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int | None = None) -> float:
-    e = DTYPE_BYTES[dtype]
+def head_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int | None = None,
+                          params: CostParams = DEFAULT_PARAMS) -> float:
+    num = _num(dtype, params)
+    e, r, h = num.e, num.r, model.hidden_size
     tokens = micro_batch * (seq_len or model.seq_len)
-    return tokens * (2 * model.hidden_size * e + model.vocab_size / tp * (e + 4))
+    return tokens * (r * h + 4 * h + 4 + e * h + model.vocab_size / tp * (e + 4))
 
 
 def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: bool, micro_batch: int,
                  in_flight: int, dtype: str = "bf16", recompute: str = "none", zero_shards: int = 1,
-                 params: CostParams = DEFAULT_PARAMS, seq_len: int | None = None) -> MemoryBreakdown:
+                 params: CostParams = DEFAULT_PARAMS, seq_len: int | None = None,
+                 layer_activation: float | None = None, head_activation: float | None = None) -> MemoryBreakdown:
     """Peak memory of ONE device of a stage (fast: plain arithmetic).
 
     ``micro_batch`` is the largest micro-batch of the pipeline, ``in_flight`` the number of
     micro-batches held (:func:`planner.cost.schedule.in_flight`), ``zero_shards`` the number of
-    owners sharing the optimizer state under ZeRO-1 (1 = replicated)."""
-    e = DTYPE_BYTES[dtype]
+    owners sharing the optimizer state under ZeRO-1 (1 = replicated). ``layer_activation`` /
+    ``head_activation``: measured bytes per micro-batch replacing the formulas."""
+    num = _num(dtype, params)
     p = stage_params(model, layers, tp, first, last)
-    weights = p * e
+    weights = p * 4
     grads = p * GRAD_BYTES
-    optimizer = p * ((4 if e != 4 else 0) + 8) / max(1, zero_shards)
-    per_layer = layer_activation_bytes(model, micro_batch, tp, dtype, recompute, seq_len)
+    optimizer = p * 8 / max(1, zero_shards)
+    per_layer = layer_activation if layer_activation is not None else layer_activation_bytes(
+        model, micro_batch, tp, dtype, recompute, seq_len, params)
     acts = in_flight * layers * per_layer
     if recompute == "full":
-        acts += layer_activation_bytes(model, micro_batch, tp, dtype, "none", seq_len)
+        acts += layer_activation_bytes(model, micro_batch, tp, dtype, "none", seq_len, params)
     tokens = micro_batch * (seq_len or model.seq_len)
+    if num.weight_casts and recompute != "full":
+        matmul = layers * (model.layer_params() - 2 * model.hidden_size) / tp
+        if last:
+            matmul += model.vocab_size * model.hidden_size / tp
+        acts += in_flight * matmul * num.e
+    if not last:
+        acts += in_flight * tokens * model.hidden_size * num.r
     if first:
         acts += in_flight * tokens * 8
     if last:
-        acts += in_flight * head_activation_bytes(model, micro_batch, tp, dtype, seq_len)
+        acts += in_flight * (head_activation if head_activation is not None else
+                             head_activation_bytes(model, micro_batch, tp, dtype, seq_len, params))
     tensors = weights + grads + optimizer + acts
     overhead = (params.framework_gib + params.workspace_gib) * GIB + params.fragmentation * tensors
     return MemoryBreakdown(weights, grads, optimizer, acts, overhead)

@@ -3,27 +3,32 @@ with their FLOPs and bytes moved, for one tensor-parallel shard. Pure counting, 
 
 Notation: ``T = micro_batch * seq_len`` tokens, ``h`` hidden, ``f`` ffn hidden, ``kv`` the K/V
 width (``num_kv_heads * head_dim``), ``t`` the TP degree, ``e`` bytes per element of the compute
-dtype. Megatron tensor parallelism without sequence parallelism: norms and residual adds run on
-the full (replicated) activation on every TP rank; q/k/v, gate/up are column-parallel (N/t),
-wo and w_down row-parallel (K/t).
+dtype, ``r`` bytes per element of the residual stream (:class:`Numerics`: 4 in the executor,
+which keeps the residual and RMSNorm in fp32 and autocasts matmuls). Megatron tensor parallelism
+without sequence parallelism: norms and residual adds run on the full (replicated) activation on
+every TP rank; q/k/v, gate/up are column-parallel (N/t), wo and w_down row-parallel (K/t).
 
-Forward ops of one layer (GEMM shapes are ``[M, K] x [K, N]``)::
+Forward ops of one layer (GEMM shapes are ``[M, K] x [K, N]``; bytes at ideal fused traffic)::
 
-    attn_norm   mem   read T·h, write T·h
-    wq, wk, wv  gemm  [T, h] x [h, h/t], [h, kv/t], [h, kv/t]
-    rope        mem   read + write q and k: 2·T·(h + kv)/t
-    attention   attn  causal flash attention: 2·b·s²·h/t FLOPs (half of the 4·b·s²·h/t dense count)
-    wo          gemm  [T, h/t] x [h/t, h]
-    residual    mem   read 2·T·h, write T·h           (after attention and after the MLP)
-    mlp_norm    mem   read T·h, write T·h
-    w_gate,w_up gemm  [T, h] x [h, f/t]
-    swiglu      mem   read 2·T·f/t, write T·f/t       (two kernels: silu, mul)
-    w_down      gemm  [T, f/t] x [f/t, h]
+    weight_cast  mem   [autocast] fp32 weights -> compute dtype: (4 + e) per matmul parameter
+    attn_norm    mem   read r·T·h, write r·T·h
+    input_cast   mem   [r != e] the 3 (q/k/v) + 2 (gate/up) casts of the norm outputs: 5·T·h·(r+e)
+    wq, wk, wv   gemm  [T, h] x [h, h/t], [h, kv/t], [h, kv/t]
+    rope         mem   read + write q and k: 2·e·T·(h + kv)/t
+    kv_expand    mem   [GQA, expand] copy K/V to the query heads: e·T·2·(kv + h)/t
+    attention    attn  causal flash attention: 2·b·s²·h/t FLOPs (half of the 4·b·s²·h/t dense count)
+    wo           gemm  [T, h/t] x [h/t, h]
+    residual     mem   read r·T·h + e·T·h, write r·T·h   (after attention and after the MLP)
+    mlp_norm     mem   as attn_norm
+    w_gate,w_up  gemm  [T, h] x [h, f/t]
+    swiglu       mem   read 2·e·T·f/t, write e·T·f/t     (two kernels: silu, mul)
+    w_down       gemm  [T, f/t] x [f/t, h]
 
 Backward: each GEMM becomes a data-gradient GEMM and a weight-gradient GEMM of the same FLOPs
 (the weight gradient also reads and writes the fp32 gradient accumulator); attention's backward
 runs ``attention_backward_flops_ratio`` times its forward FLOPs and moves twice its bytes;
-element-wise ops read their saved inputs and the output gradient and write the input gradients.
+element-wise ops read their saved inputs and the output gradient and write the input gradients;
+casts cast the gradients back.
 """
 
 from __future__ import annotations
@@ -52,6 +57,23 @@ class Op:
     kernels: int = 1
 
 
+@dataclass(frozen=True)
+class Numerics:
+    """Element sizes and implementation facts the op counts depend on (from ``CostParams``)."""
+
+    e: int  # compute dtype bytes
+    r: int  # residual-stream bytes (RMSNorm, residual adds, stage-boundary activations)
+    weight_casts: bool  # autocast casts the fp32 weights every forward
+    expand_kv: bool  # GQA K/V expanded to the query heads
+
+    @staticmethod
+    def of(dtype: str, fp32_residual: bool = False, autocast_weight_copies: bool = False,
+           expand_kv_heads: bool = False) -> Numerics:
+        e = DTYPE_BYTES[dtype]
+        mixed = e != 4
+        return Numerics(e, 4 if fp32_residual else e, autocast_weight_copies and mixed, expand_kv_heads)
+
+
 def _gemm(name: str, m: float, k: float, n: float, e: int) -> Op:
     return Op(name, GEMM, 2.0 * m * k * n, e * (m * k + k * n + m * n), min(m, k, n))
 
@@ -76,30 +98,41 @@ def attention_core_forward(model: ModelSpec, micro_batch: int, seq_len: int, tp:
     return Op("attention", ATTN, flops, e * tokens * (2 * h + 2 * kv) / tp, seq_len)
 
 
-def layer_forward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: str) -> list[Op]:
-    e = DTYPE_BYTES[dtype]
+def _matmul_params(model: ModelSpec, tp: int) -> float:
+    return (model.layer_params() - 2 * model.hidden_size) / tp
+
+
+def layer_forward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Numerics) -> list[Op]:
+    e, r = num.e, num.r
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_dim
     t = micro_batch * seq_len
     gemms = {name: _gemm(name, m, k, n, e) for name, m, k, n in layer_gemms(model, t, tp)}
-    return [
-        Op("attn_norm", MEM, 0.0, e * 2 * t * h),
-        gemms["wq"], gemms["wk"], gemms["wv"],
-        Op("rope", MEM, 0.0, e * 2 * t * (h + kv) / tp, kernels=2),
+    ops: list[Op] = []
+    if num.weight_casts:
+        ops.append(Op("weight_cast", MEM, 0.0, (4 + e) * _matmul_params(model, tp), kernels=7))
+    ops.append(Op("attn_norm", MEM, 0.0, 2 * r * t * h))
+    if r != e:
+        ops.append(Op("input_cast", MEM, 0.0, 5 * t * h * (r + e), kernels=5))
+    ops += [gemms["wq"], gemms["wk"], gemms["wv"], Op("rope", MEM, 0.0, e * 2 * t * (h + kv) / tp, kernels=2)]
+    if num.expand_kv and kv != h:
+        ops.append(Op("kv_expand", MEM, 0.0, e * t * 2 * (kv + h) / tp, kernels=2))
+    ops += [
         attention_core_forward(model, micro_batch, seq_len, tp, e),
         gemms["wo"],
-        Op("residual_attn", MEM, 0.0, e * 3 * t * h),
-        Op("mlp_norm", MEM, 0.0, e * 2 * t * h),
+        Op("residual_attn", MEM, 0.0, t * h * (2 * r + e)),
+        Op("mlp_norm", MEM, 0.0, 2 * r * t * h),
         gemms["w_gate"], gemms["w_up"],
         Op("swiglu", MEM, 0.0, e * 3 * t * f / tp, kernels=2),
         gemms["w_down"],
-        Op("residual_mlp", MEM, 0.0, e * 3 * t * h),
+        Op("residual_mlp", MEM, 0.0, t * h * (2 * r + e)),
     ]
+    return ops
 
 
-def layer_backward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: str,
+def layer_backward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Numerics,
                        attention_backward_flops_ratio: float) -> list[Op]:
     """Backward ops without recompute (recompute adds forward ops; see profile.py)."""
-    e = DTYPE_BYTES[dtype]
+    e, r = num.e, num.r
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_dim
     t = micro_batch * seq_len
     ops: list[Op] = []
@@ -108,39 +141,55 @@ def layer_backward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int
     attn = attention_core_forward(model, micro_batch, seq_len, tp, e)
     ops.append(Op("attention.backward", ATTN, attn.flops * attention_backward_flops_ratio, 2 * attn.bytes,
                   seq_len, kernels=2))
+    if num.weight_casts:
+        ops.append(Op("weight_cast.backward", MEM, 0.0, (4 + e) * _matmul_params(model, tp), kernels=7))
+    if r != e:
+        ops.append(Op("input_cast.backward", MEM, 0.0, 5 * t * h * (r + e), kernels=5))
+    if num.expand_kv and kv != h:
+        ops.append(Op("kv_expand.backward", MEM, 0.0, e * t * 2 * (kv + h) / tp, kernels=2))
     ops += [
-        Op("attn_norm.backward", MEM, 0.0, e * 3 * t * h),
+        Op("attn_norm.backward", MEM, 0.0, r * 3 * t * h),
         Op("rope.backward", MEM, 0.0, e * 2 * t * (h + kv) / tp, kernels=2),
-        Op("residual_attn.backward", MEM, 0.0, e * 3 * t * h),  # accumulating the branch gradients
-        Op("mlp_norm.backward", MEM, 0.0, e * 3 * t * h),
+        Op("residual_attn.backward", MEM, 0.0, r * 3 * t * h),  # accumulating the branch gradients
+        Op("mlp_norm.backward", MEM, 0.0, r * 3 * t * h),
         Op("swiglu.backward", MEM, 0.0, e * 5 * t * f / tp, kernels=2),
-        Op("residual_mlp.backward", MEM, 0.0, e * 3 * t * h),
+        Op("residual_mlp.backward", MEM, 0.0, r * 3 * t * h),
     ]
     return ops
 
 
-def embedding_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: str) -> tuple[list[Op], list[Op]]:
-    """Vocab-parallel embedding: a gather forward, a scatter-add into the fp32 gradient backward."""
-    e = DTYPE_BYTES[dtype]
+def embedding_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Numerics
+                  ) -> tuple[list[Op], list[Op]]:
+    """Vocab-parallel embedding (fp32 table): a gather forward, a scatter-add into the fp32 gradient
+    backward. Its output is the residual stream (``r`` bytes)."""
     t, h = micro_batch * seq_len, model.hidden_size
-    fwd = [Op("embedding", MEM, 0.0, e * 2 * t * h, kernels=3)]  # mask, gather, zero the foreign rows
-    bwd = [Op("embedding.backward", MEM, 0.0, e * t * h + 2 * GRAD_BYTES * t * h, kernels=2)]
+    fwd = [Op("embedding", MEM, 0.0, num.r * 2 * t * h, kernels=3)]  # mask, gather, zero the foreign rows
+    bwd = [Op("embedding.backward", MEM, 0.0, num.r * t * h + 2 * GRAD_BYTES * t * h, kernels=2)]
     return fwd, bwd
 
 
-def head_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: str) -> tuple[list[Op], list[Op]]:
+def head_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Numerics) -> tuple[list[Op], list[Op]]:
     """Final RMSNorm, vocab-parallel LM head and cross-entropy (fp32 softmax over the vocab shard)."""
-    e = DTYPE_BYTES[dtype]
+    e, r = num.e, num.r
     t, h, v = micro_batch * seq_len, model.hidden_size, model.vocab_size
-    fwd = [Op("final_norm", MEM, 0.0, e * 2 * t * h), _gemm("lm_head", t, h, v / tp, e),
+    fwd = [Op("final_norm", MEM, 0.0, r * 2 * t * h), _gemm("lm_head", t, h, v / tp, e),
            Op("cross_entropy", MEM, 0.0, (e + 4) * t * v / tp, kernels=4)]
     bwd = [Op("cross_entropy.backward", MEM, 0.0, (e + 4 + e) * t * v / tp, kernels=2),
-           *_gemm_backward("lm_head", t, h, v / tp, e), Op("final_norm.backward", MEM, 0.0, e * 3 * t * h)]
+           *_gemm_backward("lm_head", t, h, v / tp, e), Op("final_norm.backward", MEM, 0.0, r * 3 * t * h)]
+    if num.weight_casts:
+        fwd.insert(0, Op("weight_cast", MEM, 0.0, (4 + e) * h * v / tp))
+        bwd.append(Op("weight_cast.backward", MEM, 0.0, (4 + e) * h * v / tp))
+    if r != e:
+        fwd.insert(1, Op("input_cast", MEM, 0.0, t * h * (r + e)))
+        bwd.append(Op("input_cast.backward", MEM, 0.0, t * h * (r + e)))
     return fwd, bwd
 
 
-def optimizer_bytes_per_param(dtype: str) -> float:
-    """AdamW step, per parameter: read fp32 grad, master, m, v; write master, m, v; write the
-    compute-dtype weight copy when it differs from the master; zero the gradient."""
-    e = DTYPE_BYTES[dtype]
-    return 4 * 4 + 3 * 4 + (e if e != 4 else 0) + GRAD_BYTES
+ADAM_BYTES_PER_PARAM = 7 * 4  # AdamW: read parameter, gradient, m, v; write parameter, m, v (fp32)
+CLIP_BYTES_PER_PARAM = 3 * GRAD_BYTES  # read the gradients for the global norm, scale them in place
+
+
+def optimizer_bytes_per_param() -> float:
+    """The executor's step tail, per fp32 parameter (the parameters are the master weights): AdamW
+    (28 B) and gradient clipping (12 B)."""
+    return ADAM_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM

@@ -46,8 +46,21 @@ class CostParams:
 
     # ------------------------------------------------------------------ overlap (step.py)
     # Fraction of the cross-pipeline gradient sync that can run during the last micro-batch's
-    # backward of the same stage (bucketed all-reduce started as buckets fill). 0..1.
-    dp_overlap: float = 0.8
+    # backward of the same stage (bucketed all-reduce started as buckets fill). 0..1. The
+    # executor (executor/engine.py) syncs after the whole schedule, hence 0.
+    dp_overlap: float = 0.0
+
+    # ------------------------------------------------------------------ the executor's numerics
+    # These are facts of the implementation being modelled (executor/model.py, engine.py), not
+    # fitted numbers: parameters are the fp32 master weights and the compute dtype comes from
+    # torch.autocast. With fp32_residual the residual stream, RMSNorm, stage-boundary activations
+    # and their gradients are fp32 (4 B) while matmul inputs/outputs are in the compute dtype.
+    fp32_residual: bool = True
+    # Each forward under autocast casts the stage's matmul weights to the compute dtype; the casts
+    # stay alive (saved for the backward) for every micro-batch in flight.
+    autocast_weight_copies: bool = True
+    # Grouped-query attention expands K/V to the query heads before SDPA (no GQA kernel).
+    expand_kv_heads: bool = True
 
     # ------------------------------------------------------------------ memory (memory.py)
     # CUDA context, cuBLAS/cuDNN handles and kernels resident on every device, GiB.

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from planner.catalog import Catalog, DeviceType, default_catalog
 from planner.cost.ops import (
     ATTN,
+    DTYPE_BYTES,
     GEMM,
+    Numerics,
     Op,
     attention_core_forward,
     embedding_ops,
@@ -126,7 +128,17 @@ class DeviceProfile:
         """AdamW step over ``num_params`` parameters in ``num_tensors`` tensors (memory-bound)."""
         p = self.params
         bw = self.device.memory_bandwidth_GBps * 1e9 * p.memory_efficiency
-        return num_tensors * p.kernel_overhead_s + num_params * optimizer_bytes_per_param(dtype) / bw
+        return num_tensors * p.kernel_overhead_s + num_params * optimizer_bytes_per_param() / bw
+
+    def activation_bytes(self, kind: str, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
+                         recompute: str = "none", seq_len: int | None = None) -> float | None:
+        """Measured activation bytes per micro-batch of one layer (``kind='layer'``) or of the head
+        (``'head'``); None where there is no measurement (the memory formula applies)."""
+        return None
+
+    def numerics(self, dtype: str) -> Numerics:
+        p = self.params
+        return Numerics.of(dtype, p.fp32_residual, p.autocast_weight_copies, p.expand_kv_heads)
 
     # ----------------------------------------------------------------------- spec roofline
     def op_time(self, op: Op, dtype: str) -> float:
@@ -147,8 +159,9 @@ class DeviceProfile:
 
     def _spec_layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                     seq_len: int) -> PassTime:
-        fwd = self.ops_time(layer_forward_ops(model, micro_batch, seq_len, tp, dtype), dtype)
-        bwd = self.ops_time(layer_backward_ops(model, micro_batch, seq_len, tp, dtype,
+        num = self.numerics(dtype)
+        fwd = self.ops_time(layer_forward_ops(model, micro_batch, seq_len, tp, num), dtype)
+        bwd = self.ops_time(layer_backward_ops(model, micro_batch, seq_len, tp, num,
                                                self.params.attention_backward_flops_ratio), dtype)
         return PassTime(fwd, bwd + self._recompute_extra(model, micro_batch, tp, dtype, recompute, seq_len, fwd))
 
@@ -157,17 +170,15 @@ class DeviceProfile:
         if recompute == "full":
             return forward_s
         if recompute == "selective":
-            from planner.cost.ops import DTYPE_BYTES
-
             return self.op_time(attention_core_forward(model, micro_batch, seq_len, tp, DTYPE_BYTES[dtype]), dtype)
         return 0.0
 
     def _spec_embedding(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
-        fwd, bwd = embedding_ops(model, micro_batch, seq_len, tp, dtype)
+        fwd, bwd = embedding_ops(model, micro_batch, seq_len, tp, self.numerics(dtype))
         return PassTime(self.ops_time(fwd, dtype), self.ops_time(bwd, dtype))
 
     def _spec_head(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
-        fwd, bwd = head_ops(model, micro_batch, seq_len, tp, dtype)
+        fwd, bwd = head_ops(model, micro_batch, seq_len, tp, self.numerics(dtype))
         return PassTime(self.ops_time(fwd, dtype), self.ops_time(bwd, dtype))
 
     def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,

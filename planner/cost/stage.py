@@ -5,22 +5,24 @@ Compute (forward; the backward likewise)::
 
     compute_f = max over the stage's devices d of  slowdown_d · (n · layer_f + [first] embed_f + [last] head_f)
 
-TP all-reduces (Megatron tensor parallelism, no sequence parallelism), each of ``T·h·e`` bytes
-over the stage's TP group (flat, over the slowest link the group crosses)::
+TP all-reduces (Megatron tensor parallelism without sequence parallelism, as executor/tp_layers.py
+does it), over the stage's TP group (flat, over the slowest link the group crosses); ``e``
+compute bytes, ``r`` residual bytes (``Numerics``)::
 
-    forward   2 per layer (after wo and after w_down) + [first] 1 (vocab-parallel embedding)
-              + [last] 3 of T·4 bytes (cross-entropy max, sum-exp and target logit)
-    backward  2 per layer (input gradients of wq/wk/wv and w_gate/w_up)
-              + [full recompute] 2 per layer (the repeated forward) + [last] 1 (LM-head input grad)
+    forward   2 per layer of T·h·e (outputs of wo and w_down) + [first] 1 of T·h·r (embedding)
+              + [last] 2 of T·4 and T·8 bytes (cross-entropy max; sum-exp with target logit)
+    backward  2 per layer of T·h·r (input gradients of the q/k/v and gate/up column-parallel
+              linears) + [full recompute] the forward's 2 per layer again + [last] 1 of T·h·r
+              (LM-head input gradient)
 
 TP communication is not overlapped with compute (Megatron's default without sequence
 parallelism), so it adds to the stage time.
 
-P2P between stage ``i`` (TP ``t_i``) and ``i+1`` (TP ``t_j``), one activation (or gradient) of
-``T·h·e`` bytes, replicated on every TP rank of both stages::
+P2P between stage ``i`` and ``i+1`` (any TP degrees), one activation (or gradient) of ``T·h·r``
+bytes, replicated on every TP rank of both stages (executor/p2p.py): the sending stage's leader
+sends to the receiving stage's leader, which broadcasts it inside its TP group::
 
-    t_i == t_j   rank k sends to rank k, all pairs at once: max over pairs of p2p(link of the pair)
-    t_i != t_j   leader to leader, then a broadcast inside the receiving stage's TP group
+    boundary = p2p(link between the leaders) + broadcast(receiving TP group)
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 
 from planner.cluster import ClusterSpec, Link
 from planner.cost.links import allreduce_time, group_broadcast_time, p2p_time
-from planner.cost.ops import DTYPE_BYTES
+from planner.cost.ops import DTYPE_BYTES, Numerics
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile
 from planner.model import ModelSpec
@@ -80,10 +82,15 @@ def tp_comm_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micr
     if tp <= 1 or link is None:
         return 0.0, 0.0
     tokens = micro_batch * (seq_len or model.seq_len)
-    act = allreduce_time(tokens * model.hidden_size * DTYPE_BYTES[dtype], tp, link, params)
-    small = allreduce_time(tokens * 4.0, tp, link, params)
-    f = 2 * layers * act + (act if first else 0.0) + (3 * small if last else 0.0)
-    b = 2 * layers * act * (2 if recompute == "full" else 1) + (act if last else 0.0)
+    num = Numerics.of(dtype, params.fp32_residual, params.autocast_weight_copies, params.expand_kv_heads)
+    fwd_ar = allreduce_time(tokens * model.hidden_size * num.e, tp, link, params)
+    bwd_ar = allreduce_time(tokens * model.hidden_size * num.r, tp, link, params)
+    f = 2 * layers * fwd_ar
+    if first:
+        f += bwd_ar  # the embedding's output is the residual stream (r bytes)
+    if last:
+        f += allreduce_time(tokens * 4.0, tp, link, params) + allreduce_time(tokens * 8.0, tp, link, params)
+    b = 2 * layers * bwd_ar + (2 * layers * fwd_ar if recompute == "full" else 0.0) + (bwd_ar if last else 0.0)
     return f, b
 
 
@@ -110,15 +117,16 @@ def stage_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_
     return StageTime(best_f, best_b, tf, tb, slowest)
 
 
-def activation_bytes(model: ModelSpec, micro_batch: int, dtype: str, seq_len: int | None = None) -> float:
-    """Bytes of one micro-batch's activation (or its gradient) at a stage boundary."""
-    return micro_batch * (seq_len or model.seq_len) * model.hidden_size * DTYPE_BYTES[dtype]
+def activation_bytes(model: ModelSpec, micro_batch: int, dtype: str, seq_len: int | None = None,
+                     params: CostParams = DEFAULT_PARAMS) -> float:
+    """Bytes of one micro-batch's activation (or its gradient) at a stage boundary (residual dtype)."""
+    r = 4 if params.fp32_residual else DTYPE_BYTES[dtype]
+    return micro_batch * (seq_len or model.seq_len) * model.hidden_size * r
 
 
 def boundary_time(nbytes: float, sender: Sequence[str], receiver: Sequence[str], cluster: ClusterSpec,
                   params: CostParams = DEFAULT_PARAMS) -> float:
-    """Send ``nbytes`` replicated on the ``sender`` TP group to every rank of the ``receiver`` group."""
-    if len(sender) == len(receiver):
-        return max(p2p_time(nbytes, cluster.link(a, b), params) for a, b in zip(sender, receiver, strict=True))
+    """Send ``nbytes`` replicated on the ``sender`` TP group to every rank of the ``receiver`` group:
+    leader to leader, then a broadcast in the receiving group."""
     return p2p_time(nbytes, cluster.link(sender[0], receiver[0]), params) + group_broadcast_time(
         nbytes, receiver, cluster, params)

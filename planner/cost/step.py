@@ -17,9 +17,12 @@ Model of one training step (every term named; parameters in ``CostParams``):
        end_d   = max_{g ∋ d} start_g + Σ_{g ∋ d} time_g        (a device runs its groups in turn)
        time_g  = all-reduce of the fp32 gradient bytes (ZeRO-1: the reduce-scatter half)
 
+   The executor (executor/engine.py) starts the sync after the whole schedule: ``dp_overlap = 0``.
+
 4. ``sync_done = max(max_p T_p, max_d end_d)``; then the global gradient-norm all-reduce (one fp32
-   scalar over every device, latency-bound), the optimizer step (AdamW, memory-bound, slowest
-   device), and under ZeRO-1 the all-gather of the updated compute-dtype weights::
+   scalar over every device, latency-bound), the optimizer step (clipping + AdamW, memory-bound,
+   slowest device), and under ZeRO-1 the all-gather of the updated fp32 parameters (the other half
+   of the all-reduce)::
 
        step = sync_done + grad_norm + max_d optimizer_d + zero_all_gather
 
@@ -38,7 +41,6 @@ from planner.cluster import ClusterSpec
 from planner.cost.gradsync import sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time
 from planner.cost.memory import MemoryBreakdown, stage_memory, stage_params
-from planner.cost.ops import DTYPE_BYTES
 from planner.cost.profile import ProfileSet
 from planner.cost.schedule import in_flight
 from planner.cost.simulate import simulate
@@ -136,7 +138,7 @@ def _pipeline(plan: Plan, pi: int, pipe: Pipeline, cluster: ClusterSpec, profile
     times: dict[tuple[int, int], StageTime] = {}
     p2p: dict[tuple[int, int], float] = {}
     for mb in sorted(set(sizes)):
-        nbytes = activation_bytes(m, mb, o.dtype)
+        nbytes = activation_bytes(m, mb, o.dtype, params=params)
         for si, st in enumerate(pipe.stages):
             devs = [cluster.device(d) for d in st.devices]
             times[si, mb] = stage_time(
@@ -189,13 +191,20 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
         mb = max(pipe.micro_batch_sizes())
         for si, st in enumerate(pipe.stages):
             first, last = si == 0, si == len(pipe.stages) - 1
-            mem = stage_memory(m, layers=st.num_layers, tp=st.tp, first=first, last=last, micro_batch=mb,
-                               in_flight=in_flight(pipe.schedule, len(pipe.stages), si, pipe.micro_batches),
-                               dtype=o.dtype, recompute=o.recompute, zero_shards=zero_shards, params=params)
+            held = in_flight(pipe.schedule, len(pipe.stages), si, pipe.micro_batches)
+            mems: dict[str, MemoryBreakdown] = {}
+            for gpu in {cluster.device(d).gpu for d in st.devices}:
+                prof = profiles.get(gpu)
+                mems[gpu] = stage_memory(
+                    m, layers=st.num_layers, tp=st.tp, first=first, last=last, micro_batch=mb, in_flight=held,
+                    dtype=o.dtype, recompute=o.recompute, zero_shards=zero_shards, params=params,
+                    layer_activation=prof.activation_bytes("layer", m, mb, st.tp, o.dtype, o.recompute),
+                    head_activation=prof.activation_bytes("head", m, mb, st.tp, o.dtype) if last else None)
             n_params = stage_params(m, st.num_layers, st.tp, first, last) / zero_shards
             n_tensors = 9 * st.num_layers + (1 if first else 0) + (2 if last else 0)
             for di, dev_id in enumerate(st.devices):
                 dev = cluster.device(dev_id)
+                mem = mems[dev.gpu]
                 memory[dev_id] = mem
                 capacity[dev_id] = dev.memory_gib
                 if mem.total_gib > dev.memory_gib:
@@ -211,12 +220,11 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     starts: dict[str, float] = {}
     busy: dict[str, float] = {}
     zero_ag = 0.0
-    e = DTYPE_BYTES[o.dtype]
     for owners, nbytes in groups.items():
         t_g = group_allreduce_time(nbytes, owners, cluster, params)
-        if o.zero == 1:
-            zero_ag = max(zero_ag, 0.5 * group_allreduce_time(nbytes * e / 4, owners, cluster, params))
+        if o.zero == 1:  # reduce-scatter now, all-gather of the updated fp32 parameters after the step
             t_g *= 0.5
+            zero_ag = max(zero_ag, t_g)
         start = max(lbe[d] - params.dp_overlap * bwd_last[d] for d in owners)
         for d in owners:
             starts[d] = max(starts.get(d, 0.0), start)
