@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -201,20 +202,34 @@ def _sync_s(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], types: dict, li
     if k <= 1:
         return 0.0
     L = oracle.model.num_layers
-    owner_nodes: list[set[str]] = [set() for _ in range(L)]
+    # owners per segment between stage boundaries (pipelines on the same nodes with the same split
+    # count once)
+    unique: dict[tuple[object, ...], tuple[Sequence[Unit], tuple[int, ...]]] = {}
     for units, counts, _ in active:
-        start = 0
-        for u, n in zip(units, counts):
-            for layer in range(start, start + n):
-                owner_nodes[layer].add(u.node)
-            start += n
+        unique.setdefault((tuple(u.node for u in units), counts), (units, counts))
+    starts_of = []
+    cuts = {0, L}
+    for _units, counts in unique.values():
+        starts = [0]
+        for n in counts[:-1]:
+            starts.append(starts[-1] + n)
+        starts_of.append(starts)
+        cuts.update(starts)
+    bounds = sorted(cuts)
+    seg_nodes: list[set[str]] = [set() for _ in bounds[:-1]]
+    for (units, _), starts in zip(unique.values(), starts_of):
+        for si, lo in enumerate(bounds[:-1]):
+            seg_nodes[si].add(units[bisect.bisect_right(starts, lo) - 1].node)
     cache: dict[frozenset[str], Link | None] = {}
-    layer_link: list[Link | None] = []
-    for nodes in owner_nodes:
+    seg_link: list[Link | None] = []
+    for nodes in seg_nodes:
         fk = frozenset(nodes)
         if fk not in cache:
             cache[fk] = slowest_link_among(oracle.cluster, fk)
-        layer_link.append(cache[fk])
+        seg_link.append(cache[fk])
+    layer_link: list[Link | None] = [None] * L
+    for si, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        layer_link[lo:hi] = [seg_link[si]] * (hi - lo)
     worst = 0.0
     seen: set[tuple[object, ...]] = set()
     overlap = oracle.params.dp_overlap

@@ -53,8 +53,10 @@ class Oracle:
         self.model = model
         self.profiles = profiles or ProfileSet(cluster.catalog)
         self.params: CostParams = self.profiles.params
-        self._stage_cache: dict[tuple[object, ...], StageCost] = {}
+        self._time_cache: dict[tuple[object, ...], tuple[float, float]] = {}
+        self._mem_cache: dict[tuple[object, ...], StageCost] = {}
         self._links: dict[tuple[str, str], Link] = {}
+        self._sync_cache: dict[tuple[object, ...], tuple[float, float]] = {}
 
     def node_link(self, a: str, b: str) -> Link:
         """``cluster.node_link``, cached."""
@@ -73,42 +75,44 @@ class Oracle:
                         params=self.params)
         return st.forward_s + st.backward_s
 
-    def boundary_seconds(self, a: Unit, b: Unit, s: Setting) -> float:
-        """Activation a -> b plus its gradient b -> a, one micro-batch."""
+    def send_seconds(self, a: Unit, b: Unit, s: Setting) -> float:
+        """One micro-batch's activation (or gradient) sent from stage ``a`` to stage ``b``."""
         nbytes = activation_bytes(self.model, s.micro_batch, s.dtype)
-        return (boundary_time(nbytes, a.devices, b.devices, self.cluster, self.params)
-                + boundary_time(nbytes, b.devices, a.devices, self.cluster, self.params))
+        return boundary_time(nbytes, a.devices, b.devices, self.cluster, self.params)
 
     def stage_cost(self, unit: Unit, first: bool, last: bool, in_flight: int, prev: Unit | None,
                    nxt: Unit | None, s: Setting, zero_shards: int) -> StageCost:
-        """Linear time and memory of ``unit`` as a stage between ``prev`` and ``nxt`` (cached per
-        unit signature, position and the links to its neighbours)."""
+        """Linear time and memory of ``unit`` as a stage between ``prev`` and ``nxt``.
+
+        Time (cached per unit signature, position, neighbours' links and TP, and the setting's
+        micro-batch size, recompute and dtype): ``a`` = one more layer's forward + backward, ``e`` =
+        the embedding/head and the stage's own blocking sends, as :mod:`planner.cost.step` charges
+        them (the activation to ``nxt`` in the forward, the gradient to ``prev`` in the backward).
+        Memory (cached per TP degree, position, in-flight count and setting): from
+        :func:`planner.cost.memory.stage_memory`, which is linear in the layer count."""
         link_prev = self.node_link(prev.node, unit.node) if prev is not None else None
         link_next = self.node_link(unit.node, nxt.node) if nxt is not None else None
-        key = (unit.signature, first, last, in_flight, link_prev, prev.tp if prev else 0, link_next,
-               nxt.tp if nxt else 0, s, zero_shards if s.zero else 1)
-        hit = self._stage_cache.get(key)
-        if hit is None:
-            hit = self._stage_cache[key] = self._stage_cost(unit, first, last, in_flight, prev, nxt, s, zero_shards)
-        return hit
-
-    def _stage_cost(self, unit: Unit, first: bool, last: bool, in_flight: int, prev: Unit | None,
-                    nxt: Unit | None, s: Setting, zero_shards: int) -> StageCost:
-        m = self.model
-        t0 = self.stage_seconds(unit, 0, first, last, s)
-        t1 = self.stage_seconds(unit, 1, first, last, s)
-        # each boundary's two messages are charged half to each side (the sender blocks on its send)
-        fixed = t0
-        if nxt is not None:
-            fixed += 0.5 * self.boundary_seconds(unit, nxt, s)
-        if prev is not None:
-            fixed += 0.5 * self.boundary_seconds(prev, unit, s)
-        kw = dict(tp=unit.tp, first=first, last=last, micro_batch=s.micro_batch, in_flight=in_flight,
-                  dtype=s.dtype, recompute=s.recompute, zero_shards=zero_shards if s.zero else 1,
-                  params=self.params)
-        mem0 = stage_memory(m, layers=0, **kw).total  # type: ignore[arg-type]
-        mem1 = stage_memory(m, layers=1, **kw).total  # type: ignore[arg-type]
-        return StageCost(t1 - t0, fixed, mem1 - mem0, mem0, unit.memory_gib * GIB)
+        tkey = (unit.signature, first, last, link_prev, prev.tp if prev else 0, link_next, nxt.tp if nxt else 0,
+                s.micro_batch, s.recompute, s.dtype)
+        times = self._time_cache.get(tkey)
+        if times is None:
+            t0 = self.stage_seconds(unit, 0, first, last, s)
+            t1 = self.stage_seconds(unit, 1, first, last, s)
+            fixed = t0 + (self.send_seconds(unit, nxt, s) if nxt is not None else 0.0)
+            fixed += self.send_seconds(unit, prev, s) if prev is not None else 0.0
+            times = self._time_cache[tkey] = (t1 - t0, fixed)
+        shards = zero_shards if s.zero else 1
+        mkey = (unit.tp, unit.memory_gib, first, last, in_flight, s.micro_batch, s.recompute, s.dtype, shards)
+        mem = self._mem_cache.get(mkey)
+        if mem is None:
+            kw = dict(tp=unit.tp, first=first, last=last, micro_batch=s.micro_batch, in_flight=in_flight,
+                      dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=self.params)
+            mem0 = stage_memory(self.model, layers=0, **kw).total  # type: ignore[arg-type]
+            mem1 = stage_memory(self.model, layers=1, **kw).total  # type: ignore[arg-type]
+            mem = self._mem_cache[mkey] = StageCost(times[0], times[1], mem1 - mem0, mem0, unit.memory_gib * GIB)
+        if mem.per_layer_s != times[0] or mem.fixed_s != times[1]:
+            mem = StageCost(times[0], times[1], mem.per_layer_bytes, mem.fixed_bytes, mem.capacity_bytes)
+        return mem
 
     # ------------------------------------------------------------------ per step
     def grad_sync_seconds(self, params: float, pipelines: int, link: Link | None, s: Setting) -> tuple[float, float]:
@@ -117,11 +121,17 @@ class Oracle:
         half, then the all-gather of the updated compute-dtype weights after the optimizer."""
         if pipelines <= 1 or link is None:
             return 0.0, 0.0
-        full = allreduce_time(params * 4, pipelines, link, self.params)
-        if not s.zero:
-            return full, 0.0
-        e = 2 if s.dtype in ("bf16", "fp16") else 4
-        return 0.5 * full, 0.5 * allreduce_time(params * e, pipelines, link, self.params)
+        key = (params, pipelines, link, s.zero, s.dtype)
+        hit = self._sync_cache.get(key)
+        if hit is None:
+            full = allreduce_time(params * 4, pipelines, link, self.params)
+            if not s.zero:
+                hit = (full, 0.0)
+            else:
+                e = 2 if s.dtype in ("bf16", "fp16") else 4
+                hit = (0.5 * full, 0.5 * allreduce_time(params * e, pipelines, link, self.params))
+            self._sync_cache[key] = hit
+        return hit
 
     def optimizer_seconds(self, unit: Unit, layers: int, first: bool, last: bool, zero_shards: int,
                           s: Setting) -> float:

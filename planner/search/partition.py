@@ -29,35 +29,46 @@ EDGE_SCALE = 10  # METIS edge weights are integers: bandwidth in units of 0.1 GB
 VERTEX_SCALE = 1000
 
 
+class MetisGraph:
+    """The unit graph in METIS's CSR form (built once, partitioned for many ``k``)."""
+
+    def __init__(self, graph: nx.Graph):
+        self.order = sorted(graph.nodes)
+        pos = {u: i for i, u in enumerate(self.order)}
+        max_c = max((graph.nodes[u]["compute"] for u in self.order), default=1.0) or 1.0
+        max_m = max((graph.nodes[u]["memory_gib"] for u in self.order), default=1.0) or 1.0
+        self.xadj = [0]
+        self.adjncy: list[int] = []
+        self.eweights: list[int] = []
+        self.vweights: list[int] = []
+        for u in self.order:
+            for v in sorted(graph.adj[u], key=pos.__getitem__):
+                self.adjncy.append(pos[v])
+                self.eweights.append(max(1, round(graph.adj[u][v]["bandwidth"] * EDGE_SCALE)))
+            self.xadj.append(len(self.adjncy))
+            self.vweights.append(max(1, round(graph.nodes[u]["compute"] / max_c * VERTEX_SCALE)))
+            self.vweights.append(max(1, round(graph.nodes[u]["memory_gib"] / max_m * VERTEX_SCALE)))
+
+    def part(self, k: int, seed: int = 0) -> list[list[int]]:
+        """k-way partition; empty parts dropped; parts sorted by their first unit."""
+        n = len(self.order)
+        if k <= 1 or n <= 1:
+            return [list(self.order)]
+        if k >= n:
+            return [[u] for u in self.order]
+        opts = pymetis.Options(seed=seed)
+        _, parts = pymetis.part_graph(k, xadj=self.xadj, adjncy=self.adjncy, vweights=self.vweights,
+                                      eweights=self.eweights or None, options=opts)
+        groups: dict[int, list[int]] = {}
+        for u, p in zip(self.order, parts):
+            groups.setdefault(p, []).append(u)
+        return sorted(groups.values(), key=lambda g: g[0])
+
+
 def metis_pipelines(graph: nx.Graph, k: int, seed: int = 0) -> list[list[int]]:
-    """k-way METIS partition of the unit graph; empty parts are dropped; parts sorted by first unit."""
-    n = graph.number_of_nodes()
-    order = sorted(graph.nodes)
-    if k <= 1 or n <= 1:
-        return [order]
-    if k >= n:
-        return [[u] for u in order]
-    pos = {u: i for i, u in enumerate(order)}
-    max_c = max(graph.nodes[u]["compute"] for u in order) or 1.0
-    max_m = max(graph.nodes[u]["memory_gib"] for u in order) or 1.0
-    xadj = [0]
-    adjncy: list[int] = []
-    eweights: list[int] = []
-    vweights: list[int] = []
-    for u in order:
-        for v in sorted(graph.adj[u], key=pos.__getitem__):
-            adjncy.append(pos[v])
-            eweights.append(max(1, round(graph.adj[u][v]["bandwidth"] * EDGE_SCALE)))
-        xadj.append(len(adjncy))
-        vweights.append(max(1, round(graph.nodes[u]["compute"] / max_c * VERTEX_SCALE)))
-        vweights.append(max(1, round(graph.nodes[u]["memory_gib"] / max_m * VERTEX_SCALE)))
-    opts = pymetis.Options(seed=seed)
-    _, parts = pymetis.part_graph(k, xadj=xadj, adjncy=adjncy, vweights=vweights,
-                                  eweights=eweights or None, options=opts)
-    groups: dict[int, list[int]] = {}
-    for u, p in zip(order, parts):
-        groups.setdefault(p, []).append(u)
-    return sorted(groups.values(), key=lambda g: g[0])
+    """k-way METIS partition of a unit (or device) graph with ``compute``/``memory_gib`` vertex
+    weights and ``bandwidth`` edge weights; empty parts dropped; parts sorted by first vertex."""
+    return MetisGraph(graph).part(k, seed)
 
 
 def unit_classes(cluster: ClusterSpec, units: Sequence[Unit]) -> list[list[int]]:

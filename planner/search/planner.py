@@ -45,7 +45,7 @@ from planner.plan import SCHEDULES, Plan
 from planner.search.candidate import Candidate, evaluate, to_plan
 from planner.search.graph import Unit, make_units, unit_graph
 from planner.search.oracle import Oracle, Setting
-from planner.search.partition import chunk, metis_pipelines, unit_classes
+from planner.search.partition import MetisGraph, chunk, unit_classes
 from planner.search.stages import node_kinds, order_stages, seed_numbering, tp_choices, tp_templates
 
 METIS_MAX_UNITS = 2048
@@ -179,13 +179,13 @@ class Search:
     def structures(self, units: list[Unit], ks: Sequence[int]) -> Iterator[tuple[str, list[list[Unit]]]]:
         classes = unit_classes(self.cluster, units)
         flat = [u for members in classes for u in members]
-        graph = unit_graph(self.cluster, units) if len(units) <= METIS_MAX_UNITS else None
+        graph = MetisGraph(unit_graph(self.cluster, units)) if len(units) <= METIS_MAX_UNITS else None
         compute = [sum(units[u].compute for u in members) for members in classes]
         total = sum(compute)
         for k in ks:
             yield f"striped k={k}", self._ordered([flat[i::k] for i in range(k)], units)
             if graph is not None and 1 < k < len(units):
-                parts = metis_pipelines(graph, k, seed=self.config.seed)
+                parts = graph.part(k, seed=self.config.seed)
                 yield f"metis k={k}", self._ordered(parts, units)
             if len(classes) > 1 and k >= len(classes):
                 parts = []

@@ -17,9 +17,11 @@ state, the warm-up and cool-down cross every stage once). Minimise ``T`` over in
   the smallest ``Σ_s a_s·n_s`` under ``1 <= n_s <= c_s``, ``Σ n_s = L`` is greedy: every stage
   one layer, the rest to the stages with the smallest ``a_s`` first (a knapsack with unit
   weights and box bounds, where greedy is exact).
-* Scan candidates upward from the smallest feasible ``θ`` (found by bisection) and stop once
-  ``(m - 1)·θ + Σ_min >= best`` (``Σ_min`` = the unconstrained smallest sum). At ``θ*`` the greedy
-  solution is at least as good as the optimum, so the best scanned value is optimal.
+* Find the smallest feasible ``θ`` by bisection, then scan the candidates above it in increasing
+  order and stop once ``(m - 1)·θ + Σ_min >= best`` (``Σ_min`` = the unconstrained smallest sum:
+  no larger ``θ`` can win). At ``θ*`` the greedy solution is at least as good as the optimum, so
+  the best scanned value is optimal. With ``m = 1`` only the sum counts: the unconstrained greedy
+  is optimal at once.
 
 **2. Batch split (ILP)** — :func:`allocate_batch`. Pipelines come in *types* (identical pipelines
 share one), type ``j`` with ``c_j`` pipelines, slowest stage ``M_j``, one-micro-batch sum
@@ -49,7 +51,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulp
@@ -110,7 +112,6 @@ def split_layers(stages: Sequence[StageCost], num_layers: int, micro_batches: in
     if min(upper) < 1 or sum(upper) < num_layers:
         return None
     order = sorted(range(S), key=lambda s: (stages[s].per_layer_s, s))
-    cands = sorted({st.time(n) for st, u in zip(stages, upper) for n in range(1, u + 1)})
 
     def caps_for(theta: float) -> list[int]:
         out = []
@@ -125,36 +126,51 @@ def split_layers(stages: Sequence[StageCost], num_layers: int, micro_batches: in
         caps = caps_for(theta)
         return min(caps) >= 1 and sum(caps) >= num_layers
 
-    lo = _first_true(cands, feasible)
-    best: LayerSplit | None = None
-    best_obj = math.inf
-    unconstrained = _greedy_fill(order, upper, num_layers)
-    assert unconstrained is not None
-    sum_min = sum(stages[s].time(n) for s, n in enumerate(unconstrained))
-    weight = max(0, micro_batches - 1)
-    for theta in cands[lo:]:
-        if weight * theta + sum_min >= best_obj - EPS:
-            break
+    def split_at(theta: float) -> LayerSplit | None:
         counts = _greedy_fill(order, caps_for(theta), num_layers)
         if counts is None:
-            continue
+            return None
         times = [st.time(n) for st, n in zip(stages, counts)]
-        split = LayerSplit(tuple(counts), max(times), sum(times))
+        return LayerSplit(tuple(counts), max(times), sum(times))
+
+    unconstrained = _greedy_fill(order, upper, num_layers)
+    assert unconstrained is not None
+    times0 = [st.time(n) for st, n in zip(stages, unconstrained)]
+    sum_min = sum(times0)
+    weight = max(0, micro_batches - 1)
+    if weight == 0:  # one micro-batch: only the sum counts, and the unconstrained greedy minimises it
+        return LayerSplit(tuple(unconstrained), max(times0), sum_min)
+    # smallest feasible bottleneck: bisection on θ (feasibility is monotone in θ)
+    lo, hi = 0.0, max(times0)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    best = split_at(hi)
+    assert best is not None
+    best_obj = best.pipeline_time(micro_batches)
+    theta_hi = (best_obj - sum_min) / weight  # beyond it (m-1)·θ + Σ_min cannot beat the best
+    cands: set[float] = set()
+    for st, u in zip(stages, upper):
+        if st.per_layer_s <= 0:
+            continue
+        n_lo = max(1, int(math.ceil((hi - st.fixed_s) / st.per_layer_s - 1e-9)))
+        n_hi = min(u, int(math.floor((theta_hi - st.fixed_s) / st.per_layer_s + 1e-9)))
+        cands.update(st.time(n) for n in range(n_lo, n_hi + 1))
+    for theta in sorted(cands):
+        if weight * theta + sum_min >= best_obj - EPS:
+            break
+        split = split_at(theta)
+        if split is None:
+            continue
         obj = split.pipeline_time(micro_batches)
         if obj < best_obj - EPS:
             best, best_obj = split, obj
     return best
-
-
-def _first_true(cands: Sequence[float], pred: Callable[[float], bool]) -> int:
-    lo, hi = 0, len(cands)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if pred(cands[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 @dataclass(frozen=True)
