@@ -200,3 +200,48 @@ def tp_layers_job(n: int) -> int:
             dim = 1 if name.startswith(("wo", "w_down")) else 0
             close(p.grad, _shard(dp.grad, dim, n, rank), f"{type(mod).__name__} d{name}")
     return done
+
+
+# ------------------------------------------------------------------------------ checkpoints
+
+
+def checkpoint_job(plan_x: Plan, plan_y: Plan, other_model_plan: Plan, batches: list[torch.Tensor], split: int,
+                   path: str) -> dict[str, Any] | None:
+    """Train ``plan_x`` for ``split`` steps and save; build ``plan_y`` from a *different* seed, load,
+    train the remaining steps. Also try loading the checkpoint under another model."""
+    from pathlib import Path
+
+    from executor.checkpoint import read_meta
+    from planner.errors import SpecError
+
+    rank = dist.get_rank()
+    ck = Path(path)
+    out: dict[str, Any] = {"losses_x": [], "losses_y": []}
+    topo = build_topology(plan_x)
+    groups = ProcessGroups.create(topo)
+    if rank < topo.world_size:
+        eng = Engine(plan_x, topo, groups, device=torch.device("cpu"), optim=ORACLE_OPTIM, seed=0)
+        for t in batches[:split]:
+            out["losses_x"].append(eng.train_step(pipeline_rows(plan_x, eng.stage.pipeline, t)).loss)
+        eng.save_checkpoint(ck, {"data_position": split, "note": "x"})
+    dist.barrier()
+    out["meta"] = read_meta(ck)
+    topo = build_topology(plan_y)
+    groups = ProcessGroups.create(topo)
+    if rank < topo.world_size:
+        eng = Engine(plan_y, topo, groups, device=torch.device("cpu"), optim=ORACLE_OPTIM, seed=99)
+        out["extra"] = eng.load_checkpoint(ck)
+        out["step_after_load"] = eng.step
+        for t in batches[split:]:
+            out["losses_y"].append(eng.train_step(pipeline_rows(plan_y, eng.stage.pipeline, t)).loss)
+        out["state"] = eng.logical_state_dict(to_all=True)
+    topo = build_topology(other_model_plan)
+    groups = ProcessGroups.create(topo)
+    if rank < topo.world_size:
+        eng = Engine(other_model_plan, topo, groups, device=torch.device("cpu"), optim=ORACLE_OPTIM)
+        try:
+            eng.load_checkpoint(ck)
+            out["other_model_error"] = None
+        except SpecError as exc:
+            out["other_model_error"] = str(exc)
+    return out
