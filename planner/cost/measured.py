@@ -30,7 +30,7 @@ Lookup of (model, micro_batch, tp, dtype, recompute, seq_len):
 
 Activation bytes (``activation_bytes`` column) follow the same rules, scaled by the memory
 formula of :mod:`planner.cost.memory`. The optimizer rows fit
-``seconds = a · num_tensors + b · num_params`` (least squares); the gradient-clipping tail is added
+``seconds = fixed + per_param · num_params`` (least squares); the gradient-clipping tail is added
 from the spec bandwidth.
 """
 
@@ -74,7 +74,7 @@ class MeasuredTables:
     dtype: str
     shape: dict[str, int]
     curves: dict[str, list[Curve]]
-    optimizer_fit: tuple[float, float] | None  # (seconds per tensor, seconds per parameter)
+    optimizer_fit: tuple[float, float] | None  # (fixed seconds per step, seconds per parameter)
 
 
 def _num(x: Any) -> bool:
@@ -82,26 +82,25 @@ def _num(x: Any) -> bool:
 
 
 def _fit_optimizer(rows: list[Mapping[str, Any]], path: str) -> tuple[float, float] | None:
+    """Least squares of ``seconds = fixed + per_param · num_params`` over the rows. (The profiler's
+    rows grow tensors and parameters together, so a per-tensor term cannot be told apart from the
+    per-parameter one; the fused multi-tensor AdamW's launches are the fixed part.)"""
     pts = []
     for i, r in enumerate(rows):
         if not (isinstance(r, Mapping) and all(_num(r.get(k)) for k in ("seconds", "num_params", "num_tensors"))):
             raise SpecError(f"{path}[{i}]", "needs positive seconds, num_params and num_tensors", "re-run the profiler")
-        pts.append((float(r["num_tensors"]), float(r["num_params"]), float(r["seconds"])))
+        pts.append((float(r["num_params"]), float(r["seconds"])))
     if not pts:
         return None
-    # least squares for s = a·n_t + b·n_p (2x2 normal equations)
-    stt = sum(t * t for t, _, _ in pts)
-    spp = sum(p * p for _, p, _ in pts)
-    stp = sum(t * p for t, p, _ in pts)
-    sts = sum(t * s for t, _, s in pts)
-    sps = sum(p * s for _, p, s in pts)
-    det = stt * spp - stp * stp
-    if len(pts) >= 2 and det > 1e-12 * stt * spp:
-        a, b = (sts * spp - sps * stp) / det, (stt * sps - stp * sts) / det
-        if a >= 0 and b > 0:
-            return a, b
-    # one point (or a degenerate fit): everything per parameter
-    return 0.0, sum(s for _, _, s in pts) / sum(p for _, p, _ in pts)
+    n = len(pts)
+    mx, my = sum(p for p, _ in pts) / n, sum(s for _, s in pts) / n
+    sxx = sum((p - mx) ** 2 for p, _ in pts)
+    if n >= 2 and sxx > 0:
+        slope = sum((p - mx) * (s - my) for p, s in pts) / sxx
+        fixed = my - slope * mx
+        if slope > 0 and fixed >= 0:
+            return fixed, slope
+    return 0.0, my / mx  # one point, or a fit with a negative part: everything per parameter
 
 
 def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
@@ -253,4 +252,4 @@ class MeasuredProfile(DeviceProfile):
         if fit is None:
             return super().optimizer_time(num_params, num_tensors, dtype)
         bw = self.device.memory_bandwidth_GBps * 1e9 * self.params.memory_efficiency
-        return fit[0] * num_tensors + fit[1] * num_params + num_params * CLIP_BYTES_PER_PARAM / bw
+        return fit[0] + fit[1] * num_params + num_params * CLIP_BYTES_PER_PARAM / bw

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PLANS = sorted((ROOT / "examples" / "plans").glob("*.json"))
 SEED = ROOT / "examples" / "plans" / "seed-32gpu-4types-llama2-7b.json"
 SEED_CLUSTER = ROOT / "examples" / "clusters" / "seed-32gpu-4types.yaml"
+FITS = ROOT / "examples" / "plans" / "h20-h800-llama2-13b.json"  # fits its cluster's memory
 
 
 def _cluster_of(plan_path: Path) -> Path:
@@ -86,7 +87,6 @@ def test_whatif_global_batch(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("changes, message", [
     (["--remove-node", "r3090"], "no longer fits the changed cluster"),
-    (["--cap", "r4090:0=8"], "r4090:0 needs"),
     (["--remove-node", "nope"], "no node 'nope'"),
     (["--add-node", "name=x,gpu=a100,gpus=two,bw=3"], "bad number"),
     (["--link", "a100=3"], "NODE_A,NODE_B"),
@@ -97,3 +97,15 @@ def test_whatif_refusals(changes: list[str], message: str, capsys: pytest.Captur
     assert main(["whatif", str(SEED), "--cluster", str(SEED_CLUSTER), *changes]) == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_whatif_refuses_a_change_that_runs_out_of_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", str(FITS), "--cap", "h800-0:3=40"]) == 1
+    err = capsys.readouterr().err
+    assert "no longer fits after the change" in err and "h800-0:3 needs" in err and "GiB over" in err
+    assert main(["whatif", str(FITS), "--cap", "h800-0:3=70"]) == 0
+
+
+def test_whatif_on_a_plan_already_out_of_memory_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", str(SEED), "--cluster", str(SEED_CLUSTER), "--inter-bw", "5"]) == 0
+    assert "already out of memory" in capsys.readouterr().out

@@ -73,16 +73,22 @@ def test_tp_group_across_a_slow_link() -> None:
     link = c.slowest_link(devs)
     assert link is not None and link.bandwidth_GBps == 2.0
     mb, layers = 2, 3
-    nbytes = mb * MODEL.seq_len * MODEL.hidden_size * 2
-    ar = 2 * 3 * 20e-6 + 2 * 3 / 4 * nbytes / 2e9
+    tokens_h = mb * MODEL.seq_len * MODEL.hidden_size
+    ar_bf16 = 2 * 3 * 20e-6 + 2 * 3 / 4 * tokens_h * 2 / 2e9  # forward: bf16 outputs of wo / w_down
+    ar_fp32 = 2 * 3 * 20e-6 + 2 * 3 / 4 * tokens_h * 4 / 2e9  # backward: fp32 gradients of the norm outputs
+    ring = CostParams(link_efficiency=1.0, allreduce_algo="ring")
     f, b = tp_comm_time(MODEL, layers=layers, first=False, last=False, micro_batch=mb, tp=4, dtype="bf16",
-                        recompute="none", link=link, params=CostParams(link_efficiency=1.0, allreduce_algo="ring"))
-    assert f == pytest.approx(2 * layers * ar)
-    assert b == pytest.approx(2 * layers * ar)
+                        recompute="none", link=link, params=ring)
+    assert f == pytest.approx(2 * layers * ar_bf16)
+    assert b == pytest.approx(2 * layers * ar_fp32)
     f_full, b_full = tp_comm_time(MODEL, layers=layers, first=False, last=False, micro_batch=mb, tp=4,
-                                  dtype="bf16", recompute="full", link=link,
-                                  params=CostParams(link_efficiency=1.0, allreduce_algo="ring"))
-    assert (f_full, b_full) == pytest.approx((f, 2 * b))
+                                  dtype="bf16", recompute="full", link=link, params=ring)
+    assert (f_full, b_full) == pytest.approx((f, b + f))
+    # a bf16 residual stream halves the backward bytes
+    bf16 = CostParams(link_efficiency=1.0, allreduce_algo="ring", fp32_residual=False)
+    _, b16 = tp_comm_time(MODEL, layers=layers, first=False, last=False, micro_batch=mb, tp=4, dtype="bf16",
+                          recompute="none", link=link, params=bf16)
+    assert b16 == pytest.approx(2 * layers * ar_bf16)
     # the same group inside one node is faster
     fast = c.slowest_link(["a:0", "a:1"])
     f2, _ = tp_comm_time(MODEL, layers=layers, first=False, last=False, micro_batch=mb, tp=2, dtype="bf16",
@@ -93,11 +99,13 @@ def test_tp_group_across_a_slow_link() -> None:
 def test_boundary_equal_and_changing_tp() -> None:
     c = cluster([("a", "fast", 4, 100.0), ("b", "fast", 4, 50.0)], inter_bw=10.0, inter_lat=5.0)
     nbytes = 1e8
-    # equal TP: pairs in parallel, each over the inter-node link
-    assert boundary_time(nbytes, ["a:0", "a:1"], ["b:0", "b:1"], c, EXACT) == pytest.approx(5e-6 + nbytes / 10e9)
-    # TP 1 -> 2: leader p2p, then a broadcast inside the receiving group (intra link of b)
+    # leader to leader over the inter-node link, then a broadcast inside the receiving group (b's link)
     want = 5e-6 + nbytes / 10e9 + 1 * 2e-6 + nbytes / 50e9
     assert boundary_time(nbytes, ["a:0"], ["b:0", "b:1"], c, EXACT) == pytest.approx(want)
+    assert boundary_time(nbytes, ["a:0", "a:1"], ["b:0", "b:1"], c, EXACT) == pytest.approx(want)
+    # TP 4 -> 1: no broadcast
+    assert boundary_time(nbytes, ["b:0", "b:1", "b:2", "b:3"], ["a:0"], c, EXACT) == \
+        pytest.approx(5e-6 + nbytes / 10e9)
 
 
 links = st.builds(Link, st.just("other"), st.floats(0.1, 1000), st.floats(0, 100))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from _cost_fixtures import MODEL, cluster, plan
 
@@ -13,31 +15,37 @@ NO_OVERHEAD = CostParams(framework_gib=0.0, workspace_gib=0.0, fragmentation=0.0
 
 
 def test_middle_stage_by_hand() -> None:
-    # h=1024, f=2816, heads=16, kv=512; layer_params = 11,798,528 (2,048 of them norms)
+    # h=1024, f=2816, 16 heads, kv=512; layer_params = 11,798,528 (2,048 of them norms)
     p = 4 * ((11_798_528 - 2048) / 2 + 2048)
     assert stage_params(MODEL, 4, 2, False, False) == p == 23_601_152
-    mem = stage_memory(MODEL, layers=4, tp=2, first=False, last=False, micro_batch=2, in_flight=3,
-                       dtype="bf16", recompute="none", params=NO_OVERHEAD)
-    assert mem.weights == 2 * p and mem.gradients == 4 * p and mem.optimizer == 12 * p
-    # per token per layer: 2*(4*1024 + 2048/2 + 3*2816/2) + 8 + 2*1024/2 + 4*16/2 = 19,752 bytes
-    assert mem.activations == 3 * 4 * 1024 * 19_752
+    kw = dict(layers=4, tp=2, first=False, last=False, micro_batch=2, in_flight=3, params=NO_OVERHEAD)
+    mem = stage_memory(MODEL, dtype="bf16", recompute="none", **kw)  # type: ignore[arg-type]
+    assert mem.weights == 4 * p and mem.gradients == 4 * p and mem.optimizer == 8 * p  # fp32 master params
+    # per token per layer (e=2, r=4, t=2, K/V expanded to 1024):
+    #   norms 2*(4*1024 + 4*1024 + 4) = 16,392; casts 5*2*1024 = 10,240; MLP 3*2*2816/2 = 8,448;
+    #   q,k,v 2*3*1024/2 = 3,072; attention output 2*1024/2 = 1,024; log-sum-exp 4*16/2 = 32 -> 39,208
+    casts = 3 * 4 * (11_798_528 - 2048) / 2 * 2  # bf16 weight copies, 3 micro-batches in flight
+    out = 3 * 1024 * 1024 * 4  # the stage output kept for the backward, fp32
+    assert mem.activations == 3 * 4 * 1024 * 39_208 + casts + out
     assert mem.overhead == 0.0
-    sel = stage_memory(MODEL, layers=4, tp=2, first=False, last=False, micro_batch=2, in_flight=3,
-                       dtype="bf16", recompute="selective", params=NO_OVERHEAD)
-    assert sel.activations == 3 * 4 * 1024 * (19_752 - 1024 - 32)
-    full = stage_memory(MODEL, layers=4, tp=2, first=False, last=False, micro_batch=2, in_flight=3,
-                        dtype="bf16", recompute="full", params=NO_OVERHEAD)
-    assert full.activations == 3 * 4 * 1024 * 2048 + 1024 * 19_752
-    zero = stage_memory(MODEL, layers=4, tp=2, first=False, last=False, micro_batch=2, in_flight=3,
-                        dtype="bf16", recompute="none", zero_shards=4, params=NO_OVERHEAD)
-    assert zero.optimizer == 3 * p
-    fp32 = stage_memory(MODEL, layers=4, tp=2, first=False, last=False, micro_batch=2, in_flight=3,
-                        dtype="fp32", recompute="none", params=NO_OVERHEAD)
-    assert fp32.weights == 4 * p and fp32.optimizer == 8 * p  # no separate master copy
-    over = stage_memory(MODEL, layers=4, tp=2, first=False, last=False, micro_batch=2, in_flight=3,
-                        dtype="bf16", recompute="none", params=CostParams(framework_gib=1.0, workspace_gib=0.5,
-                                                                          fragmentation=0.1))
-    assert over.overhead == pytest.approx(1.5 * GIB + 0.1 * (mem.total))
+    sel = stage_memory(MODEL, dtype="bf16", recompute="selective", **kw)  # type: ignore[arg-type]
+    # q,k,v unexpanded 2*(1024 + 2*512)/2 = 2,048 instead of 3,072; no log-sum-exp
+    assert sel.activations == 3 * 4 * 1024 * (39_208 - 3072 + 2048 - 32) + casts + out
+    full = stage_memory(MODEL, dtype="bf16", recompute="full", **kw)  # type: ignore[arg-type]
+    assert full.activations == 3 * 4 * 1024 * 4096 + 1024 * 39_208 + out  # no weight copies held
+    zero = stage_memory(MODEL, dtype="bf16", recompute="none", zero_shards=4, **kw)  # type: ignore[arg-type]
+    assert zero.optimizer == 2 * p
+    fp32 = stage_memory(MODEL, dtype="fp32", recompute="none", **kw)  # type: ignore[arg-type]
+    # e=4: no casts (2*4*1024 norm outputs instead of 5 casts), doubled q/k/v/MLP, no weight copies
+    per = 16_392 + 2 * 4 * 1024 + 3 * 4 * 2816 / 2 + 4 * 3 * 1024 / 2 + 4 * 1024 / 2 + 32
+    assert fp32.weights == 4 * p and fp32.optimizer == 8 * p
+    assert fp32.activations == 3 * 4 * 1024 * per + out
+    over = stage_memory(MODEL, dtype="bf16", recompute="none", **{**kw, "params": CostParams(  # type: ignore[arg-type]
+        framework_gib=1.0, workspace_gib=0.5, fragmentation=0.1)})
+    assert over.overhead == pytest.approx(1.5 * GIB + 0.1 * mem.total)
+    # measured bytes per layer replace the formula
+    meas = stage_memory(MODEL, dtype="bf16", recompute="none", layer_activation=1e6, **kw)  # type: ignore[arg-type]
+    assert meas.activations == 3 * 4 * 1e6 + casts + out
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
@@ -57,8 +65,11 @@ def test_first_and_last_stage_extras() -> None:
     last = stage_memory(MODEL, first=False, last=True, **kw)  # type: ignore[arg-type]
     t = MODEL.seq_len
     assert first.activations - mid.activations == t * 8
-    assert last.activations - mid.activations == t * (2 * 1024 * 2 + 8192 * (2 + 4))
-    assert first.weights - mid.weights == 2 * 8192 * 1024
+    assert first.weights - mid.weights == 4 * 8192 * 1024
+    # last: final norm (4h + 4h + 4), LM-head input cast 2h, logits (2 + 4) per vocab entry, the
+    # bf16 copy of the LM head; and no stage output kept for a next stage (4h)
+    head = t * (4096 + 4096 + 4 + 2048 + 8192 * 6)
+    assert last.activations - mid.activations == head + 8192 * 1024 * 2 - t * 4096
 
 
 def test_1f1b_holds_fewer_micro_batches_than_gpipe() -> None:
@@ -72,7 +83,7 @@ def test_1f1b_holds_fewer_micro_batches_than_gpipe() -> None:
 
 
 def test_oom_names_device_and_overflow() -> None:
-    model = PRESETS["llama-1.3b"]
+    model = dataclasses.replace(PRESETS["llama-1.3b"], seq_len=2048)
     c = cluster([("n", "slow", 2, 50.0)], devices={"n:1": {"memory_gib": 16}})
     p = plan([(8, 8, [(["n:0"], 12), (["n:1"], 12)])], model=model)
     est = estimate(p, c)

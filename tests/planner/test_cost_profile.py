@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from _cost_fixtures import CATALOG, FAST, MODEL, SLOW
+from _cost_fixtures import CATALOG, FAST, MODEL, SLOW, plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.catalog import Catalog
-from planner.cost import CostParams, MeasuredProfile, ProfileSet, SpecProfile, stage_time
-from planner.cost.ops import GEMM, MEM, Op, layer_backward_ops, layer_forward_ops
+from planner.cluster import parse_cluster
+from planner.cost import CostParams, MeasuredProfile, ProfileSet, SpecProfile, estimate, stage_time
+from planner.cost.ops import GEMM, MEM, Numerics, Op, layer_backward_ops, layer_forward_ops
 from planner.errors import SpecError
 
 P = CostParams()
@@ -33,13 +34,14 @@ def test_gemm_op_time_by_hand() -> None:
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_layer_flops_match_the_model_counts(tp: int) -> None:
     b, s = 2, MODEL.seq_len
-    fwd = layer_forward_ops(MODEL, b, s, tp, "bf16")
+    num = Numerics.of("bf16", fp32_residual=True, autocast_weight_copies=True, expand_kv_heads=True)
+    fwd = layer_forward_ops(MODEL, b, s, tp, num)
     gemm = sum(o.flops for o in fwd if o.kind == GEMM)
     assert gemm == pytest.approx(2 * b * s * (MODEL.layer_params() - 2 * MODEL.hidden_size) / tp)
     attn = sum(o.flops for o in fwd if o.kind == "attn")
     # causal: half of the model's 4·h·s per token forward attention FLOPs (per layer)
     assert attn == pytest.approx(0.5 * b * s * 4 * MODEL.hidden_size * s / tp)
-    bwd = layer_backward_ops(MODEL, b, s, tp, "bf16", 2.5)
+    bwd = layer_backward_ops(MODEL, b, s, tp, num, 2.5)
     assert sum(o.flops for o in bwd if o.kind == GEMM) == pytest.approx(2 * gemm)
     assert sum(o.flops for o in bwd if o.kind == "attn") == pytest.approx(2.5 * attn)
 
@@ -51,7 +53,7 @@ def test_recompute_adds_what_it_repeats() -> None:
     sel = prof.layer_time(MODEL, 2, 1, "bf16", "selective")
     assert full.forward_s == none.forward_s == sel.forward_s
     assert full.backward_s == pytest.approx(none.backward_s + none.forward_s)
-    attn = [o for o in layer_forward_ops(MODEL, 2, MODEL.seq_len, 1, "bf16") if o.kind == "attn"][0]
+    attn = [o for o in layer_forward_ops(MODEL, 2, MODEL.seq_len, 1, prof.numerics("bf16")) if o.kind == "attn"][0]
     assert sel.backward_s == pytest.approx(none.backward_s + prof.op_time(attn, "bf16"))
 
 
@@ -87,16 +89,26 @@ def test_adding_a_layer_never_lowers_stage_time(n: int, mb: int, tp: int, first:
     assert c.forward_s > a.forward_s
 
 
-def _measured_device(points: list[list[float]], tp: int = 1, seq: int = MODEL.seq_len) -> Catalog:
-    shape = {k: getattr(MODEL, k) for k in ("hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads")}
-    measured = {"format": "hexiscale.measured/1", "dtype": "bf16",
-                "layer": [{"model": shape, "tp": tp, "seq_len": seq, "points": points}],
-                "optimizer": {"bytes_per_s": 5e11}}
+def _measured_device(rows: list[dict], optimizer: list[dict] | None = None, dtype: str = "bf16") -> Catalog:
+    """A catalog entry in the profiler's layout (executor/profiler/store.py)."""
+    measured = {"format": "hexiscale.measured/1", "meta": {"mode": "gpu"}, "model": MODEL.to_dict(), "dtype": dtype,
+                "layer": rows, "embedding": [], "head": [], "optimizer": optimizer or []}
     return Catalog([dataclasses.replace(FAST, key="meas", derived="measured", measured=measured)])
 
 
+def _row(mb: int, fwd: float, bwd: float, tp: int = 1, recompute: str = "none", act: float | None = None) -> dict:
+    row = {"micro_batch": mb, "seq_len": MODEL.seq_len, "tp": tp, "recompute": recompute, "forward_s": fwd,
+           "backward_s": bwd}
+    if act is not None:
+        row["activation_bytes"] = act
+    return row
+
+
 def test_measured_interpolates_and_transfers_shape() -> None:
-    profs = ProfileSet(_measured_device([[1, 2.0, 4.0], [4, 7.0, 13.0]]))
+    opt = [{"layers": 1, "tp": 1, "seconds": 0.002, "num_params": 1e6, "num_tensors": 9},
+           {"layers": 4, "tp": 1, "seconds": 0.0074, "num_params": 4e6, "num_tensors": 36}]
+    profs = ProfileSet(_measured_device([_row(1, 2e-3, 4e-3, act=1e6), _row(4, 7e-3, 13e-3, act=4e6),
+                                         _row(2, 5e-3, 12e-3, recompute="full")], opt))
     prof = profs.get("meas")
     assert isinstance(prof, MeasuredProfile) and prof.source == "measured"
     assert prof.layer_time(MODEL, 1).forward_s == pytest.approx(2e-3)
@@ -109,20 +121,45 @@ def test_measured_interpolates_and_transfers_shape() -> None:
     # another TP degree: same transfer from the nearest measured configuration
     want_tp = 2e-3 * spec.layer_time(MODEL, 1, 2).forward_s / spec.layer_time(MODEL, 1, 1).forward_s
     assert prof.layer_time(MODEL, 1, 2).forward_s == pytest.approx(want_tp)
-    # full recompute adds the measured forward
-    assert prof.layer_time(MODEL, 4, recompute="full").backward_s == pytest.approx(20e-3)
+    # a recompute mode with rows of its own uses them; one without is derived from 'none'
+    assert prof.layer_time(MODEL, 2, recompute="full").backward_s == pytest.approx(12e-3)
+    sel = prof.layer_time(MODEL, 4, recompute="selective")
+    assert sel.forward_s == pytest.approx(7e-3) and sel.backward_s > 13e-3
     # another model shape or dtype: spec roofline
     other = dataclasses.replace(MODEL, hidden_size=2048, num_heads=16)
     assert prof.layer_time(other, 1).forward_s == pytest.approx(spec.layer_time(other, 1).forward_s)
     assert prof.layer_time(MODEL, 1, dtype="fp32").forward_s == pytest.approx(
         spec.layer_time(MODEL, 1, dtype="fp32").forward_s)
-    assert prof.optimizer_time(1e6, 1) == pytest.approx(4e-6 + 1e6 * 34 / 5e11)
+    # activation bytes: interpolated, and None where nothing was measured
+    assert prof.activation_bytes("layer", MODEL, 2) == pytest.approx(2e6)
+    assert prof.activation_bytes("head", MODEL, 2) is None
+    assert spec.activation_bytes("layer", MODEL, 2) is None
+    # optimizer: the line through both rows (0.2 ms fixed + 1.8 ns per parameter), plus the clipping tail
+    assert prof.tables.optimizer_fit == pytest.approx((2e-4, 1.8e-9))
+    assert prof.optimizer_time(2e6, 18) == pytest.approx(2e-4 + 2e6 * 1.8e-9 + 2e6 * 12 / (1000e9 * 0.8))
     assert ProfileSet(profs.catalog, prefer_measured=False).get("meas").source == "spec"
 
 
+def test_measured_profile_drives_the_estimate() -> None:
+    rows = [_row(1, 2e-3, 4e-3, act=1e6), _row(2, 4e-3, 8e-3, act=2e6)]
+    catalog = _measured_device(rows)
+    c = parse_cluster({"nodes": [{"name": "a", "gpu": "meas", "gpus": 1,
+                                  "intra_link": {"kind": "nvlink", "bandwidth_GBps": 100}}],
+                       "inter_node": {"bandwidth_GBps": 10}}, catalog)
+    est = estimate(plan([(4, 2, [(["a:0"], 8)])]), c, ProfileSet(catalog))
+    assert est.sources == {"meas": "measured"}
+    head = est.pipelines[0].stages[0]
+    assert head.compute_s > 2 * 8 * (4e-3 + 8e-3)  # 8 measured layers per micro-batch, plus embedding and head
+    assert est.memory["a:0"].activations > 8 * 2e6  # one micro-batch of 2 in flight (1F1B, one stage)
+    spec = estimate(plan([(4, 2, [(["a:0"], 8)])]), c, ProfileSet(catalog, prefer_measured=False))
+    assert est.memory["a:0"].activations < spec.memory["a:0"].activations
+
+
 def test_measured_rejects_malformed_tables() -> None:
-    with pytest.raises(SpecError, match="points"):
-        ProfileSet(_measured_device([[1, -2.0, 4.0]])).get("meas")
+    with pytest.raises(SpecError, match="forward_s"):
+        ProfileSet(_measured_device([_row(1, -2.0, 4.0)])).get("meas")
+    with pytest.raises(SpecError, match="two rows"):
+        ProfileSet(_measured_device([_row(1, 2.0, 4.0), _row(1, 3.0, 4.0)])).get("meas")
     bad = Catalog([dataclasses.replace(FAST, key="meas", measured={"format": "nope"})])
     with pytest.raises(SpecError, match="format"):
         ProfileSet(bad).get("meas")

@@ -38,6 +38,7 @@ def test_two_stage_pipeline_by_hand(schedule: str) -> None:
     s1 = stage_time(MODEL, layers=4, first=False, last=True, micro_batch=2, tp=1, devices=[(prof, 1.0)], tp_link=None)
     link = c.link("a:0", "a:1")
     x = p2p_time(activation_bytes(MODEL, 2, "bf16"), link)
+    assert activation_bytes(MODEL, 2, "bf16") == 2 * MODEL.seq_len * MODEL.hidden_size * 4  # fp32 residual
     f = [s0.forward_s + x, s1.forward_s]
     b = [s0.backward_s, s1.backward_s + x]
     assert f[1] + b[1] > f[0] + b[0]  # the LM head makes the last stage the bottleneck: 1F1B closed form exact
@@ -75,8 +76,8 @@ def test_uneven_batch_dp_pair_by_hand(zero: int) -> None:
     sync = allreduce_time(MODEL.param_count() * 4, 2, link)
     ag = 0.0
     if zero:
-        sync *= 0.5
-        ag = 0.5 * allreduce_time(MODEL.param_count() * 2, 2, link)
+        sync *= 0.5  # reduce-scatter of the fp32 gradients ...
+        ag = sync  # ... and, after the step, all-gather of the fp32 parameters
     start = max(t0 - params.dp_overlap * sa.backward_s, t1 - params.dp_overlap * sb.backward_s)
     done = max(t0, t1, start + sync)
     shards = 2 if zero else 1
