@@ -3,8 +3,10 @@
 Two deterministic partitioners, both tried by the planner:
 
 * :func:`metis_pipelines` — a METIS k-way partition of the unit graph (pymetis) with two balance
-  constraints per vertex, compute (TFLOP/s) and memory (GiB), and edge weights proportional to link
-  bandwidth, so the cut (the links between pipelines) falls on the slow links and each pipeline's
+  constraints per vertex, compute (TFLOP/s) and memory (GiB) (or compute alone: where the fast
+  GPUs also hold the most memory the two constraints cannot both be met and METIS's
+  multi-constraint result is badly unbalanced, so the planner tries both), and edge weights
+  proportional to link bandwidth, so the cut (the links between pipelines) falls on the slow links and each pipeline's
   stage-to-stage traffic stays on fast ones. METIS runs with a fixed seed, so the result is a
   function of the inputs and ``seed`` only.
 * :func:`class_pipelines` — the hierarchical partition used for large clusters: units are grouped
@@ -49,26 +51,29 @@ class MetisGraph:
             self.vweights.append(max(1, round(graph.nodes[u]["compute"] / max_c * VERTEX_SCALE)))
             self.vweights.append(max(1, round(graph.nodes[u]["memory_gib"] / max_m * VERTEX_SCALE)))
 
-    def part(self, k: int, seed: int = 0) -> list[list[int]]:
-        """k-way partition; empty parts dropped; parts sorted by their first unit."""
+    def part(self, k: int, seed: int = 0, memory: bool = True) -> list[list[int]]:
+        """k-way partition; empty parts dropped; parts sorted by their first unit. ``memory=False``
+        balances compute only (one constraint balances much better when the types with the most
+        compute also have the most memory, as METIS's multi-constraint balance then fails)."""
         n = len(self.order)
         if k <= 1 or n <= 1:
             return [list(self.order)]
         if k >= n:
             return [[u] for u in self.order]
         opts = pymetis.Options(seed=seed)
-        _, parts = pymetis.part_graph(k, xadj=self.xadj, adjncy=self.adjncy, vweights=self.vweights,
-                                      eweights=self.eweights or None, options=opts)
+        csr = pymetis.CSRAdjacency(self.xadj, self.adjncy)
+        vweights = self.vweights if memory else self.vweights[0::2]
+        _, parts = pymetis.part_graph(k, csr, vweights=vweights, eweights=self.eweights or None, options=opts)
         groups: dict[int, list[int]] = {}
         for u, p in zip(self.order, parts):
             groups.setdefault(p, []).append(u)
         return sorted(groups.values(), key=lambda g: g[0])
 
 
-def metis_pipelines(graph: nx.Graph, k: int, seed: int = 0) -> list[list[int]]:
+def metis_pipelines(graph: nx.Graph, k: int, seed: int = 0, memory: bool = True) -> list[list[int]]:
     """k-way METIS partition of a unit (or device) graph with ``compute``/``memory_gib`` vertex
     weights and ``bandwidth`` edge weights; empty parts dropped; parts sorted by first vertex."""
-    return MetisGraph(graph).part(k, seed)
+    return MetisGraph(graph).part(k, seed, memory)
 
 
 def unit_classes(cluster: ClusterSpec, units: Sequence[Unit]) -> list[list[int]]:

@@ -5,9 +5,9 @@ Algorithm (every step deterministic for a fixed ``seed``):
 1. **Units.** For a TP template (one TP degree per node kind, :mod:`.stages`), every node is cut
    into TP groups; each group is a candidate stage (:mod:`.graph`).
 2. **Phase 1 — pipelines** (:mod:`.partition`). For each pipeline count ``k`` of a range
-   (1..8, then steps of ~25 % up to the unit count and the global batch) three partitions:
-   METIS k-way on the unit graph (balanced compute and memory, cut on slow links; clusters up to
-   ``METIS_MAX_UNITS`` units), *striped* (the units of every class dealt round-robin, so every
+   (1..8, then steps of ~25 % up to the unit count and the global batch) these partitions:
+   METIS k-way on the unit graph (balanced compute and memory, and compute alone; cut on slow
+   links; clusters up to ``METIS_MAX_UNITS`` units), *striped* (the units of every class dealt round-robin, so every
    pipeline gets the same mix of GPU types and the owners of a layer sit on the same nodes), and
    *by class* (each class of identical nodes cut into its own pipelines, ``k`` shared out in
    proportion to the classes' compute) — the hierarchical partition that keeps 8,192-GPU
@@ -187,6 +187,9 @@ class Search:
             if graph is not None and 1 < k < len(units):
                 parts = graph.part(k, seed=self.config.seed)
                 yield f"metis k={k}", self._ordered(parts, units)
+                parts_c = graph.part(k, seed=self.config.seed, memory=False)
+                if parts_c != parts:
+                    yield f"metis-compute k={k}", self._ordered(parts_c, units)
             if len(classes) > 1 and k >= len(classes):
                 parts = []
                 for members, c in zip(classes, compute):

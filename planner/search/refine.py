@@ -297,15 +297,15 @@ def _silence_highs_banner() -> None:
 def _allocate_ilp(types: Sequence[PipeType], B: int, mu: int) -> BatchSplit | None:
     _silence_highs_banner()
     prob = pulp.LpProblem("batch_split", pulp.LpMinimize)
-    T = pulp.LpVariable("T", lowBound=0)
+    T = prob.add_variable("T", lowBound=0)
     q, r, m, z, a = [], [], [], [], []
     for j, t in enumerate(types):
         mmax = min(t.max_micro_batches, B)
-        q.append(pulp.LpVariable(f"q{j}", 0, B, cat="Integer"))
-        r.append(pulp.LpVariable(f"r{j}", 0, t.count, cat="Integer"))
-        m.append(pulp.LpVariable(f"m{j}", 0, mmax, cat="Integer"))
-        z.append(pulp.LpVariable(f"z{j}", cat="Binary"))
-        a.append(pulp.LpVariable(f"a{j}", cat="Binary"))
+        q.append(prob.add_variable(f"q{j}", 0, B, cat="Integer"))
+        r.append(prob.add_variable(f"r{j}", 0, t.count, cat="Integer"))
+        m.append(prob.add_variable(f"m{j}", 0, mmax, cat="Integer"))
+        z.append(prob.add_variable(f"z{j}", 0, 1, cat="Integer"))
+        a.append(prob.add_variable(f"a{j}", 0, 1, cat="Integer"))
         prob += r[j] <= t.count * z[j]
         prob += q[j] + z[j] <= mu * m[j]
         prob += m[j] >= a[j]
