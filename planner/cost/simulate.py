@@ -12,7 +12,7 @@ includes sending the input gradient to ``i-1``. This matches :mod:`planner.cost.
 
 Orders per stage (``S`` stages, ``m`` micro-batches):
 
-* GPipe: ``F1 .. Fm, B1 .. Bm``.
+* GPipe: ``F1 .. Fm, Bm .. B1`` (the executor's order, executor/schedules.py).
 * 1F1B (non-interleaved, PipeDream-flush): ``w = min(S-1-i, m)`` warm-up forwards, then
   ``m - w`` pairs ``F, B``, then ``w`` cool-down backwards.
 
@@ -53,7 +53,7 @@ def fold_p2p(fwd: Sequence[float], bwd: Sequence[float], p2p_fwd: Sequence[float
 def stage_order(schedule: str, stages: int, stage: int, m: int) -> list[tuple[str, int]]:
     """The op order of ``stage`` as (``'F'`` or ``'B'``, micro-batch index)."""
     if schedule == "gpipe":
-        return [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
+        return [("F", j) for j in range(m)] + [("B", j) for j in reversed(range(m))]
     if schedule != "1f1b":
         raise ValueError(f"unknown schedule {schedule!r}")
     w = min(stages - 1 - stage, m)

@@ -51,6 +51,7 @@ def test_stage_orders() -> None:
     assert stage_order("1f1b", 4, 0, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
     assert in_flight("1f1b", 4, 0, 8) == 4 and in_flight("1f1b", 4, 3, 8) == 1 and in_flight("1f1b", 4, 0, 2) == 2
     assert in_flight("gpipe", 4, 3, 8) == 8
+    assert stage_order("gpipe", 2, 1, 3) == [("F", 0), ("F", 1), ("F", 2), ("B", 2), ("B", 1), ("B", 0)]
 
 
 @settings(max_examples=200, deadline=None)

@@ -134,3 +134,38 @@ def test_to_dict_is_json() -> None:
     assert set(d["breakdown"]) == set(BREAKDOWN_TERMS)
     assert {"step_time_s", "tokens_per_s", "mfu", "hfu", "memory_gib", "oom", "bottleneck", "pipelines"} <= set(d)
     assert json.loads(json.dumps(d)) == d
+
+
+def _executor_sync_bytes(p: object) -> dict[tuple[str, ...], float]:
+    """The executor's own sync groups (executor/topology.py, pure) as {owner devices: fp32 bytes}."""
+    import math
+
+    from executor.topology import build_topology, logical_params
+
+    topo = build_topology(p)  # type: ignore[arg-type]
+    shapes = {i.name: i.shape for i in logical_params(topo.model)}
+    device = {r.rank: r.device for r in p.ranks()}  # type: ignore[attr-defined]
+    out: dict[tuple[str, ...], float] = {}
+    for g in topo.sync_groups:
+        n = 0
+        for s in g.slices:
+            shape = list(shapes[s.name])
+            if s.dim is not None:
+                shape[s.dim] = s.stop - s.start
+            n += math.prod(shape)
+        out[tuple(device[r] for r in g.ranks)] = 4.0 * n
+    return out
+
+
+@pytest.mark.parametrize("layout", [
+    [(4, 2, [(["a:0", "a:1"], 8)]), (4, 2, [(["b:0"], 3), (["b:1", "b:2", "b:3", "b:4"], 5)])],
+    [(2, 1, [(["a:0"], 2), (["a:1"], 6)]), (3, 3, [(["b:0", "b:1"], 5), (["b:2"], 3)]),
+     (1, 1, [(["b:3", "b:4", "b:5", "b:6"], 8)])],
+])
+def test_sync_groups_match_the_executor_topology(layout: list) -> None:  # type: ignore[type-arg]
+    p = plan(layout)
+    mine = sync_groups(p)
+    theirs = _executor_sync_bytes(p)
+    assert set(mine) == set(theirs)
+    for key, nbytes in theirs.items():
+        assert mine[key] == pytest.approx(nbytes)
