@@ -139,6 +139,10 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
         if pi != len(plan.pipelines) - 1:
             st.add_section()
     console.print(st)
+    full = max(est.memory, key=lambda d: est.memory_gib[d] / est.capacity_gib[d])
+    terms = ", ".join(f"{k} {v:.2f}" for k, v in est.memory[full].to_gib_dict().items() if k != "total")
+    console.print(f"fullest device {full}: {est.memory_gib[full]:.2f} of {est.capacity_gib[full]:g} GiB "
+                  f"({terms} GiB)", highlight=False)
 
     pt = Table(title="pipelines (* = bottleneck stage above)", title_justify="left")
     for col in ("pipe", "batch", "micro-batches", "schedule", "time", "idle at sync", "bubble"):

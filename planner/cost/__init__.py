@@ -17,7 +17,11 @@ where they touch profiles, plain arithmetic elsewhere). Stable signatures:
 ``DeviceProfile.layer_time(model, micro_batch, tp=1, dtype='bf16', recompute='none', seq_len=None) -> PassTime``
     one layer, one micro-batch, one TP shard, nominal speed: ``.forward_s``, ``.backward_s``
     (backward includes recompute). Also ``embedding_time``, ``head_time`` (same arguments without
-    recompute), ``optimizer_time(num_params, num_tensors, dtype)``, ``peak_flops(dtype)``.
+    recompute), ``optimizer_time(num_params, num_tensors, dtype)``, ``peak_flops(dtype)``,
+    ``activation_bytes(kind, model, micro_batch, tp, dtype, recompute)`` (measured bytes of a
+    'layer' or the 'head' per micro-batch, None without a measurement: pass it to
+    ``stage_memory(layer_activation=..., head_activation=...)``), ``explain_layer(...)`` (the
+    roofline op by op).
 ``stage_time(model, *, layers, first, last, micro_batch, tp, devices, tp_link, dtype, recompute, params)``
     ``-> StageTime``; ``devices`` = [(DeviceProfile, slowdown), ...] of the TP group,
     per micro-batch: ``forward_s``/``backward_s`` = slowest device's compute + TP all-reduces
@@ -25,7 +29,8 @@ where they touch profiles, plain arithmetic elsewhere). Stable signatures:
 ``device_compute(model, profile, *, layers, first, last, micro_batch, tp, dtype, recompute) -> (fwd, bwd)``
 ``tp_comm_time(model, *, layers, first, last, micro_batch, tp, dtype, recompute, link, params) -> (fwd, bwd)``
 ``boundary_time(nbytes, sender_devices, receiver_devices, cluster, params)`` and
-``activation_bytes(model, micro_batch, dtype)``: p2p between two stages (TP-degree changes included).
+``activation_bytes(model, micro_batch, dtype, params=...)``: p2p between two stages (TP-degree changes
+included; pass ``params`` so the residual dtype follows ``CostParams.fp32_residual``).
 ``p2p_time, broadcast_time, allreduce_time, ring_allreduce_time, tree_allreduce_time,
 reduce_scatter_time, all_gather_time, hierarchical_allreduce_time`` (nbytes, n, Link, params)
 and ``group_allreduce_time(nbytes, devices, cluster, params)``: collectives from links.
@@ -34,12 +39,20 @@ and ``group_allreduce_time(nbytes, devices, cluster, params)``: collectives from
 (p2p folded in with ``fold_p2p``); ``simulate(f, b, m, schedule)`` for the exact makespan.
 ``in_flight(schedule, stages, stage_index, m)`` and
 ``stage_memory(model, *, layers, tp, first, last, micro_batch, in_flight, dtype, recompute, zero_shards,
-params) -> MemoryBreakdown``
+params, layer_activation=None, head_activation=None) -> MemoryBreakdown``
     (bytes per term; ``.total_gib``); ``stage_params(model, layers, tp, first, last)``.
 ``sync_groups(plan)``: cross-pipeline gradient groups (finest common slices) and their bytes.
 
 Every tunable constant is a named physical term of ``CostParams`` (see params.py); the formulas
-are documented in each module.
+are documented in each module. The model follows the executor as it runs today (fp32 master
+parameters with autocast, fp32 residual stream, leader-to-leader p2p plus broadcast, gradient
+sync after the schedule); the ``CostParams`` switches ``fp32_residual``, ``autocast_weight_copies``,
+``expand_kv_heads`` and ``dp_overlap`` describe those choices.
+
+Modules: params (CostParams), ops (FLOPs/bytes per kernel), profile (spec roofline, ProfileSet),
+measured (profiler tables), links (collectives), stage (per-stage time, p2p), memory, schedule
+(closed forms), simulate (discrete-event schedule), gradsync (finest-common-slice groups), step
+(the whole-plan estimate).
 """
 
 from planner.cost.gradsync import sync_groups

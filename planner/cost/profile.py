@@ -157,6 +157,16 @@ class DeviceProfile:
     def ops_time(self, ops: list[Op], dtype: str) -> float:
         return sum(self.op_time(op, dtype) for op in ops)
 
+    def explain_layer(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
+                      seq_len: int | None = None) -> list[tuple[str, str, float, float, float]]:
+        """The spec roofline of one layer op by op: (name, kind, FLOPs, bytes, seconds), forward ops
+        then backward ops (no recompute). For calibration: which term is off."""
+        _check(dtype, "none", micro_batch, tp)
+        s, num = seq_len or model.seq_len, self.numerics(dtype)
+        ops = layer_forward_ops(model, micro_batch, s, tp, num) + layer_backward_ops(
+            model, micro_batch, s, tp, num, self.params.attention_backward_flops_ratio)
+        return [(op.name, op.kind, op.flops, op.bytes, self.op_time(op, dtype)) for op in ops]
+
     def _spec_layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                     seq_len: int) -> PassTime:
         num = self.numerics(dtype)
