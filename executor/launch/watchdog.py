@@ -15,7 +15,9 @@ How a failure reaches every rank within a bound:
   seconds it bumps ``hb/<rank>`` (a counter with the current step) and reads everyone's.
 * A rank whose counter has not moved for ``dead_after`` seconds (measured on the observer's own
   monotonic clock, so host clocks need not agree) is declared dead. A job where no rank finished a
-  step for ``hang_after`` seconds is declared hung (naming the ranks at the lowest step).
+  step for ``hang_after`` seconds is declared hung; each heartbeat says where the rank's training
+  thread is (``comm``: inside a torch.distributed call or a p2p wait; else the function and line),
+  so the verdict blames the rank at the lowest step that is *not* waiting for its peers.
 * A rank that raises (or runs out of memory) records why; a communication error (a peer vanished)
   first waits up to ``dead_after + 2 * interval`` for the heartbeat verdict, so the rank that
   really died is named rather than its neighbour.
@@ -88,6 +90,7 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._hosts: dict[int, str] = {}
+        self._main_ident = threading.main_thread().ident
 
     def _key(self, name: str) -> str:
         return f"{self.renv.prefix}/wd/{name}"
@@ -111,6 +114,7 @@ class Watchdog:
         if self._store is not None:
             try:
                 self._store.set(self._key(f"done/{self.renv.rank}"), "1")
+                self._store.add(self._key("ndone"), 1)
             except Exception:
                 pass
         self.stop()
@@ -176,25 +180,36 @@ class Watchdog:
             return fallback
 
     # ---------------------------------------------------------------- the thread
+    def _read(self, world: int, done: set[int], ndone: int) -> tuple[dict[int, str], set[int], int]:
+        """Everyone's heartbeat values and the set of finished ranks (few store round trips)."""
+        keys = [self._key(f"hb/{q}") for q in range(world)]
+        if self._store.check(keys):
+            values = {q: v.decode() for q, v in enumerate(self._store.multi_get(keys))}
+        else:  # start-up: not every rank has beaten yet
+            values = {q: self._store.get(k).decode() for q, k in enumerate(keys) if self._store.check([k])}
+        for q in values:
+            self.host_of(q)
+        count = int(self._store.add(self._key("ndone"), 0))
+        if count != ndone:
+            done = {q for q in range(world) if self._store.check([self._key(f"done/{q}")])}
+        return values, done, count
+
     def _run(self) -> None:
         r, world = self.renv.rank, self.renv.world_size
-        beat = 0
+        beat, ndone = 0, 0
+        done: set[int] = set()
+        started = time.monotonic()
         last_seen: dict[int, tuple[str, float]] = {}
-        last_progress = (-1, time.monotonic())  # (lowest step of any rank, when it last changed)
+        last_progress = (-1, started)  # (lowest step of any rank, when it last changed)
         while not self._stop.wait(self.interval):
             beat += 1
             now = time.monotonic()
             try:
-                self._store.set(self._key(f"hb/{r}"), f"{beat} {self.step}")
+                self._store.set(self._key(f"hb/{r}"), f"{beat} {self.step} {self._where()}")
                 found = self.current_verdict()
                 if found is not None:
                     self._exit(found)
-                keys = [self._key(f"hb/{q}") for q in range(world)]
-                present = [q for q in range(world) if self._store.check([keys[q]])]
-                values = {q: self._store.get(keys[q]).decode() for q in present}
-                done = {q for q in range(world) if self._store.check([self._key(f"done/{q}")])}
-                for q in present:
-                    self.host_of(q)
+                values, done, ndone = self._read(world, done, ndone)
             except Exception as exc:  # the store is gone: its host died
                 where = "the launcher that hosts it" if self.renv.store_hosted else "rank 0, which hosts it"
                 self._exit(Verdict(-1 if self.renv.store_hosted else 0, self._hosts.get(0, self.renv.master_addr),
@@ -202,6 +217,11 @@ class Watchdog:
                                    f"{self.renv.master_port} ({type(exc).__name__}): {where} died",
                                    EXIT_RANK_FAILURE))
                 return
+            never = [q for q in range(world) if q not in values and q not in done]
+            if never and now - started > 2 * self.dead_after:
+                self._exit(self._propose(Verdict(never[0], self.host_of(never[0]), 0,
+                                                 f"never started its heartbeat ({now - started:.0f} s after "
+                                                 "the others; it died during set-up)", EXIT_RANK_FAILURE)))
             for q, value in values.items():
                 if q not in last_seen or last_seen[q][0] != value:
                     last_seen[q] = (value, now)
@@ -214,11 +234,33 @@ class Watchdog:
             if len(values) == world and len(done) < world:
                 steps = {q: int(v.split()[1]) for q, v in values.items() if q not in done}
                 low = min(steps.values())
-                if low != last_progress[0]:
+                if low != last_progress[0] or low == 0:  # set-up (step 0) is bounded by the pg timeout
                     last_progress = (low, now)
                 elif now - last_progress[1] > self.hang_after:
-                    stuck = [q for q, s in steps.items() if s == low]
-                    self._exit(self._propose(Verdict(
-                        stuck[0], self.host_of(stuck[0]), low,
-                        f"no step finished for {now - last_progress[1]:.0f} s (hung; ranks at this step: "
-                        f"{stuck})", EXIT_RANK_FAILURE)))
+                    self._exit(self._propose(self._hang_verdict(values, steps, low, now - last_progress[1])))
+
+    def _where(self) -> str:
+        """Where the training thread is: ``comm`` when its innermost Python frame is a
+        torch.distributed call or our p2p exchange (waiting for peers), else ``func@file:line``."""
+        frame = sys._current_frames().get(self._main_ident or -1)
+        if frame is None:
+            return "gone"
+        code = frame.f_code
+        if "torch/distributed" in code.co_filename or code.co_filename.endswith("executor/p2p.py"):
+            return "comm"
+        return f"{code.co_name}@{os.path.basename(code.co_filename)}:{frame.f_lineno}"
+
+    def _hang_verdict(self, values: dict[int, str], steps: dict[int, int], low: int, idle: float) -> Verdict:
+        """Blame a rank at the lowest step that is *not* waiting for peers, if there is one."""
+        stuck = [q for q, s in steps.items() if s == low]
+        where = {q: values[q].split(maxsplit=2)[2] if len(values[q].split()) > 2 else "?" for q in stuck}
+        busy = [q for q in stuck if where[q] != "comm"]
+        waiting = [q for q in stuck if where[q] == "comm"]
+        if busy:
+            q = busy[0]
+            why = (f"no step finished for {idle:.0f} s: it is stuck in {where[q]} while ranks {waiting} wait "
+                   "for it in communication")
+        else:
+            q = stuck[0]
+            why = f"no step finished for {idle:.0f} s: ranks {stuck} all wait in communication (deadlock?)"
+        return Verdict(q, self.host_of(q), low, why, EXIT_RANK_FAILURE)
