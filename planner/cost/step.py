@@ -129,14 +129,15 @@ class Estimate:
         }
 
 
-def _pipeline(plan: Plan, pi: int, pipe: Pipeline, cluster: ClusterSpec, profiles: ProfileSet
+def _pipeline(plan: Plan, pipe: Pipeline, cluster: ClusterSpec, profiles: ProfileSet
               ) -> tuple[PipelineEstimate, list[list[float]]]:
     """Simulate one pipeline; returns its estimate and per-stage backward times per micro-batch."""
     m, o, params = plan.model, plan.options, profiles.params
     sizes = pipe.micro_batch_sizes()
     n_st = len(pipe.stages)
     times: dict[tuple[int, int], StageTime] = {}
-    p2p: dict[tuple[int, int], float] = {}
+    send_fwd: dict[tuple[int, int], float] = {}  # (stage i, mb): activation i -> i+1
+    send_bwd: dict[tuple[int, int], float] = {}  # (stage i, mb): input gradient i -> i-1
     for mb in sorted(set(sizes)):
         nbytes = activation_bytes(m, mb, o.dtype, params=params)
         for si, st in enumerate(pipe.stages):
@@ -145,22 +146,22 @@ def _pipeline(plan: Plan, pi: int, pipe: Pipeline, cluster: ClusterSpec, profile
                 m, layers=st.num_layers, first=si == 0, last=si == n_st - 1, micro_batch=mb, tp=st.tp,
                 devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
                 tp_link=cluster.slowest_link(st.devices), dtype=o.dtype, recompute=o.recompute, params=params)
-            if si < n_st - 1:
-                nxt = pipe.stages[si + 1].devices
-                p2p[si, mb] = boundary_time(nbytes, st.devices, nxt, cluster, params)  # activation i -> i+1
-                p2p[-si - 1, mb] = boundary_time(nbytes, nxt, st.devices, cluster, params)  # gradient i+1 -> i
-    f = [[times[si, mb].forward_s + p2p.get((si, mb), 0.0) for mb in sizes] for si in range(n_st)]
-    b = [[times[si, mb].backward_s + (p2p[-si, mb] if si > 0 else 0.0) for mb in sizes] for si in range(n_st)]
+            send_fwd[si, mb] = (boundary_time(nbytes, st.devices, pipe.stages[si + 1].devices, cluster, params)
+                                if si < n_st - 1 else 0.0)
+            send_bwd[si, mb] = (boundary_time(nbytes, st.devices, pipe.stages[si - 1].devices, cluster, params)
+                                if si > 0 else 0.0)
+    f = [[times[si, mb].forward_s + send_fwd[si, mb] for mb in sizes] for si in range(n_st)]
+    b = [[times[si, mb].backward_s + send_bwd[si, mb] for mb in sizes] for si in range(n_st)]
     sim = simulate(f, b, len(sizes), pipe.schedule)
     stages = []
     for si, st in enumerate(pipe.stages):
         ts = [times[si, mb] for mb in sizes]
-        pp = sum(p2p.get((si, mb), 0.0) + (p2p[-si, mb] if si > 0 else 0.0) for mb in sizes)
         big = times[si, max(sizes)]
         stages.append(StageEstimate(
             devices=st.devices, slowest_device=st.devices[big.slowest], forward_s=big.forward_s,
             backward_s=big.backward_s, compute_s=sum(t.forward_compute_s + t.backward_compute_s for t in ts),
-            tp_comm_s=sum(t.forward_tp_s + t.backward_tp_s for t in ts), pp_comm_s=pp, busy_s=sim.busy[si],
+            tp_comm_s=sum(t.forward_tp_s + t.backward_tp_s for t in ts),
+            pp_comm_s=sum(send_fwd[si, mb] + send_bwd[si, mb] for mb in sizes), busy_s=sim.busy[si],
             last_backward_end_s=sim.last_backward_end[si]))
     k = max(range(n_st), key=lambda i: sim.busy[i])
     bubble = 1.0 - sim.busy[k] / sim.makespan if sim.makespan > 0 else 0.0
@@ -186,7 +187,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     oom: list[dict[str, Any]] = []
     optimizer: dict[str, float] = {}
     for pi, pipe in enumerate(plan.pipelines):
-        est, b = _pipeline(plan, pi, pipe, cluster, profiles)
+        est, b = _pipeline(plan, pipe, cluster, profiles)
         pipes.append(est)
         mb = max(pipe.micro_batch_sizes())
         for si, st in enumerate(pipe.stages):
