@@ -1,31 +1,45 @@
 """`make demo`: the main job on the bundled default example.
 
-1. Validate and show the bundled heterogeneous cluster and a hand-written plan for it.
+1. Plan llama2-7b on the bundled heterogeneous cluster (8x RTX 3080 Ti + 8x RTX 3090 + 8x RTX 4090 +
+   8x A100) and show the plan with its estimate and seed-style flags.
+2. Estimate a hand-written plan for the same cluster, for comparison.
+3. Train a few CPU steps (one gloo process per device) from a small asymmetric plan: a TP-2 pipeline
+   beside a 3-stage TP 1 -> 2 -> 1 pipeline with a different batch size and micro-batch count.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 from planner.cli.main import main as cli
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = HERE / "clusters" / "seed-32gpu-4types.yaml"
-PLAN = HERE / "plans" / "seed-32gpu-4types-llama2-7b.json"
+HAND_PLAN = HERE / "plans" / "seed-32gpu-4types-llama2-7b.json"
+CPU_PLAN = HERE / "plans" / "demo-cpu-6-tiny.json"
 
 
 def run(*argv: str) -> None:
-    print(f"\n$ hexiscale {' '.join(argv)}", flush=True)
+    shown = [a.replace(str(HERE.parent) + "/", "") for a in argv]
+    print(f"\n$ hexiscale {' '.join(shown)}", flush=True)
     code = cli(list(argv))
     if code:
         sys.exit(code)
 
 
 def main() -> None:
-    run("show", str(CLUSTER))
-    run("validate", str(PLAN), "--cluster", str(CLUSTER))
-    run("show", str(PLAN), "--cluster", str(CLUSTER))
+    with tempfile.TemporaryDirectory() as tmp:
+        planned = str(Path(tmp) / "plan.json")
+        run("plan", str(CLUSTER), "--model", "llama2-7b", "--global-batch", "64", "--time-limit", "5",
+            "-o", planned)
+        print("\n# For comparison: a hand-written plan for the same cluster. The estimate shows where it is slow")
+        print("# and which devices it would run out of memory on (the planner's plan above fits).")
+        run("estimate", str(HAND_PLAN), "--cluster", str(CLUSTER))
+        print("\n# Train 3 CPU steps from a small asymmetric plan, one gloo process per device.")
+        run("show", str(CPU_PLAN), "--cluster", str(HERE / "clusters" / "demo-cpu-6.yaml"))
+        run("launch", str(CPU_PLAN), "--local", "--device", "cpu", "--", "--steps", "3", "--synthetic")
 
 
 if __name__ == "__main__":
