@@ -1,23 +1,25 @@
 """Infeasibility: which stage cannot fit what, and the smallest change that would fit.
 
-When no candidate fits, the planner builds the roomiest plan it can: every device, TP 1 (no
-replicated activations), one pipeline per ``L`` units (a pipeline cannot have more stages than
-layers), full recompute, ZeRO-1, micro-batch 1, 1F1B. If *that* fits, an option the caller
-excluded is what is missing, and the message names it. If it does not, the message quotes the
-stage-by-stage shortfall and counts how many more devices of the cluster's roomiest GPU type
-would hold the missing layers.
+When no candidate fits and the caller restricted the options (recompute, ZeRO, micro-batch
+sizes), a short search with every option allowed runs; if it finds a plan, the message names the
+options that plan needs. Otherwise memory is short whatever the options: the message quotes,
+stage by stage, what each device of a roomy layout (every device, TP 1, one pipeline per ``L``
+units, full recompute, ZeRO-1, micro-batch 1, 1F1B) can hold, and counts how many more devices
+of the cluster's roomiest GPU type would hold the missing layers.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from planner.errors import PlanInfeasible
-from planner.search.candidate import evaluate, explain_split, stage_costs
+from planner.model import RECOMPUTE_MODES
+from planner.search.candidate import explain_split, stage_costs
 from planner.search.graph import make_units
 from planner.search.oracle import Setting
-from planner.search.stages import order_stages
+from planner.search.stages import order_units
 
 if TYPE_CHECKING:
     from planner.search.planner import Search
@@ -26,29 +28,41 @@ GIB = float(1 << 30)
 
 
 def infeasible(search: Search) -> PlanInfeasible:
+    """The error to raise when ``search`` found nothing that fits (module docstring)."""
     cluster, model, cfg = search.cluster, search.model, search.config
+    where = f"{model.name} (global batch {search.B}) on {cluster.name} ({cluster.num_devices} devices)"
+    tried = (f"recompute {'/'.join(cfg.recompute)}, ZeRO {'/'.join(map(str, cfg.zero))}, "
+             f"micro-batch sizes {'/'.join(map(str, cfg.micro_batch_sizes))}")
+    relaxed = replace(cfg, recompute=RECOMPUTE_MODES, zero=(0, 1), micro_batch_sizes=tuple(sorted(
+        set(cfg.micro_batch_sizes) | {1})), local_search=False, max_evaluations=400)
+    if relaxed != replace(cfg, local_search=False, max_evaluations=400):
+        from planner.search.planner import Search
+
+        try:
+            found = Search(cluster, model, search.B, relaxed, search.profiles).run()
+        except PlanInfeasible:
+            found = None
+        if found is not None:
+            o = found.plan.options
+            mb = max(max(p.micro_batch_sizes()) for p in found.plan.pipelines)
+            need = []
+            if o.recompute not in cfg.recompute:
+                need.append(f"recompute {o.recompute}")
+            if o.zero not in cfg.zero:
+                need.append("ZeRO-1")
+            if mb not in cfg.micro_batch_sizes:
+                need.append(f"micro-batch size {mb}")
+            first = search.problems[0] if search.problems else "no candidate fits in memory"
+            return PlanInfeasible("options", f"no plan for {where} fits with {tried}: {first}",
+                                  f"allow {', '.join(need) or 'the other options'}: then a plan fits "
+                                  f"({found.estimate.step_time_s:.3f} s per step)")
     L = model.num_layers
     units = make_units(cluster, {n.name: 1 for n in cluster.nodes}, cfg.dtype)
     k = max(1, math.ceil(len(units) / L))
-    pipes = [[units[i] for i in order_stages(cluster, units, list(range(len(units)))[p::k])] for p in range(k)]
+    pipes = [order_units(cluster, units[p::k]) for p in range(k)]
     roomy = Setting(1, "full", 1, "1f1b", cfg.dtype)
-    tried = (f"recompute {'/'.join(cfg.recompute)}, ZeRO {'/'.join(map(str, cfg.zero))}, "
-             f"micro-batch sizes {'/'.join(map(str, cfg.micro_batch_sizes))}")
-    where = f"{model.name} (global batch {search.B}) on {cluster.name} ({cluster.num_devices} devices)"
-    cand = evaluate(search.oracle, pipes, roomy, search.B)
-    if cand.feasible:
-        missing = []
-        if "full" not in cfg.recompute:
-            missing.append("recompute full")
-        if 1 not in cfg.zero:
-            missing.append("ZeRO-1")
-        if 1 not in cfg.micro_batch_sizes:
-            missing.append("micro-batch size 1")
-        first = search.problems[0] if search.problems else "no candidate fits"
-        return PlanInfeasible("options", f"no plan for {where} fits with {tried}: {first}",
-                              f"allow {', '.join(missing) or 'more pipelines or stages'}; with recompute full, "
-                              f"ZeRO-1 and micro-batch 1 it fits")
-    costs = stage_costs(search.oracle, pipes[0], 1, roomy, k)
+    m = max(1, math.ceil(search.B / k))
+    costs = stage_costs(search.oracle, pipes[0], m, roomy, k)
     detail = explain_split(search.oracle, pipes[0], costs, L)
     held = sum(min(c.max_layers(), L) for c in costs)
     short = max(1, L - held)
@@ -63,5 +77,5 @@ def infeasible(search: Search) -> PlanInfeasible:
     else:
         hint = (f"no {roomiest.gpu} can hold one layer at this sequence length: shorten the sequence or use "
                 "a smaller model")
-    return PlanInfeasible("cluster", f"{where} does not fit even with every device, TP 1, recompute full, ZeRO-1 "
-                          f"and micro-batch 1: {detail}", hint)
+    return PlanInfeasible("cluster", f"{where} does not fit with any option ({tried} and the rest); with every "
+                          f"device, TP 1, recompute full, ZeRO-1 and micro-batch 1: {detail}", hint)

@@ -13,8 +13,8 @@
   matches 1F1B, where stage ``i`` of ``S`` keeps ``S - i`` micro-batches of activations alive.
 * **Seed numbering** (:func:`seed_numbering`): the seed's ``--devices_id`` hands out each node's
   GPUs in ascending order of rank. GPUs of one node are interchangeable when they carry the same
-  overrides, so the device ids are relabelled per node to ascending order of first use; nodes
-  with per-device overrides keep their labels.
+  overrides, so the device ids are relabelled, per node and override, to ascending order of
+  first use.
 """
 
 from __future__ import annotations
@@ -97,17 +97,18 @@ def order_units(cluster: ClusterSpec, pipeline: Sequence[Unit]) -> list[Unit]:
 
 
 def seed_numbering(plan: Plan, cluster: ClusterSpec) -> Plan:
-    """Relabel interchangeable GPUs so each node's GPUs appear in ascending order of rank."""
-    overridden = {dev.split(":")[0] for dev, _ in cluster.overrides}
-    used: dict[str, list[str]] = {}
+    """Relabel interchangeable GPUs so each node's GPUs appear in ascending order of rank.
+
+    GPUs of one node with the same memory and slowdown are interchangeable; within each such set
+    the first one used (in rank order) gets the lowest index. Where a node's overridden GPUs sit
+    out of order the seed numbering cannot express the plan (``plan_to_flags`` says so)."""
+    used: dict[tuple[str, float, float], list[str]] = {}
     for dev in plan.devices:
-        node = cluster.device(dev).node
-        used.setdefault(node, []).append(dev)
+        d = cluster.device(dev)
+        used.setdefault((d.node, d.memory_gib, d.slowdown), []).append(dev)
     rename: dict[str, str] = {}
-    for node, devs in used.items():
-        if node in overridden:
-            continue
-        ordered = sorted(devs, key=lambda d: cluster.device(d).local_index)
+    for devs in used.values():
+        ordered = sorted(devs, key=lambda x: cluster.device(x).local_index)
         rename.update(zip(devs, ordered))
     if all(k == v for k, v in rename.items()):
         return plan

@@ -1,0 +1,45 @@
+"""``hexiscale plan`` on every example cluster (small model, short time limit)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.cli.main import main
+from planner.cluster import load_cluster
+from planner.plan import load_plan
+from planner.validate import validate
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTERS = sorted((ROOT / "examples" / "clusters").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS, ids=lambda p: p.stem)
+def test_plan_every_example_cluster(cluster: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    code = main(["plan", str(cluster), "--model", "llama-1.3b", "--seq-len", "1024", "--global-batch", "32",
+                 "--time-limit", "3", "-o", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "estimate: step time" in text and "seed-style flags: --hetero_configs" in text
+    plan = load_plan(out)
+    validate(plan, load_cluster(cluster))
+    assert plan.estimate is not None and plan.estimate["oom"] == []
+    assert plan.model.seq_len == 1024 and plan.global_batch_size == 32
+
+
+def test_plan_explain_prints_the_search_log(capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = ROOT / "examples" / "clusters" / "demo-cpu-6.yaml"
+    assert main(["plan", str(cluster), "--model", "tiny", "--global-batch", "8", "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert "search log" in text and "finalist" in text
+
+
+def test_plan_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = ROOT / "examples" / "clusters" / "demo-cpu-6.yaml"
+    assert main(["plan", str(cluster), "--model", "llama2-70b", "--global-batch", "8", "--time-limit", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "error:" in err and "add at least" in err and "Traceback" not in err
+    assert main(["plan", str(cluster), "--model", "nope", "--global-batch", "8"]) == 1
+    assert "--model" in capsys.readouterr().err
