@@ -1,0 +1,45 @@
+"""Cost-model side of the fidelity benchmarks (no torch): the two-GPU cluster, the measured device
+types per MPS share, and the estimate of a plan with measured profiles and calibrated terms."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from planner.calibration.measured import MeasuredProfileSet
+from planner.catalog import Catalog, default_catalog, parse_device_entry
+from planner.cluster import ClusterSpec, parse_cluster
+from planner.cost import estimate
+from planner.cost.params import CostParams
+from planner.plan import Plan
+
+NVLINK_NOMINAL_GBPS = 450.0  # H100 SXM NVLink 4: 900 GB/s bidirectional, 450 GB/s per direction
+
+
+def device_key(sm: int, cpu: bool = False) -> str:
+    if cpu:
+        return "cpu-measured"
+    return "h100-sxm-measured" if sm >= 100 else f"h100-sxm-mps{sm}"
+
+
+def catalog_with(profile_files: list[Path]) -> Catalog:
+    """The default catalog plus (or overridden by) the given measured entries."""
+    extra = [parse_device_entry(json.loads(Path(f).read_text())) for f in profile_files]
+    keys = {e.key for e in extra}
+    return Catalog([*(e for e in default_catalog().entries if e.key not in keys), *extra])
+
+
+def pair_cluster(keys: tuple[str, str], catalog: Catalog, *, bandwidth_GBps: float = NVLINK_NOMINAL_GBPS,
+                 latency_us: float = 10.0) -> ClusterSpec:
+    """Two one-GPU nodes ``g0`` and ``g1`` joined by the machine's NVLink."""
+    link = {"kind": "nvlink", "bandwidth_GBps": bandwidth_GBps, "latency_us": latency_us}
+    data = {"name": "h100-pair", "inter_node": link,
+            "nodes": [{"name": f"g{i}", "gpu": k, "gpus": 1, "intra_link": link} for i, k in enumerate(keys)]}
+    return parse_cluster(data, catalog)
+
+
+def predict(plan: Plan, cluster: ClusterSpec, params: CostParams) -> dict[str, Any]:
+    est = estimate(plan, cluster, MeasuredProfileSet(cluster.catalog, params))
+    return {"step_time_s": est.step_time_s, "memory_gib": est.memory_gib, "breakdown": est.breakdown,
+            "bottleneck": est.bottleneck, "sources": est.sources}

@@ -1,0 +1,11 @@
+"""Measured profiles and cost-model calibration (no torch).
+
+* :mod:`planner.calibration.measured` — :class:`MeasuredProfile`, a :class:`planner.cost.DeviceProfile`
+  that reads the profiler's tables (``measured`` section of a catalog entry, ``hexiscale.measured/1``)
+  and :class:`MeasuredProfileSet`, a ``ProfileSet`` that uses them whenever an entry has them.
+* :mod:`planner.calibration.fit` — least-squares fits of the named physical terms of
+  :class:`planner.cost.CostParams` to measurements (compute efficiencies and per-kernel overhead to layer
+  tables; link efficiency to p2p/all-reduce sweeps; gradient-sync overlap and memory overheads to
+  measured steps). There is no global fudge factor: each fitted value is one documented term.
+* :mod:`planner.calibration.store` — the calibrated-parameters file (``profiles/calibration/*.json``).
+"""

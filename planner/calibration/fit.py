@@ -1,0 +1,151 @@
+"""Least-squares fits of named ``CostParams`` terms to measurements (scipy).
+
+Every fit minimises the relative error ``log(predicted / measured)`` over its observations with
+``scipy.optimize.least_squares`` (trust-region reflective, bounded), changing only the terms it names;
+the result lists each fitted term and the error before and after, so a term that cannot explain the
+data shows up as a large remaining error rather than being hidden by a global factor.
+
+* :func:`fit_compute` — ``gemm_efficiency``, ``gemm_half_dim``, ``attention_efficiency``,
+  ``attention_half_seq``, ``memory_efficiency``, ``kernel_overhead_s`` against a measured device's
+  layer, embedding and head tables (roofline of that device's catalog peaks).
+* :func:`fit_link_efficiency` — ``link_efficiency`` = measured bandwidth / nominal link bandwidth
+  (the p2p and all-reduce sweeps of the profiler; the fitted latency belongs to the cluster file).
+* :func:`fit_terms` — any terms against any observations, given a function that predicts them
+  (the fidelity benchmark uses it for ``dp_overlap`` against measured step times and for
+  ``workspace_gib``/``fragmentation`` against measured memory).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from planner.catalog import DeviceType
+from planner.cost.params import CostParams
+from planner.cost.profile import SpecProfile
+from planner.model import ModelSpec, model_from_dict
+
+COMPUTE_TERMS: dict[str, tuple[float, float]] = {
+    "gemm_efficiency": (0.05, 1.0),
+    "gemm_half_dim": (0.0, 4096.0),
+    "attention_efficiency": (0.05, 1.0),
+    "attention_half_seq": (0.0, 8192.0),
+    "memory_efficiency": (0.05, 1.0),
+    "kernel_overhead_s": (0.0, 1e-3),
+}
+
+
+@dataclass
+class FitResult:
+    params: CostParams
+    terms: dict[str, float]
+    error_before: dict[str, float]  # mean |rel err|, max |rel err|
+    error_after: dict[str, float]
+    observations: int
+    residuals: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"terms": self.terms, "error_before": self.error_before, "error_after": self.error_after,
+                "observations": self.observations}
+
+
+def _errors(log_ratios: np.ndarray) -> dict[str, float]:
+    rel = np.abs(np.exp(log_ratios) - 1.0)
+    if not rel.size:
+        return {"mean_abs_rel": 0.0, "max_abs_rel": 0.0}
+    return {"mean_abs_rel": float(rel.mean()), "max_abs_rel": float(rel.max())}
+
+
+def fit_terms(base: CostParams, bounds: dict[str, tuple[float, float]],
+              predict: Callable[[CostParams], Sequence[float]], measured: Sequence[float]) -> FitResult:
+    """Fit the terms named in ``bounds`` so ``predict(params)`` matches ``measured`` (relative error)."""
+    names = list(bounds)
+    meas = np.asarray(measured, dtype=float)
+    if meas.size == 0 or np.any(meas <= 0):
+        raise ValueError("measurements must be positive and non-empty")
+    lo = np.array([bounds[n][0] for n in names])
+    hi = np.array([bounds[n][1] for n in names])
+    x0 = np.clip(np.array([float(getattr(base, n)) for n in names]), lo, hi)
+    # scale each term to O(1) so the solver's steps are balanced
+    scale = np.where(hi - lo > 0, hi - lo, 1.0)
+
+    def make(x: np.ndarray) -> CostParams:
+        values: dict[str, Any] = {n: float(v) for n, v in zip(names, x)}
+        return replace(base, **values)
+
+    def resid(z: np.ndarray) -> np.ndarray:
+        pred = np.asarray(predict(make(lo + z * scale)), dtype=float)
+        return np.log(np.maximum(pred, 1e-30) / meas)
+
+    from scipy.optimize import least_squares
+
+    z0 = (x0 - lo) / scale
+    before = resid(z0)
+    sol = least_squares(resid, z0, bounds=(np.zeros_like(z0), np.ones_like(z0)), method="trf", x_scale="jac")
+    after = resid(sol.x)
+    if np.sum(after**2) > np.sum(before**2):  # never return something worse than the start
+        sol.x, after = z0, before
+    params = make(lo + sol.x * scale)
+    return FitResult(params=params, terms={n: float(getattr(params, n)) for n in names},
+                     error_before=_errors(before), error_after=_errors(after), observations=int(meas.size))
+
+
+def compute_observations(device: DeviceType) -> list[tuple[str, ModelSpec, dict[str, Any], str, float]]:
+    """``(table, model, row, 'forward_s'|'backward_s', seconds)`` for every measured compute time."""
+    m = device.measured or {}
+    model = model_from_dict(m["model"])
+    out = []
+    for table in ("layer", "embedding", "head"):
+        for row in m.get(table) or []:
+            for phase in ("forward_s", "backward_s"):
+                out.append((table, model, row, phase, float(row[phase])))
+    return out
+
+
+def predict_compute(device: DeviceType, params: CostParams,
+                    obs: list[tuple[str, ModelSpec, dict[str, Any], str, float]], dtype: str) -> list[float]:
+    prof = SpecProfile(device, params)
+    out = []
+    for table, model, row, phase, _ in obs:
+        mm = replace(model, seq_len=max(model.seq_len, int(row["seq_len"])))
+        args = (mm, int(row["micro_batch"]), int(row["tp"]), dtype)
+        if table == "layer":
+            pt = prof.layer_time(*args, str(row.get("recompute", "none")), int(row["seq_len"]))
+        elif table == "embedding":
+            pt = prof.embedding_time(*args, int(row["seq_len"]))
+        else:
+            pt = prof.head_time(*args, int(row["seq_len"]))
+        out.append(pt.forward_s if phase == "forward_s" else pt.backward_s)
+    return out
+
+
+def fit_compute(device: DeviceType, base: CostParams, terms: dict[str, tuple[float, float]] | None = None
+                ) -> FitResult:
+    """Fit the compute terms of the roofline to one measured device's tables."""
+    obs = compute_observations(device)
+    dtype = str((device.measured or {}).get("dtype", "bf16"))
+    result = fit_terms(base, terms or COMPUTE_TERMS, lambda p: predict_compute(device, p, obs, dtype),
+                       [o[4] for o in obs])
+    pred = predict_compute(device, result.params, obs, dtype)
+    result.residuals = [{"table": t, **{k: r[k] for k in ("micro_batch", "seq_len", "tp") if k in r},
+                         "recompute": r.get("recompute"), "phase": ph, "measured_s": v, "predicted_s": p}
+                        for (t, _, r, ph, v), p in zip(obs, pred)]
+    return result
+
+
+def fit_link_efficiency(comm: dict[str, Any], nominal_GBps: float) -> dict[str, float]:
+    """``link_efficiency`` from the profiler's communication sweep: the fitted per-link bandwidth of the
+    p2p and ring all-reduce series over the link's nominal bandwidth (the larger-message series, p2p and
+    all-reduce averaged in log space), capped at 1; also returns the fitted latency."""
+    fits = comm.get("fit") or {}
+    bws = [f["bandwidth_GBps"] for f in fits.values() if f.get("bandwidth_GBps", 0) > 0]
+    lats = [f["latency_us"] for f in fits.values() if f.get("latency_us", 0) > 0]
+    if not bws:
+        raise ValueError("the communication sweep has no fitted bandwidth")
+    bw = math.exp(sum(math.log(b) for b in bws) / len(bws))
+    return {"link_efficiency": min(1.0, bw / nominal_GBps), "measured_bandwidth_GBps": bw,
+            "latency_us": sum(lats) / len(lats) if lats else 0.0}
