@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.calibration.measured import MeasuredProfileSet
 from planner.catalog import Catalog, default_catalog, parse_device_entry
 from planner.cluster import ClusterSpec, parse_cluster
-from planner.cost import estimate
+from planner.cost import ProfileSet, estimate
 from planner.cost.params import CostParams
 from planner.plan import Plan
 
@@ -40,6 +39,6 @@ def pair_cluster(keys: tuple[str, str], catalog: Catalog, *, bandwidth_GBps: flo
 
 
 def predict(plan: Plan, cluster: ClusterSpec, params: CostParams) -> dict[str, Any]:
-    est = estimate(plan, cluster, MeasuredProfileSet(cluster.catalog, params))
+    est = estimate(plan, cluster, ProfileSet(cluster.catalog, params))
     return {"step_time_s": est.step_time_s, "memory_gib": est.memory_gib, "breakdown": est.breakdown,
             "bottleneck": est.bottleneck, "sources": est.sources}

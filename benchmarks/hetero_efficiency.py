@@ -36,11 +36,11 @@ def choose_candidates(model: ModelSpec, pair: tuple[int, int], prof_dir: Path, *
     catalog = catalog_with(sorted(Path(prof_dir).glob("*.json")))
     cluster = pair_cluster((device_key(pair[0], cpu), device_key(pair[1], cpu)), catalog)
     scored = []
-    for name, plan in hetero_candidates(model, pair):
-        from planner.calibration.measured import MeasuredProfileSet
-        from planner.cost import estimate
+    from planner.cost import ProfileSet, estimate
 
-        est = estimate(plan, cluster, MeasuredProfileSet(catalog, params))
+    profiles = ProfileSet(catalog, params)
+    for name, plan in hetero_candidates(model, pair):
+        est = estimate(plan, cluster, profiles)
         if est.fits:
             scored.append((name, plan, est.step_time_s))
     scored.sort(key=lambda x: x[2])

@@ -1,8 +1,7 @@
 """Measured profiles and cost-model calibration (no torch).
 
-* :mod:`planner.calibration.measured` — :class:`MeasuredProfile`, a :class:`planner.cost.DeviceProfile`
-  that reads the profiler's tables (``measured`` section of a catalog entry, ``hexiscale.measured/1``)
-  and :class:`MeasuredProfileSet`, a ``ProfileSet`` that uses them whenever an entry has them.
+The measured tables themselves (``hexiscale.measured/1``, written by ``executor/profiler``) are read by
+:mod:`planner.cost.measured`; :class:`planner.cost.ProfileSet` uses them whenever a catalog entry has them.
 * :mod:`planner.calibration.fit` — least-squares fits of the named physical terms of
   :class:`planner.cost.CostParams` to measurements (compute efficiencies and per-kernel overhead to layer
   tables; link efficiency to p2p/all-reduce sweeps; gradient-sync overlap and memory overheads to

@@ -5,7 +5,8 @@
      "provenance": {"devices": [...], "date": ..., "gpu": ...}}
 
 ``load_params`` returns a ``CostParams`` (unknown fields are an error with a hint);
-``calibrated_profile_set`` a :class:`~planner.calibration.measured.MeasuredProfileSet` with them.
+``calibrated_profile_set`` a :class:`planner.cost.ProfileSet` (measured tables where the catalog has
+them) with them.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from planner.calibration.measured import MeasuredProfileSet
 from planner.catalog import Catalog, profiles_dir
 from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.cost.profile import ProfileSet
 from planner.errors import SpecError
 
 CALIBRATION_FORMAT = "hexiscale.calibration/1"
@@ -53,8 +54,8 @@ def load_params(path: Path) -> CostParams:
     return CostParams(**{**DEFAULT_PARAMS.to_dict(), **raw})
 
 
-def calibrated_profile_set(catalog: Catalog | None = None, path: Path | None = None) -> MeasuredProfileSet:
+def calibrated_profile_set(catalog: Catalog | None = None, path: Path | None = None) -> ProfileSet:
     """Measured profiles with the calibrated terms (defaults when no calibration file exists)."""
     path = path or default_calibration_path()
     params = load_params(path) if path.exists() else DEFAULT_PARAMS
-    return MeasuredProfileSet(catalog, params)
+    return ProfileSet(catalog, params)
