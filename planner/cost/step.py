@@ -10,12 +10,15 @@ Model of one training step (every term named; parameters in ``CostParams``):
    (exact for the model; the closed forms of :mod:`planner.cost.schedule` agree within their
    documented conditions): makespan ``T_p`` and when each stage ends its last backward, ``E_{p,i}``.
 3. Gradient sync across pipelines over the finest-common-slice groups
-   (:mod:`planner.cost.gradsync`). Group ``g`` (one owner per pipeline) may start once every owner's
-   stage is in its last backward, less the overlappable part::
+   (:mod:`planner.cost.gradsync`), in the executor's order: every device walks the groups in one
+   global order (sorted by rank tuple); device ``d`` is free from ``E_{p,i} - dp_overlap·b[i][last]``
+   (its stage's last backward end, less the part that may overlap it); group ``g`` (one owner per
+   pipeline) runs when all its owners are free::
 
-       start_g = max_owners (E_{p,i} - dp_overlap · b[i][last])
-       end_d   = max_{g ∋ d} start_g + Σ_{g ∋ d} time_g        (a device runs its groups in turn)
+       end_g   = max_{d ∈ g} free_d + time_g ;  free_d = end_g for d ∈ g
        time_g  = all-reduce of the fp32 gradient bytes (ZeRO-1: the reduce-scatter half)
+
+   then each TP stage's leader broadcasts the reduced norm-scale gradients in its TP group.
 
    The executor (executor/engine.py) starts the sync after the whole schedule: ``dp_overlap = 0``.
 
@@ -39,7 +42,7 @@ from typing import Any
 
 from planner.cluster import ClusterSpec
 from planner.cost.gradsync import sync_groups
-from planner.cost.links import allreduce_time, group_allreduce_time
+from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
 from planner.cost.memory import MemoryBreakdown, stage_memory, stage_params
 from planner.cost.profile import ProfileSet
 from planner.cost.schedule import in_flight
@@ -168,6 +171,39 @@ def _pipeline(plan: Plan, pipe: Pipeline, cluster: ClusterSpec, profiles: Profil
     return PipelineEstimate(sim.makespan, 0.0, k, bubble, stages), b
 
 
+def _gradient_sync(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet, ready_end: dict[str, float],
+                   last_bwd: dict[str, float]) -> tuple[dict[str, float], float]:
+    """When each device finishes the cross-pipeline sync, as the executor runs it
+    (executor/grad_sync.py): every device walks the sync groups in one global order (sorted by
+    rank tuple); a group's all-reduce starts once all its owners are free and ends ``time_g`` later.
+    Then every TP stage's leader broadcasts the reduced replicated gradients (norm scales) to its
+    group. Returns ({device: end of its sync}, ZeRO-1 all-gather seconds after the step)."""
+    params, o = profiles.params, plan.options
+    groups = sync_groups(plan)
+    if not groups:
+        return {}, 0.0
+    rank = {r.device: r.rank for r in plan.ranks()}
+    free = {d: ready_end[d] - params.dp_overlap * last_bwd[d] for d in ready_end}
+    zero_ag = 0.0
+    for owners in sorted(groups, key=lambda g: tuple(rank[d] for d in g)):
+        t_g = group_allreduce_time(groups[owners], owners, cluster, params)
+        if o.zero == 1:  # reduce-scatter now, all-gather of the updated fp32 parameters after the step
+            t_g *= 0.5
+            zero_ag = max(zero_ag, t_g)
+        end = max(free[d] for d in owners) + t_g
+        for d in owners:
+            free[d] = end
+    h = plan.model.hidden_size
+    for pipe in plan.pipelines:
+        for si, st in enumerate(pipe.stages):
+            if st.tp > 1:
+                nbytes = (2 * h * st.num_layers + (h if si == len(pipe.stages) - 1 else 0)) * 4.0
+                end = max(free[d] for d in st.devices) + group_broadcast_time(nbytes, st.devices, cluster, params)
+                for d in st.devices:
+                    free[d] = end
+    return free, zero_ag
+
+
 def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = None) -> Estimate:
     """Estimate one training step of ``plan`` on ``cluster`` (see the module docstring).
 
@@ -217,20 +253,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
                 lbe[dev_id] = est.stages[si].last_backward_end_s
 
     # ---- cross-pipeline gradient sync (finest common slices) and the ZeRO-1 all-gather
-    groups = sync_groups(plan)
-    starts: dict[str, float] = {}
-    busy: dict[str, float] = {}
-    zero_ag = 0.0
-    for owners, nbytes in groups.items():
-        t_g = group_allreduce_time(nbytes, owners, cluster, params)
-        if o.zero == 1:  # reduce-scatter now, all-gather of the updated fp32 parameters after the step
-            t_g *= 0.5
-            zero_ag = max(zero_ag, t_g)
-        start = max(lbe[d] - params.dp_overlap * bwd_last[d] for d in owners)
-        for d in owners:
-            starts[d] = max(starts.get(d, 0.0), start)
-            busy[d] = busy.get(d, 0.0) + t_g
-    sync_end = {d: starts[d] + busy[d] for d in starts}
+    sync_end, zero_ag = _gradient_sync(plan, cluster, profiles, lbe, bwd_last)
     t_max = max(p.time_s for p in pipes)
     sync_done = max([t_max, *sync_end.values()])
     devices = plan.devices

@@ -169,3 +169,29 @@ def test_sync_groups_match_the_executor_topology(layout: list) -> None:  # type:
     assert set(mine) == set(theirs)
     for key, nbytes in theirs.items():
         assert mine[key] == pytest.approx(nbytes)
+
+
+def test_sync_follows_the_executor_order_by_hand() -> None:
+    """Groups (a:0, b:0) then (a:1, b:0): b:0 runs both in turn; then a:0 broadcasts the norm-scale
+    gradients in its TP group (a:0, a:1)."""
+    from planner.cost import group_allreduce_time, group_broadcast_time
+
+    c = cluster([("a", "fast", 2, 100.0), ("b", "slow", 1, 100.0)], inter_bw=2.0, inter_lat=20.0)
+    p = plan([(4, 2, [(["a:0", "a:1"], 8)]), (2, 2, [(["b:0"], 8)])])
+    profiles = ProfileSet(c.catalog)
+    est = estimate(p, c, profiles)
+    t_a, t_b = (q.time_s for q in est.pipelines)
+    groups = sync_groups(p)
+    assert set(groups) == {("a:0", "b:0"), ("a:1", "b:0")}
+    g1 = group_allreduce_time(groups["a:0", "b:0"], ("a:0", "b:0"), c)
+    g2 = group_allreduce_time(groups["a:1", "b:0"], ("a:1", "b:0"), c)
+    end1 = max(t_a, t_b) + g1
+    end2 = max(t_a, end1) + g2
+    h = MODEL.hidden_size
+    bcast = group_broadcast_time((2 * h * 8 + h) * 4.0, ["a:0", "a:1"], c)
+    done = max(end1, end2) + bcast  # a:0 is free at end1, a:1 at end2
+    opt = max(profiles.get("fast").optimizer_time(stage_params(MODEL, 8, 2, True, True), 9 * 8 + 3, "bf16"),
+              profiles.get("slow").optimizer_time(stage_params(MODEL, 8, 1, True, True), 9 * 8 + 3, "bf16"))
+    norm = allreduce_time(4.0, 3, c.slowest_link(["a:0", "a:1", "b:0"]))
+    assert est.step_time_s == pytest.approx(done + norm + opt)
+    assert est.breakdown["dp_sync"] == pytest.approx(done - max(t_a, t_b) + norm)
