@@ -1,4 +1,4 @@
-"""Run a function on N gloo ranks in spawned processes (for tests and small CPU experiments).
+"""Run a function on N gloo ranks in fresh processes (for tests and small CPU experiments).
 
 ``run_distributed(fn, n, *args)`` starts ``n`` processes, initialises a gloo process group in each
 (a ``TCPStore`` created by the parent on a free port the OS picks — no port races under xdist),
@@ -10,7 +10,8 @@ runs past ``timeout`` seconds (e.g. a deadlock) raises ``TimeoutError``. Childre
 small machine): ``with DistPool(8) as pool: pool.run(fn, ...)``. After a failure or timeout the
 pool is torn down and restarted on the next ``run``. ``fn`` must be importable (module-level) and
 finds its rank with ``torch.distributed.get_rank()``; results travel back serialised with
-``torch.save`` (tensors included).
+``torch.save`` (tensors included). Processes start through ``forkserver`` (torch and the modules
+named in ``preload`` imported once, then forked per rank) where the platform has it, else ``spawn``.
 """
 
 from __future__ import annotations
@@ -66,19 +67,30 @@ def _worker(rank: int, world: int, port: int, tasks: Any, results: Any) -> None:
     dist.destroy_process_group()
 
 
+def _context(preload: tuple[str, ...]) -> Any:
+    """A fresh-interpreter start method: ``forkserver`` where available (torch and ``preload`` are
+    imported once in the server, each worker is a cheap fork of it), else ``spawn``."""
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch.distributed", *preload])
+        return ctx
+    return mp.get_context("spawn")
+
+
 class DistPool:
     """``world_size`` gloo ranks kept alive between jobs."""
 
-    def __init__(self, world_size: int, *, timeout: float = 300.0):
+    def __init__(self, world_size: int, *, timeout: float = 300.0, preload: tuple[str, ...] = ()):
         self.world_size = world_size
         self.timeout = timeout
+        self.preload = preload
         self._procs: list[Any] = []
         self._tasks: list[Any] = []
         self._results: Any = None
         self._store: Any = None
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = _context(self.preload)
         self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, True, timeout=timedelta(seconds=120),
                                     wait_for_workers=False)
         self._results = ctx.Queue()
@@ -144,7 +156,7 @@ class DistPool:
 
 
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300.0,
-                    **kwargs: Any) -> list[Any]:
+                    preload: tuple[str, ...] = (), **kwargs: Any) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` once on ``world_size`` fresh gloo ranks; per-rank results."""
-    with DistPool(world_size, timeout=timeout) as pool:
+    with DistPool(world_size, timeout=timeout, preload=preload) as pool:
         return pool.run(fn, *args, **kwargs)

@@ -13,6 +13,6 @@ POOL_RANKS = 8
 def dist_pool() -> Iterator[DistPool]:
     """Eight gloo ranks shared by every multi-process executor test of this xdist worker (tests
     that use it carry ``xdist_group("executor-pool")`` so one worker runs them all)."""
-    pool = DistPool(POOL_RANKS, timeout=240)
+    pool = DistPool(POOL_RANKS, timeout=240, preload=("executor.engine", "executor.reference", "exec_jobs"))
     yield pool
     pool.close()
