@@ -69,9 +69,7 @@ def device_compute(model: ModelSpec, profile: DeviceProfile, *, layers: int, fir
         f, b = f + et.forward_s, b + et.backward_s
     if last:
         ht = profile.head_time(model, micro_batch, tp, dtype, seq_len)
-        f, b = f + ht.forward_s, b + ht.backward_s
-        if recompute == "full":
-            b += ht.forward_s
+        f, b = f + ht.forward_s, b + ht.backward_s  # the head is not checkpointed, even under full recompute
     return f, b
 
 
