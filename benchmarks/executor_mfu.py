@@ -25,6 +25,8 @@ Configurations (``--batch B`` samples per pipeline, ``--micro-batch m`` samples 
 * ``tp2``: one pipeline, one stage of TP 2. ``pp2``: one pipeline, stages of 12 + 12 layers, 1F1B,
   micro-batches of 1. ``dp2``: two pipelines of one GPU (global batch 2B). ``asym``: an asymmetric
   stage split, 13 + 11 layers (the LM head's work on the last stage balances the extra layer).
+  With ``--compile`` these compile their blocks too; a compiled config that fails is re-run
+  eagerly and marked so (``compile_error``).
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ class Setup:
     steps: int
     warmup: int
     cuda: bool
-    compile: bool  # compile blocks in the multi-GPU configs (tp == 1 stages only)
-    profile: str  # config to profile one extra step of ("" = none)
+    compile: bool  # compile blocks (and a TP-1 loss head) in the 2-GPU configs
+    profile: tuple[str, ...]  # configs to profile one extra step of
     out: str  # directory for profile tables
 
 
@@ -99,6 +101,11 @@ def build_plan(config: str, s: Setup) -> Plan:
         raise ValueError(f"no plan for config {config!r}")
     return Plan(model=m, global_batch_size=sum(p.batch_size for p in pipes), pipelines=tuple(pipes),
                 options=PlanOptions(recompute="none", zero=0, dtype="bf16" if s.cuda else "fp32"))
+
+
+def compiles(config: str, s: Setup) -> bool:
+    """Whether ``config`` runs with compiled blocks under ``s``."""
+    return config == "1gpu-compile" or (s.compile and config not in ("hf", "1gpu"))
 
 
 def world_of(config: str) -> int:
@@ -139,31 +146,37 @@ def _profile(step: Any, device: torch.device, path: Path) -> dict[str, Any]:
     with profile(activities=acts) as prof:
         step()
         _sync(device)
-    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    table = prof.key_averages().table(sort_by=sort, row_limit=25)
+    table = ""
+    for sort in (("self_device_time_total", "self_cuda_time_total") if device.type == "cuda" else ("cpu_time_total",)):
+        try:
+            table = prof.key_averages().table(sort_by=sort, row_limit=30)
+            break
+        except (KeyError, AttributeError, ValueError):
+            continue
     path.write_text(table)
     cats = {"gemm": 0.0, "attention": 0.0, "nccl": 0.0, "optimizer": 0.0, "other": 0.0}
-    top = []
-    for ev in prof.events():
-        if device.type != "cuda" or ev.device_type.name != "CUDA":
+    agg: dict[str, float] = {}
+    for row in prof.key_averages():
+        # Device kernels are the rows with device time and no CPU time of their own; the CPU ops
+        # that launch them repeat that device time (skipped: no double count), and so do the
+        # user ranges ("Optimizer.step#...") and the launch-queue marker "Command Buffer Full".
+        us = float(getattr(row, "self_device_time_total", 0.0) or getattr(row, "self_cuda_time_total", 0.0) or 0.0)
+        if us <= 0.0 or row.self_cpu_time_total > 0 or "#" in row.key or row.key.startswith(("Command Buffer",
+                                                                                               "ProfilerStep")):
             continue
-        name, us = ev.name, ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
-        low = name.lower()
+        low = row.key.lower()
         if "nccl" in low:
             cat = "nccl"
-        elif any(k in low for k in ("flash", "fmha", "cudnn", "attention", "attn")):
+        elif any(k in low for k in ("flash", "fmha", "cudnn", "attention", "attn", "sdpa")):
             cat = "attention"
         elif any(k in low for k in ("gemm", "xmma", "cutlass", "nvjet", "sm90_", "cublas")):
             cat = "gemm"
-        elif "adam" in low or "foreach" in low:
+        elif "adam" in low or "multi_tensor" in low:
             cat = "optimizer"
         else:
             cat = "other"
         cats[cat] += us
-        top.append((name, us))
-    agg: dict[str, float] = {}
-    for name, us in top:
-        agg[name] = agg.get(name, 0.0) + us
+        agg[row.key] = agg.get(row.key, 0.0) + us
     total = sum(cats.values()) or 1.0
     return {"table_file": path.name, "category_ms": {k: round(v / 1e3, 2) for k, v in cats.items()},
             "category_share": {k: round(v / total, 3) for k, v in cats.items()},
@@ -220,7 +233,7 @@ def _hf_worker(s: Setup) -> dict[str, Any]:
     losses, times = _timed_loop(step, s, device)
     out = {"losses": losses, "times": times, "peak_mem_gib": _memory(device),
            "transformers": transformers.__version__, "attention": "hf sdpa (torch default order)"}
-    if s.profile == "hf":
+    if "hf" in s.profile:
         out["profile"] = _profile(step, device, Path(s.out) / "profile_hf.txt")
     return out
 
@@ -238,9 +251,7 @@ def _engine_worker(config: str, s: Setup, rank: int) -> dict[str, Any]:
     groups = ProcessGroups.create(topo)
     engine = Engine(plan, topo, groups, device=device,
                     optim=OptimConfig(lr=3e-4, warmup_steps=2, fused=True if s.cuda else None), seed=0)
-    compiled = 0
-    if config == "1gpu-compile" or (s.compile and config not in ("1gpu", "tp2")):
-        compiled = fast_path.compile_blocks(engine.module)
+    compiled = fast_path.compile_blocks(engine.module) if compiles(config, s) else 0
     pipe = plan.pipelines[engine.stage.pipeline]
     offset = sum(p.batch_size for p in plan.pipelines[:engine.stage.pipeline])
     rows = batch_tokens(plan.model, plan.global_batch_size)[offset:offset + pipe.batch_size].contiguous()
@@ -254,7 +265,7 @@ def _engine_worker(config: str, s: Setup, rank: int) -> dict[str, Any]:
     out: dict[str, Any] = {"losses": losses, "times": times, "peak_mem_gib": _memory(device),
                            "compiled_blocks": compiled,
                            "attention": fast_path.attention_kernel_name(device, plan.model.head_dim)}
-    if s.profile == config and rank == 0:
+    if config in s.profile and rank == 0:
         out["profile"] = _profile(step, device, Path(s.out) / f"profile_{config}.txt")
     return out
 
@@ -305,8 +316,14 @@ def run_config(config: str, s: Setup, timeout_s: float) -> dict[str, Any]:
             f = Path(tmp, f"rank{r}.json")
             ranks.append(json.loads(f.read_text()) if f.exists() else {"error": "no result (crashed or hung)"})
     if hung:
-        return {"config": config, "gpus": world, "error": f"timed out after {timeout_s:.0f} s"}
+        ranks = [{"error": f"timed out after {timeout_s:.0f} s"}]
     errors = [r["error"] for r in ranks if "error" in r]
+    if errors and config != "1gpu-compile" and compiles(config, s):
+        # a compiled multi-GPU config that fails is measured again eagerly, and says so
+        print(f"[{config}] compiled run failed, running it eagerly:\n{errors[0]}", flush=True)
+        res = run_config(config, replace(s, compile=False), timeout_s)
+        res["compile_error"] = errors[0][-600:]
+        return res
     if errors:
         return {"config": config, "gpus": world, "error": errors[0]}
     return summarize(config, s, world, ranks)
@@ -341,6 +358,37 @@ def summarize(config: str, s: Setup, world: int, ranks: list[dict[str, Any]]) ->
     return out
 
 
+def attention_bench(m: ModelSpec, b: int) -> dict[str, Any]:
+    """Median fwd+bwd time of causal SDPA per backend at ``[b, heads, seq, head_dim]`` bf16."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dev = torch.device("cuda", 0)
+    shape = (b, m.num_heads, m.seq_len, m.head_dim)
+    q, k, v = (torch.randn(shape, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grad = torch.randn(shape, device=dev, dtype=torch.bfloat16)
+    flops = 12.0 * b * m.seq_len ** 2 * m.hidden_size  # fwd 4·b·s²·h + bwd 8·b·s²·h (no causal halving)
+    out: dict[str, Any] = {}
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            times = []
+            for i in range(8):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                with sdpa_kernel([backend]):
+                    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                o.backward(grad)
+                end.record()
+                torch.cuda.synchronize(dev)
+                if i >= 2:
+                    times.append(start.elapsed_time(end))
+            ms = statistics.median(times)
+            out[backend.name.lower()] = {"ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1)}
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot run is reported, not fatal
+            out[backend.name.lower()] = {"error": str(exc).splitlines()[0][:120]}
+        q.grad = k.grad = v.grad = None
+    return out
+
+
 # ------------------------------------------------------------------------------ report
 
 
@@ -370,7 +418,8 @@ def print_table(results: list[dict[str, Any]], extra: dict[str, float]) -> None:
         mem = "/".join(f"{x:.1f}" for x in r["peak_mem_gib"])
         print(f"{r['config']:<14}{r['gpus']:>5}{r['tokens_per_s']:>11.0f}{r['tflops_per_gpu']:>13.1f}"
               f"{100 * r['mfu']:>7.1f}%{mem:>14}{r['step_time_s']:>9.3f}"
-              f"{r['loss_first']:>8.3f}->{r['loss_last']:<7.3f}  {r['attention']}")
+              f"{r['loss_first']:>8.3f}->{r['loss_last']:<7.3f}  {r['attention']}"
+              f"{', compiled' if r['compiled_blocks'] else ''}")
     for k, v in extra.items():
         print(f"  {k}: {v}")
 
@@ -384,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed steps")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
     ap.add_argument("--compile", action="store_true", help="compile blocks in the 2-GPU configs (tp 1 stages)")
-    ap.add_argument("--profile", default="", help="config to profile one extra step of")
+    ap.add_argument("--profile", default="", help="comma list of configs to profile one extra step of")
+    ap.add_argument("--attention-bench", action="store_true",
+                    help="also time causal SDPA forward+backward per backend at the model's shape")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per config before it is killed")
     ap.add_argument("--out", default="benchmarks/results", help="directory for the JSON and profile tables")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name")
@@ -408,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     s = Setup(model=model, batch=args.batch, micro_batch=args.micro_batch, steps=args.steps, warmup=args.warmup,
-              cuda=cuda, compile=args.compile, profile=args.profile, out=str(out_dir))
+              cuda=cuda, compile=args.compile,
+              profile=tuple(c for c in args.profile.split(",") if c), out=str(out_dir))
     meta = {
         "benchmark": "executor_mfu", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
@@ -434,12 +486,20 @@ def main(argv: list[str] | None = None) -> int:
             print(res["error"], flush=True)
         json_path.write_text(json.dumps({**meta, "results": results, "derived": derived(results)}, indent=1))
     extra = derived(results)
+    attn = attention_bench(model, s.micro_batch) if args.attention_bench and cuda else {}
+    if attn:
+        json_path.write_text(json.dumps({**meta, "results": results, "derived": extra, "attention_bench": attn},
+                                        indent=1))
     for r in results:
         if "profile" in r:
             p = r["profile"]
             print(f"\nprofile of {r['config']} (one step): ms by category {p['category_ms']}")
             for name, ms in p["top_kernels_ms"]:
                 print(f"  {ms:>9.2f} ms  {name}")
+    if attn:
+        print("\ncausal SDPA fwd+bwd at the model's shape (ms; TFLOP/s counted as 12·b·s²·h, the formula's term):")
+        for name, v in attn.items():
+            print(f"  {name:<20} {v}")
     print_table(results, extra)
     print(f"\nwrote {json_path}")
     return 1 if any("error" in r for r in results) else 0

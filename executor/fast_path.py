@@ -27,9 +27,11 @@ on recent CUDA builds) with the weight cast to ``x``'s dtype, so the output keep
 Layer compile
 -------------
 ``compile_blocks(stage)`` compiles each transformer block of a stage in place with
-``torch.compile`` (``nn.Module.compile``, so parameter names do not change). Inductor fuses the
-element-wise work between the matrix products (residual adds, RMSNorm, RoPE, SiLU·up, dtype
-casts) into a few kernels. Off unless asked; a no-op on CPU unless ``force=True``.
+``torch.compile`` (``nn.Module.compile``, so parameter names do not change), and on a TP-1 last
+stage its loss (final norm, LM head, cross-entropy over ``[tokens, vocab]`` logits, the largest
+element-wise tensors of the model). Inductor fuses the element-wise work between the matrix
+products (residual adds, RMSNorm, RoPE, SiLU·up, dtype casts, softmax) into a few kernels. Off
+unless asked; a no-op on CPU unless ``force=True``.
 """
 
 from __future__ import annotations
@@ -155,11 +157,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 # ------------------------------------------------------------------------------ compile
 
 
-def compile_blocks(stage: nn.Module, *, force: bool = False, mode: str | None = None) -> int:
-    """Compile every transformer block of ``stage`` (its ``layers`` ModuleDict) in place.
+def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, mode: str | None = None) -> int:
+    """Compile every transformer block of ``stage`` (its ``layers`` ModuleDict) in place, and with
+    ``head`` the last stage's loss (final norm, LM head, cross-entropy) when its TP degree is 1.
 
     Returns how many blocks were compiled: 0 on CPU unless ``force``. Blocks are identical
     modules, so Dynamo traces one graph and reuses it for the others (parameters are inputs).
+    TP collectives inside a block are traced as collectives of the block's group.
     """
     layers = getattr(stage, "layers", None)
     if not isinstance(layers, nn.ModuleDict):
@@ -170,6 +174,10 @@ def compile_blocks(stage: nn.Module, *, force: bool = False, mode: str | None = 
         return 0
     for block in layers.values():
         block.compile(mode=mode, dynamic=False)
+    if head and getattr(stage, "last", False) and getattr(stage, "tp", 1) == 1:
+        # the loss is a method, not a module: compile the bound method and shadow it on the instance
+        loss_fn: Callable[..., torch.Tensor] = stage.loss  # type: ignore[assignment]
+        object.__setattr__(stage, "loss", torch.compile(loss_fn, mode=mode, dynamic=False))
     return len(layers)
 
 
