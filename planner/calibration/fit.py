@@ -85,7 +85,8 @@ def fit_terms(base: CostParams, bounds: dict[str, tuple[float, float]],
 
     z0 = (x0 - lo) / scale
     before = resid(z0)
-    sol = least_squares(resid, z0, bounds=(np.zeros_like(z0), np.ones_like(z0)), method="trf", x_scale="jac")
+    start = np.clip(z0, 0.01, 0.99)  # strictly inside the box: a start on a bound can stall there
+    sol = least_squares(resid, start, bounds=(np.zeros_like(z0), np.ones_like(z0)), method="trf", x_scale="jac")
     after = resid(sol.x)
     if np.sum(after**2) > np.sum(before**2):  # never return something worse than the start
         sol.x, after = z0, before
