@@ -15,8 +15,9 @@ One optimizer step (``train_step``) on rank ``r`` of pipeline ``p``, stage ``i``
 The only host synchronisation is the final ``tolist()`` that produces the returned floats.
 
 Precision: parameters, gradients, reduction and optimizer state are fp32 (the parameters *are* the
-fp32 master weights). ``plan.options.dtype == "bf16"`` (or fp16) runs the forward/backward under
-``torch.autocast`` on accelerators; on CPU it computes in fp32 and logs that once.
+fp32 master weights). ``plan.options.dtype == "bf16"`` runs the forward/backward under
+``torch.autocast`` on accelerators; on CPU it computes in fp32 and logs that once (fp16, which
+would need loss scaling, is refused on accelerators).
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ from executor.optim import OptimConfig, build_optimizer, clip_coefficient, lr_at
 from executor.p2p import StageComm
 from executor.schedules import MicroBatch, run_schedule
 from executor.topology import Topology, stage_params
+from planner.errors import SpecError
 from planner.plan import Plan
 
 log = logging.getLogger("hexiscale.executor")
 
-_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_AUTOCAST = {"bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ class Engine:
         self.step = 0
         model = plan.model
         self.autocast_dtype = self._compute_dtype(plan.options.dtype)
+        if plan.options.zero and self.rank == 0:
+            log.warning("plan options.zero=%d: ZeRO-1 sharding is not implemented yet; optimizer state is "
+                        "replicated across pipelines", plan.options.zero)
 
         self.module = StageModule(model, layers=self.stage.layers, first=self.stage.is_first,
                                   last=self.stage.is_last, tp=self.stage.tp, tp_rank=self.tp_rank,
@@ -93,12 +98,15 @@ class Engine:
                              if counted and (self.shard_dims[n] is not None or self.tp_rank == 0)]
 
     def _compute_dtype(self, dtype: str) -> torch.dtype | None:
-        if dtype not in _AUTOCAST:
+        if dtype == "fp32":
             return None
         if self.device.type == "cpu":
             if self.rank == 0:
                 log.warning("plan options.dtype=%s on CPU: computing in fp32 instead", dtype)
             return None
+        if dtype not in _AUTOCAST:
+            raise SpecError("options.dtype", f"{dtype} compute needs loss scaling, which the executor does not do",
+                            "use bf16 (same speed, no loss scaling) or fp32")
         return _AUTOCAST[dtype]
 
     def _autocast(self) -> Callable[[], contextlib.AbstractContextManager]:
