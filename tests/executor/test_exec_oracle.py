@@ -113,3 +113,16 @@ def test_plans_cover_the_matrix() -> None:
     assert {p.schedule for pl in PLANS.values() for p in pl.pipelines} == {"1f1b", "gpipe"}
     assert any(p.micro_batches < len(p.stages) for pl in PLANS.values() for p in pl.pipelines)
     assert len(PLANS) >= 12
+
+
+def test_oracle_tp_4_2_1_4_boundaries_on_11_ranks() -> None:
+    """Stage boundaries TP 4 -> 2 -> 1 -> 4 in one pipeline (11 ranks, its own short-lived pool)
+    next to a second pipeline with one tp-1 stage."""
+    from executor.dist_testing import run_distributed
+
+    plan = make_plan(TINY8, [(5, 3, "1f1b", [(4, 2), (2, 2), (1, 2), (4, 2)]), (2, 2, "gpipe", [(1, 8)])])
+    assert [s.tp for s in plan.pipelines[0].stages] == [4, 2, 1, 4]
+    batches, ref = _reference(plan.model, plan.global_batch_size)
+    res = run_distributed(train_plans, plan.world_size, [plan], [batches], timeout=240,
+                          preload=("executor.engine", "exec_jobs"))
+    check_against_reference(plan, [r[0] for r in res], ref)
