@@ -105,7 +105,7 @@ def agree(store: Any, renv: RankEnv, error: SpecError | None, timeout_s: float) 
     if bad:
         r, v = bad[0]
         more = f" (and {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
-        raise SpecError("pre-flight", f"rank {r} (host {v['host']}): {v['msg']}{more}", "nothing was trained")
+        raise SpecError("pre-flight", f"rank {r} (host {v['host']}): {v['msg']}{more}; nothing was trained")
 
 
 def wait_all_seen(store: Any, renv: RankEnv, name: str, timeout_s: float) -> None:
