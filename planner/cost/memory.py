@@ -22,7 +22,9 @@ bytes, ``r`` residual bytes, ``a`` heads; flash/SDPA keeps no s² scores; no dro
                   + 5·e·h  (r != e) or 2·e·h        autocast casts of the norm outputs (q,k,v,gate,up)
                   + e·(h + 2·kv')/t + e·h/t + 4·a/t q, k, v into SDPA (kv' = h if K/V are expanded
                                                     for GQA, else kv), attention output, log-sum-exp
-                  + 3·e·f/t]                        gate, up, silu(gate)
+                  + 4·e·f/t]                        gate, up, silu(gate), their product (w_down input)
+               + [e != 4] 4·s·d·e                   RoPE cos/sin tables cast to the compute dtype
+                                                    for q and for k (d = head_dim)
     selective  the attention core is checkpointed: it keeps q, k, v (unexpanded) and its output,
                drops the expanded K/V copies and the log-sum-exp
     full       T·r·h (the layer input only) + ONE layer's ``none`` activations while it is
@@ -101,13 +103,14 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: s
     tokens = micro_batch * (seq_len or model.seq_len)
     if recompute == "full":
         return tokens * h * r
-    per_token = 2 * (r * h + 4 * h + 4) + (5 if r != e else 2) * e * h + 3 * e * f / tp
+    per_token = 2 * (r * h + 4 * h + 4) + (5 if r != e else 2) * e * h + 4 * e * f / tp
     if recompute == "none":
         kv_saved = h if (num.expand_kv and kv != h) else kv
         per_token += e * (h + 2 * kv_saved) / tp + e * h / tp + 4 * a / tp
     else:  # selective
         per_token += e * (h + 2 * kv) / tp + e * h / tp
-    return tokens * per_token
+    rope_casts = 4 * (seq_len or model.seq_len) * model.head_dim * e if e != 4 else 0.0
+    return tokens * per_token + rope_casts
 
 
 def head_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int | None = None,
@@ -115,7 +118,7 @@ def head_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: st
     num = _num(dtype, params)
     e, r, h = num.e, num.r, model.hidden_size
     tokens = micro_batch * (seq_len or model.seq_len)
-    return tokens * (r * h + 4 * h + 4 + e * h + model.vocab_size / tp * (e + 4))
+    return tokens * (r * h + 4 * h + 4 + e * h + 4 * model.vocab_size / tp + 9)
 
 
 def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: bool, micro_batch: int,
