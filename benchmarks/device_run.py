@@ -162,7 +162,7 @@ def phase_runs(out: Path, cpu: bool) -> None:
                 for la in fidelity_launches(model)]
     chosen = {}
     for pair in HETERO_PAIRS:
-        picks = choose_candidates(model, pair, prof_dir, cpu=cpu, top=3)
+        picks = choose_candidates(model, pair, prof_dir, cpu=cpu, top=2)
         chosen[f"{pair[0]}-{pair[1]}"] = [n for n, _, _ in picks]
         launches.append((f"hetero-{pair[0]}-{pair[1]}", list(pair),
                          [{"name": n, "plan": plan_to_json(p)} for n, p, _ in picks]))
@@ -179,7 +179,7 @@ def phase_runs(out: Path, cpu: bool) -> None:
             continue
         log(f"launch {name} sm={sm}: {len(plans)} plans")
         t0 = time.time()
-        limit = 60 + 25 * len(plans) * (2 if any(s < 50 for s in sm) else 1)
+        limit = 60 + 30 * len(plans) * (2 if any(s < 50 for s in sm) else 1)
         res = run_launch_subprocess(name, sm, plans, cpu, limit)
         if "error" in res and use_mps and not cpu:
             log(f"launch {name} failed ({res['error']}); again with NCCL_P2P_DISABLE=1")
@@ -212,8 +212,8 @@ def main() -> None:
         from benchmarks.fidelity_worker import run_launch
 
         spec = json.loads(Path(args.spec).read_text())
-        res = run_launch(spec["plans"], spec["sm"], cpu=spec["cpu"], warmup=1 if spec["cpu"] else 3,
-                         steps=2 if spec["cpu"] else 6)
+        res = run_launch(spec["plans"], spec["sm"], cpu=spec["cpu"], warmup=1 if spec["cpu"] else 2,
+                         steps=2 if spec["cpu"] else 5)
         out.write_text(json.dumps(res))
     elif args.phase == "profile":
         phase_profile(out, args.cpu)

@@ -32,7 +32,7 @@ from planner.catalog import Catalog
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.plan import plan_from_dict
 
-CALIBRATION_PLANS = ("1gpu-m4", "pp2-even-m4", "dp2-even-m2")
+CALIBRATION_PLANS = ("1gpu-m4", "pp2-even-m4", "dp2-even")
 MEMORY_TERMS = {"workspace_gib": (0.0, 8.0), "fragmentation": (0.0, 0.5)}
 
 
@@ -127,7 +127,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], fits: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [f"Measured on {meta.get('gpus', '?')}, torch {meta.get('torch', '?')}, {meta.get('date', '?')[:10]}; "
-             "model llama-1.3b cut to 8 layers, seq 2048, bf16 autocast; median of 6 steps after 3 warm-up steps.", "",
+             "model llama-1.3b cut to 8 layers, seq 2048, bf16 autocast; median of 5 steps after 2 warm-up steps.", "",
              "| plan | SM % (g0, g1) | measured ms | predicted ms | error | memory GiB measured → predicted (error) "
              "| dominant term |",
              "|---|---|---:|---:|---:|---|---|"]

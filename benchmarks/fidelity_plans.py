@@ -53,47 +53,52 @@ def _dp2(model: ModelSpec, a: str, b: str, batch_a: int, batch_b: int, micro_a: 
 
 
 def fidelity_launches(model: ModelSpec) -> list[Launch]:
-    """At least 12 plans: 1 GPU, TP2, PP2, DP2, asymmetric plans, one GPU throttled, micro-batch counts."""
+    """At least 12 plans: 1 GPU, TP2, PP2, DP2, asymmetric plans, one GPU throttled, micro-batch counts.
+    Global batch 16; micro-batches of 4 samples (8k tokens) unless the plan varies them, so the GPUs
+    are busy rather than waiting for kernel launches."""
     n = model.num_layers
-    b = 8
+    b = 16
     full = Launch("sm100-100", (100, 100), (
         ("1gpu-m4", _one(model, G0, b, 4)),
         ("1gpu-m8", _one(model, G0, b, 8)),
-        ("1gpu-m2-selective", _one(model, G0, b, 2, PlanOptions(recompute="selective"))),
+        ("1gpu-m4-selective", _one(model, G0, b, 4, PlanOptions(recompute="selective"))),
         ("tp2-m4", _tp2(model, b, 4)),
         ("pp2-even-m4", _pp2(model, G0, G1, n // 2, b, 4)),
         ("pp2-even-m8", _pp2(model, G0, G1, n // 2, b, 8)),
         ("pp2-5-3-m8", _pp2(model, G0, G1, n * 5 // 8, b, 8)),
-        ("dp2-even-m2", _dp2(model, G0, G1, b // 2, b // 2, 2, 2)),
-        ("dp2-6-2", _dp2(model, G0, G1, 6, 2, 6, 2)),
+        ("dp2-even", _dp2(model, G0, G1, b // 2, b // 2, 2, 2)),
+        ("dp2-12-4", _dp2(model, G0, G1, 12, 4, 3, 1)),
     ))
     mixed60 = Launch("sm100-60", (100, 60), (
         ("1gpu-mps60-m4", _one(model, G1, b, 4)),
         ("tp2-100+60-m4", _tp2(model, b, 4)),
         ("pp2-100|60-5-3-m8", _pp2(model, G0, G1, n * 5 // 8, b, 8)),
         ("pp2-60|100-3-5-m8", _pp2(model, G1, G0, n * 3 // 8, b, 8)),
-        ("dp2-100+60-5-3", _dp2(model, G0, G1, 5, 3, 5, 3)),
+        ("dp2-100+60-10-6", _dp2(model, G0, G1, 10, 6, 5, 3)),
     ))
     mixed35 = Launch("sm100-35", (100, 35), (
         ("pp2-100|35-6-2-m8", _pp2(model, G0, G1, n * 6 // 8, b, 8)),
-        ("dp2-100+35-6-2", _dp2(model, G0, G1, 6, 2, 6, 2)),
+        ("dp2-100+35-12-4", _dp2(model, G0, G1, 12, 4, 3, 1)),
     ))
     return [full, mixed60, mixed35]
 
 
+HETERO_BATCH, HETERO_MICRO = 24, 4
+
+
 def hetero_candidates(model: ModelSpec, pair: tuple[int, int]) -> list[tuple[str, Plan]]:
-    """Candidate plans on a GPU pair (global batch 12, micro-batches of one sample) from which the cost
-    model picks: every PP split (either GPU first), every DP batch split, and TP2."""
-    n, b = model.num_layers, 12
-    out: list[tuple[str, Plan]] = [("tp2", _tp2(model, b, b))]
+    """Candidate plans on a GPU pair (global batch 24, micro-batches of 4 samples) from which the cost
+    model picks: every PP split (either GPU first), every DP batch split in whole micro-batches, and TP2."""
+    n, b, mb = model.num_layers, HETERO_BATCH, HETERO_MICRO
+    out: list[tuple[str, Plan]] = [("tp2", _tp2(model, b, b // mb))]
     for split in range(1, n):
-        out.append((f"pp2-g0|g1-{split}-{n - split}", _pp2(model, G0, G1, split, b, b)))
+        out.append((f"pp2-g0|g1-{split}-{n - split}", _pp2(model, G0, G1, split, b, b // mb)))
         if pair[0] != pair[1]:
-            out.append((f"pp2-g1|g0-{split}-{n - split}", _pp2(model, G1, G0, split, b, b)))
-    for ba in range(1, b):
+            out.append((f"pp2-g1|g0-{split}-{n - split}", _pp2(model, G1, G0, split, b, b // mb)))
+    for ba in range(mb, b, mb):
         if pair[0] == pair[1] and ba < b - ba:
             continue
-        out.append((f"dp2-{ba}-{b - ba}", _dp2(model, G0, G1, ba, b - ba, ba, b - ba)))
+        out.append((f"dp2-{ba}-{b - ba}", _dp2(model, G0, G1, ba, b - ba, ba // mb, (b - ba) // mb)))
     return out
 
 

@@ -3,8 +3,8 @@ pair {75 %, 75 %} — the same total compute (MPS SM shares on two H100s).
 
 Plans are chosen with the cost model directly (measured profiles of each SM share, calibrated terms)
 among every PP split (either GPU first), every DP batch split and TP2 (``fidelity_plans.hetero_candidates``;
-global batch 12, one-sample micro-batches). The device run (``device_run.py runs``) measures the cost
-model's top three of each pair; this report takes the cost model's first choice of each pair, and::
+global batch 24, micro-batches of 4 samples). The device run (``device_run.py runs``) measures the cost
+model's top two of each pair; this report takes the cost model's first choice of each pair, and::
 
     gap = 1 - throughput(pick on {100, 50}) / throughput(pick on {75, 75})
 
