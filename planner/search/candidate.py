@@ -48,6 +48,7 @@ class Candidate:
     step_s: float = math.inf
     layouts: list[Layout] = field(default_factory=list)
     problem: str = ""  # why it does not fit, when step_s is inf
+    origin: tuple[str, dict[str, int]] = ("", {})  # partitioner and TP template that produced it
 
     @property
     def feasible(self) -> bool:
@@ -109,8 +110,7 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
         problems = []
         for key in keys:
             rep = pipelines[types[key][0]]
-            costs = stage_costs(oracle, rep, m_of[key], s, k)
-            split = split_layers(costs, L, m_of[key])
+            costs, split, opt, cap = _refine_type(oracle, key, rep, m_of[key], s, k, global_batch)
             if split is None:
                 if explain:
                     problems.append(explain_split(oracle, rep, costs, L))
@@ -118,8 +118,6 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
             splits[key] = split
             cost_of[key] = costs
             live.append(key)
-            opt = _optimizer_s(oracle, rep, split.counts, s, k)
-            cap = _micro_batch_cap(oracle, rep, split.counts, m_of[key], s, k, global_batch)
             ptypes.append(PipeType(len(types[key]), split.bottleneck_s, split.sum_s, opt, cap))
         if not live:
             break
@@ -156,6 +154,24 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
     cand.step_s = step
     cand.layouts = layouts
     return cand
+
+
+def _refine_type(oracle: Oracle, key: tuple[object, ...], rep: Sequence[Unit], m: int, s: Setting, k: int,
+                 global_batch: int) -> tuple[list[StageCost], LayerSplit | None, float, int]:
+    """Stage costs, exact layer split, optimizer time and micro-batch cap of one pipeline type
+    (cached on the oracle: the same type recurs across structures and search steps)."""
+    ckey = (key, m, s, k, global_batch)
+    hit = oracle.type_cache.get(ckey)
+    if hit is None:
+        costs = stage_costs(oracle, rep, m, s, k)
+        split = split_layers(costs, oracle.model.num_layers, m)
+        if split is None:
+            hit = (costs, None, 0.0, 0)
+        else:
+            hit = (costs, split, _optimizer_s(oracle, rep, split.counts, s, k),
+                   _micro_batch_cap(oracle, rep, split.counts, m, s, k, global_batch))
+        oracle.type_cache[ckey] = hit
+    return hit
 
 
 def _fits(oracle: Oracle, units: Sequence[Unit], counts: Sequence[int], m: int, s: Setting, shards: int) -> bool:

@@ -1,8 +1,9 @@
 """Infeasibility: which stage cannot fit what, and the smallest change that would fit.
 
 When no candidate fits and the caller restricted the options (recompute, ZeRO, micro-batch
-sizes), a short search with every option allowed runs; if it finds a plan, the message names the
-options that plan needs. Otherwise memory is short whatever the options: the message quotes,
+sizes), short searches try the smallest changes first — a smaller micro-batch, ZeRO-1, selective
+recompute, full recompute, one at a time, then all together — and the message names the first
+that fits. Otherwise memory is short whatever the options: the message quotes,
 stage by stage, what each device of a roomy layout (every device, TP 1, one pipeline per ``L``
 units, full recompute, ZeRO-1, micro-batch 1, 1F1B) can hold, and counts how many more devices
 of the cluster's roomiest GPU type would hold the missing layers.
@@ -22,9 +23,29 @@ from planner.search.oracle import Setting
 from planner.search.stages import order_units
 
 if TYPE_CHECKING:
-    from planner.search.planner import Search
+    from planner.search.planner import PlannerConfig, Search
 
 GIB = float(1 << 30)
+RELAXED_BUDGET = 150  # evaluations of each "would it fit with ...?" search
+
+
+def _relaxations(cfg: PlannerConfig) -> list[tuple[str, PlannerConfig]]:
+    """Smallest changes first: one option at a time (smaller micro-batch, ZeRO-1, selective, full
+    recompute), then all of them together."""
+    quick = replace(cfg, local_search=False, max_evaluations=RELAXED_BUDGET)
+    out: list[tuple[str, PlannerConfig]] = []
+    smaller = tuple(sorted(set(cfg.micro_batch_sizes) | {1, 2}))
+    if smaller != tuple(sorted(cfg.micro_batch_sizes)):
+        out.append(("a smaller micro-batch size (1 or 2)", replace(quick, micro_batch_sizes=smaller)))
+    if 1 not in cfg.zero:
+        out.append(("ZeRO-1", replace(quick, zero=(*cfg.zero, 1))))
+    for mode in ("selective", "full"):
+        if mode not in cfg.recompute:
+            out.append((f"recompute {mode}", replace(quick, recompute=(*cfg.recompute, mode))))
+    if len(out) > 1:
+        out.append(("recompute full, ZeRO-1 and micro-batch size 1",
+                    replace(quick, recompute=RECOMPUTE_MODES, zero=(0, 1), micro_batch_sizes=smaller)))
+    return out
 
 
 def infeasible(search: Search) -> PlanInfeasible:
@@ -33,29 +54,16 @@ def infeasible(search: Search) -> PlanInfeasible:
     where = f"{model.name} (global batch {search.B}) on {cluster.name} ({cluster.num_devices} devices)"
     tried = (f"recompute {'/'.join(cfg.recompute)}, ZeRO {'/'.join(map(str, cfg.zero))}, "
              f"micro-batch sizes {'/'.join(map(str, cfg.micro_batch_sizes))}")
-    relaxed = replace(cfg, recompute=RECOMPUTE_MODES, zero=(0, 1), micro_batch_sizes=tuple(sorted(
-        set(cfg.micro_batch_sizes) | {1})), local_search=False, max_evaluations=400)
-    if relaxed != replace(cfg, local_search=False, max_evaluations=400):
+    for label, relaxed in _relaxations(cfg):
         from planner.search.planner import Search
 
         try:
             found = Search(cluster, model, search.B, relaxed, search.profiles).run()
         except PlanInfeasible:
-            found = None
-        if found is not None:
-            o = found.plan.options
-            mb = max(max(p.micro_batch_sizes()) for p in found.plan.pipelines)
-            need = []
-            if o.recompute not in cfg.recompute:
-                need.append(f"recompute {o.recompute}")
-            if o.zero not in cfg.zero:
-                need.append("ZeRO-1")
-            if mb not in cfg.micro_batch_sizes:
-                need.append(f"micro-batch size {mb}")
-            first = search.problems[0] if search.problems else "no candidate fits in memory"
-            return PlanInfeasible("options", f"no plan for {where} fits with {tried}: {first}",
-                                  f"allow {', '.join(need) or 'the other options'}: then a plan fits "
-                                  f"({found.estimate.step_time_s:.3f} s per step)")
+            continue
+        first = search.problems[0] if search.problems else "no candidate fits in memory"
+        return PlanInfeasible("options", f"no plan for {where} fits with {tried}: {first}",
+                              f"allow {label}: then a plan fits ({found.estimate.step_time_s:.3f} s per step)")
     L = model.num_layers
     units = make_units(cluster, {n.name: 1 for n in cluster.nodes}, cfg.dtype)
     k = max(1, math.ceil(len(units) / L))

@@ -15,7 +15,8 @@ Layers are not moved one by one: the refinement already places them optimally fo
 structure (:func:`planner.search.refine.split_layers` is exact), so every move is scored with
 its best layer and batch split. Each round draws ``MOVES_PER_ROUND`` moves with a
 ``random.Random(seed)`` generator, takes the best improving one, and stops after ``PATIENCE``
-rounds without improvement, or when the evaluation budget or the time limit is spent. The local
+rounds without improvement, after ``MAX_EVALUATIONS`` new evaluations, or when the search's
+budget or time limit is spent. The local
 search is skipped above ``MAX_PIPELINES`` pipelines (large clusters rely on the hierarchical
 partition, whose identical pipelines these moves would only break up).
 """
@@ -38,6 +39,7 @@ MOVES_PER_ROUND = 24
 PATIENCE = 3
 MAX_PIPELINES = 64
 MAX_ROUNDS = 60
+MAX_EVALUATIONS = 120  # of the local search, on top of the search's own budget
 
 Pipes = list[list[Unit]]
 
@@ -55,8 +57,9 @@ def improve(search: Search, start: Candidate) -> Candidate:
         moves.move, moves.swap, moves.merge, moves.split, moves.tp_split, moves.tp_merge]
     best = start
     stale = rounds = 0
+    stop_at = search.evaluations + MAX_EVALUATIONS
     try:
-        while stale < PATIENCE and rounds < MAX_ROUNDS:
+        while stale < PATIENCE and rounds < MAX_ROUNDS and search.evaluations < stop_at:
             rounds += 1
             round_best = best
             for _ in range(MOVES_PER_ROUND):

@@ -19,6 +19,7 @@ schedule times of :mod:`planner.cost.schedule`. The planner only reshapes them:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from planner.cluster import ClusterSpec, Link
 from planner.cost.links import allreduce_time
@@ -57,6 +58,7 @@ class Oracle:
         self._mem_cache: dict[tuple[object, ...], StageCost] = {}
         self._links: dict[tuple[str, str], Link] = {}
         self._sync_cache: dict[tuple[object, ...], tuple[float, float]] = {}
+        self.type_cache: dict[tuple[object, ...], Any] = {}  # per pipeline type, see candidate._refine_type
 
     def node_link(self, a: str, b: str) -> Link:
         """``cluster.node_link``, cached."""

@@ -4,8 +4,9 @@ Algorithm (every step deterministic for a fixed ``seed``):
 
 1. **Units.** For a TP template (one TP degree per node kind, :mod:`.stages`), every node is cut
    into TP groups; each group is a candidate stage (:mod:`.graph`).
-2. **Phase 1 — pipelines** (:mod:`.partition`). For each pipeline count ``k`` of a range
-   (1..8, then steps of ~25 % up to the unit count and the global batch) these partitions:
+2. **Phase 1 — pipelines** (:mod:`.partition`). For each pipeline count ``k`` of a coarse grid
+   (powers of two from ``units / L`` up to the unit count or the global batch; then a finer
+   grid, ±15..50 %, around the best) these partitions:
    METIS k-way on the unit graph (balanced compute and memory, and compute alone; cut on slow
    links; clusters up to ``METIS_MAX_UNITS`` units), *striped* (the units of every class dealt round-robin, so every
    pipeline gets the same mix of GPU types and the owners of a layer sit on the same nodes), and
@@ -17,14 +18,17 @@ Algorithm (every step deterministic for a fixed ``seed``):
    and batch / micro-batch split (bisection in the search loop, the ILP for the finalists).
    Structures are first scored at micro-batch size 1, ZeRO-1 if allowed and the lightest
    recompute that fits; the best ``TOP_STRUCTURES`` are then re-scored under every allowed
-   setting (micro-batch size, recompute none/selective/full, ZeRO-0/1, 1F1B/GPipe).
+   setting (micro-batch size, recompute none/selective/full, ZeRO-0/1, 1F1B/GPipe — GPipe on
+   the best only: its closed-form time and its memory are never below 1F1B's).
 5. **TP templates**: uniform templates first, then, around the best one, one node kind's TP
-   degree changed at a time (coordinate descent) over the nearby pipeline counts.
+   degree changed at a time, at the best pipeline count.
 6. **Local search** (:mod:`.local_search`) on the best candidate: move/swap units between
    pipelines, merge/split pipelines, split/merge a stage's TP group, reverse a stage order,
    while the surrogate improves, within the evaluation budget and the time limit.
 7. **Finalists**: the best few distinct candidates get the ILP batch split and the full
-   :func:`planner.cost.estimate`; the fastest one that fits in memory is the plan.
+   :func:`planner.cost.estimate` (on clusters above ``FULL_ESTIMATE_DEVICES`` devices only the
+   best one that fits, the estimate's simulator being the slow part there); the fastest one
+   that fits in memory is the plan.
 
 The search spends a deterministic budget of evaluations; ``time_limit_s`` only stops it early
 (then the result can depend on the machine's speed; the log says so).
@@ -48,8 +52,10 @@ from planner.search.oracle import Oracle, Setting
 from planner.search.partition import MetisGraph, chunk, unit_classes
 from planner.search.stages import node_kinds, order_stages, seed_numbering, tp_choices, tp_templates
 
-METIS_MAX_UNITS = 2048
-TOP_STRUCTURES = 3
+METIS_MAX_UNITS = 512
+TOP_STRUCTURES = 2
+FINE_K = (0.6, 0.75, 0.85, 1.15, 1.3, 1.5)
+FULL_ESTIMATE_DEVICES = 256  # above this only the best finalist that fits gets the full estimate
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,7 @@ class PlannerConfig:
     schedules: tuple[str, ...] = SCHEDULES
     dtype: str = "bf16"
     local_search: bool = True
-    max_evaluations: int = 3000
+    max_evaluations: int = 1500
     finalists: int = 3
 
     def check(self) -> None:
@@ -162,82 +168,103 @@ class Search:
         return last
 
     # ------------------------------------------------------------------ structures
-    def k_values(self, n_units: int) -> list[int]:
+    def k_grid(self, n_units: int) -> list[int]:
+        """Coarse pipeline counts: powers of two from the fewest that can hold every unit (a pipeline
+        has at most ``L`` stages) to the most (one unit each, or one sample each)."""
+        lo = max(1, math.ceil(n_units / self.model.num_layers))
         top = min(n_units, self.B)
-        ks = list(range(1, min(8, top) + 1))
-        k = 8.0
-        while True:
-            k *= 1.25
-            if round(k) > top:
-                break
-            if round(k) not in ks:
-                ks.append(round(k))
-        if top not in ks:
+        if lo > top:
+            return []
+        ks, k = [lo], lo
+        while k * 2 <= top:
+            k *= 2
+            ks.append(k)
+        if ks[-1] != top:
             ks.append(top)
         return ks
 
-    def structures(self, units: list[Unit], ks: Sequence[int]) -> Iterator[tuple[str, list[list[Unit]]]]:
+    def structures(self, units: list[Unit], ks: Sequence[int],
+                   only: str | None = None) -> Iterator[tuple[str, list[list[Unit]]]]:
         classes = unit_classes(self.cluster, units)
         flat = [u for members in classes for u in members]
-        graph = MetisGraph(unit_graph(self.cluster, units)) if len(units) <= METIS_MAX_UNITS else None
+        graph = None
+        if len(units) <= METIS_MAX_UNITS and only in (None, "metis", "metis-compute"):
+            graph = MetisGraph(unit_graph(self.cluster, units))
         compute = [sum(units[u].compute for u in members) for members in classes]
         total = sum(compute)
         for k in ks:
-            yield f"striped k={k}", self._ordered([flat[i::k] for i in range(k)], units)
+            if only in (None, "striped"):
+                yield "striped", self._ordered([flat[i::k] for i in range(k)], units)
             if graph is not None and 1 < k < len(units):
                 parts = graph.part(k, seed=self.config.seed)
-                yield f"metis k={k}", self._ordered(parts, units)
-                parts_c = graph.part(k, seed=self.config.seed, memory=False)
-                if parts_c != parts:
-                    yield f"metis-compute k={k}", self._ordered(parts_c, units)
-            if len(classes) > 1 and k >= len(classes):
+                if only in (None, "metis"):
+                    yield "metis", self._ordered(parts, units)
+                if only in (None, "metis-compute"):
+                    parts_c = graph.part(k, seed=self.config.seed, memory=False)
+                    if parts_c != parts or only == "metis-compute":
+                        yield "metis-compute", self._ordered(parts_c, units)
+            if len(classes) > 1 and k >= len(classes) and only in (None, "class"):
                 parts = []
                 for members, c in zip(classes, compute):
                     kj = max(1, min(len(members), round(k * c / total)))
                     parts.extend(chunk(members, math.ceil(len(members) / kj)))
-                yield f"class k={k}", self._ordered(parts, units)
+                yield "class", self._ordered(parts, units)
 
     def _ordered(self, parts: Sequence[Sequence[int]], units: list[Unit]) -> list[list[Unit]]:
         return [[units[i] for i in order_stages(self.cluster, units, p)] for p in parts if p]
 
-    def sweep(self, template: dict[str, int], ks: Sequence[int] | None, pool: list[Candidate], label: str) -> None:
+    def sweep(self, template: dict[str, int], ks: Sequence[int] | None, pool: list[Candidate], label: str,
+              only: str | None = None) -> None:
         units = make_units(self.cluster, template, self.config.dtype)
-        for name, pipes in self.structures(units, ks if ks is not None else self.k_values(len(units))):
+        for name, pipes in self.structures(units, ks if ks is not None else self.k_grid(len(units)), only):
             cand = self.score_structure(pipes)
+            cand.origin = (name, template)
             if cand.feasible:
                 pool.append(cand)
-                self.log.append(f"{label} {name}: {cand.step_s:.4f} s ({cand.setting.label()})")
+                self.log.append(f"{label} {name} k={len(pipes)}: {cand.step_s:.4f} s ({cand.setting.label()})")
 
     # ------------------------------------------------------------------ the run
     def run(self) -> SearchResult:
         pool: list[Candidate] = []
         try:
-            uniform = tp_templates(self.cluster, self.model, uniform_only=True)
-            for template in uniform:
+            # A: every uniform TP template, every partitioner, a coarse grid of pipeline counts
+            for template in tp_templates(self.cluster, self.model, uniform_only=True):
                 self.sweep(template, None, pool, f"tp={_template_label(self.cluster, template)}")
             if pool:
+                # B: finer pipeline counts around the best, with its template and partitioner
                 best = min(pool, key=_rank)
-                base = _template_of(best)
+                name, template = best.origin
                 k_best = len(best.pipelines)
-                near = sorted({max(1, k_best // 2), max(1, k_best - 1), k_best, k_best + 1, k_best * 2})
-                for template in _variations(self.cluster, self.model, base):
-                    self.sweep(template, near, pool, f"tp={_template_label(self.cluster, template)}")
+                fine = sorted({max(1, round(k_best * f)) for f in FINE_K} - {k_best})
+                self.sweep(template, fine, pool, f"tp={_template_label(self.cluster, template)} (finer k)", name)
+                # C: one node kind's TP degree changed at a time, at the best pipeline count
+                best = min(pool, key=_rank)
+                name, template = best.origin
+                k_best = len(best.pipelines)
+                for variant in _variations(self.cluster, self.model, template):
+                    self.sweep(variant, [k_best], pool, f"tp={_template_label(self.cluster, variant)}")
         except _Budget:
             self.log.append("structure search stopped by the budget")
         if not pool:
             from planner.search.explain import infeasible
 
             raise infeasible(self)
+        # D: every setting for the best structures
         top = _distinct(sorted(pool, key=_rank), TOP_STRUCTURES)
         try:
-            for cand in top:
-                for s in self.all_settings():
-                    c = self.evaluate(cand.pipelines, s)
+            for i, cand in enumerate(top):
+                for st in self.all_settings():
+                    if i > 0 and st.schedule != "1f1b":
+                        continue  # GPipe never beats 1F1B in time or memory under the closed forms
+                    c = self.evaluate(cand.pipelines, st)
                     if c.feasible:
                         pool.append(c)
         except _Budget:
             self.log.append("setting sweep stopped by the budget")
         best = min(pool, key=_rank)
+        self.log.append(f"best before local search: {len(best.pipelines)} pipelines, {best.setting.label()}, "
+                        f"{best.step_s:.4f} s")
+        # E: local search
         if self.config.local_search:
             from planner.search.local_search import improve
 
@@ -246,20 +273,27 @@ class Search:
         return self.finish(pool)
 
     def finish(self, pool: list[Candidate]) -> SearchResult:
-        """ILP batch split and the full estimate for the finalists; the fastest that fits wins."""
+        """ILP batch split for the finalists, then the full estimate, best surrogate first, until
+        one fits (all of them on small clusters); the fastest estimate that fits wins."""
         finalists = _distinct(sorted(pool, key=_rank), self.config.finalists)
-        best: tuple[float, Plan, Estimate, Candidate] | None = None
+        refined = []
         for cand in finalists:
-            refined = evaluate(self.oracle, cand.pipelines, cand.setting, self.B, use_ilp=True)
-            for c in (refined, cand):
-                if not c.feasible:
-                    continue
-                plan = seed_numbering(to_plan(c, self.oracle, self.B, self.cluster.name), self.cluster)
-                est = estimate(plan, self.cluster, self.profiles)
-                self.log.append(f"finalist {len(c.pipelines)} pipelines {c.setting.label()}: surrogate "
-                                f"{c.step_s:.4f} s, estimate {est.step_time_s:.4f} s{'' if est.fits else ' (OOM)'}")
-                if est.fits and (best is None or est.step_time_s < best[0] - 1e-12):
-                    best = (est.step_time_s, plan, est, c)
+            r = evaluate(self.oracle, cand.pipelines, cand.setting, self.B, use_ilp=True)
+            refined.append(r if r.feasible and r.step_s <= cand.step_s else cand)
+        refined.sort(key=_rank)
+        small = self.cluster.num_devices <= FULL_ESTIMATE_DEVICES
+        best: tuple[float, Plan, Estimate, Candidate] | None = None
+        for c in refined:
+            if not c.feasible:
+                continue
+            plan = seed_numbering(to_plan(c, self.oracle, self.B, self.cluster.name), self.cluster)
+            est = estimate(plan, self.cluster, self.profiles)
+            self.log.append(f"finalist {len(c.pipelines)} pipelines {c.setting.label()}: surrogate "
+                            f"{c.step_s:.4f} s, estimate {est.step_time_s:.4f} s{'' if est.fits else ' (OOM)'}")
+            if est.fits and (best is None or est.step_time_s < best[0] - 1e-12):
+                best = (est.step_time_s, plan, est, c)
+            if best is not None and not small:
+                break
         if best is None:
             from planner.search.explain import infeasible
 

@@ -17,11 +17,11 @@ state, the warm-up and cool-down cross every stage once). Minimise ``T`` over in
   the smallest ``Σ_s a_s·n_s`` under ``1 <= n_s <= c_s``, ``Σ n_s = L`` is greedy: every stage
   one layer, the rest to the stages with the smallest ``a_s`` first (a knapsack with unit
   weights and box bounds, where greedy is exact).
-* Find the smallest feasible ``θ`` by bisection, then scan the candidates above it in increasing
-  order and stop once ``(m - 1)·θ + Σ_min >= best`` (``Σ_min`` = the unconstrained smallest sum:
-  no larger ``θ`` can win). At ``θ*`` the greedy solution is at least as good as the optimum, so
-  the best scanned value is optimal. With ``m = 1`` only the sum counts: the unconstrained greedy
-  is optimal at once.
+* Bracket the smallest feasible ``θ`` by a short bisection, then scan the candidates above the
+  bracket's infeasible end in increasing order and stop once ``(m - 1)·θ + Σ_min >= best``
+  (``Σ_min`` = the unconstrained smallest sum: no larger ``θ`` can win). At ``θ*`` the greedy
+  solution is at least as good as the optimum, so the best scanned value is optimal. With
+  ``m = 1`` only the sum counts: the unconstrained greedy is optimal at once.
 
 **2. Batch split (ILP)** — :func:`allocate_batch`. Pipelines come in *types* (identical pipelines
 share one), type ``j`` with ``c_j`` pipelines, slowest stage ``M_j``, one-micro-batch sum
@@ -57,6 +57,7 @@ from dataclasses import dataclass
 import pulp
 
 EPS = 1e-12
+BISECT_STEPS = 14  # brackets θ0 to 1/16384 of the first interval; exactness does not depend on it
 
 
 @dataclass(frozen=True)
@@ -140,16 +141,15 @@ def split_layers(stages: Sequence[StageCost], num_layers: int, micro_batches: in
     weight = max(0, micro_batches - 1)
     if weight == 0:  # one micro-batch: only the sum counts, and the unconstrained greedy minimises it
         return LayerSplit(tuple(unconstrained), max(times0), sum_min)
-    # smallest feasible bottleneck: bisection on θ (feasibility is monotone in θ)
-    lo, hi = 0.0, max(times0)
-    for _ in range(200):
+    # bracket the smallest feasible bottleneck θ0 by a short bisection (feasibility is monotone in θ);
+    # the scan below starts at the infeasible end ``lo``, so θ0 itself is always among the scanned
+    lo, hi = max(st.time(1) for st in stages) * (1 - 1e-12), max(times0)
+    for _ in range(BISECT_STEPS):
         mid = (lo + hi) / 2
         if feasible(mid):
             hi = mid
         else:
             lo = mid
-        if hi - lo <= 1e-12 * hi:
-            break
     best = split_at(hi)
     assert best is not None
     best_obj = best.pipeline_time(micro_batches)
@@ -158,9 +158,9 @@ def split_layers(stages: Sequence[StageCost], num_layers: int, micro_batches: in
     for st, u in zip(stages, upper):
         if st.per_layer_s <= 0:
             continue
-        n_lo = max(1, int(math.ceil((hi - st.fixed_s) / st.per_layer_s - 1e-9)))
+        n_lo = max(1, int(math.floor((lo - st.fixed_s) / st.per_layer_s)))
         n_hi = min(u, int(math.floor((theta_hi - st.fixed_s) / st.per_layer_s + 1e-9)))
-        cands.update(st.time(n) for n in range(n_lo, n_hi + 1))
+        cands.update(t for t in (st.time(n) for n in range(n_lo, n_hi + 1)) if t > lo)
     for theta in sorted(cands):
         if weight * theta + sum_min >= best_obj - EPS:
             break

@@ -89,9 +89,14 @@ def test_infeasible_names_the_stage_and_the_fix() -> None:
     assert "add at least" in text and "a100-sxm-80g" in text
     restricted = replace(FAST, recompute=("none",), zero=(0,), micro_batch_sizes=(4,))
     with pytest.raises(PlanInfeasible) as err2:
-        search(cluster, PRESETS["llama2-13b"], 32, config=restricted)
-    assert err2.value.path == "options"
-    assert "allow" in err2.value.hint and "recompute" in err2.value.hint
+        search(cluster, PRESETS["llama2-7b"], 32, config=restricted)
+    assert err2.value.path == "options" and "stage" in err2.value.message
+    assert err2.value.hint.startswith("allow a smaller micro-batch size")  # the smallest change comes first
+    no_mbs_choice = replace(restricted, micro_batch_sizes=(1,), recompute=("none",), zero=(0,))
+    big = replace(PRESETS["llama2-7b"], seq_len=8192)
+    with pytest.raises(PlanInfeasible) as err3:
+        search(cluster, big, 32, config=no_mbs_choice)
+    assert err3.value.path == "options" and "allow" in err3.value.hint
 
 
 def test_bad_requests_are_spec_errors() -> None:
