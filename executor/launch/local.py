@@ -99,11 +99,17 @@ def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, dev
         t = threading.Thread(target=_pump, args=(proc.stdout, log), daemon=True)
         t.start()
         pumps.append(t)
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)  # a SIGTERM'd supervisor takes its ranks along
     try:
         first_failure = _supervise(ranks, grace_s)
     except KeyboardInterrupt:
         _terminate(ranks)
         return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     for t in pumps:
         t.join(timeout=5)
     codes = [rp.code if rp.code is not None else EXIT_RANK_FAILURE for rp in ranks]

@@ -20,7 +20,8 @@ from planner.cluster import load_cluster
 from planner.model import PRESETS
 from planner.plan import Pipeline, Plan, PlanOptions, Stage, load_plan, save_plan
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs"),
+              pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")]
 TIMEOUT = 240
 
 

@@ -11,12 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from executor.data_format import write_token_file
+from planner.model import PRESETS
+
 ROOT = Path(__file__).resolve().parents[2]
 PLAN4 = ROOT / "examples" / "plans" / "demo-cpu-4-tiny.json"
 CLUSTER = ROOT / "examples" / "clusters" / "demo-cpu-6.yaml"
 JOB_TIMEOUT = 240  # a job that runs past this is hung: the test fails instead of waiting forever
 
-pytestmark = pytest.mark.slow
+# serialised on one xdist worker: several multi-process jobs at once would oversubscribe 2 CPU cores
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs")]
 
 
 def hexiscale(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -64,8 +68,8 @@ def test_local_job_then_resume_under_another_plan(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["kill", "hang"])
 def test_failed_rank_stops_the_job(kind: str) -> None:
     """Rank 2 dies (SIGKILL) or hangs as step 3 starts, while the others enter its collectives."""
-    run = hexiscale("launch", str(PLAN4), "--local", "--grace", "120", "--", "--steps", "6", "--dead-after", "4",
-                    "--hang-after", "6", "--heartbeat", "0.5", env={"HEXISCALE_FAULT": f"2:2:{kind}"})
+    run = hexiscale("launch", str(PLAN4), "--local", "--grace", "120", "--", "--steps", "6", "--dead-after", "8",
+                    "--hang-after", "15", "--heartbeat", "0.5", env={"HEXISCALE_FAULT": f"2:2:{kind}"})
     out = run.stdout + run.stderr
     assert run.returncode == 3, out
     # every rank stopped by itself (the supervisor never had to) and named the culprit and step
@@ -95,12 +99,27 @@ def test_world_size_mismatch_is_a_user_error() -> None:
     assert "WORLD_SIZE: 2 processes were started, the plan has 4 ranks" in run.stderr
 
 
-def test_train_with_seed_style_flags(tmp_path: Path) -> None:
+SEED_FLAGS = ("--cluster", str(CLUSTER), "--model", "tiny", "--hetero_configs", "[[1]]", "--layer_partitions",
+              "[[4]]", "--global_bsz_size", "4", "--chunks", "2", "--dtype", "fp32", "--device", "cpu")
+
+
+def test_train_with_seed_style_flags_on_a_token_file(tmp_path: Path) -> None:
     jsonl = tmp_path / "m.jsonl"
-    run = hexiscale("train", "--cluster", str(CLUSTER), "--model", "tiny", "--hetero_configs", "[[1]]",
-                    "--layer_partitions", "[[4]]", "--global_bsz_size", "4", "--chunks", "2", "--dtype", "fp32",
-                    "--steps", "2", "--device", "cpu", "--log-jsonl", str(jsonl), env={"WORLD_SIZE": "1"})
+    write_token_file(tmp_path / "corpus", [list(range(i, i + 100)) for i in range(0, 150, 10)])
+    run = hexiscale("train", *SEED_FLAGS, "--steps", "2", "--data", str(tmp_path / "corpus"),
+                    "--log-jsonl", str(jsonl), env={"WORLD_SIZE": "1"})
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "step 2/2 pipeline 0 rank 0" in run.stdout
+    assert "step 2/2 pipeline 0 rank 0" in run.stdout and f"data {tmp_path / 'corpus'}" in run.stdout
     rec = [json.loads(x) for x in jsonl.read_text().splitlines()]
     assert [r["step"] for r in rec] == [1, 2] and rec[0]["tokens"] == 4 * 32 and rec[0]["mfu"] is None
+
+
+def test_resume_from_a_checkpoint_of_another_model(tmp_path: Path) -> None:
+    ck = tmp_path / "ck" / "step-000003"
+    ck.mkdir(parents=True)
+    other = {**PRESETS["tiny"].to_dict(), "num_layers": 8}
+    ck.joinpath("meta.json").write_text(json.dumps({"format": "hexiscale.ckpt/1", "model": other, "step": 3,
+                                                    "extra": {}}))
+    run = hexiscale("train", *SEED_FLAGS, "--steps", "4", "--resume", str(tmp_path / "ck"), env={"WORLD_SIZE": "1"})
+    assert run.returncode == 1
+    assert "differ in num_layers" in run.stderr and "nothing was trained" in run.stderr
