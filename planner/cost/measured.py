@@ -25,8 +25,9 @@ Lookup of (model, micro_batch, tp, dtype, recompute, seq_len):
    point (same tp first, then nearest sequence length, nearest tp, nearest micro-batch) is scaled
    by the spec roofline's ratio between the requested and the measured configuration: the table
    sets the level, the roofline the shape of the curve.
-4. A recompute mode without rows of its own is derived from ``none``: ``full`` adds the forward
-   to the backward; ``selective`` adds the spec attention-core time scaled by measured/spec.
+4. A recompute mode without rows of its own is derived from ``none``: ``full`` adds the part of
+   the forward it repeats (the spec roofline's share, ``recompute_fraction``); ``selective``
+   adds the spec attention-core time scaled by measured/spec.
 
 Activation bytes (``activation_bytes`` column) follow the same rules, scaled by the memory
 formula of :mod:`planner.cost.memory`. The optimizer rows fit
@@ -212,7 +213,7 @@ class MeasuredProfile(DeviceProfile):
             return self._spec_layer(model, micro_batch, tp, dtype, recompute, seq_len)
         extra = 0.0
         if recompute == "full":
-            extra = got.forward_s
+            extra = got.forward_s * self.recompute_fraction(model, micro_batch, tp, dtype, seq_len)
         elif recompute == "selective":
             base = self._spec_layer(model, micro_batch, tp, dtype, "none", seq_len).forward_s
             attn = self.op_time(attention_core_forward(model, micro_batch, seq_len, tp, DTYPE_BYTES[dtype]), dtype)

@@ -38,6 +38,9 @@ from dataclasses import dataclass
 from planner.model import ModelSpec
 
 GEMM, ATTN, MEM = "gemm", "attn", "mem"
+# Forward ops full recompute does not repeat: the non-reentrant checkpoint stops once the last
+# tensor the backward needs (w_down's input) is rebuilt.
+NOT_RECOMPUTED = frozenset({"w_down", "residual_mlp"})
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 GRAD_BYTES = 4  # gradients are accumulated and reduced in fp32
 

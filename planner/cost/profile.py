@@ -13,8 +13,9 @@ step) takes on one device type. Two sources behind one interface (:class:`Device
       attention:  eff = attention_efficiency · s / (s + attention_half_seq) s = sequence length
       memory op:  no FLOP term (pure bandwidth)
 
-  Recompute adds to the backward what it repeats: ``full`` the whole layer forward,
-  ``selective`` the attention core forward.
+  Recompute adds to the backward what it repeats: ``full`` the layer forward up to the last
+  tensor the backward needs (all but the w_down GEMM and the final residual add: the
+  checkpoint's early stop), ``selective`` the attention core forward.
 * :class:`planner.cost.measured.MeasuredProfile` — tables measured by the profiler, read from the
   catalog entry's ``measured`` section (format in that module), interpolated, falling back to the
   spec roofline where the table has no entry.
@@ -32,6 +33,7 @@ from planner.cost.ops import (
     ATTN,
     DTYPE_BYTES,
     GEMM,
+    NOT_RECOMPUTED,
     Numerics,
     Op,
     attention_core_forward,
@@ -178,10 +180,19 @@ class DeviceProfile:
     def _recompute_extra(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                          seq_len: int, forward_s: float) -> float:
         if recompute == "full":
-            return forward_s
+            return self.recompute_fraction(model, micro_batch, tp, dtype, seq_len) * forward_s
         if recompute == "selective":
             return self.op_time(attention_core_forward(model, micro_batch, seq_len, tp, DTYPE_BYTES[dtype]), dtype)
         return 0.0
+
+    def recompute_fraction(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> float:
+        """Share of a layer's forward time that full recompute repeats. PyTorch's non-reentrant
+        checkpoint stops once the last tensor the backward needs is rebuilt, so the final w_down
+        GEMM and residual add are not repeated (nor the w_down all-reduce; see stage.py)."""
+        ops = layer_forward_ops(model, micro_batch, seq_len, tp, self.numerics(dtype))
+        total = self.ops_time(ops, dtype)
+        skipped = self.ops_time([op for op in ops if op.name in NOT_RECOMPUTED], dtype)
+        return (total - skipped) / total
 
     def _spec_embedding(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
         fwd, bwd = embedding_ops(model, micro_batch, seq_len, tp, self.numerics(dtype))

@@ -12,11 +12,13 @@ compute bytes, ``r`` residual bytes (``Numerics``)::
     forward   2 per layer of T·h·e (outputs of wo and w_down) + [first] 1 of T·h·r (embedding)
               + [last] 2 of T·4 and T·8 bytes (cross-entropy max; sum-exp with target logit)
     backward  2 per layer of T·h·r (input gradients of the q/k/v and gate/up column-parallel
-              linears) + [full recompute] the forward's 2 per layer again + [last] 1 of T·h·r
-              (LM-head input gradient)
+              linears) + [full recompute] 1 per layer of T·h·e (the wo all-reduce, recomputed; the
+              checkpoint stops before w_down's) + [last] 1 of T·h·r (LM-head input gradient)
 
 TP communication is not overlapped with compute (Megatron's default without sequence
-parallelism), so it adds to the stage time.
+parallelism), so it adds to the stage time, as does the local copy each all-reduce makes first
+(``contiguous().clone()`` in executor/tp_layers.py: ``kernel_overhead_s + 2·bytes / bandwidth``
+on the slowest device of the group).
 
 P2P between stage ``i`` and ``i+1`` (any TP degrees), one activation (or gradient) of ``T·h·r``
 bytes, replicated on every TP rank of both stages (executor/p2p.py): the sending stage's leader
@@ -73,23 +75,34 @@ def device_compute(model: ModelSpec, profile: DeviceProfile, *, layers: int, fir
     return f, b
 
 
+def tp_collectives(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_batch: int, dtype: str,
+                   recompute: str, params: CostParams = DEFAULT_PARAMS,
+                   seq_len: int | None = None) -> tuple[list[float], list[float]]:
+    """Bytes of every TP all-reduce of one micro-batch, (forward, backward) (module docstring)."""
+    tokens = micro_batch * (seq_len or model.seq_len)
+    num = Numerics.of(dtype, params.fp32_residual, params.autocast_weight_copies, params.expand_kv_heads)
+    act_e, act_r = float(tokens * model.hidden_size * num.e), float(tokens * model.hidden_size * num.r)
+    fwd = [act_e] * (2 * layers)
+    if first:
+        fwd.append(act_r)  # the embedding's output is the residual stream
+    if last:
+        fwd += [tokens * 4.0, tokens * 8.0]  # cross-entropy: max, then (sum-exp, target logit)
+    # full recompute repeats the attention's wo all-reduce but not w_down's (checkpoint early stop)
+    bwd = [act_r] * (2 * layers) + ([act_e] * layers if recompute == "full" else []) + ([act_r] if last else [])
+    return fwd, bwd
+
+
 def tp_comm_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_batch: int, tp: int,
                  dtype: str, recompute: str, link: Link | None, params: CostParams = DEFAULT_PARAMS,
                  seq_len: int | None = None) -> tuple[float, float]:
-    """(forward, backward) TP all-reduce seconds of one micro-batch (see the module docstring)."""
+    """(forward, backward) TP all-reduce seconds of one micro-batch over ``link`` (the network part;
+    :func:`stage_time` adds the local copy each all-reduce makes)."""
     if tp <= 1 or link is None:
         return 0.0, 0.0
-    tokens = micro_batch * (seq_len or model.seq_len)
-    num = Numerics.of(dtype, params.fp32_residual, params.autocast_weight_copies, params.expand_kv_heads)
-    fwd_ar = allreduce_time(tokens * model.hidden_size * num.e, tp, link, params)
-    bwd_ar = allreduce_time(tokens * model.hidden_size * num.r, tp, link, params)
-    f = 2 * layers * fwd_ar
-    if first:
-        f += bwd_ar  # the embedding's output is the residual stream (r bytes)
-    if last:
-        f += allreduce_time(tokens * 4.0, tp, link, params) + allreduce_time(tokens * 8.0, tp, link, params)
-    b = 2 * layers * bwd_ar + (2 * layers * fwd_ar if recompute == "full" else 0.0) + (bwd_ar if last else 0.0)
-    return f, b
+    fwd, bwd = tp_collectives(model, layers=layers, first=first, last=last, micro_batch=micro_batch, dtype=dtype,
+                              recompute=recompute, params=params, seq_len=seq_len)
+    return (sum(allreduce_time(x, tp, link, params) for x in fwd),
+            sum(allreduce_time(x, tp, link, params) for x in bwd))
 
 
 def stage_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_batch: int, tp: int,
@@ -112,6 +125,12 @@ def stage_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_
             best_f, best_b, slowest = f, b, i
     tf, tb = tp_comm_time(model, layers=layers, first=first, last=last, micro_batch=micro_batch, tp=tp,
                           dtype=dtype, recompute=recompute, link=tp_link, params=params, seq_len=seq_len)
+    if tp > 1 and tp_link is not None:  # each all-reduce first copies its buffer (read + write, slowest device)
+        fwd, bwd = tp_collectives(model, layers=layers, first=first, last=last, micro_batch=micro_batch,
+                                  dtype=dtype, recompute=recompute, params=params, seq_len=seq_len)
+        bw = min(p.device.memory_bandwidth_GBps / s for p, s in devices) * 1e9 * params.memory_efficiency
+        tf += sum(params.kernel_overhead_s + 2 * x / bw for x in fwd)
+        tb += sum(params.kernel_overhead_s + 2 * x / bw for x in bwd)
     return StageTime(best_f, best_b, tf, tb, slowest)
 
 

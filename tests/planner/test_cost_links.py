@@ -83,7 +83,8 @@ def test_tp_group_across_a_slow_link() -> None:
     assert b == pytest.approx(2 * layers * ar_fp32)
     f_full, b_full = tp_comm_time(MODEL, layers=layers, first=False, last=False, micro_batch=mb, tp=4,
                                   dtype="bf16", recompute="full", link=link, params=ring)
-    assert (f_full, b_full) == pytest.approx((f, b + f))
+    # full recompute repeats the wo all-reduce of each layer (the checkpoint stops before w_down's)
+    assert (f_full, b_full) == pytest.approx((f, b + layers * ar_bf16))
     # a bf16 residual stream halves the backward bytes
     bf16 = CostParams(link_efficiency=1.0, allreduce_algo="ring", fp32_residual=False)
     _, b16 = tp_comm_time(MODEL, layers=layers, first=False, last=False, micro_batch=mb, tp=4, dtype="bf16",
