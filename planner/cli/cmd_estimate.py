@@ -112,7 +112,7 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
                   f"{plan.world_size} devices on cluster {cluster.name!r}", highlight=False)
     console.print(f"step time [bold]{_s(est.step_time_s)}[/], {est.tokens_per_s:,.0f} tokens/s, "
                   f"MFU {est.mfu * 100:.1f} %, HFU {est.hfu * 100:.1f} %", highlight=False)
-    bt = Table(title="step time", caption="slowest pipeline, its bottleneck stage", title_justify="left")
+    bt = Table(title="step time: terms of the slowest pipeline's bottleneck stage", title_justify="left", min_width=64)
     bt.add_column("term")
     bt.add_column("time", justify="right")
     bt.add_column("share", justify="right")
@@ -155,9 +155,17 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
     console.print(f"bottleneck: pipeline {b['pipeline']}, stage {b['stage']}, device {b['device']}, "
                   f"term [bold]{b['term']}[/]", highlight=False)
     console.print(f"hint: {advice(plan, cluster, est)}", highlight=False)
+    by_stage: dict[str, list[dict[str, Any]]] = {}
     for o in est.oom:
-        console.print(f"[red]out of memory[/]: {o['device']} ({o['path']}) needs {o['need_gib']:.2f} GiB, has "
-                      f"{o['capacity_gib']:g} GiB ({o['over_gib']:.2f} GiB over)", highlight=False)
+        by_stage.setdefault(o["path"].rpartition(".devices")[0], []).append(o)
+    for where, items in by_stage.items():
+        worst = max(items, key=lambda o: o["over_gib"])
+        devs = _ranges([o["device"] for o in items])
+        console.print(f"[red]out of memory[/]: {where} ({devs}) needs {worst['need_gib']:.2f} GiB, has "
+                      f"{worst['capacity_gib']:g} GiB ({worst['over_gib']:.2f} GiB over)", highlight=False)
+    if est.oom:
+        console.print(f"hint: {len(est.oom)} devices run out of memory: use recompute (options.recompute), ZeRO-1, "
+                      "fewer layers or a larger TP degree on those stages", highlight=False)
     if any(s == "spec" for s in est.sources.values()):
         spec = sorted(g for g, s in est.sources.items() if s == "spec")
         console.print(f"[dim]profiles: spec-derived (datasheet roofline, not measured) for {', '.join(spec)}[/]",
