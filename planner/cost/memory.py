@@ -154,6 +154,7 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     if last:
         acts += in_flight * (head_activation if head_activation is not None else
                              head_activation_bytes(model, micro_batch, tp, dtype, seq_len, params))
+        acts += tokens * model.vocab_size / tp * (num.e + 8)  # the loss's transient peak (module docstring)
     tensors = weights + grads + optimizer + acts
     overhead = (params.framework_gib + params.workspace_gib) * GIB + params.fragmentation * tensors
     return MemoryBreakdown(weights, grads, optimizer, acts, overhead)
