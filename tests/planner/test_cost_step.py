@@ -195,3 +195,15 @@ def test_sync_follows_the_executor_order_by_hand() -> None:
     norm = allreduce_time(4.0, 3, c.slowest_link(["a:0", "a:1", "b:0"]))
     assert est.step_time_s == pytest.approx(done + norm + opt)
     assert est.breakdown["dp_sync"] == pytest.approx(done - max(t_a, t_b) + norm)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(["a:0", "a:1", "b:0", "b:3"]), st.floats(1.0, 4.0), st.sampled_from(["1f1b", "gpipe"]))
+def test_slower_device_never_faster(device: str, slowdown: float, schedule: str) -> None:
+    nodes = [("a", "fast", 2, 50.0), ("b", "slow", 4, 20.0)]
+    p = plan([(6, 3, [(["a:0"], 3), (["a:1"], 5)]), (2, 2, [(["b:0", "b:1"], 4), (["b:2", "b:3"], 4)])],
+             schedule=schedule)
+    before = estimate(p, cluster(nodes))
+    after = estimate(p, cluster(nodes, devices={device: {"slowdown": slowdown}}))
+    assert after.step_time_s >= before.step_time_s * (1 - 1e-12)
+    assert after.memory_gib == before.memory_gib
