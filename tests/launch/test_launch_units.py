@@ -131,3 +131,15 @@ def test_fault_spec() -> None:
     assert parse_fault(None) is None and parse_fault("1:2:kill") == (1, 2, "kill")
     with pytest.raises(SpecError, match="RANK:STEP:KIND"):
         parse_fault("1:kill")
+
+
+def test_errors_map_to_exit_codes() -> None:
+    import torch
+
+    from executor.train_setup import classify
+
+    assert classify(SpecError("--data", "bad"))[1:] == (1, False)
+    assert classify(torch.OutOfMemoryError("CUDA out of memory"))[1:] == (4, False)
+    assert classify(RuntimeError("[gloo/pair.cc:534] Connection closed by peer"))[1:] == (3, True)
+    reason, code, suspect = classify(ValueError("shape mismatch\nmore"))
+    assert (reason, code, suspect) == ("ValueError: shape mismatch", 3, False)

@@ -65,23 +65,26 @@ def test_local_job_then_resume_under_another_plan(tmp_path: Path) -> None:
     assert got == pytest.approx(ref[2:], rel=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["kill", "hang"])
+@pytest.mark.parametrize("kind", ["kill", "hang", "oom"])
 def test_failed_rank_stops_the_job(kind: str) -> None:
-    """Rank 2 dies (SIGKILL) or hangs as step 3 starts, while the others enter its collectives."""
+    """Rank 2 dies (SIGKILL), hangs or runs out of memory as step 3 starts, while the others enter
+    its collectives."""
     run = hexiscale("launch", str(PLAN4), "--local", "--grace", "120", "--", "--steps", "6", "--dead-after", "8",
                     "--hang-after", "15", "--heartbeat", "0.5", env={"HEXISCALE_FAULT": f"2:2:{kind}"})
     out = run.stdout + run.stderr
-    assert run.returncode == 3, out
+    assert run.returncode == (4 if kind == "oom" else 3), out
     # every rank stopped by itself (the supervisor never had to) and named the culprit and step
     assert "stopping them" not in out
-    survivors = (0, 1, 3) if kind == "kill" else (0, 1, 2, 3)
+    survivors = (0, 1, 3) if kind == "kill" else (0, 1, 2, 3)  # ranks alive to report
     for r in survivors:
         assert f"[rank {r} (host" in out
     assert out.count("stopping: rank 2 (host ") == len(survivors) and "failed at step 3" in out
     if kind == "kill":
         assert "rank 2 (local, pid" in out and "killed by SIGKILL" in out and "no heartbeat" in out
-    else:
+    elif kind == "hang":
         assert "stuck in maybe_inject@faults.py" in out
+    else:
+        assert "failed at step 3: out of memory: injected out-of-memory on rank 2" in out
 
 
 def test_preflight_errors_reach_every_rank(tmp_path: Path) -> None:
