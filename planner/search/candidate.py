@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from planner.cluster import Link
 from planner.cost.schedule import in_flight
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
-from planner.search.graph import Unit, slowest_link_among
+from planner.search.graph import Unit
 from planner.search.oracle import Oracle, Setting
 from planner.search.refine import LayerSplit, PipeType, StageCost, allocate_batch, split_layers
 
@@ -83,8 +83,9 @@ def explain_split(oracle: Oracle, units: Sequence[Unit], costs: Sequence[StageCo
 
 def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, global_batch: int,
              use_ilp: bool = False, explain: bool = True) -> Candidate:
-    """Refine and price one structure (module docstring); ``use_ilp`` solves the batch split as the ILP
-    (else by bisection, :func:`.refine.waterfill`, which reaches the same min-max)."""
+    """Refine and price one structure (module docstring). The rounds split the batch by bisection
+    (:func:`.refine.waterfill`); ``use_ilp`` then solves the best round's batch split as the ILP
+    (the same min-max; kept when it is not worse)."""
     cand = Candidate([list(p) for p in pipelines], s)
     L = oracle.model.num_layers
     k = len(pipelines)
@@ -101,6 +102,7 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
     mu = s.micro_batch
     m_of = {key: max(1, math.ceil(global_batch / (k * mu))) for key in keys}
     best: tuple[float, dict, object, dict] | None = None
+    best_round: tuple[list[PipeType], list, dict, dict] | None = None
     problems: list[str] = []
     for _ in range(MAX_ROUNDS):
         splits: dict[tuple[object, ...], LayerSplit] = {}
@@ -121,7 +123,7 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
             ptypes.append(PipeType(len(types[key]), split.bottleneck_s, split.sum_s, opt, cap))
         if not live:
             break
-        alloc = allocate_batch(ptypes, global_batch, mu, use_ilp=use_ilp)
+        alloc = allocate_batch(ptypes, global_batch, mu, use_ilp=False)
         if alloc is None:
             problems.append(f"the pipelines cannot take {global_batch} samples at micro-batch size {mu}")
             break
@@ -132,10 +134,19 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
                 new_m[key] = max(1, alloc.micro_batches[j])
         if best is None or step < best[0]:
             best = (step, dict(zip(live, zip(alloc.base, alloc.extra, alloc.micro_batches))), None, dict(splits))
+            best_round = (ptypes, live, splits, cost_of)
         if new_m == m_of:
             break
-        # only raise m where the split at the new m fits; re-split next round
-        m_of = new_m
+        m_of = new_m  # re-split for the micro-batch counts the allocation chose
+    if use_ilp and best is not None and best_round is not None:
+        ptypes, live, splits, cost_of = best_round
+        alloc = allocate_batch(ptypes, global_batch, mu, use_ilp=True)
+        if alloc is not None:
+            step = alloc.time_s + _sync_s(oracle, pipelines, types, live, splits, cost_of, alloc.base, alloc.extra,
+                                          s)
+            if step <= best[0] * (1 + 1e-9):
+                best = (step, dict(zip(live, zip(alloc.base, alloc.extra, alloc.micro_batches))), None,
+                        dict(splits))
     if best is None:
         cand.problem = problems[0] if problems else "no feasible split"
         return cand
@@ -205,8 +216,12 @@ def _sync_s(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], types: dict, li
             costs: dict, base: Sequence[int], extra: Sequence[int], s: Setting) -> float:
     """Exposed gradient sync (surrogate of :mod:`planner.cost.step`'s model).
 
-    Per layer, the owners (one stage per pipeline) all-reduce over the slowest link among their
-    nodes. Stage ``i`` of a 1F1B pipeline ends its last backward about ``Σ_{j<i} b_j`` before
+    The layers are cut into segments at every stage boundary of every pipeline; in a segment the
+    owners (one stage per pipeline) hold each weight in ``T`` finest slices (``T`` = lcm of their
+    TP degrees), and each slice is one all-reduce among the owners over the slowest link among
+    their nodes, so a device of a TP-``t`` stage runs ``T/t`` of them per segment, one after the
+    other (plus its replicated norm weights, and the embedding / LM head on end stages). Stage
+    ``i`` of a 1F1B pipeline ends its last backward about ``Σ_{j<i} b_j`` before
     stage 0 does (``b`` ≈ 2/3 of a stage's time), and ``dp_overlap`` of its last backward overlaps
     the sync, so its sync is hidden up to that slack; the rest is exposed."""
     active: list[tuple[Sequence[Unit], tuple[int, ...], list[StageCost]]] = []
@@ -233,19 +248,25 @@ def _sync_s(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], types: dict, li
         cuts.update(starts)
     bounds = sorted(cuts)
     seg_nodes: list[set[str]] = [set() for _ in bounds[:-1]]
+    seg_tps: list[set[int]] = [set() for _ in bounds[:-1]]
+    end_nodes: tuple[set[str], set[str]] = (set(), set())
+    end_tps: tuple[set[int], set[int]] = (set(), set())
     for (units, _), starts in zip(unique.values(), starts_of):
         for si, lo in enumerate(bounds[:-1]):
-            seg_nodes[si].add(units[bisect.bisect_right(starts, lo) - 1].node)
-    cache: dict[frozenset[str], Link | None] = {}
-    seg_link: list[Link | None] = []
-    for nodes in seg_nodes:
-        fk = frozenset(nodes)
-        if fk not in cache:
-            cache[fk] = slowest_link_among(oracle.cluster, fk)
-        seg_link.append(cache[fk])
-    layer_link: list[Link | None] = [None] * L
-    for si, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-        layer_link[lo:hi] = [seg_link[si]] * (hi - lo)
+            u = units[bisect.bisect_right(starts, lo) - 1]
+            seg_nodes[si].add(u.node)
+            seg_tps[si].add(u.tp)
+        for side, u in ((0, units[0]), (1, units[-1])):
+            end_nodes[side].add(u.node)
+            end_tps[side].add(u.tp)
+    seg_link = [oracle.slowest_link(frozenset(nodes)) for nodes in seg_nodes]
+    seg_T = [math.lcm(*tps) for tps in seg_tps]
+    end_link = [oracle.slowest_link(frozenset(nodes)) for nodes in end_nodes]
+    end_T = [math.lcm(*tps) for tps in end_tps]
+    model = oracle.model
+    h = model.hidden_size
+    sharded = model.layer_params() - 2 * h
+    vocab = model.vocab_size * h
     worst = 0.0
     seen: set[tuple[object, ...]] = set()
     overlap = oracle.params.dp_overlap
@@ -257,9 +278,23 @@ def _sync_s(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], types: dict, li
         start, ahead = 0, 0.0
         S = len(units)
         for i, (u, n, c) in enumerate(zip(units, counts, stage_c)):
-            link = min((lk for lk in layer_link[start:start + n] if lk is not None),
-                       key=lambda lk: (lk.bandwidth_GBps, -lk.latency_us), default=None)
-            hidden, exposed = oracle.grad_sync_seconds(oracle.stage_params(n, u.tp, i == 0, i == S - 1), k, link, s)
+            hidden = exposed = 0.0
+            s0 = bisect.bisect_right(bounds, start) - 1
+            s1 = bisect.bisect_left(bounds, start + n)
+            for si in range(s0, s1):
+                T = seg_T[si]
+                length = bounds[si + 1] - bounds[si]
+                a, b = oracle.grad_sync_seconds(sharded * length / T, k, seg_link[si], s)
+                hidden += (T // u.tp) * a
+                exposed += (T // u.tp) * b
+            a, b = oracle.grad_sync_seconds(2 * h * n, k, seg_link[s0], s)  # replicated norm weights
+            hidden, exposed = hidden + a, exposed + b
+            for side, flag in ((0, i == 0), (1, i == S - 1)):
+                if flag:
+                    T = end_T[side]
+                    a, b = oracle.grad_sync_seconds(vocab / T, k, end_link[side], s)
+                    hidden += (T // u.tp) * a
+                    exposed += (T // u.tp) * b
             back = 2.0 / 3.0 * c.time(n)
             worst = max(worst, max(0.0, hidden - overlap * back - ahead) + exposed)
             ahead += back

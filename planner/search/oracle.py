@@ -28,7 +28,7 @@ from planner.cost.params import CostParams
 from planner.cost.profile import ProfileSet
 from planner.cost.stage import activation_bytes, boundary_time, stage_time
 from planner.model import ModelSpec
-from planner.search.graph import Unit
+from planner.search.graph import Unit, slowest_link_among
 from planner.search.refine import StageCost
 
 
@@ -58,6 +58,7 @@ class Oracle:
         self._mem_cache: dict[tuple[object, ...], StageCost] = {}
         self._links: dict[tuple[str, str], Link] = {}
         self._sync_cache: dict[tuple[object, ...], tuple[float, float]] = {}
+        self._slowest: dict[frozenset[str], Link | None] = {}
         self.type_cache: dict[tuple[object, ...], Any] = {}  # per pipeline type, see candidate._refine_type
 
     def node_link(self, a: str, b: str) -> Link:
@@ -66,6 +67,12 @@ class Oracle:
         if hit is None:
             hit = self._links[a, b] = self._links[b, a] = self.cluster.node_link(a, b)
         return hit
+
+    def slowest_link(self, nodes: frozenset[str]) -> Link | None:
+        """:func:`planner.search.graph.slowest_link_among`, cached."""
+        if nodes not in self._slowest:
+            self._slowest[nodes] = slowest_link_among(self.cluster, nodes)
+        return self._slowest[nodes]
 
     # ------------------------------------------------------------------ per stage
     def stage_seconds(self, unit: Unit, layers: int, first: bool, last: bool, s: Setting) -> float:

@@ -87,13 +87,27 @@ def order_units(cluster: ClusterSpec, pipeline: Sequence[Unit]) -> list[Unit]:
     """The stage order of one pipeline (module docstring): memory per device descending, then node
     group, node position, TP degree and first GPU. Inside a node the order depends only on the
     groups' sizes (and memory), not on which GPUs form them."""
-    pos = {n.name: i for i, n in enumerate(cluster.nodes)}
-    group_of: dict[str, int] = {}
-    for gi, g in sorted(enumerate(cluster.groups), key=lambda x: -len(x[1].nodes)):
-        for n in g.nodes:
-            group_of[n] = gi
+    pos, group_of = _node_keys(cluster)
     return sorted(pipeline, key=lambda u: (-u.memory_gib, group_of.get(u.node, -1), pos[u.node], u.tp,
                                            cluster.device(u.devices[0]).local_index))
+
+
+_NODE_KEYS: dict[int, tuple[ClusterSpec, dict[str, int], dict[str, int]]] = {}
+
+
+def _node_keys(cluster: ClusterSpec) -> tuple[dict[str, int], dict[str, int]]:
+    """Node position and smallest-group index per node name (cached per cluster object)."""
+    hit = _NODE_KEYS.get(id(cluster))
+    if hit is None or hit[0] is not cluster:
+        pos = {n.name: i for i, n in enumerate(cluster.nodes)}
+        group_of: dict[str, int] = {}
+        for gi, g in sorted(enumerate(cluster.groups), key=lambda x: -len(x[1].nodes)):
+            for n in g.nodes:
+                group_of[n] = gi
+        if len(_NODE_KEYS) > 64:
+            _NODE_KEYS.clear()
+        hit = _NODE_KEYS[id(cluster)] = (cluster, pos, group_of)
+    return hit[1], hit[2]
 
 
 def seed_numbering(plan: Plan, cluster: ClusterSpec) -> Plan:

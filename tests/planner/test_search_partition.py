@@ -108,3 +108,21 @@ def test_seed_numbering_makes_flags_expressible() -> None:
     fixed = seed_numbering(plan, cluster)
     assert fixed.devices == ["n:0", "n:1", "n:2", "n:3"]
     assert plan_to_flags(fixed, cluster).devices_id == [[[0, 0]], [[0], [0]]]
+
+
+def test_fast_cluster_gives_the_same_links() -> None:
+    import random
+
+    from planner.search.graph import fast_cluster
+
+    for path in sorted((ROOT / "examples" / "clusters").glob("*.yaml")):
+        cluster = load_cluster(path)
+        fast = fast_cluster(cluster)
+        ids = [d.id for d in cluster.devices]
+        rng = random.Random(path.name)
+        for _ in range(200):
+            group = rng.sample(ids, rng.randint(1, min(12, len(ids))))
+            assert fast.slowest_link(group) == cluster.slowest_link(group), (path.name, group)
+            a, b = rng.sample([n.name for n in cluster.nodes], 2) if len(cluster.nodes) > 1 else (ids[0], ids[0])
+            if len(cluster.nodes) > 1:
+                assert fast.node_link(a, b) == cluster.node_link(a, b)
