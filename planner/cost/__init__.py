@@ -25,9 +25,10 @@ where they touch profiles, plain arithmetic elsewhere). Stable signatures:
 ``stage_time(model, *, layers, first, last, micro_batch, tp, devices, tp_link, dtype, recompute, params)``
     ``-> StageTime``; ``devices`` = [(DeviceProfile, slowdown), ...] of the TP group,
     per micro-batch: ``forward_s``/``backward_s`` = slowest device's compute + TP all-reduces
-    (split in ``forward_compute_s``, ``forward_tp_s``, ...).
+    and their local copies (split in ``forward_compute_s``, ``forward_tp_s``, ...).
 ``device_compute(model, profile, *, layers, first, last, micro_batch, tp, dtype, recompute) -> (fwd, bwd)``
 ``tp_comm_time(model, *, layers, first, last, micro_batch, tp, dtype, recompute, link, params) -> (fwd, bwd)``
+and ``tp_collectives(...) -> (fwd bytes list, bwd bytes list)``: the TP all-reduces themselves.
 ``boundary_time(nbytes, sender_devices, receiver_devices, cluster, params)`` and
 ``activation_bytes(model, micro_batch, dtype, params=...)``: p2p between two stages (TP-degree changes
 included; pass ``params`` so the residual dtype follows ``CostParams.fp32_residual``).
@@ -53,6 +54,12 @@ Modules: params (CostParams), ops (FLOPs/bytes per kernel), profile (spec roofli
 measured (profiler tables), links (collectives), stage (per-stage time, p2p), memory, schedule
 (closed forms), simulate (discrete-event schedule), gradsync (finest-common-slice groups), step
 (the whole-plan estimate).
+
+Checked against the executor itself (tests/planner/test_cost_memory_executor.py,
+test_cost_executor_comm.py, test_cost_step.py): the activation bytes per layer and of the head
+equal what autograd saves in ``executor.model`` (fp32 and bf16 autocast, every recompute mode,
+TP shard shapes); the TP all-reduces equal the ones ``executor.tp_layers`` issues; the gradient
+sync groups equal ``executor.topology``'s. Times are the spec roofline until profiles are measured.
 """
 
 from planner.cost.gradsync import sync_groups
@@ -81,7 +88,15 @@ from planner.cost.schedule import (
     pipeline_time,
 )
 from planner.cost.simulate import SimResult, fold_p2p, simulate
-from planner.cost.stage import StageTime, activation_bytes, boundary_time, device_compute, stage_time, tp_comm_time
+from planner.cost.stage import (
+    StageTime,
+    activation_bytes,
+    boundary_time,
+    device_compute,
+    stage_time,
+    tp_collectives,
+    tp_comm_time,
+)
 from planner.cost.step import BREAKDOWN_TERMS, Estimate, PipelineEstimate, StageEstimate, estimate
 
 __all__ = [
@@ -92,5 +107,6 @@ __all__ = [
     "device_compute", "estimate", "fold_p2p", "gpipe_time", "group_allreduce_time", "group_broadcast_time",
     "hierarchical_allreduce_time", "in_flight", "layer_activation_bytes", "one_f_one_b_lower_bound",
     "one_f_one_b_time", "p2p_time", "pipeline_time", "reduce_scatter_time", "ring_allreduce_time", "simulate",
-    "stage_memory", "stage_params", "stage_time", "sync_groups", "tp_comm_time", "tree_allreduce_time",
+    "stage_memory", "stage_params", "stage_time", "sync_groups", "tp_collectives", "tp_comm_time",
+    "tree_allreduce_time",
 ]
