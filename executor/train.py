@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -52,6 +53,8 @@ def run_training(args: argparse.Namespace) -> int:
         opt = optim_config(args)
         fault = parse_fault(os.environ.get("HEXISCALE_FAULT"))
         store = connect_store(renv, args.startup_timeout)
+        if renv.master_port == 0:
+            renv = replace(renv, master_port=store.port)
         error, prep = None, None
         try:
             prep = local_checks(plan, renv, device=args.device, data=args.data, seed=args.seed, resume=args.resume)

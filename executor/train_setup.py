@@ -44,7 +44,9 @@ def resolve_plan(args: argparse.Namespace) -> tuple[Plan, ClusterSpec | None]:
 
 def check_world(plan: Plan, renv: RankEnv) -> None:
     if renv.world_size != plan.world_size:
-        raise SpecError("WORLD_SIZE", f"{renv.world_size} processes were started, the plan has "
+        n = renv.world_size
+        started = f"{n} processes were started" if n != 1 else "1 process was started"
+        raise SpecError("WORLD_SIZE", f"{started}, the plan has "
                         f"{plan.world_size} ranks (one per device)",
                         f"start {plan.world_size} processes, e.g. with 'hexiscale launch'")
 

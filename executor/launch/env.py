@@ -82,15 +82,26 @@ def rank_env(environ: Mapping[str, str] | None = None) -> RankEnv:
     hosted = env.get("HEXISCALE_STORE_HOSTED") == "1" or env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     host = socket.gethostname()
     return RankEnv(rank=rank, world_size=world, local_rank=local,
-                   master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=_int(env, "MASTER_PORT", 29500),
+                   master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                   # a lone process with no launcher picks a free port (0) for its own store
+                   master_port=_int(env, "MASTER_PORT", 0 if world == 1 else 29500),
                    host=host, node=env.get("HEXISCALE_NODE", host), store_hosted=hosted,
                    prefix=f"hexiscale/{env.get('HEXISCALE_RUN_ID', 'run')}/{restart}")
 
 
 def connect_store(renv: RankEnv, timeout_s: float, *, host: bool | None = None) -> Any:
-    """A TCPStore client (or, for rank 0 when nobody else hosts it, the server)."""
+    """A TCPStore client (or, for rank 0 when nobody else hosts it, the server); a failure is a
+    ``SpecError`` naming the address (wrong MASTER_ADDR, port taken, master not started)."""
     from torch.distributed import TCPStore
 
     is_master = (renv.rank == 0 and not renv.store_hosted) if host is None else host
-    return TCPStore(renv.master_addr, renv.master_port, world_size=None, is_master=is_master,
-                    timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    try:
+        return TCPStore(renv.master_addr, renv.master_port, world_size=None, is_master=is_master,
+                        timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    except Exception as exc:  # DistNetworkError / RuntimeError from c10d
+        what = "serve" if is_master else "reach"
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise SpecError("MASTER_ADDR", f"cannot {what} the rendezvous store at {renv.master_addr}:"
+                        f"{renv.master_port} ({first})",
+                        "check --master / MASTER_ADDR and MASTER_PORT, that the port is free on the "
+                        "master and that rank 0's node was started") from None
