@@ -39,7 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     saved = sub._parser_class
     sub._parser_class = _SplitParser
     try:
-        p = sub.add_parser("launch", help="launch a plan: torchrun lines, per-node scripts, Slurm, or --local")
+        p = sub.add_parser("launch", help="launch a plan: torchrun lines, per-node scripts, Slurm, or --local",
+                           usage="hexiscale launch PLAN [--cluster CLUSTER] [options] [-- TRAIN ARGS...]",
+                           description="Start one 'hexiscale train' process per plan device. Exit codes: 0 ok, "
+                           "1 user error, 3 rank failure, 4 out of memory, 130 interrupted.")
     finally:
         sub._parser_class = saved
     p.add_argument("plan", help="plan file (the same path must exist on every node)")
