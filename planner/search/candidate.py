@@ -8,8 +8,8 @@
    ``m``; solve the batch ILP; repeat with the ILP's micro-batch counts until they stop changing
    (at most ``MAX_ROUNDS`` rounds; the best round is kept). The memory of a split uses the
    schedule's in-flight count for that ``m``, so the final split is checked at the final ``m``.
-3. The surrogate step time is the slowest pipeline (its optimizer step included) plus the exposed
-   gradient sync between pipelines (:class:`.oracle.Oracle`).
+3. The surrogate step time is the slowest pipeline or the end of the gradient sync between
+   pipelines, whichever is later, plus the optimizer step (:func:`_step_s`).
 
 :func:`to_plan` turns the result into a :class:`planner.plan.Plan`.
 """
@@ -26,7 +26,7 @@ from planner.cost.schedule import in_flight
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 from planner.search.graph import Unit
 from planner.search.oracle import Oracle, Setting
-from planner.search.refine import LayerSplit, PipeType, StageCost, allocate_batch, split_layers
+from planner.search.refine import BatchSplit, LayerSplit, PipeType, StageCost, allocate_batch, split_layers
 
 MAX_ROUNDS = 4
 
@@ -127,7 +127,7 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
         if alloc is None:
             problems.append(f"the pipelines cannot take {global_batch} samples at micro-batch size {mu}")
             break
-        step = alloc.time_s + _sync_s(oracle, pipelines, types, live, splits, cost_of, alloc.base, alloc.extra, s)
+        step = _step_s(oracle, pipelines, types, live, splits, cost_of, ptypes, alloc, s)
         new_m = dict(m_of)
         for j, key in enumerate(live):
             if alloc.base[j] + alloc.extra[j] > 0:
@@ -142,8 +142,7 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
         ptypes, live, splits, cost_of = best_round
         alloc = allocate_batch(ptypes, global_batch, mu, use_ilp=True)
         if alloc is not None:
-            step = alloc.time_s + _sync_s(oracle, pipelines, types, live, splits, cost_of, alloc.base, alloc.extra,
-                                          s)
+            step = _step_s(oracle, pipelines, types, live, splits, cost_of, ptypes, alloc, s)
             if step <= best[0] * (1 + 1e-9):
                 best = (step, dict(zip(live, zip(alloc.base, alloc.extra, alloc.micro_batches))), None,
                         dict(splits))
@@ -212,94 +211,93 @@ def _optimizer_s(oracle: Oracle, units: Sequence[Unit], counts: Sequence[int], s
                for i, (u, n) in enumerate(zip(units, counts)))
 
 
-def _sync_s(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], types: dict, live: list, splits: dict,
-            costs: dict, base: Sequence[int], extra: Sequence[int], s: Setting) -> float:
-    """Exposed gradient sync (surrogate of :mod:`planner.cost.step`'s model).
+def _step_s(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], types: dict, live: list, splits: dict,
+            costs: dict, ptypes: Sequence[PipeType], alloc: BatchSplit, s: Setting) -> float:
+    """Surrogate step time: ``max(slowest pipeline, end of the gradient sync) + optimizer (+ the
+    ZeRO-1 all-gather)``, the sync replayed as :mod:`planner.cost.step` runs it, at the
+    granularity of pipeline *types* (identical pipelines run in lockstep).
 
     The layers are cut into segments at every stage boundary of every pipeline; in a segment the
     owners (one stage per pipeline) hold each weight in ``T`` finest slices (``T`` = lcm of their
-    TP degrees), and each slice is one all-reduce among the owners over the slowest link among
-    their nodes, so a device of a TP-``t`` stage runs ``T/t`` of them per segment, one after the
-    other (plus its replicated norm weights, and the embedding / LM head on end stages). Stage
-    ``i`` of a 1F1B pipeline ends its last backward about ``Σ_{j<i} b_j`` before
-    stage 0 does (``b`` ≈ 2/3 of a stage's time), and ``dp_overlap`` of its last backward overlaps
-    the sync, so its sync is hidden up to that slack; the rest is exposed."""
-    active: list[tuple[Sequence[Unit], tuple[int, ...], list[StageCost]]] = []
-    for j, key in enumerate(live):
-        n_active = len(types[key]) if base[j] > 0 else extra[j]
-        for pi in types[key][:n_active]:
-            active.append((pipelines[pi], splits[key].counts, costs[key]))
-    k = len(active)
+    TP degrees); each slice is one all-reduce among all ``k`` pipelines over the slowest link among
+    the owners' nodes, plus one for the replicated norm weights, and the embedding / LM head
+    likewise on the end stages. Groups run in layer order; a group starts when all its owners are
+    free (a device runs its groups one after the other), so pipelines split differently chain
+    their groups across the whole model, which the estimate charges too. A stage is free once its
+    last backward is ``dp_overlap`` done: stage ``i`` ends about ``Σ_{j<i} b_j`` before stage 0
+    (``b`` ≈ 2/3 of a stage's per-micro-batch time)."""
+    act = [(j, key) for j, key in enumerate(live) if alloc.base[j] + alloc.extra[j] > 0]
+    times = {j: ptypes[j].time(max(1, alloc.micro_batches[j])) - ptypes[j].fixed_s for j, _ in act}
+    optimizer = max(ptypes[j].fixed_s for j, _ in act)
+    k = sum(len(types[key]) if alloc.base[j] > 0 else alloc.extra[j] for j, key in act)
+    t_max = max(times.values())
     if k <= 1:
-        return 0.0
-    L = oracle.model.num_layers
-    # owners per segment between stage boundaries (pipelines on the same nodes with the same split
-    # count once)
-    unique: dict[tuple[object, ...], tuple[Sequence[Unit], tuple[int, ...]]] = {}
-    for units, counts, _ in active:
-        unique.setdefault((tuple(u.node for u in units), counts), (units, counts))
-    starts_of = []
+        return t_max + optimizer
+    model = oracle.model
+    L, h = model.num_layers, model.hidden_size
+    # stage starts per type, segment bounds, and per segment: owner stage per type, nodes, TP degrees
+    starts_of: dict[int, list[int]] = {}
     cuts = {0, L}
-    for _units, counts in unique.values():
+    for j, key in act:
         starts = [0]
-        for n in counts[:-1]:
+        for n in splits[key].counts[:-1]:
             starts.append(starts[-1] + n)
-        starts_of.append(starts)
+        starts_of[j] = starts
         cuts.update(starts)
     bounds = sorted(cuts)
-    seg_nodes: list[set[str]] = [set() for _ in bounds[:-1]]
-    seg_tps: list[set[int]] = [set() for _ in bounds[:-1]]
+    nseg = len(bounds) - 1
+    owner = {j: [bisect.bisect_right(starts_of[j], lo) - 1 for lo in bounds[:-1]] for j, _ in act}
+    seg_nodes: list[set[str]] = [set() for _ in range(nseg)]
     end_nodes: tuple[set[str], set[str]] = (set(), set())
-    end_tps: tuple[set[int], set[int]] = (set(), set())
-    for (units, _), starts in zip(unique.values(), starts_of):
-        for si, lo in enumerate(bounds[:-1]):
-            u = units[bisect.bisect_right(starts, lo) - 1]
-            seg_nodes[si].add(u.node)
-            seg_tps[si].add(u.tp)
-        for side, u in ((0, units[0]), (1, units[-1])):
-            end_nodes[side].add(u.node)
-            end_tps[side].add(u.tp)
-    seg_link = [oracle.slowest_link(frozenset(nodes)) for nodes in seg_nodes]
-    seg_T = [math.lcm(*tps) for tps in seg_tps]
-    end_link = [oracle.slowest_link(frozenset(nodes)) for nodes in end_nodes]
-    end_T = [math.lcm(*tps) for tps in end_tps]
-    model = oracle.model
-    h = model.hidden_size
-    sharded = model.layer_params() - 2 * h
-    vocab = model.vocab_size * h
-    worst = 0.0
-    seen: set[tuple[object, ...]] = set()
-    overlap = oracle.params.dp_overlap
-    for units, counts, stage_c in active:
-        key = (tuple(u.signature for u in units), counts)
-        if key in seen:
-            continue
-        seen.add(key)
-        start, ahead = 0, 0.0
-        S = len(units)
-        for i, (u, n, c) in enumerate(zip(units, counts, stage_c)):
-            hidden = exposed = 0.0
-            s0 = bisect.bisect_right(bounds, start) - 1
-            s1 = bisect.bisect_left(bounds, start + n)
-            for si in range(s0, s1):
-                T = seg_T[si]
-                length = bounds[si + 1] - bounds[si]
-                a, b = oracle.grad_sync_seconds(sharded * length / T, k, seg_link[si], s)
-                hidden += (T // u.tp) * a
-                exposed += (T // u.tp) * b
-            a, b = oracle.grad_sync_seconds(2 * h * n, k, seg_link[s0], s)  # replicated norm weights
-            hidden, exposed = hidden + a, exposed + b
-            for side, flag in ((0, i == 0), (1, i == S - 1)):
-                if flag:
-                    T = end_T[side]
-                    a, b = oracle.grad_sync_seconds(vocab / T, k, end_link[side], s)
-                    hidden += (T // u.tp) * a
-                    exposed += (T // u.tp) * b
+    for j, key in act:
+        n_active = len(types[key]) if alloc.base[j] > 0 else alloc.extra[j]
+        for pi in types[key][:n_active]:
+            units = pipelines[pi]
+            for si in range(nseg):
+                seg_nodes[si].add(units[owner[j][si]].node)
+            end_nodes[0].add(units[0].node)
+            end_nodes[1].add(units[-1].node)
+    rep = {j: pipelines[types[key][0]] for j, key in act}
+    free: dict[tuple[int, int, int], float] = {}
+    for j, key in act:
+        back, ahead = 0.0, 0.0
+        for i, (c, n) in enumerate(zip(costs[key], splits[key].counts)):
             back = 2.0 / 3.0 * c.time(n)
-            worst = max(worst, max(0.0, hidden - overlap * back - ahead) + exposed)
+            for r in range(rep[j][i].tp):
+                free[j, i, r] = times[j] - ahead - oracle.params.dp_overlap * back
             ahead += back
-            start += n
-    return worst
+    zero_ag = 0.0
+    half = 0.5 if s.zero else 1.0
+
+    def run(owners: list[tuple[int, int, int]], elements: float, link: Link | None) -> None:
+        nonlocal zero_ag
+        t = half * oracle.allreduce_s(elements * 4, k, link)
+        if s.zero:
+            zero_ag = max(zero_ag, t)
+        end = max(free[o] for o in owners) + t
+        for o in owners:
+            free[o] = end
+
+    def sliced(stage_of: dict[int, int], elements: float, link: Link | None) -> None:
+        T = math.lcm(*(rep[j][stage_of[j]].tp for j, _ in act))
+        for q in range(T):
+            run([(j, stage_of[j], q * rep[j][stage_of[j]].tp // T) for j, _ in act], elements / T, link)
+
+    sharded = model.layer_params() - 2 * h
+    firsts = {j: 0 for j, _ in act}
+    sliced(firsts, model.embedding_params(), oracle.slowest_link(frozenset(end_nodes[0])))
+    for si in range(nseg):
+        stage_of = {j: owner[j][si] for j, _ in act}
+        link = oracle.slowest_link(frozenset(seg_nodes[si]))
+        length = bounds[si + 1] - bounds[si]
+        sliced(stage_of, sharded * length, link)
+        run([(j, stage_of[j], 0) for j, _ in act], 2 * h * length, link)
+    lasts = {j: len(rep[j]) - 1 for j, _ in act}
+    head_link = oracle.slowest_link(frozenset(end_nodes[1]))
+    if not model.tie_embeddings:
+        sliced(lasts, model.vocab_size * h, head_link)
+    run([(j, lasts[j], 0) for j, _ in act], h, head_link)
+    return max(t_max, max(free.values())) + optimizer + zero_ag
 
 
 def to_plan(cand: Candidate, oracle: Oracle, global_batch: int, cluster_name: str | None) -> Plan:

@@ -124,23 +124,15 @@ class Oracle:
         return mem
 
     # ------------------------------------------------------------------ per step
-    def grad_sync_seconds(self, params: float, pipelines: int, link: Link | None, s: Setting) -> tuple[float, float]:
-        """(overlappable, not overlappable) seconds of the cross-pipeline gradient sync of ``params``
-        fp32 gradients among one owner per pipeline over ``link``; under ZeRO-1 the reduce-scatter
-        half, then the all-gather of the updated compute-dtype weights after the optimizer."""
-        if pipelines <= 1 or link is None:
-            return 0.0, 0.0
-        key = (params, pipelines, link, s.zero, s.dtype)
+    def allreduce_s(self, nbytes: float, ranks: int, link: Link | None) -> float:
+        """Flat all-reduce of ``nbytes`` over ``ranks`` ranks whose slowest link is ``link`` (cached)."""
+        if ranks <= 1 or link is None or nbytes <= 0:
+            return 0.0
+        key = (nbytes, ranks, link)
         hit = self._sync_cache.get(key)
         if hit is None:
-            full = allreduce_time(params * 4, pipelines, link, self.params)
-            if not s.zero:
-                hit = (full, 0.0)
-            else:
-                e = 2 if s.dtype in ("bf16", "fp16") else 4
-                hit = (0.5 * full, 0.5 * allreduce_time(params * e, pipelines, link, self.params))
-            self._sync_cache[key] = hit
-        return hit
+            hit = self._sync_cache[key] = (allreduce_time(nbytes, ranks, link, self.params), 0.0)
+        return hit[0]
 
     def optimizer_seconds(self, unit: Unit, layers: int, first: bool, last: bool, zero_shards: int,
                           s: Setting) -> float:
