@@ -150,7 +150,7 @@ def run_launch_subprocess(name: str, sm: list[int], plans: list[dict], cpu: bool
     return json.loads(result.read_text())  # type: ignore[no-any-return]
 
 
-def phase_runs(out: Path, cpu: bool) -> None:
+def phase_runs(out: Path, cpu: bool, only: list[str] | None = None, tag: str = "runs") -> None:
     from benchmarks.fidelity_plans import bench_model, fidelity_launches, plan_to_json
     from benchmarks.hetero_efficiency import HETERO_PAIRS, choose_candidates
 
@@ -160,8 +160,10 @@ def phase_runs(out: Path, cpu: bool) -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     launches = [(la.name, list(la.sm), [{"name": n, "plan": plan_to_json(p)} for n, p in la.plans])
                 for la in fidelity_launches(model)]
+    if only:
+        launches = [x for x in launches if x[0] in only]
     chosen = {}
-    for pair in HETERO_PAIRS:
+    for pair in HETERO_PAIRS if not only or any(o.startswith("hetero") for o in only) else ():
         picks = choose_candidates(model, pair, prof_dir, cpu=cpu, top=2)
         chosen[f"{pair[0]}-{pair[1]}"] = [n for n, _, _ in picks]
         launches.append((f"hetero-{pair[0]}-{pair[1]}", list(pair),
@@ -185,11 +187,18 @@ def phase_runs(out: Path, cpu: bool) -> None:
             log(f"launch {name} failed ({res['error']}); again with NCCL_P2P_DISABLE=1")
             res = run_launch_subprocess(name, sm, plans, cpu, limit, {"NCCL_P2P_DISABLE": "1"})
             res["nccl_p2p_disabled"] = True
+        failed = [p["name"] for p in res.get("plans", []) if "error" in p and "NCCL" in p["error"]]
+        if failed and not cpu:  # once seen under MPS: "Duplicate GPU detected" for the first launch after start
+            log(f"launch {name}: NCCL failed for {failed}; those plans once more")
+            again = run_launch_subprocess(name + "-retry", sm, [x for x in plans if x["name"] in failed], cpu, limit)
+            redo = {p["name"]: p for p in again.get("plans", [])}
+            res["plans"] = [redo.get(p["name"], p) if p["name"] in failed else p for p in res["plans"]]
+            res["retried"] = failed
         res["name"] = name
         res["seconds"] = time.time() - t0
         results["launches"].append(res)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "runs.json").write_text(json.dumps(results, indent=1))
+        (out / f"{tag}.json").write_text(json.dumps(results, indent=1))
     if use_mps:
         mps(False)
     for launch in results["launches"]:
@@ -206,6 +215,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--spec", help="(launch) the launch's JSON spec")
+    ap.add_argument("--only", help="(runs) comma list of launch names to run")
+    ap.add_argument("--tag", default="runs", help="(runs) output file name without .json")
     args = ap.parse_args()
     out = Path(args.out)
     if args.phase == "launch":
@@ -218,7 +229,7 @@ def main() -> None:
     elif args.phase == "profile":
         phase_profile(out, args.cpu)
     else:
-        phase_runs(out, args.cpu)
+        phase_runs(out, args.cpu, args.only.split(",") if args.only else None, args.tag)
 
 
 if __name__ == "__main__":

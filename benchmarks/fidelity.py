@@ -42,6 +42,14 @@ def _cluster_for(rec: dict[str, Any], catalog: Catalog, link: dict[str, float], 
                         bandwidth_GBps=NVLINK_NOMINAL_GBPS, latency_us=link.get("latency_us", 10.0))
 
 
+def device_memory(rank: dict[str, Any]) -> float:
+    """Device memory a plan needs on one GPU: in use after its steps (CUDA context + allocator pool),
+    less what earlier plans of the same process left behind (NCCL communicator buffers that survive
+    ``destroy_process_group``): ``in_use - (in_use_before - context)``."""
+    leftover = max(0.0, rank.get("in_use_before_gib", 0.0) - rank.get("context_gib", 0.0))
+    return float(rank["in_use_gib"]) - leftover
+
+
 def measured_plans(runs: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for launch in runs["launches"]:
@@ -81,7 +89,7 @@ def calibrate(runs: dict[str, Any], catalog: Catalog, cpu: bool) -> tuple[CostPa
                 out.append(pred["memory_gib"][r["device"]])
             return out
 
-        res = fit_terms(params, MEMORY_TERMS, mem_pred, [r["in_use_gib"] for _, r in obs])
+        res = fit_terms(params, MEMORY_TERMS, mem_pred, [device_memory(r) for _, r in obs])
         params = res.params
         fits["memory"] = {**res.to_dict(), "plans": list(CALIBRATION_PLANS)}
     return params, fits, link
@@ -106,8 +114,9 @@ def evaluate(runs: dict[str, Any], catalog: Catalog, params: CostParams, link: d
         for r in p["ranks"]:
             if r.get("in_use_gib"):
                 pm = pred["memory_gib"][r["device"]]
-                mems.append({"device": r["device"], "measured_gib": r["in_use_gib"], "predicted_gib": pm,
-                             "err": pm / r["in_use_gib"] - 1.0, "max_allocated_gib": r.get("max_allocated_gib")})
+                mm = device_memory(r)
+                mems.append({"device": r["device"], "measured_gib": mm, "predicted_gib": pm,
+                             "err": pm / mm - 1.0, "max_allocated_gib": r.get("max_allocated_gib")})
         row["memory"] = mems
         rows.append(row)
     return rows

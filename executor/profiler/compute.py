@@ -107,13 +107,31 @@ def _measure_fwd_bwd(fwd_fn: Callable[[], torch.Tensor], params: list[torch.Tens
 
 
 def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, recompute: str, dtype: str,
-                  device: torch.device, warmup: int, repeats: int) -> dict[str, Any]:
-    """One transformer layer (``Block``) on a TP-``tp`` shard, one micro-batch."""
+                  device: torch.device, warmup: int, repeats: int, chain: int = 1) -> dict[str, Any]:
+    """One transformer layer (``Block``) on a TP-``tp`` shard, one micro-batch.
+
+    With ``chain = k > 1`` the block runs ``k`` times back to back (forward through all, then backward
+    through all) and every figure is divided by ``k``: as inside a stage, the host queues the next
+    layer's kernels while the device runs the current one, so the launch latency at the start of a
+    timed region (the device idles until the first kernels arrive) is paid once per ``k`` layers
+    instead of once per layer. Small, launch-bound shapes are otherwise over-estimated."""
     spec = replace(model, seq_len=max(model.seq_len, seq_len))
     block = prepare(Block(spec, tp=tp, group=None, recompute=recompute, device=None), dtype, device)
     cos, sin = _rope(spec, seq_len, device)
     x = torch.randn(micro_batch, seq_len, model.hidden_size, device=device, requires_grad=True)  # fp32 residual
-    return _measure_fwd_bwd(lambda: block(x, cos, sin), [*block.parameters(), x], device, dtype, warmup, repeats)
+
+    def forward() -> torch.Tensor:
+        y = x
+        for _ in range(chain):
+            y = block(y, cos, sin)
+        return y
+
+    res = _measure_fwd_bwd(forward, [*block.parameters(), x], device, dtype, warmup, repeats)
+    for key in ("forward_s", "backward_s", "activation_bytes"):
+        if key in res:
+            res[key] = res[key] / chain
+    res["chain"] = chain
+    return res
 
 
 def measure_embedding(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, dtype: str,

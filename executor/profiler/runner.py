@@ -45,6 +45,7 @@ class ProfileConfig:
     sm_percent: float | None = None
     gemm_dim: int = 8192
     copy_mib: int = 1024
+    layer_chain: int = 1  # layers timed back to back per measurement (see compute.measure_layer)
 
     def valid_tps(self) -> list[int]:
         m = self.model
@@ -62,7 +63,8 @@ def default_config(model: ModelSpec, *, cpu: bool, sm_percent: float | None = No
                              sm_percent=sm_percent, gemm_dim=128, copy_mib=4)
     s = model.seq_len
     return ProfileConfig(model=model, seq_lens=sorted({max(128, s // 2), s, 2 * s}), recompute_points=[(1, 1), (2, 1)],
-                         comm_world=comm_world, comm_sizes=[4**k for k in range(6, 15)], sm_percent=sm_percent)
+                         comm_world=comm_world, comm_sizes=[4**k for k in range(6, 15)], sm_percent=sm_percent,
+                         layer_chain=4)
 
 
 # ------------------------------------------------------------------------------------------ metadata
@@ -168,7 +170,7 @@ def plan_points(cfg: ProfileConfig) -> list[tuple[str, dict[str, Any]]]:
 def _measure(table: str, point: dict[str, Any], cfg: ProfileConfig, device: torch.device) -> dict[str, Any]:
     common: dict[str, Any] = {"device": device, "warmup": cfg.warmup, "repeats": cfg.repeats}
     if table == "layer":
-        return compute.measure_layer(cfg.model, dtype=cfg.dtype, **point, **common)
+        return compute.measure_layer(cfg.model, dtype=cfg.dtype, chain=cfg.layer_chain, **point, **common)
     if table == "embedding":
         return compute.measure_embedding(cfg.model, dtype=cfg.dtype, **point, **common)
     if table == "head":

@@ -9,7 +9,7 @@ resumes where it stopped: points already in the file are skipped.
      "model": {ModelSpec fields},  "dtype": "bf16",
      "ceilings":  {"gemm_tflops", "copy_GBps", ...},
      "layer":     [{"micro_batch", "seq_len", "tp", "recompute", "forward_s", "backward_s",
-                    "activation_bytes", "peak_bytes"}, ...],
+                    "activation_bytes", "peak_bytes", "chain"}, ...],   # per layer; peak_bytes of the chain
      "embedding": [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", ...}, ...],
      "head":      [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", ...}, ...],
      "optimizer": [{"layers", "tp", "seconds", "num_params", "num_tensors"}, ...],

@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--seq-lens", dest="seq_lens", help="comma list of sequence lengths")
     p.add_argument("--tp", help="comma list of TP degrees whose shard shapes are profiled")
     p.add_argument("--repeats", type=int, help="timed repeats per point (median kept)")
+    p.add_argument("--layer-chain", type=int, dest="layer_chain",
+                   help="layers timed back to back per measurement (default 4 on GPU, 1 on CPU)")
     p.add_argument("--comm-ranks", type=int, dest="comm_ranks", default=None,
                    help="ranks for the p2p/all-reduce sweep (default: all local GPUs; CPU: 0)")
     p.add_argument("--no-resume", action="store_true", help="overwrite the output instead of resuming it")
@@ -70,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     cfg.tps = _ints(args.tp, "--tp") or cfg.tps
     if args.repeats:
         cfg.repeats = args.repeats
+    if args.layer_chain:
+        if args.layer_chain < 1:
+            raise SpecError("--layer-chain", "must be >= 1", "pass e.g. 4")
+        cfg.layer_chain = args.layer_chain
     if args.out:
         out = Path(args.out)
     elif args.cpu:
