@@ -87,6 +87,8 @@ def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, dev
     logs = Path(log_dir) if log_dir else None
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
+    print(f"hexiscale launch: {world_size} ranks on this machine ({'GPU, nccl' if device == 'cuda' else 'CPU, gloo'})"
+          f", store at 127.0.0.1:{store.port}", file=sys.stderr, flush=True)
     ranks: list[RankProcess] = []
     pumps: list[threading.Thread] = []
     cmd = [sys.executable, "-m", "executor.train", "--plan", plan_path, "--device", device, *train_args]
