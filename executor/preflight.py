@@ -1,7 +1,8 @@
 """Checks every rank runs before training, and how the ranks agree on their outcome.
 
 Local checks (:func:`local_checks`): the device the plan gives this rank is visible (on GPU), the
-data file is present and valid for the model (see :func:`executor.data_format.check_token_file`),
+data file is present and valid for the model (see :func:`executor.data_format.check_token_file`;
+global rank 0 also scans every token),
 the checkpoint to resume is complete and holds the same model. World size and plan/cluster
 mismatches are found earlier, identically on every rank, from the environment.
 
@@ -132,6 +133,8 @@ def local_checks(plan: Plan, renv: RankEnv, *, device: str, data: str | None, se
     from executor.data import make_source
 
     dev = pick_device(device, renv, plan)
-    source = make_source(plan, data=data, seed=seed)
+    # Every rank checks the index and file size; only rank 0 reads the whole file for ids >= vocab_size
+    # (the same file on every node: 56 full scans of a large corpus would cost minutes for nothing).
+    source = make_source(plan, data=data, seed=seed, scan=renv.rank == 0)
     point = check_checkpoint(resume, plan) if resume else None
     return Prepared(dev, source, point)
