@@ -15,8 +15,8 @@ Layers are not moved one by one: the refinement already places them optimally fo
 structure (:func:`planner.search.refine.split_layers` is exact), so every move is scored with
 its best layer and batch split. Each round draws ``MOVES_PER_ROUND`` moves with a
 ``random.Random(seed)`` generator, takes the best improving one, and stops after ``PATIENCE``
-rounds without improvement, after ``MAX_EVALUATIONS`` new evaluations, or when the search's
-budget or time limit is spent. The local
+rounds without improvement, after ``MAX_EVALUATIONS`` new evaluations (``LARGE_EVALUATIONS``
+above ``SMALL_CLUSTER`` devices), or when the search's budget or time limit is spent. The local
 search is skipped above ``MAX_PIPELINES`` pipelines (large clusters rely on the hierarchical
 partition, whose identical pipelines these moves would only break up).
 """
@@ -39,7 +39,9 @@ MOVES_PER_ROUND = 24
 PATIENCE = 3
 MAX_PIPELINES = 64
 MAX_ROUNDS = 60
-MAX_EVALUATIONS = 120  # of the local search, on top of the search's own budget
+MAX_EVALUATIONS = 120  # of the local search, on top of the search's own budget (<= SMALL_CLUSTER devices)
+LARGE_EVALUATIONS = 40  # above that, where one evaluation costs more and the partitions are richer
+SMALL_CLUSTER = 64
 
 Pipes = list[list[Unit]]
 
@@ -57,7 +59,8 @@ def improve(search: Search, start: Candidate) -> Candidate:
         moves.move, moves.swap, moves.merge, moves.split, moves.tp_split, moves.tp_merge]
     best = start
     stale = rounds = 0
-    stop_at = search.evaluations + MAX_EVALUATIONS
+    budget = MAX_EVALUATIONS if search.cluster.num_devices <= SMALL_CLUSTER else LARGE_EVALUATIONS
+    stop_at = search.evaluations + budget
     try:
         while stale < PATIENCE and rounds < MAX_ROUNDS and search.evaluations < stop_at:
             rounds += 1
