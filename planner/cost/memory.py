@@ -35,8 +35,13 @@ than full, the compute-dtype copies of its matmul weights (``e`` per matmul para
 the matmuls for their backward); on every stage but the last, its output ``T·r·h`` (kept for the
 backward); on the first stage the token ids (8 B/token); on the last stage the final norm and the
 logits with their fp32 loss buffer, ``T·(r·h + 4·h + 4 + e·h + V/t·(e + 4))``.
-A stage holds ``in_flight`` micro-batches (1F1B: ``min(S - i, m)``; GPipe: ``m``). Measured
-per-layer activation bytes (the profiler's tables) replace the formula when given.
+A stage holds ``in_flight`` micro-batches (1F1B: ``min(S - i, m)``; GPipe: ``m``).
+
+Measured bytes (the profiler's ``activation_bytes``, executor/profiler/compute.py) replace the
+formulas when given. The profiler records what one forward leaves allocated less its output: that
+includes the weight casts and excludes the input, which already existed; so the measured layer
+(or head) counts ``measured + T·r·h`` and no separate weight casts. (On an H100, llama-1.3b, the
+formulas equal the measured bytes to within 1 KiB per layer and per head.)
 
 Overhead per device: ``framework_gib + workspace_gib`` plus ``fragmentation`` times the tensor
 bytes (``CostParams``).
@@ -136,24 +141,28 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     weights = p * 4
     grads = p * GRAD_BYTES
     optimizer = p * 8 / max(1, zero_shards)
-    per_layer = layer_activation if layer_activation is not None else layer_activation_bytes(
-        model, micro_batch, tp, dtype, recompute, seq_len, params)
+    tokens = micro_batch * (seq_len or model.seq_len)
+    layer_input = tokens * model.hidden_size * num.r
+    if layer_activation is not None:  # measured: weight casts included, the input not (module docstring)
+        per_layer = layer_activation + layer_input
+    else:
+        per_layer = layer_activation_bytes(model, micro_batch, tp, dtype, recompute, seq_len, params)
     acts = in_flight * layers * per_layer
     if recompute == "full":
         acts += layer_activation_bytes(model, micro_batch, tp, dtype, "none", seq_len, params)
-    tokens = micro_batch * (seq_len or model.seq_len)
     if num.weight_casts and recompute != "full":
-        matmul = layers * (model.layer_params() - 2 * model.hidden_size) / tp
-        if last:
+        matmul = 0.0 if layer_activation is not None else layers * (model.layer_params() - 2 * model.hidden_size) / tp
+        if last and head_activation is None:
             matmul += model.vocab_size * model.hidden_size / tp
         acts += in_flight * matmul * num.e
     if not last:
-        acts += in_flight * tokens * model.hidden_size * num.r
+        acts += in_flight * layer_input
     if first:
         acts += in_flight * tokens * 8
     if last:
-        acts += in_flight * (head_activation if head_activation is not None else
-                             head_activation_bytes(model, micro_batch, tp, dtype, seq_len, params))
+        head = (head_activation + layer_input if head_activation is not None else
+                head_activation_bytes(model, micro_batch, tp, dtype, seq_len, params))
+        acts += in_flight * head
         acts += tokens * model.vocab_size / tp * (num.e + 8)  # the loss's transient peak (module docstring)
     tensors = weights + grads + optimizer + acts
     overhead = (params.framework_gib + params.workspace_gib) * GIB + params.fragmentation * tensors
