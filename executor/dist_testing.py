@@ -10,8 +10,10 @@ runs past ``timeout`` seconds (e.g. a deadlock) raises ``TimeoutError``. Childre
 small machine): ``with DistPool(8) as pool: pool.run(fn, ...)``. After a failure or timeout the
 pool is torn down and restarted on the next ``run``. ``fn`` must be importable (module-level) and
 finds its rank with ``torch.distributed.get_rank()``; results travel back serialised with
-``torch.save`` (tensors included). Processes start through ``forkserver`` (torch and the modules
-named in ``preload`` imported once, then forked per rank) where the platform has it, else ``spawn``.
+``torch.save`` (tensors included). ``backend="nccl"`` gives rank ``r`` accelerator ``r`` (for GPU
+checks on a multi-GPU machine; never used on the CPU path). Processes start through
+``forkserver`` (torch and the modules named in ``preload`` imported once, then forked per rank)
+where the platform has it, else ``spawn``.
 """
 
 from __future__ import annotations
@@ -44,12 +46,14 @@ def _loads(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _worker(rank: int, world: int, port: int, tasks: Any, results: Any) -> None:
+def _worker(rank: int, world: int, port: int, backend: str, tasks: Any, results: Any) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     try:
+        if backend == "nccl":  # one accelerator per rank
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         store = dist.TCPStore("127.0.0.1", port, world + 1, False, timeout=timedelta(seconds=120))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=600))
     except Exception:  # noqa: BLE001 - reported to the parent
         results.put((rank, False, traceback.format_exc().encode()))
@@ -72,7 +76,7 @@ def _context(preload: tuple[str, ...]) -> Any:
     imported once in the server, each worker is a cheap fork of it), else ``spawn``."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch.distributed", *preload])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", *preload])
         return ctx
     return mp.get_context("spawn")
 
@@ -80,8 +84,10 @@ def _context(preload: tuple[str, ...]) -> Any:
 class DistPool:
     """``world_size`` gloo ranks kept alive between jobs."""
 
-    def __init__(self, world_size: int, *, timeout: float = 300.0, preload: tuple[str, ...] = ()):
+    def __init__(self, world_size: int, *, timeout: float = 300.0, preload: tuple[str, ...] = (),
+                 backend: str = "gloo"):
         self.world_size = world_size
+        self.backend = backend
         self.timeout = timeout
         self.preload = preload
         self._procs: list[Any] = []
@@ -95,8 +101,9 @@ class DistPool:
                                     wait_for_workers=False)
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(self.world_size)]
-        self._procs = [ctx.Process(target=_worker, args=(r, self.world_size, self._store.port, self._tasks[r],
-                                                         self._results), daemon=True)
+        port = self._store.port
+        self._procs = [ctx.Process(target=_worker, daemon=True,
+                                   args=(r, self.world_size, port, self.backend, self._tasks[r], self._results))
                        for r in range(self.world_size)]
         for p in self._procs:
             p.start()
@@ -156,7 +163,7 @@ class DistPool:
 
 
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300.0,
-                    preload: tuple[str, ...] = (), **kwargs: Any) -> list[Any]:
-    """Run ``fn(*args, **kwargs)`` once on ``world_size`` fresh gloo ranks; per-rank results."""
-    with DistPool(world_size, timeout=timeout, preload=preload) as pool:
+                    preload: tuple[str, ...] = (), backend: str = "gloo", **kwargs: Any) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` once on ``world_size`` fresh ranks; per-rank results."""
+    with DistPool(world_size, timeout=timeout, preload=preload, backend=backend) as pool:
         return pool.run(fn, *args, **kwargs)

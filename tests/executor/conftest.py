@@ -11,8 +11,10 @@ POOL_RANKS = 8
 
 @pytest.fixture(scope="session")
 def dist_pool() -> Iterator[DistPool]:
-    """Eight gloo ranks shared by every multi-process executor test of this xdist worker (tests
-    that use it carry ``xdist_group("executor-pool")`` so one worker runs them all)."""
+    """Eight gloo ranks shared by the multi-process executor tests of this pytest (xdist worker)
+    process. The tests carry ``xdist_group("executor-pool")`` so that ``--dist loadgroup`` could
+    send them all to one worker; with pytest 9.2 + xdist 3.8 the grouping has no effect (checked),
+    so each of the two CI workers may start its own pool — correct either way, one start more."""
     pool = DistPool(POOL_RANKS, timeout=240, preload=("executor.engine", "executor.reference", "exec_jobs"))
     yield pool
     pool.close()

@@ -50,10 +50,12 @@ def pipeline_rows(plan: Plan, pipeline: int, tokens: torch.Tensor) -> torch.Tens
 
 
 def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: OptimConfig = ORACLE_OPTIM,
-                seed: int = 0) -> list[dict[str, Any] | None]:
+                seed: int = 0, accelerator: bool = False) -> list[dict[str, Any] | None]:
     """On every rank: train each plan on its batches; per plan, the losses/norms seen by this rank
-    and (on rank 0) the gathered logical weights. Ranks beyond a plan's size idle."""
+    and (on rank 0) the gathered logical weights. Ranks beyond a plan's size idle. With
+    ``accelerator`` each rank runs on its current CUDA device (NCCL checks)."""
     rank = dist.get_rank()
+    device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
     out: list[dict[str, Any] | None] = []
     for plan, steps in zip(plans, batches):
         topo = build_topology(plan)
@@ -61,13 +63,13 @@ def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: Opt
         if rank >= topo.world_size:
             out.append(None)
             continue
-        eng = Engine(plan, topo, groups, device=torch.device("cpu"), optim=optim, seed=seed)
+        eng = Engine(plan, topo, groups, device=device, optim=optim, seed=seed)
         stats = [eng.train_step(pipeline_rows(plan, eng.stage.pipeline, t)) for t in steps]
         state = eng.logical_state_dict(to_all=False)
         out.append({"losses": [s.loss for s in stats], "norms": [s.grad_norm for s in stats],
                     "lrs": [s.lr for s in stats], "tokens": [s.tokens for s in stats],
                     "state": state if rank == 0 else None,
-                    "shards": {n: p.detach().clone() for n, p in eng.params.items()},
+                    "shards": {n: p.detach().cpu().clone() for n, p in eng.params.items()},
                     "pipeline": eng.stage.pipeline, "tp": eng.stage.tp, "tp_rank": eng.tp_rank})
     return out
 
@@ -206,7 +208,7 @@ def tp_layers_job(n: int) -> int:
 
 
 def checkpoint_job(plan_x: Plan, plan_y: Plan, other_model_plan: Plan, batches: list[torch.Tensor], split: int,
-                   path: str) -> dict[str, Any] | None:
+                   path: str, accelerator: bool = False) -> dict[str, Any] | None:
     """Train ``plan_x`` for ``split`` steps and save; build ``plan_y`` from a *different* seed, load,
     train the remaining steps. Also try loading the checkpoint under another model."""
     from pathlib import Path
@@ -215,12 +217,13 @@ def checkpoint_job(plan_x: Plan, plan_y: Plan, other_model_plan: Plan, batches: 
     from planner.errors import SpecError
 
     rank = dist.get_rank()
+    device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
     ck = Path(path)
     out: dict[str, Any] = {"losses_x": [], "losses_y": []}
     topo = build_topology(plan_x)
     groups = ProcessGroups.create(topo)
     if rank < topo.world_size:
-        eng = Engine(plan_x, topo, groups, device=torch.device("cpu"), optim=ORACLE_OPTIM, seed=0)
+        eng = Engine(plan_x, topo, groups, device=device, optim=ORACLE_OPTIM, seed=0)
         for t in batches[:split]:
             out["losses_x"].append(eng.train_step(pipeline_rows(plan_x, eng.stage.pipeline, t)).loss)
         eng.save_checkpoint(ck, {"data_position": split, "note": "x"})
@@ -229,7 +232,7 @@ def checkpoint_job(plan_x: Plan, plan_y: Plan, other_model_plan: Plan, batches: 
     topo = build_topology(plan_y)
     groups = ProcessGroups.create(topo)
     if rank < topo.world_size:
-        eng = Engine(plan_y, topo, groups, device=torch.device("cpu"), optim=ORACLE_OPTIM, seed=99)
+        eng = Engine(plan_y, topo, groups, device=device, optim=ORACLE_OPTIM, seed=99)
         out["extra"] = eng.load_checkpoint(ck)
         out["step_after_load"] = eng.step
         for t in batches[split:]:
@@ -238,7 +241,7 @@ def checkpoint_job(plan_x: Plan, plan_y: Plan, other_model_plan: Plan, batches: 
     topo = build_topology(other_model_plan)
     groups = ProcessGroups.create(topo)
     if rank < topo.world_size:
-        eng = Engine(other_model_plan, topo, groups, device=torch.device("cpu"), optim=ORACLE_OPTIM)
+        eng = Engine(other_model_plan, topo, groups, device=device, optim=ORACLE_OPTIM)
         try:
             eng.load_checkpoint(ck)
             out["other_model_error"] = None
