@@ -161,6 +161,13 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
         b = q + 1 if rank_in_type[pi] < r else q
         if b > 0:
             layouts.append(Layout(tuple(pipelines[pi]), splits[key].counts, b, max(1, min(m, b))))
+    if len(layouts) < k:
+        # pipelines without samples are dropped; the rest must be refined again because the
+        # ZeRO-1 shards (and the gradient sync) count the pipelines that remain
+        kept = [list(lay.units) for lay in layouts]
+        again = evaluate(oracle, kept, s, global_batch, use_ilp, explain)
+        again.pipelines = [list(p) for p in pipelines]  # the structure the search proposed
+        return again
     cand.step_s = step
     cand.layouts = layouts
     return cand
