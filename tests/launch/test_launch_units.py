@@ -143,3 +143,9 @@ def test_errors_map_to_exit_codes() -> None:
     assert classify(RuntimeError("[gloo/pair.cc:534] Connection closed by peer"))[1:] == (3, True)
     reason, code, suspect = classify(ValueError("shape mismatch\nmore"))
     assert (reason, code, suspect) == ("ValueError: shape mismatch", 3, False)
+
+
+def test_launch_node_dry_run_prints_that_nodes_script(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["launch", str(UNEVEN_PLAN), "--cluster", str(UNEVEN), "--node", "r4090s-1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "export HEXISCALE_NODE=r4090s-1" in out and "start_rank 47 3" in out and "a100" in out
