@@ -77,12 +77,12 @@ def _profile_cmd(key: str, sm: int, cpu: bool, comm: int) -> list[str]:
     return cmd
 
 
-def phase_profile(out: Path, cpu: bool) -> None:
+def phase_profile(out: Path, cpu: bool, single_gpu: bool = False) -> None:
     from benchmarks.fidelity_model import device_key
 
     (WORK / "profiles").mkdir(parents=True, exist_ok=True)
     env0 = {**os.environ, "PYTHONPATH": str(ROOT), "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
-    rounds = ((100,),) if cpu else PROFILE_ROUNDS
+    rounds = ((100,),) if cpu else (((100,), (60,), (35,), (50,), (75,)) if single_gpu else PROFILE_ROUNDS)
     status: dict[str, object] = {}
     key100 = "cpu-measured" if cpu else device_key(100)
     use_mps = False
@@ -110,7 +110,7 @@ def phase_profile(out: Path, cpu: bool) -> None:
                 p.kill()
                 status[key] = "timeout"
             log(f"{key}: rc={status[key]}")
-        if shares == (100,):  # the link sweep, before MPS starts (NCCL under MPS is not supported)
+        if shares == (100,) and not single_gpu:  # the link sweep, before MPS starts (NCCL under MPS is not supported)
             log("p2p / all-reduce sweep over 2 ranks")
             try:
                 status["comm"] = subprocess.run(_profile_cmd(key100, 100, cpu, 2), env=env0, cwd=ROOT,
@@ -216,6 +216,7 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--spec", help="(launch) the launch's JSON spec")
     ap.add_argument("--only", help="(runs) comma list of launch names to run")
+    ap.add_argument("--single-gpu", action="store_true", help="(profile) one GPU: shares one after another, no sweep")
     ap.add_argument("--tag", default="runs", help="(runs) output file name without .json")
     args = ap.parse_args()
     out = Path(args.out)
@@ -227,7 +228,7 @@ def main() -> None:
                          steps=2 if spec["cpu"] else 5)
         out.write_text(json.dumps(res))
     elif args.phase == "profile":
-        phase_profile(out, args.cpu)
+        phase_profile(out, args.cpu, args.single_gpu)
     else:
         phase_runs(out, args.cpu, args.only.split(",") if args.only else None, args.tag)
 

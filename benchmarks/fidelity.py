@@ -169,9 +169,13 @@ def main() -> None:
     ap.add_argument("--runs", required=True)
     ap.add_argument("--profiles", default=str(Path(__file__).resolve().parents[1] / "profiles" / "devices"))
     ap.add_argument("--cpu", action="store_true", help="the runs came from the CPU rehearsal")
+    ap.add_argument("--device-prefix", default="h100-sxm", help="catalog keys <prefix>-measured, <prefix>-mps<N>")
     ap.add_argument("--write-calibration", help="write the calibrated terms here (profiles/calibration/h100.json)")
     ap.add_argument("--json-out", default=str(Path(__file__).resolve().parent / "results" / "fidelity.json"))
     args = ap.parse_args()
+    from benchmarks.fidelity_model import DEVICE_PREFIX
+
+    DEVICE_PREFIX["prefix"] = args.device_prefix
     runs = json.loads(Path(args.runs).read_text())
     catalog = catalog_with(sorted(Path(args.profiles).glob("*.json")))
     params, fits, link = calibrate(runs, catalog, args.cpu)

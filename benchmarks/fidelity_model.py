@@ -16,10 +16,14 @@ from planner.plan import Plan
 NVLINK_NOMINAL_GBPS = 450.0  # H100 SXM NVLink 4: 900 GB/s bidirectional, 450 GB/s per direction
 
 
+DEVICE_PREFIX = {"prefix": "h100-sxm"}  # "h200" for the runs the device pool placed on H200s
+
+
 def device_key(sm: int, cpu: bool = False) -> str:
     if cpu:
         return "cpu-measured"
-    return "h100-sxm-measured" if sm >= 100 else f"h100-sxm-mps{sm}"
+    pre = DEVICE_PREFIX["prefix"]
+    return f"{pre}-measured" if sm >= 100 else f"{pre}-mps{sm}"
 
 
 def catalog_with(profile_files: list[Path]) -> Catalog:
