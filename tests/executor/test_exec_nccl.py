@@ -71,7 +71,7 @@ def test_nccl_checkpoint_between_plans(nccl_pool, tmp_path) -> None:
     res = nccl_pool.run(checkpoint_job, x, y, other, batches, 2, str(tmp_path / "ck"), accelerator=True)
     for r in res:
         assert_close(r["losses_x"] + r["losses_y"], ref.losses, rtol=RTOL, atol=0)
-        assert "differs in" in r["other_model_error"]
+    assert "differs in" in res[0]["other_model_error"]  # that plan has one rank
 
 
 def test_nccl_bf16_tracks_fp32(nccl_pool) -> None:
