@@ -28,7 +28,8 @@ Algorithm (every step deterministic for a fixed ``seed``):
 7. **Finalists**: the best few distinct candidates get the ILP batch split and the full
    :func:`planner.cost.estimate` (on clusters above ``FULL_ESTIMATE_DEVICES`` devices only the
    best one that fits, the estimate's simulator being the slow part there); the fastest one
-   that fits in memory is the plan.
+   that fits in memory is the plan. On small clusters single layers are then moved across stage
+   boundaries while the full estimate improves (:func:`.local_search.polish_layers`).
 
 The search spends a deterministic budget of evaluations; ``time_limit_s`` only stops it early
 (then the result can depend on the machine's speed; the log says so).
@@ -71,6 +72,7 @@ class PlannerConfig:
     schedules: tuple[str, ...] = SCHEDULES
     dtype: str = "bf16"
     local_search: bool = True
+    polish: bool = True  # move single layers under the full estimate at the end (small clusters)
     max_evaluations: int = 1500
     finalists: int = 3
 
@@ -300,6 +302,10 @@ class Search:
 
             raise infeasible(self)
         _, plan, est, cand = best
+        if self.config.polish:
+            from planner.search.local_search import polish_layers
+
+            plan, est = polish_layers(self, plan, est)
         elapsed = time.perf_counter() - self.start
         if self.cut_short:
             self.log.append(f"time limit {self.config.time_limit_s:g} s reached: the result may depend on speed")
