@@ -8,27 +8,28 @@ which keeps the residual and RMSNorm in fp32 and autocasts matmuls). Megatron te
 without sequence parallelism: norms and residual adds run on the full (replicated) activation on
 every TP rank; q/k/v, gate/up are column-parallel (N/t), wo and w_down row-parallel (K/t).
 
-Forward ops of one layer (GEMM shapes are ``[M, K] x [K, N]``; bytes at ideal fused traffic)::
+Forward ops of one layer, as the executor runs them in eager PyTorch (GEMM shapes are
+``[M, K] x [K, N]``; bytes are each kernel's reads + writes)::
 
     weight_cast  mem   [autocast] fp32 weights -> compute dtype: (4 + e) per matmul parameter
-    attn_norm    mem   read r·T·h, write r·T·h
+    attn_norm    mem   unfused fp32 RMSNorm (pow, mean, +eps, rsqrt, mul, mul): 28·T·h
     input_cast   mem   [r != e] the 3 (q/k/v) + 2 (gate/up) casts of the norm outputs: 5·T·h·(r+e)
     wq, wk, wv   gemm  [T, h] x [h, h/t], [h, kv/t], [h, kv/t]
-    rope         mem   read + write q and k: 2·e·T·(h + kv)/t
+    rope         mem   rotate-half RoPE on q and k (neg, cat, mul, mul, add): 10·e·T·(h + kv)/t
     kv_expand    mem   [GQA, expand] copy K/V to the query heads: e·T·2·(kv + h)/t
     attention    attn  causal flash attention: 2·b·s²·h/t FLOPs (half of the 4·b·s²·h/t dense count)
     wo           gemm  [T, h/t] x [h/t, h]
     residual     mem   read r·T·h + e·T·h, write r·T·h   (after attention and after the MLP)
     mlp_norm     mem   as attn_norm
     w_gate,w_up  gemm  [T, h] x [h, f/t]
-    swiglu       mem   read 2·e·T·f/t, write e·T·f/t     (two kernels: silu, mul)
+    swiglu       mem   silu then mul: 5·e·T·f/t
     w_down       gemm  [T, f/t] x [f/t, h]
 
-Backward: each GEMM becomes a data-gradient GEMM and a weight-gradient GEMM of the same FLOPs
-(the weight gradient also reads and writes the fp32 gradient accumulator); attention's backward
-runs ``attention_backward_flops_ratio`` times its forward FLOPs and moves twice its bytes;
-element-wise ops read their saved inputs and the output gradient and write the input gradients;
-casts cast the gradients back.
+Backward: each GEMM becomes a data-gradient GEMM and a weight-gradient GEMM of the same FLOPs;
+the weight gradients are cast to fp32 and accumulated into ``.grad`` (12 B per parameter);
+attention's backward runs ``attention_backward_flops_ratio`` times its forward FLOPs and moves twice
+its bytes; RMSNorm's autograd backward ~84·T·h; RoPE's ~10·e·T·(h + kv)/t; SwiGLU's 9·e·T·f/t;
+the gradients of the norm outputs' 3 + 2 consumers are summed (9·r·T·h); casts cast back.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _gemm(name: str, m: float, k: float, n: float, e: int) -> Op:
 
 def _gemm_backward(name: str, m: float, k: float, n: float, e: int) -> list[Op]:
     dgrad = Op(name + ".dgrad", GEMM, 2.0 * m * k * n, e * (m * n + k * n + m * k), min(m, k, n))
-    wgrad = Op(name + ".wgrad", GEMM, 2.0 * m * k * n, e * (m * k + m * n) + 2 * GRAD_BYTES * k * n, min(m, k, n))
+    wgrad = Op(name + ".wgrad", GEMM, 2.0 * m * k * n, e * (m * k + m * n + k * n), min(m, k, n))
     return [dgrad, wgrad]
 
 
@@ -105,6 +106,15 @@ def _matmul_params(model: ModelSpec, tp: int) -> float:
     return (model.layer_params() - 2 * model.hidden_size) / tp
 
 
+def _norm(name: str, tokens: float, h: int, r: int) -> tuple[Op, Op]:
+    """The executor's RMSNorm, unfused in fp32 (pow, mean, +eps, rsqrt, mul, mul: 28 B per element
+    forward); its autograd backward reads and writes about 84 B per element in ~12 kernels. A
+    residual stream in another dtype adds a cast in and out."""
+    cast = 0 if r == 4 else 2 * (r + 4)
+    return (Op(name, MEM, 0.0, (28 + cast) * tokens * h, kernels=6 + (2 if cast else 0)),
+            Op(name + ".backward", MEM, 0.0, (84 + cast) * tokens * h, kernels=12 + (2 if cast else 0)))
+
+
 def layer_forward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Numerics) -> list[Op]:
     e, r = num.e, num.r
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_dim
@@ -113,19 +123,19 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int,
     ops: list[Op] = []
     if num.weight_casts:
         ops.append(Op("weight_cast", MEM, 0.0, (4 + e) * _matmul_params(model, tp), kernels=7))
-    ops.append(Op("attn_norm", MEM, 0.0, 2 * r * t * h))
+    ops.append(_norm("attn_norm", t, h, r)[0])
     if r != e:
         ops.append(Op("input_cast", MEM, 0.0, 5 * t * h * (r + e), kernels=5))
-    ops += [gemms["wq"], gemms["wk"], gemms["wv"], Op("rope", MEM, 0.0, e * 2 * t * (h + kv) / tp, kernels=2)]
+    ops += [gemms["wq"], gemms["wk"], gemms["wv"], Op("rope", MEM, 0.0, 10 * e * t * (h + kv) / tp, kernels=14)]
     if num.expand_kv and kv != h:
         ops.append(Op("kv_expand", MEM, 0.0, e * t * 2 * (kv + h) / tp, kernels=2))
     ops += [
         attention_core_forward(model, micro_batch, seq_len, tp, e),
         gemms["wo"],
         Op("residual_attn", MEM, 0.0, t * h * (2 * r + e)),
-        Op("mlp_norm", MEM, 0.0, 2 * r * t * h),
+        _norm("mlp_norm", t, h, r)[0],
         gemms["w_gate"], gemms["w_up"],
-        Op("swiglu", MEM, 0.0, e * 3 * t * f / tp, kernels=2),
+        Op("swiglu", MEM, 0.0, e * 5 * t * f / tp, kernels=2),
         gemms["w_down"],
         Op("residual_mlp", MEM, 0.0, t * h * (2 * r + e)),
     ]
@@ -146,16 +156,18 @@ def layer_backward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int
                   seq_len, kernels=2))
     if num.weight_casts:
         ops.append(Op("weight_cast.backward", MEM, 0.0, (4 + e) * _matmul_params(model, tp), kernels=7))
+    ops.append(Op("grad_accumulate", MEM, 0.0, 3 * GRAD_BYTES * (_matmul_params(model, tp) + 2 * h), kernels=9))
     if r != e:
         ops.append(Op("input_cast.backward", MEM, 0.0, 5 * t * h * (r + e), kernels=5))
     if num.expand_kv and kv != h:
         ops.append(Op("kv_expand.backward", MEM, 0.0, e * t * 2 * (kv + h) / tp, kernels=2))
     ops += [
-        Op("attn_norm.backward", MEM, 0.0, r * 3 * t * h),
-        Op("rope.backward", MEM, 0.0, e * 2 * t * (h + kv) / tp, kernels=2),
+        Op("branch_grad_sum", MEM, 0.0, 9 * r * t * h, kernels=3),  # q/k/v and gate/up input gradients
+        _norm("attn_norm", t, h, r)[1],
+        Op("rope.backward", MEM, 0.0, 10 * e * t * (h + kv) / tp, kernels=16),
         Op("residual_attn.backward", MEM, 0.0, r * 3 * t * h),  # accumulating the branch gradients
-        Op("mlp_norm.backward", MEM, 0.0, r * 3 * t * h),
-        Op("swiglu.backward", MEM, 0.0, e * 5 * t * f / tp, kernels=2),
+        _norm("mlp_norm", t, h, r)[1],
+        Op("swiglu.backward", MEM, 0.0, e * 9 * t * f / tp, kernels=3),
         Op("residual_mlp.backward", MEM, 0.0, r * 3 * t * h),
     ]
     return ops
@@ -163,27 +175,31 @@ def layer_backward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int
 
 def embedding_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Numerics
                   ) -> tuple[list[Op], list[Op]]:
-    """Vocab-parallel embedding (fp32 table): a gather forward, a scatter-add into the fp32 gradient
-    backward. Its output is the residual stream (``r`` bytes)."""
-    t, h = micro_batch * seq_len, model.hidden_size
-    fwd = [Op("embedding", MEM, 0.0, num.r * 2 * t * h, kernels=3)]  # mask, gather, zero the foreign rows
-    bwd = [Op("embedding.backward", MEM, 0.0, num.r * t * h + 2 * GRAD_BYTES * t * h, kernels=2)]
+    """Vocab-parallel embedding (fp32 table): a gather forward; backward a zeroed fp32 gradient of
+    the table shard, a scatter-add of the token gradients, and its accumulation into ``.grad``."""
+    t, h, vt = micro_batch * seq_len, model.hidden_size, model.vocab_size / tp
+    fwd = [Op("embedding", MEM, 0.0, num.r * 2 * t * h, kernels=1 if tp == 1 else 5)]
+    bwd = [Op("embedding.backward", MEM, 0.0, (num.r + 4) * t * h + 4 * GRAD_BYTES * vt * h, kernels=4)]
     return fwd, bwd
 
 
 def head_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Numerics) -> tuple[list[Op], list[Op]]:
-    """Final RMSNorm, vocab-parallel LM head and cross-entropy (fp32 softmax over the vocab shard)."""
+    """Final RMSNorm, vocab-parallel LM head and cross-entropy, as executor/tp_layers.py runs it over
+    the ``N = T·V/t`` logits: forward casts them to fp32 and takes max, shift, exp, sum and the
+    in-place division (``(e + 36)·N`` bytes); backward clones the softmax, scales it and casts it
+    back (``(20 + e)·N``)."""
     e, r = num.e, num.r
-    t, h, v = micro_batch * seq_len, model.hidden_size, model.vocab_size
-    fwd = [Op("final_norm", MEM, 0.0, r * 2 * t * h), _gemm("lm_head", t, h, v / tp, e),
-           Op("cross_entropy", MEM, 0.0, (e + 4) * t * v / tp, kernels=4)]
-    bwd = [Op("cross_entropy.backward", MEM, 0.0, (e + 4 + e) * t * v / tp, kernels=2),
-           *_gemm_backward("lm_head", t, h, v / tp, e), Op("final_norm.backward", MEM, 0.0, r * 3 * t * h)]
+    t, h, vt = micro_batch * seq_len, model.hidden_size, model.vocab_size / tp
+    norm_f, norm_b = _norm("final_norm", t, h, r)
+    fwd = [norm_f, _gemm("lm_head", t, h, vt, e), Op("cross_entropy", MEM, 0.0, (e + 36) * t * vt, kernels=10)]
+    bwd = [Op("cross_entropy.backward", MEM, 0.0, (20 + e) * t * vt, kernels=5),
+           *_gemm_backward("lm_head", t, h, vt, e),
+           Op("grad_accumulate", MEM, 0.0, 3 * GRAD_BYTES * (vt * h + h), kernels=2), norm_b]
     if num.weight_casts:
-        fwd.insert(0, Op("weight_cast", MEM, 0.0, (4 + e) * h * v / tp))
-        bwd.append(Op("weight_cast.backward", MEM, 0.0, (4 + e) * h * v / tp))
+        fwd.insert(0, Op("weight_cast", MEM, 0.0, (4 + e) * h * vt))
+        bwd.append(Op("weight_cast.backward", MEM, 0.0, (4 + e) * h * vt))
     if r != e:
-        fwd.insert(1, Op("input_cast", MEM, 0.0, t * h * (r + e)))
+        fwd.insert(2, Op("input_cast", MEM, 0.0, t * h * (r + e)))
         bwd.append(Op("input_cast.backward", MEM, 0.0, t * h * (r + e)))
     return fwd, bwd
 

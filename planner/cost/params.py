@@ -32,8 +32,16 @@ class CostParams:
     # Memory-bound kernels (norms, RoPE, SwiGLU, residual adds, optimizer) reach this fraction
     # of the catalog's memory bandwidth.
     memory_efficiency: float = 0.80
-    # Fixed cost of each kernel (launch + tail), seconds; every modelled op pays it once.
+    # Fixed GPU-side cost of each kernel (launch latency + tail), seconds; every modelled op pays it.
     kernel_overhead_s: float = 4e-6
+    # Host (CPU) time to issue one modelled kernel in eager PyTorch: from Python in the forward
+    # (module calls, autocast dispatch), from the C++ autograd engine in the backward. A pass (one
+    # layer's forward or backward, the embedding, the head) takes max(GPU time, kernels · host):
+    # eager mode is either GPU- or CPU-bound. Defaults read off the committed H100 profile (torch
+    # 2.11, profiles/devices/h100-sxm-measured.json): a llama-1.3b layer takes >= ~1.7 ms forward
+    # (50 modelled kernels) and >= ~1.7 ms backward (85 kernels) whatever the micro-batch.
+    host_overhead_s: float = 3.5e-5
+    host_overhead_backward_s: float = 2e-5
 
     # ------------------------------------------------------------------ communication (links.py)
     # Fraction of a link's nominal bandwidth a collective or p2p achieves (protocol overhead).

@@ -5,6 +5,8 @@ step) takes on one device type. Two sources behind one interface (:class:`Device
   :mod:`planner.cost.ops` takes::
 
       time(op) = kernels · kernel_overhead_s + max(flops / (peak · eff(op)), bytes / (bw · memory_efficiency))
+      time(pass) = max(Σ time(op), Σ kernels · host)   eager PyTorch is GPU- or CPU-bound; host =
+                   host_overhead_s (forward, Python) or host_overhead_backward_s (autograd engine)
 
   with ``peak = DeviceType.peak(dtype)``, ``bw`` the memory bandwidth and the efficiency curves
   (``CostParams``)::
@@ -156,8 +158,12 @@ class DeviceProfile:
         t_flop = op.flops / (self.peak_flops(dtype) * eff)
         return op.kernels * p.kernel_overhead_s + max(t_flop, t_mem)
 
-    def ops_time(self, ops: list[Op], dtype: str) -> float:
-        return sum(self.op_time(op, dtype) for op in ops)
+    def ops_time(self, ops: list[Op], dtype: str, backward: bool = False) -> float:
+        """One pass of ``ops``: max(GPU time, host time to issue them): ``host_overhead_s`` per
+        kernel for a forward (Python), ``host_overhead_backward_s`` for a backward (autograd engine)."""
+        gpu = sum(self.op_time(op, dtype) for op in ops)
+        host = self.params.host_overhead_backward_s if backward else self.params.host_overhead_s
+        return max(gpu, sum(op.kernels for op in ops) * host)
 
     def explain_layer(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
                       seq_len: int | None = None) -> list[tuple[str, str, float, float, float]]:
@@ -174,7 +180,7 @@ class DeviceProfile:
         num = self.numerics(dtype)
         fwd = self.ops_time(layer_forward_ops(model, micro_batch, seq_len, tp, num), dtype)
         bwd = self.ops_time(layer_backward_ops(model, micro_batch, seq_len, tp, num,
-                                               self.params.attention_backward_flops_ratio), dtype)
+                                               self.params.attention_backward_flops_ratio), dtype, backward=True)
         return PassTime(fwd, bwd + self._recompute_extra(model, micro_batch, tp, dtype, recompute, seq_len, fwd))
 
     def _recompute_extra(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
@@ -182,7 +188,7 @@ class DeviceProfile:
         if recompute == "full":
             return self.recompute_fraction(model, micro_batch, tp, dtype, seq_len) * forward_s
         if recompute == "selective":
-            return self.op_time(attention_core_forward(model, micro_batch, seq_len, tp, DTYPE_BYTES[dtype]), dtype)
+            return self.ops_time([attention_core_forward(model, micro_batch, seq_len, tp, DTYPE_BYTES[dtype])], dtype)
         return 0.0
 
     def recompute_fraction(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> float:
@@ -190,17 +196,15 @@ class DeviceProfile:
         checkpoint stops once the last tensor the backward needs is rebuilt, so the final w_down
         GEMM and residual add are not repeated (nor the w_down all-reduce; see stage.py)."""
         ops = layer_forward_ops(model, micro_batch, seq_len, tp, self.numerics(dtype))
-        total = self.ops_time(ops, dtype)
-        skipped = self.ops_time([op for op in ops if op.name in NOT_RECOMPUTED], dtype)
-        return (total - skipped) / total
+        return self.ops_time([op for op in ops if op.name not in NOT_RECOMPUTED], dtype) / self.ops_time(ops, dtype)
 
     def _spec_embedding(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
         fwd, bwd = embedding_ops(model, micro_batch, seq_len, tp, self.numerics(dtype))
-        return PassTime(self.ops_time(fwd, dtype), self.ops_time(bwd, dtype))
+        return PassTime(self.ops_time(fwd, dtype), self.ops_time(bwd, dtype, backward=True))
 
     def _spec_head(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
         fwd, bwd = head_ops(model, micro_batch, seq_len, tp, self.numerics(dtype))
-        return PassTime(self.ops_time(fwd, dtype), self.ops_time(bwd, dtype))
+        return PassTime(self.ops_time(fwd, dtype), self.ops_time(bwd, dtype, backward=True))
 
     def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                seq_len: int) -> PassTime:
