@@ -49,7 +49,7 @@ def _reference(model: ModelSpec, batch: int):  # type: ignore[no-untyped-def]
     return batches, reference_train(model, batches, optim=ORACLE_OPTIM)
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=plans())
 def test_random_plans_match_dense_reference(dist_pool, plan: Plan) -> None:
     assert plan.world_size <= MAX_RANKS
