@@ -150,7 +150,7 @@ def run_launch_subprocess(name: str, sm: list[int], plans: list[dict], cpu: bool
     return json.loads(result.read_text())  # type: ignore[no-any-return]
 
 
-def phase_runs(out: Path, cpu: bool, only: list[str] | None = None, tag: str = "runs") -> None:
+def phase_runs(out: Path, cpu: bool, only: list[str] | None = None, tag: str = "runs", micro: int = 4) -> None:
     from benchmarks.fidelity_plans import bench_model, fidelity_launches, plan_to_json
     from benchmarks.hetero_efficiency import HETERO_PAIRS, choose_candidates
 
@@ -164,7 +164,7 @@ def phase_runs(out: Path, cpu: bool, only: list[str] | None = None, tag: str = "
         launches = [x for x in launches if x[0] in only]
     chosen = {}
     for pair in HETERO_PAIRS if not only or any(o.startswith("hetero") for o in only) else ():
-        picks = choose_candidates(model, pair, prof_dir, cpu=cpu, top=2)
+        picks = choose_candidates(model, pair, prof_dir, cpu=cpu, top=2, micro=micro)
         chosen[f"{pair[0]}-{pair[1]}"] = [n for n, _, _ in picks]
         launches.append((f"hetero-{pair[0]}-{pair[1]}", list(pair),
                          [{"name": n, "plan": plan_to_json(p)} for n, p, _ in picks]))
@@ -218,6 +218,7 @@ def main() -> None:
     ap.add_argument("--only", help="(runs) comma list of launch names to run")
     ap.add_argument("--single-gpu", action="store_true", help="(profile) one GPU: shares one after another, no sweep")
     ap.add_argument("--tag", default="runs", help="(runs) output file name without .json")
+    ap.add_argument("--hetero-micro", type=int, default=4, help="(runs) samples per micro-batch of the hetero plans")
     args = ap.parse_args()
     out = Path(args.out)
     if args.phase == "launch":
@@ -230,7 +231,7 @@ def main() -> None:
     elif args.phase == "profile":
         phase_profile(out, args.cpu, args.single_gpu)
     else:
-        phase_runs(out, args.cpu, args.only.split(",") if args.only else None, args.tag)
+        phase_runs(out, args.cpu, args.only.split(",") if args.only else None, args.tag, args.hetero_micro)
 
 
 if __name__ == "__main__":

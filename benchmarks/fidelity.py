@@ -58,10 +58,12 @@ def measured_plans(runs: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def calibrate(runs: dict[str, Any], catalog: Catalog, cpu: bool) -> tuple[CostParams, dict[str, Any], dict[str, float]]:
-    """Fit the named terms (see the module docstring); returns params, a report of each fit, the link."""
+def calibrate(runs: dict[str, Any], catalog: Catalog, cpu: bool, start: CostParams = DEFAULT_PARAMS
+              ) -> tuple[CostParams, dict[str, Any], dict[str, float]]:
+    """Fit the named terms (see the module docstring); returns params, a report of each fit, the link.
+    Terms without data in ``runs`` keep their value in ``start``."""
     fits: dict[str, Any] = {}
-    params = DEFAULT_PARAMS
+    params = start
     base = catalog.get(device_key(100, cpu))
     if base.measured:
         res = fit_compute(base, params)
@@ -171,6 +173,8 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="the runs came from the CPU rehearsal")
     ap.add_argument("--device-prefix", default="h100-sxm", help="catalog keys <prefix>-measured, <prefix>-mps<N>")
     ap.add_argument("--write-calibration", help="write the calibrated terms here (profiles/calibration/h100.json)")
+    ap.add_argument("--start-from", help="calibration file whose terms start the fit (e.g. the memory terms "
+                    "fitted on another device of the same software)")
     ap.add_argument("--json-out", default=str(Path(__file__).resolve().parent / "results" / "fidelity.json"))
     args = ap.parse_args()
     from benchmarks.fidelity_model import DEVICE_PREFIX
@@ -178,7 +182,12 @@ def main() -> None:
     DEVICE_PREFIX["prefix"] = args.device_prefix
     runs = json.loads(Path(args.runs).read_text())
     catalog = catalog_with(sorted(Path(args.profiles).glob("*.json")))
-    params, fits, link = calibrate(runs, catalog, args.cpu)
+    start = DEFAULT_PARAMS
+    if args.start_from:
+        from planner.calibration.store import load_params
+
+        start = load_params(Path(args.start_from))
+    params, fits, link = calibrate(runs, catalog, args.cpu, start)
     rows = evaluate(runs, catalog, params, link, args.cpu)
     summ = summary(rows)
     meta = runs.get("device_meta") or {}
@@ -192,7 +201,8 @@ def main() -> None:
 
         fitted = {k: v for f in fits.values() if isinstance(f, dict) and "terms" in f for k, v in f["terms"].items()}
         fitted.update(link_efficiency=params.link_efficiency, framework_gib=params.framework_gib)
-        prov = {**meta, "runs": Path(args.runs).name, "calibration_plans": list(CALIBRATION_PLANS)}
+        prov = {**meta, "runs": Path(args.runs).name, "calibration_plans": list(CALIBRATION_PLANS),
+                "started_from": args.start_from}
         save_calibration(Path(args.write_calibration), params, fitted=fitted, fits=fits, provenance=prov)
 
 

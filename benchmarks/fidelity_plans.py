@@ -86,10 +86,10 @@ def fidelity_launches(model: ModelSpec) -> list[Launch]:
 HETERO_BATCH, HETERO_MICRO = 24, 4
 
 
-def hetero_candidates(model: ModelSpec, pair: tuple[int, int]) -> list[tuple[str, Plan]]:
-    """Candidate plans on a GPU pair (global batch 24, micro-batches of 4 samples) from which the cost
-    model picks: every PP split (either GPU first), every DP batch split in whole micro-batches, and TP2."""
-    n, b, mb = model.num_layers, HETERO_BATCH, HETERO_MICRO
+def hetero_candidates(model: ModelSpec, pair: tuple[int, int], micro: int = HETERO_MICRO) -> list[tuple[str, Plan]]:
+    """Candidate plans on a GPU pair (global batch 24, micro-batches of ``micro`` samples) from which the
+    cost model picks: every PP split (either GPU first), every DP batch split in whole micro-batches, TP2."""
+    n, b, mb = model.num_layers, HETERO_BATCH, micro
     out: list[tuple[str, Plan]] = [("tp2", _tp2(model, b, b // mb))]
     for split in range(1, n):
         out.append((f"pp2-g0|g1-{split}-{n - split}", _pp2(model, G0, G1, split, b, b // mb)))

@@ -31,7 +31,7 @@ HETERO_PAIRS = ((100, 50), (75, 75))
 
 
 def choose_candidates(model: ModelSpec, pair: tuple[int, int], prof_dir: Path, *, cpu: bool, top: int,
-                      params: CostParams = DEFAULT_PARAMS) -> list[tuple[str, Plan, float]]:
+                      params: CostParams = DEFAULT_PARAMS, micro: int = 4) -> list[tuple[str, Plan, float]]:
     """The ``top`` candidates on ``pair`` ranked by the cost model's step time (OOM plans dropped)."""
     catalog = catalog_with(sorted(Path(prof_dir).glob("*.json")))
     cluster = pair_cluster((device_key(pair[0], cpu), device_key(pair[1], cpu)), catalog)
@@ -39,7 +39,7 @@ def choose_candidates(model: ModelSpec, pair: tuple[int, int], prof_dir: Path, *
     from planner.cost import ProfileSet, estimate
 
     profiles = ProfileSet(catalog, params)
-    for name, plan in hetero_candidates(model, pair):
+    for name, plan in hetero_candidates(model, pair, micro):
         est = estimate(plan, cluster, profiles)
         if est.fits:
             scored.append((name, plan, est.step_time_s))
@@ -79,7 +79,23 @@ def report(runs: dict[str, Any], prof_dir: Path, params: CostParams, cpu: bool) 
         h, o = picks["100-50"], picks["75-75"]
         out["gap_planned"] = 1.0 - h["pick_tokens_per_s"] / o["pick_tokens_per_s"]
         out["gap_best_measured"] = 1.0 - h["best_tokens_per_s"] / o["best_tokens_per_s"]
+        mb = plan_from_dict(runs["launches"][-1]["plans"][0]["plan"]).pipelines[0].micro_batch_sizes()[0]
+        speed = {sm: layer_speed(catalog, device_key(sm, cpu), mb, model.seq_len) for sm in (100, 50, 75)}
+        if all(v is not None for v in speed.values()):
+            ratio = (speed[100] + speed[50]) / (2 * speed[75])  # type: ignore[operator]
+            out["measured_compute"] = {"layer_speed_per_s": speed, "pair_ratio_100_50_over_75_75": ratio}
+            out["gap_planned_compute_normalised"] = 1.0 - (1.0 - out["gap_planned"]) / ratio
     return out
+
+
+def layer_speed(catalog: Any, key: str, micro_batch: int, seq_len: int) -> float | None:
+    """Layers per second (forward + backward, TP 1, no recompute) of a measured device at this micro-batch:
+    the measured compute of an MPS share, which is not proportional to the share."""
+    rows = (catalog.get(key).measured or {}).get("layer", [])
+    for r in rows:
+        if (r["micro_batch"], r["seq_len"], r["tp"], r["recompute"]) == (micro_batch, seq_len, 1, "none"):
+            return 1.0 / (r["forward_s"] + r["backward_s"])
+    return None
 
 
 def main() -> None:
@@ -88,12 +104,16 @@ def main() -> None:
     ap.add_argument("--profiles", default=str(Path(__file__).resolve().parents[1] / "profiles" / "devices"))
     ap.add_argument("--calibration", help="calibrated CostParams file (default: profiles/calibration/h100.json)")
     ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--device-prefix", default="h100-sxm", help="catalog keys <prefix>-measured, <prefix>-mps<N>")
     ap.add_argument("--json-out", default=str(Path(__file__).resolve().parent / "results" / "hetero_efficiency.json"))
     args = ap.parse_args()
     from planner.calibration.store import default_calibration_path, load_params
 
     cal = Path(args.calibration) if args.calibration else default_calibration_path()
     params = load_params(cal) if cal.exists() else DEFAULT_PARAMS
+    from benchmarks.fidelity_model import DEVICE_PREFIX
+
+    DEVICE_PREFIX["prefix"] = args.device_prefix
     runs = json.loads(Path(args.runs).read_text())
     res = report(runs, Path(args.profiles), params, args.cpu)
     from rich.table import Table
@@ -114,6 +134,11 @@ def main() -> None:
     if "gap_planned" in res:
         console.print(f"gap (planned) = {res['gap_planned'] * 100:.2f} %, "
                       f"gap (best measured) = {res['gap_best_measured'] * 100:.2f} %")
+    if "gap_planned_compute_normalised" in res:
+        mc = res["measured_compute"]
+        console.print(f"measured layer speed (1/s) {mc['layer_speed_per_s']}: the {{100, 50}} pair has "
+                      f"{mc['pair_ratio_100_50_over_75_75'] * 100:.1f} % of the {{75, 75}} pair's compute; "
+                      f"gap normalised by it = {res['gap_planned_compute_normalised'] * 100:.2f} %")
     res["meta"] = {"runs": args.runs, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                    "device_meta": runs.get("device_meta")}
     Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)

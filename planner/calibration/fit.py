@@ -7,7 +7,8 @@ data shows up as a large remaining error rather than being hidden by a global fa
 
 * :func:`fit_compute` — ``gemm_efficiency``, ``gemm_half_dim``, ``attention_efficiency``,
   ``attention_half_seq``, ``memory_efficiency``, ``kernel_overhead_s`` against a measured device's
-  layer, embedding and head tables (roofline of that device's catalog peaks).
+  layer, embedding and head tables (roofline of that device's catalog peaks); the GEMM and memory
+  efficiencies are capped by the measured ceilings (large GEMM, large copy) when the profile has them.
 * :func:`fit_link_efficiency` — ``link_efficiency`` = measured bandwidth / nominal link bandwidth
   (the p2p and all-reduce sweeps of the profiler; the fitted latency belongs to the cluster file).
 * :func:`fit_terms` — any terms against any observations, given a function that predicts them
@@ -129,8 +130,17 @@ def fit_compute(device: DeviceType, base: CostParams, terms: dict[str, tuple[flo
     """Fit the compute terms of the roofline to one measured device's tables."""
     obs = compute_observations(device)
     dtype = str((device.measured or {}).get("dtype", "bf16"))
-    result = fit_terms(base, terms or COMPUTE_TERMS, lambda p: predict_compute(device, p, obs, dtype),
-                       [o[4] for o in obs])
+    bounds = dict(terms or COMPUTE_TERMS)
+    ceilings = (device.measured or {}).get("ceilings") or {}
+    # physical caps from the measured ceilings: no GEMM beats the large square GEMM, no memory-bound
+    # kernel beats the large device copy (fractions of the catalog's peak and bandwidth)
+    caps = {"gemm_efficiency": ceilings.get("gemm_tflops", 0.0) / device.peak(dtype),
+            "memory_efficiency": ceilings.get("copy_GBps", 0.0) / device.memory_bandwidth_GBps}
+    for name, cap in caps.items():
+        if name in bounds and cap > 0:
+            lo, hi = bounds[name]
+            bounds[name] = (min(lo, cap), min(hi, cap))
+    result = fit_terms(base, bounds, lambda p: predict_compute(device, p, obs, dtype), [o[4] for o in obs])
     pred = predict_compute(device, result.params, obs, dtype)
     result.residuals = [{"table": t, **{k: r[k] for k in ("micro_batch", "seq_len", "tp") if k in r},
                          "recompute": r.get("recompute"), "phase": ph, "measured_s": v, "predicted_s": p}
