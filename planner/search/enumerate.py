@@ -28,10 +28,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from planner.cluster import ClusterSpec
-from planner.cost import Estimate, ProfileSet
+from planner.cost import ProfileSet
 from planner.errors import SpecError
 from planner.model import ModelSpec
-from planner.plan import Plan
 from planner.search.candidate import Candidate
 from planner.search.graph import Unit, make_units
 from planner.search.planner import PlannerConfig, Search, SearchResult
@@ -140,4 +139,4 @@ def enumerate_plans(cluster: ClusterSpec, model: ModelSpec, global_batch: int, *
     return EnumerationResult(best, search.evaluations, structures, time.perf_counter() - start)
 
 
-__all__ = ["EnumerationResult", "Estimate", "Plan", "enumerate_plans", "vector_partitions"]
+__all__ = ["EnumerationResult", "enumerate_plans", "node_cuts", "vector_partitions"]

@@ -37,6 +37,7 @@ The search spends a deterministic budget of evaluations; ``time_limit_s`` only s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -213,12 +214,24 @@ class Search:
                     parts.extend(chunk(members, math.ceil(len(members) / kj)))
                 yield "class", self._ordered(parts, units)
 
+    def usable(self, units: list[Unit]) -> list[Unit]:
+        """All units, unless the batch cannot use them all: at most ``B`` pipelines of at most ``L``
+        stages each; then the ``B·L`` units with the most compute (re-indexed, node order kept)."""
+        cap = self.B * self.model.num_layers
+        if len(units) <= cap:
+            return units
+        keep = sorted(sorted(units, key=lambda u: (-u.compute, u.index))[:cap], key=lambda u: u.index)
+        if not any("leaves devices idle" in line for line in self.log):
+            self.log.append(f"global batch {self.B} x {self.model.num_layers} layers leaves devices idle: "
+                            f"planning on the {cap} fastest stage groups")
+        return [dataclasses.replace(u, index=j) for j, u in enumerate(keep)]
+
     def _ordered(self, parts: Sequence[Sequence[int]], units: list[Unit]) -> list[list[Unit]]:
         return [[units[i] for i in order_stages(self.cluster, units, p)] for p in parts if p]
 
     def sweep(self, template: dict[str, int], ks: Sequence[int] | None, pool: list[Candidate], label: str,
               only: str | None = None) -> None:
-        units = make_units(self.cluster, template, self.config.dtype)
+        units = self.usable(make_units(self.cluster, template, self.config.dtype))
         for name, pipes in self.structures(units, ks if ks is not None else self.k_grid(len(units)), only):
             cand = self.score_structure(pipes)
             cand.origin = (name, template)
@@ -369,4 +382,4 @@ def search(cluster: ClusterSpec, model: ModelSpec, global_batch: int, *, config:
     return Search(cluster, model, global_batch, config or PlannerConfig(), profiles).run()
 
 
-__all__ = ["PlanInfeasible", "PlannerConfig", "SearchResult", "make_plan", "search"]
+__all__ = ["PlanInfeasible", "PlannerConfig", "Search", "SearchResult", "make_plan", "search"]

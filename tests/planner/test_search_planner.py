@@ -135,3 +135,13 @@ def test_beats_the_seed_style_baseline() -> None:
     base = seed_style(cluster, SMALL, 64, trials=10, seed=0)
     assert base.estimate is not None
     assert ours.estimate.tokens_per_s > base.tokens_per_s
+
+
+def test_small_batch_leaves_devices_idle_instead_of_failing() -> None:
+    """32 GPUs, a 4-layer model and 2 samples: at most 2 pipelines of 4 stages can be used."""
+    cluster = load_cluster(CLUSTERS / "seed-32gpu-4types.yaml")
+    result = search(cluster, PRESETS["tiny"], 2, config=FAST)
+    validate(result.plan, cluster)
+    assert result.plan.world_size <= 2 * 4 * 8
+    assert len(result.plan.pipelines) <= 2
+    assert any("idle" in line for line in result.log)
