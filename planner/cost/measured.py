@@ -29,8 +29,9 @@ Lookup of (model, micro_batch, tp, dtype, recompute, seq_len):
    the forward it repeats (the spec roofline's share, ``recompute_fraction``); ``selective``
    adds the spec attention-core time scaled by measured/spec.
 
-Activation bytes (``activation_bytes`` column) follow the same rules, scaled by the memory
-formula of :mod:`planner.cost.memory`. The optimizer rows fit
+Activation bytes (``activation_bytes`` column) are first brought to what the memory model counts
+per layer (:func:`_stage_bytes`: the input in, the weight casts out, the ``chain`` undone), then
+follow the same rules, scaled by the memory formula of :mod:`planner.cost.memory`. The optimizer rows fit
 ``seconds = fixed + per_param · num_params`` (least squares); the gradient-clipping tail is added
 from the spec bandwidth.
 """
@@ -49,7 +50,7 @@ from planner.cost.ops import CLIP_BYTES_PER_PARAM, DTYPE_BYTES, attention_core_f
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, PassTime
 from planner.errors import SpecError
-from planner.model import ModelSpec
+from planner.model import ModelSpec, model_from_dict
 
 MEASURED_FORMAT = "hexiscale.measured/1"
 KINDS = ("layer", "embedding", "head")
@@ -116,6 +117,7 @@ def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
     keys = {k for v in SHAPE_KEYS.values() for k in v}
     if not isinstance(model, Mapping) or any(not isinstance(model.get(k), int) for k in keys):
         raise SpecError(f"{path}.model", f"needs integer {', '.join(sorted(keys))}", "record the profiled model")
+    measured_model = model_from_dict(model, f"{path}.model")
     curves: dict[str, list[Curve]] = {}
     for kind in KINDS:
         rows = data.get(kind, [])
@@ -137,8 +139,8 @@ def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
             if len({r["micro_batch"] for r in rs}) != len(rs):
                 raise SpecError(f"{path}.{kind}", f"two rows for micro_batch of tp={tp} seq_len={seq} {rc}",
                                 "keep one row per point")
-            acts = tuple(float(r["activation_bytes"]) for r in rs) if all(
-                _num(r.get("activation_bytes")) for r in rs) else None
+            acts = tuple(_stage_bytes(kind, r, measured_model, str(dtype)) for r in rs) if all(
+                isinstance(r.get("activation_bytes"), int | float) and r["activation_bytes"] >= 0 for r in rs) else None
             out.append(Curve(tp, seq, rc, tuple(r["micro_batch"] for r in rs),
                              tuple(float(r["forward_s"]) for r in rs), tuple(float(r["backward_s"]) for r in rs), acts))
         curves[kind] = out
@@ -147,6 +149,32 @@ def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
         raise SpecError(f"{path}.optimizer", "expected a list of rows", "re-run the profiler")
     return MeasuredTables(str(dtype), {k: int(model[k]) for k in keys}, curves,
                           _fit_optimizer(opt_rows, f"{path}.optimizer"))
+
+
+def _stage_bytes(kind: str, row: Mapping[str, Any], model: ModelSpec, dtype: str) -> float:
+    """The profiler's ``activation_bytes`` as :func:`planner.cost.memory.stage_memory` counts a layer
+    (or the head): with its input, without the compute-dtype weight casts (added per micro-batch in
+    flight by the memory model).
+
+    The profiler (executor/profiler/compute.py) records what a forward leaves allocated less its
+    output, divided by ``chain`` = k when k applications of the same layer run back to back in one
+    autocast region: k layers' saved tensors, the inputs of all but the first (the first input
+    existed before), and ONE set of weight casts (autocast caches them within the region)::
+
+        measured = A + (k-1)/k · I + C/k      ->      A + I = measured + I/k - C/k
+
+    with ``I = T·h·4`` (the profiler feeds an fp32 residual) and ``C`` = e bytes per matmul
+    parameter of the shard (0 in fp32 and under full recompute, whose casts are not kept)."""
+    k = int(row.get("chain", 1) or 1)
+    tp, tokens = int(row["tp"]), int(row["micro_batch"]) * int(row["seq_len"])
+    e = DTYPE_BYTES[dtype]
+    if kind == "layer":
+        matmul = (model.layer_params() - 2 * model.hidden_size) / tp
+        casts = e * matmul if e != 4 and row.get("recompute", "none") != "full" else 0.0
+    else:
+        casts = e * model.vocab_size * model.hidden_size / tp if e != 4 else 0.0
+    inp = tokens * model.hidden_size * 4.0
+    return float(row["activation_bytes"]) + (inp - casts) / k
 
 
 def _interp(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:

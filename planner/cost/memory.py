@@ -37,11 +37,10 @@ backward); on the first stage the token ids (8 B/token); on the last stage the f
 logits with their fp32 loss buffer, ``T·(r·h + 4·h + 4 + e·h + V/t·(e + 4))``.
 A stage holds ``in_flight`` micro-batches (1F1B: ``min(S - i, m)``; GPipe: ``m``).
 
-Measured bytes (the profiler's ``activation_bytes``, executor/profiler/compute.py) replace the
-formulas when given. The profiler records what one forward leaves allocated less its output: that
-includes the weight casts and excludes the input, which already existed; so the measured layer
-(or head) counts ``measured + T·r·h`` and no separate weight casts. (On an H100, llama-1.3b, the
-formulas equal the measured bytes to within 1 KiB per layer and per head.)
+Measured bytes replace the formulas when given (``layer_activation``, ``head_activation``: per
+micro-batch, the input included, the weight casts not; ``MeasuredProfile.activation_bytes``
+converts the profiler's figures to that). On an H100 and an H200 (llama-1.3b), the formulas equal
+the measured bytes to within 1 KiB per layer and per head at TP 1, a few MiB at TP 2.
 
 Overhead per device: ``framework_gib + workspace_gib`` plus ``fragmentation`` times the tensor
 bytes (``CostParams``).
@@ -143,16 +142,14 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     optimizer = p * 8 / max(1, zero_shards)
     tokens = micro_batch * (seq_len or model.seq_len)
     layer_input = tokens * model.hidden_size * num.r
-    if layer_activation is not None:  # measured: weight casts included, the input not (module docstring)
-        per_layer = layer_activation + layer_input
-    else:
-        per_layer = layer_activation_bytes(model, micro_batch, tp, dtype, recompute, seq_len, params)
+    per_layer = layer_activation if layer_activation is not None else layer_activation_bytes(
+        model, micro_batch, tp, dtype, recompute, seq_len, params)
     acts = in_flight * layers * per_layer
     if recompute == "full":
         acts += layer_activation_bytes(model, micro_batch, tp, dtype, "none", seq_len, params)
     if num.weight_casts and recompute != "full":
-        matmul = 0.0 if layer_activation is not None else layers * (model.layer_params() - 2 * model.hidden_size) / tp
-        if last and head_activation is None:
+        matmul = layers * (model.layer_params() - 2 * model.hidden_size) / tp
+        if last:
             matmul += model.vocab_size * model.hidden_size / tp
         acts += in_flight * matmul * num.e
     if not last:
@@ -160,8 +157,8 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     if first:
         acts += in_flight * tokens * 8
     if last:
-        head = (head_activation + layer_input if head_activation is not None else
-                head_activation_bytes(model, micro_batch, tp, dtype, seq_len, params))
+        head = head_activation if head_activation is not None else head_activation_bytes(
+            model, micro_batch, tp, dtype, seq_len, params)
         acts += in_flight * head
         acts += tokens * model.vocab_size / tp * (num.e + 8)  # the loss's transient peak (module docstring)
     tensors = weights + grads + optimizer + acts
