@@ -138,8 +138,9 @@ def _timed_loop(step: Any, s: Setup, device: torch.device) -> tuple[list[float],
     return losses, times
 
 
-def _profile(step: Any, device: torch.device, path: Path) -> dict[str, Any]:
-    """One step under torch.profiler: top kernels by device time and a category breakdown."""
+def _profile(step: Any, device: torch.device, path: Path | None) -> dict[str, Any]:
+    """One step under torch.profiler: top kernels by device time and a category breakdown (the
+    table goes to ``path`` unless None). Every rank of a job must run it: the step communicates."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -153,7 +154,8 @@ def _profile(step: Any, device: torch.device, path: Path) -> dict[str, Any]:
             break
         except (KeyError, AttributeError, ValueError):
             continue
-    path.write_text(table)
+    if path is not None:
+        path.write_text(table)
     cats = {"gemm": 0.0, "attention": 0.0, "nccl": 0.0, "optimizer": 0.0, "other": 0.0}
     agg: dict[str, float] = {}
     for row in prof.key_averages():
@@ -178,7 +180,7 @@ def _profile(step: Any, device: torch.device, path: Path) -> dict[str, Any]:
         cats[cat] += us
         agg[row.key] = agg.get(row.key, 0.0) + us
     total = sum(cats.values()) or 1.0
-    return {"table_file": path.name, "category_ms": {k: round(v / 1e3, 2) for k, v in cats.items()},
+    return {"table_file": path.name if path else None, "category_ms": {k: round(v / 1e3, 2) for k, v in cats.items()},
             "category_share": {k: round(v / total, 3) for k, v in cats.items()},
             "top_kernels_ms": [(n[:90], round(us / 1e3, 2)) for n, us in
                                sorted(agg.items(), key=lambda kv: -kv[1])[:15]]}
@@ -265,8 +267,8 @@ def _engine_worker(config: str, s: Setup, rank: int) -> dict[str, Any]:
     out: dict[str, Any] = {"losses": losses, "times": times, "peak_mem_gib": _memory(device),
                            "compiled_blocks": compiled,
                            "attention": fast_path.attention_kernel_name(device, plan.model.head_dim)}
-    if config in s.profile and rank == 0:
-        out["profile"] = _profile(step, device, Path(s.out) / f"profile_{config}.txt")
+    if config in s.profile:  # all ranks step; rank 0 keeps the table
+        out["profile"] = _profile(step, device, Path(s.out) / f"profile_{config}.txt" if rank == 0 else None)
     return out
 
 
