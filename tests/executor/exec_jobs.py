@@ -248,3 +248,30 @@ def checkpoint_job(plan_x: Plan, plan_y: Plan, other_model_plan: Plan, batches: 
         except SpecError as exc:
             out["other_model_error"] = str(exc)
     return out
+
+
+def engine_errors_job() -> dict[str, str] | None:
+    """Misuse gets clear errors: a plan larger than the world, tokens of the wrong shape."""
+    rank = dist.get_rank()
+    out: dict[str, str] = {}
+    too_big = make_plan(TINY, [(9, 1, "1f1b", [(1, 4)])] * 9)
+    try:
+        ProcessGroups.create(build_topology(too_big))
+    except RuntimeError as exc:
+        out["world"] = str(exc)
+    plan = make_plan(TINY, [(2, 1, "1f1b", [(1, 2), (1, 2)])])
+    topo = build_topology(plan)
+    groups = ProcessGroups.create(topo)
+    if rank >= topo.world_size:
+        try:
+            Engine(plan, topo, groups, device=torch.device("cpu"))
+        except ValueError as exc:
+            out["outside"] = str(exc)
+        return out
+    eng = Engine(plan, topo, groups, device=torch.device("cpu"))
+    for shape in [(3, 33), (2, 34), (2,)]:
+        try:
+            eng.train_step(torch.zeros(shape, dtype=torch.long))
+        except ValueError as exc:
+            out[str(shape)] = str(exc)
+    return out

@@ -47,3 +47,4 @@ def test_read_meta_errors(tmp_path) -> None:
     (tmp_path / "meta.json").write_text("{broken")
     with pytest.raises(SpecError, match="cannot read"):
         read_meta(tmp_path)
+

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from exec_jobs import TINY, TINY8
+from exec_jobs import TINY, TINY8, engine_errors_job
 from torch.testing import assert_close
 
 from executor.dist_testing import DistributedError, run_distributed
@@ -104,3 +104,15 @@ def test_dist_testing_results_errors_and_timeouts() -> None:
         run_distributed(_fail_on_rank_one, 2, timeout=60)
     with pytest.raises(TimeoutError, match="did not finish on ranks"):
         run_distributed(_deadlock, 2, timeout=3)
+
+
+@pytest.mark.slow
+def test_engine_misuse_errors(dist_pool) -> None:
+    res = dist_pool.run(engine_errors_job)
+    for rank, r in enumerate(res):
+        assert "the plan needs 9 ranks, torch.distributed has 8" in r["world"]
+        if rank >= 2:
+            assert "is not part of the plan" in r["outside"]
+            continue
+        for shape in ["(3, 33)", "(2, 34)", "(2,)"]:
+            assert "expects tokens [2, <= 33]" in r[shape]
