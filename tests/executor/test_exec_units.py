@@ -107,6 +107,7 @@ def test_dist_testing_results_errors_and_timeouts() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("executor-pool")
 def test_engine_misuse_errors(dist_pool) -> None:
     res = dist_pool.run(engine_errors_job)
     for rank, r in enumerate(res):
