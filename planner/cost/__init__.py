@@ -40,7 +40,8 @@ and ``group_allreduce_time(nbytes, devices, cluster, params)``: collectives from
 (p2p folded in with ``fold_p2p``); ``simulate(f, b, m, schedule)`` for the exact makespan.
 ``in_flight(schedule, stages, stage_index, m)`` and
 ``stage_memory(model, *, layers, tp, first, last, micro_batch, in_flight, dtype, recompute, zero_shards,
-params, layer_activation=None, head_activation=None) -> MemoryBreakdown``
+params, layer_activation=None, head_activation=None, held_with_grads=None) -> MemoryBreakdown``
+    with ``held_with_grads(schedule, stages, stage_index, m)`` for the exact peak (module memory.py)
     (bytes per term; ``.total_gib``); ``stage_params(model, layers, tp, first, last)``.
 ``sync_groups(plan)``: cross-pipeline gradient groups (finest common slices) and their bytes.
 
@@ -82,6 +83,7 @@ from planner.cost.profile import DeviceProfile, PassTime, ProfileSet, SpecProfil
 from planner.cost.schedule import (
     bubble_fraction,
     gpipe_time,
+    held_with_grads,
     in_flight,
     one_f_one_b_lower_bound,
     one_f_one_b_time,
@@ -105,7 +107,7 @@ __all__ = [
     "PassTime", "PipelineEstimate", "ProfileSet", "SimResult", "SpecProfile", "StageEstimate", "StageTime",
     "activation_bytes", "all_gather_time", "allreduce_time", "boundary_time", "broadcast_time", "bubble_fraction",
     "device_compute", "estimate", "fold_p2p", "gpipe_time", "group_allreduce_time", "group_broadcast_time",
-    "hierarchical_allreduce_time", "in_flight", "layer_activation_bytes", "one_f_one_b_lower_bound",
+    "held_with_grads", "hierarchical_allreduce_time", "in_flight", "layer_activation_bytes", "one_f_one_b_lower_bound",
     "one_f_one_b_time", "p2p_time", "pipeline_time", "reduce_scatter_time", "ring_allreduce_time", "simulate",
     "stage_memory", "stage_params", "stage_time", "sync_groups", "tp_collectives", "tp_comm_time",
     "tree_allreduce_time",

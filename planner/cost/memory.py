@@ -35,7 +35,10 @@ than full, the compute-dtype copies of its matmul weights (``e`` per matmul para
 the matmuls for their backward); on every stage but the last, its output ``T·r·h`` (kept for the
 backward); on the first stage the token ids (8 B/token); on the last stage the final norm and the
 logits with their fp32 loss buffer, ``T·(r·h + 4·h + 4 + e·h + V/t·(e + 4))``.
-A stage holds ``in_flight`` micro-batches (1F1B: ``min(S - i, m)``; GPipe: ``m``).
+A stage holds ``in_flight`` micro-batches (1F1B: ``min(S - i, m)``; GPipe: ``m``) at most, but the
+gradients (dropped at each step's start) only exist from the stage's first backward on, when it
+holds ``held_with_grads`` (1F1B: ``min(S - i, m)`` if a forward follows the first backward,
+i.e. ``m > S - i``, else one less; GPipe: ``m - 1``); the peak is the larger of the two moments.
 
 Measured bytes replace the formulas when given (``layer_activation``, ``head_activation``: per
 micro-batch, the input included, the weight casts not; ``MeasuredProfile.activation_bytes``
@@ -128,13 +131,20 @@ def head_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: st
 def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: bool, micro_batch: int,
                  in_flight: int, dtype: str = "bf16", recompute: str = "none", zero_shards: int = 1,
                  params: CostParams = DEFAULT_PARAMS, seq_len: int | None = None,
-                 layer_activation: float | None = None, head_activation: float | None = None) -> MemoryBreakdown:
+                 layer_activation: float | None = None, head_activation: float | None = None,
+                 held_with_grads: int | None = None) -> MemoryBreakdown:
     """Peak memory of ONE device of a stage (fast: plain arithmetic).
 
     ``micro_batch`` is the largest micro-batch of the pipeline, ``in_flight`` the number of
     micro-batches held (:func:`planner.cost.schedule.in_flight`), ``zero_shards`` the number of
     owners sharing the optimizer state under ZeRO-1 (1 = replicated). ``layer_activation`` /
-    ``head_activation``: measured bytes per micro-batch replacing the formulas."""
+    ``head_activation``: measured bytes per micro-batch replacing the formulas.
+
+    ``held_with_grads``: micro-batches held once the gradients exist
+    (:func:`planner.cost.schedule.held_with_grads`); the executor drops the gradients at each step's
+    start, so the peak is ``max(in_flight · A, held_with_grads · A + G)`` (``A`` one micro-batch's
+    activations, ``G`` the gradients) and the breakdown shows what is allocated at that moment.
+    ``None`` counts both together (``in_flight · A + G``, an upper bound that is linear in ``layers``)."""
     num = _num(dtype, params)
     p = stage_params(model, layers, tp, first, last)
     weights = p * 4
@@ -144,23 +154,28 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     layer_input = tokens * model.hidden_size * num.r
     per_layer = layer_activation if layer_activation is not None else layer_activation_bytes(
         model, micro_batch, tp, dtype, recompute, seq_len, params)
-    acts = in_flight * layers * per_layer
-    if recompute == "full":
-        acts += layer_activation_bytes(model, micro_batch, tp, dtype, "none", seq_len, params)
+    per_mb = layers * per_layer  # everything one micro-batch in flight keeps
     if num.weight_casts and recompute != "full":
         matmul = layers * (model.layer_params() - 2 * model.hidden_size) / tp
         if last:
             matmul += model.vocab_size * model.hidden_size / tp
-        acts += in_flight * matmul * num.e
+        per_mb += matmul * num.e
     if not last:
-        acts += in_flight * layer_input
+        per_mb += layer_input
     if first:
-        acts += in_flight * tokens * 8
+        per_mb += tokens * 8
+    transient = 0.0  # while one micro-batch runs
+    if recompute == "full":
+        transient += layer_activation_bytes(model, micro_batch, tp, dtype, "none", seq_len, params)
     if last:
-        head = head_activation if head_activation is not None else head_activation_bytes(
+        per_mb += head_activation if head_activation is not None else head_activation_bytes(
             model, micro_batch, tp, dtype, seq_len, params)
-        acts += in_flight * head
-        acts += tokens * model.vocab_size / tp * (num.e + 8)  # the loss's transient peak (module docstring)
-    tensors = weights + grads + optimizer + acts
+        transient += tokens * model.vocab_size / tp * (num.e + 8)  # the loss's transient peak (module docstring)
+    acts, grads_at_peak = in_flight * per_mb + transient, grads
+    if held_with_grads is not None and in_flight * per_mb > held_with_grads * per_mb + grads:
+        grads_at_peak = 0.0  # the peak comes before the first backward allocates the gradients
+    elif held_with_grads is not None:
+        acts = held_with_grads * per_mb + transient
+    tensors = weights + grads_at_peak + optimizer + acts
     overhead = (params.framework_gib + params.workspace_gib) * GIB + params.fragmentation * tensors
-    return MemoryBreakdown(weights, grads, optimizer, acts, overhead)
+    return MemoryBreakdown(weights, grads_at_peak, optimizer, acts, overhead)

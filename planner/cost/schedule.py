@@ -88,3 +88,13 @@ def in_flight(schedule: str, stages: int, stage_index: int, micro_batches: int) 
     if schedule == "gpipe":
         return micro_batches
     return max(1, min(stages - stage_index, micro_batches))
+
+
+def held_with_grads(schedule: str, stages: int, stage_index: int, micro_batches: int) -> int:
+    """Micro-batches a stage holds, at most, once its first backward has allocated the gradients:
+    1F1B ``min(S - i, m)`` when a forward follows that backward (``m > S - i``), else one less;
+    GPipe ``m - 1`` (all forwards come first)."""
+    w = in_flight(schedule, stages, stage_index, micro_batches)
+    if schedule == "gpipe":
+        return micro_batches - 1
+    return w if micro_batches > stages - stage_index else w - 1

@@ -45,7 +45,7 @@ from planner.cost.gradsync import sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
 from planner.cost.memory import MemoryBreakdown, stage_memory, stage_params
 from planner.cost.profile import ProfileSet
-from planner.cost.schedule import in_flight
+from planner.cost.schedule import held_with_grads, in_flight
 from planner.cost.simulate import simulate
 from planner.cost.stage import StageTime, activation_bytes, boundary_time, stage_time
 from planner.errors import PlanInfeasible
@@ -229,6 +229,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
         for si, st in enumerate(pipe.stages):
             first, last = si == 0, si == len(pipe.stages) - 1
             held = in_flight(pipe.schedule, len(pipe.stages), si, pipe.micro_batches)
+            with_grads = held_with_grads(pipe.schedule, len(pipe.stages), si, pipe.micro_batches)
             mems: dict[str, MemoryBreakdown] = {}
             for gpu in {cluster.device(d).gpu for d in st.devices}:
                 prof = profiles.get(gpu)
@@ -236,7 +237,8 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
                     m, layers=st.num_layers, tp=st.tp, first=first, last=last, micro_batch=mb, in_flight=held,
                     dtype=o.dtype, recompute=o.recompute, zero_shards=zero_shards, params=params,
                     layer_activation=prof.activation_bytes("layer", m, mb, st.tp, o.dtype, o.recompute),
-                    head_activation=prof.activation_bytes("head", m, mb, st.tp, o.dtype) if last else None)
+                    head_activation=prof.activation_bytes("head", m, mb, st.tp, o.dtype) if last else None,
+                    held_with_grads=with_grads)
             n_params = stage_params(m, st.num_layers, st.tp, first, last) / zero_shards
             n_tensors = 9 * st.num_layers + (1 if first else 0) + (2 if last else 0)
             for di, dev_id in enumerate(st.devices):

@@ -136,3 +136,24 @@ def test_formulas_match_the_measured_profiles() -> None:
                 checked += 1
     if not checked:
         pytest.skip("no measured profile committed")
+
+
+def test_gradients_appear_at_the_first_backward() -> None:
+    from planner.cost import held_with_grads
+
+    assert held_with_grads("1f1b", 4, 0, 8) == 4  # a forward follows the first backward
+    assert held_with_grads("1f1b", 4, 0, 4) == 3  # it does not: one micro-batch fewer
+    assert held_with_grads("1f1b", 1, 0, 1) == 0
+    assert held_with_grads("gpipe", 2, 1, 6) == 5
+    kw = dict(layers=4, tp=1, first=False, last=False, micro_batch=2, dtype="bf16", params=NO_OVERHEAD)
+    one = stage_memory(MODEL, in_flight=1, **kw)  # type: ignore[arg-type]
+    g, a = one.gradients, one.activations
+    # one micro-batch, no forward after the backward: the peak is max(A, G), not A + G
+    alone = stage_memory(MODEL, in_flight=1, held_with_grads=0, **kw)  # type: ignore[arg-type]
+    assert alone.total == pytest.approx(one.weights + one.optimizer + max(a, g))
+    # several: max(w·A, (w-1)·A + G) with the breakdown of the moment that wins
+    three = stage_memory(MODEL, in_flight=3, held_with_grads=2, **kw)  # type: ignore[arg-type]
+    assert three.total == pytest.approx(one.weights + one.optimizer + max(3 * a, 2 * a + g))
+    assert three.gradients in (0.0, g)
+    steady = stage_memory(MODEL, in_flight=3, held_with_grads=3, **kw)  # type: ignore[arg-type]
+    assert steady.total == pytest.approx(stage_memory(MODEL, in_flight=3, **kw).total)  # type: ignore[arg-type]
