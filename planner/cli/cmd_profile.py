@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--base", help="catalog key of the unthrottled device type (default: detected from the GPU name)")
     p.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU (tests/CI)")
     p.add_argument("--sm-percent", type=float, dest="sm_percent",
-                   help="MPS SM share the process runs under (also read from CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)")
+                   help="MPS SM share to run under and record (sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE unless set; "
+                        "needs the MPS daemon: nvidia-cuda-mps-control -d)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="compute dtype (default bf16; CPU fp32)")
     p.add_argument("--micro-batches", dest="micro_batches", help="comma list, e.g. 1,2,4")
     p.add_argument("--seq-lens", dest="seq_lens", help="comma list of sequence lengths")
@@ -57,6 +58,13 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--sm-percent", f"{args.sm_percent} is not in (0, 100]", "pass e.g. 60")
     for flag, value in (("--micro-batches", args.micro_batches), ("--seq-lens", args.seq_lens), ("--tp", args.tp)):
         _ints(value, flag)
+
+    if args.sm_percent is not None and not args.cpu and args.sm_percent < 100:
+        # MPS reads the share when this process creates its CUDA context (after this line); it only takes
+        # effect when the MPS control daemon runs (nvidia-cuda-mps-control -d)
+        import os
+
+        os.environ.setdefault("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(int(args.sm_percent)))
 
     import torch
 

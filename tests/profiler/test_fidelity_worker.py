@@ -1,0 +1,47 @@
+"""The fidelity benchmark's device-side worker on CPU ranks: every plan of one global batch trains to the
+same loss, and the report side turns the runs into per-plan errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package
+
+from benchmarks.fidelity import device_memory, summary  # noqa: E402
+from benchmarks.fidelity_plans import G0, G1, _dp2, _one, _pp2, plan_to_json  # noqa: E402
+from benchmarks.fidelity_worker import run_launch  # noqa: E402
+from planner.model import PRESETS  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_launch_runs_plans_on_their_gpus_and_agrees_on_the_loss() -> None:
+    m = PRESETS["tiny"]
+    plans = [("one-on-g1", _one(m, G1, 4, 2)), ("pp2-g1-first", _pp2(m, G1, G0, 1, 4, 2)),
+             ("dp2", _dp2(m, G0, G1, 3, 1, 3, 1))]
+    res = run_launch([{"name": n, "plan": plan_to_json(p)} for n, p in plans], [100, 100], cpu=True,
+                     warmup=1, steps=1)
+    by = {p["name"]: p for p in res["plans"]}
+    assert all("error" not in p for p in by.values()), [p.get("error") for p in by.values()]
+    assert [r["device"] for r in by["one-on-g1"]["ranks"]] == [G1]  # a one-GPU plan on the second GPU
+    assert [r["device"] for r in by["pp2-g1-first"]["ranks"]] == [G1, G0]  # plan rank 0 runs on GPU 1
+    losses = [r["loss"] for p in by.values() for r in p["ranks"]]
+    assert max(losses) - min(losses) < 1e-4 * abs(losses[0])  # same data, same model: same loss
+    assert all(p["step_time_s"] > 0 for p in by.values())
+
+
+def test_memory_less_leftovers_and_summary() -> None:
+    assert device_memory({"in_use_gib": 10.0, "in_use_before_gib": 1.5, "context_gib": 0.5}) == 9.0
+    assert device_memory({"in_use_gib": 10.0, "in_use_before_gib": 0.4, "context_gib": 0.5}) == 10.0
+    rows = [{"plan": "a", "calibration": True, "time_err": 0.02, "memory": [{"err": -0.01}]},
+            {"plan": "b", "calibration": False, "time_err": -0.08, "memory": [{"err": 0.04}, {"err": 0.0}]},
+            {"plan": "c", "calibration": False, "error": "boom"}]
+    s = summary(rows)
+    assert s["all"]["plans"] == 2 and s["all"]["time_max_abs"] == pytest.approx(0.08)
+    assert s["all"]["time_mean_abs"] == pytest.approx(0.05)
+    assert s["held_out"]["plans"] == 1 and s["held_out"]["memory_max_abs"] == pytest.approx(0.04)
+    assert s["failed"] == ["c"]
