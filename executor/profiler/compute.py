@@ -69,19 +69,15 @@ def _mem(device: torch.device) -> int:
 
 
 def _measure_fwd_bwd(fwd_fn: Callable[[], torch.Tensor], params: list[torch.Tensor], device: torch.device,
-                     dtype: str, warmup: int, repeats: int,
-                     mem_fn: Callable[[], torch.Tensor] | None = None) -> dict[str, Any]:
+                     dtype: str, warmup: int, repeats: int) -> dict[str, Any]:
     """Time ``fwd_fn()`` (under the engine's autocast) then ``out.backward(grad)``; measure activation and
-    peak memory of one pass of ``mem_fn`` (default ``fwd_fn``)."""
+    peak memory of one pass."""
     state: dict[str, Any] = {}
 
     def forward() -> torch.Tensor:
         with autocast(dtype, device):
             return fwd_fn()
 
-    def mem_forward() -> torch.Tensor:
-        with autocast(dtype, device):
-            return (mem_fn or fwd_fn)()
 
     def step(mark: Callable[[int], None]) -> None:
         mark(0)
@@ -99,7 +95,7 @@ def _measure_fwd_bwd(fwd_fn: Callable[[], torch.Tensor], params: list[torch.Tens
         synchronize(device)
         base = _mem(device)
         torch.cuda.reset_peak_memory_stats(device)
-        out = mem_forward()
+        out = forward()
         synchronize(device)
         result["activation_bytes"] = _mem(device) - base - out.numel() * out.element_size()
         out.backward(torch.randn_like(out))
@@ -119,8 +115,10 @@ def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, 
     through all) and every figure is divided by ``k``: as inside a stage, the host queues the next
     layer's kernels while the device runs the current one, so the launch latency at the start of a
     timed region (the device idles until the first kernels arrive) is paid once per ``k`` layers
-    instead of once per layer. Small, launch-bound shapes are otherwise over-estimated. Memory is
-    measured on one layer pass (a chain would share the autocast weight casts between its layers)."""
+    instead of once per layer. Small, launch-bound shapes are otherwise over-estimated. The memory
+    figures come from the chain too (``activation_bytes`` divided by ``k``): ``k`` layers' saved tensors,
+    the inputs of all but the first, and ONE set of autocast weight casts (cached within the region);
+    :mod:`planner.cost.measured` undoes that with the row's ``chain``."""
     spec = replace(model, seq_len=max(model.seq_len, seq_len))
     block = prepare(Block(spec, tp=tp, group=None, recompute=recompute, device=None), dtype, device)
     cos, sin = _rope(spec, seq_len, device)
@@ -132,10 +130,10 @@ def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, 
             y = block(y, cos, sin)
         return y
 
-    res = _measure_fwd_bwd(forward, [*block.parameters(), x], device, dtype, warmup, repeats,
-                           mem_fn=lambda: block(x, cos, sin))  # memory of ONE layer pass
-    for key in ("forward_s", "backward_s"):
-        res[key] = res[key] / chain
+    res = _measure_fwd_bwd(forward, [*block.parameters(), x], device, dtype, warmup, repeats)
+    for key in ("forward_s", "backward_s", "activation_bytes"):
+        if key in res:
+            res[key] = res[key] / chain
     res["chain"] = chain
     return res
 
