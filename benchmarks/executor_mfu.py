@@ -163,8 +163,9 @@ def _profile(step: Any, device: torch.device, path: Path | None) -> dict[str, An
         # that launch them repeat that device time (skipped: no double count), and so do the
         # user ranges ("Optimizer.step#...") and the launch-queue marker "Command Buffer Full".
         us = float(getattr(row, "self_device_time_total", 0.0) or getattr(row, "self_cuda_time_total", 0.0) or 0.0)
-        if us <= 0.0 or row.self_cpu_time_total > 0 or "#" in row.key or row.key.startswith(("Command Buffer",
-                                                                                               "ProfilerStep")):
+        # "nccl:all_reduce"-style rows are ranges that repeat their ncclDevKernel's time
+        if us <= 0.0 or row.self_cpu_time_total > 0 or "#" in row.key or row.key.startswith(
+                ("Command Buffer", "ProfilerStep", "nccl:")):
             continue
         low = row.key.lower()
         if "nccl" in low:

@@ -60,8 +60,7 @@ Backends = tuple[Any, ...]
 # ------------------------------------------------------------------------------ attention
 
 
-@functools.lru_cache(maxsize=1)
-def flash_attn_func() -> Callable[..., torch.Tensor] | None:
+def _load_flash_attn() -> Callable[..., torch.Tensor] | None:
     """``flash_attn.flash_attn_func`` when the optional package is installed and importable."""
     if importlib.util.find_spec("flash_attn") is None:
         return None
@@ -71,6 +70,10 @@ def flash_attn_func() -> Callable[..., torch.Tensor] | None:
         log.warning("flash-attn is installed but does not import (%s); using SDPA", exc)
         return None
     return fn  # type: ignore[no-any-return]
+
+
+# Resolved once at import (a constant, so compiled code sees a plain global, not a cached call).
+FLASH_ATTN_FUNC = _load_flash_attn()
 
 
 def _probe(device: torch.device, backend: Any, head_dim: int) -> bool:
@@ -126,9 +129,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backends
     if hq % hkv:
         raise ValueError(f"{hq} query heads are not a multiple of {hkv} KV heads")
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        fa = flash_attn_func()
-        if fa is not None:
-            out = fa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        if FLASH_ATTN_FUNC is not None:
+            out = FLASH_ATTN_FUNC(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
             return out.transpose(1, 2)
     rep = hq // hkv
     if rep > 1:
@@ -140,7 +142,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backends
 
 def attention_kernel_name(device: torch.device, head_dim: int = 128) -> str:
     """Human-readable name of the attention kernel half-precision inputs get on ``device``."""
-    if torch.device(device).type == "cuda" and flash_attn_func() is not None:
+    if torch.device(device).type == "cuda" and FLASH_ATTN_FUNC is not None:
         return "flash-attn package"
     order = attention_backends(torch.device(device), head_dim)
     return "sdpa:" + (order[0].name.lower() if order else "default")
