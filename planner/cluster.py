@@ -41,6 +41,7 @@ from planner.fields import (
     get_int,
     get_str,
     join,
+    read_user_text,
 )
 
 MAX_GPUS_PER_NODE = 64
@@ -286,10 +287,7 @@ def load_yaml_text(text: str, file: str) -> Any:
 def load_cluster(path: str | Path, catalog: Catalog | None = None) -> ClusterSpec:
     """Read and validate a cluster file; errors carry the file name."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError("", f"cannot read cluster file: {exc.strerror}", "check the path", str(path)) from None
+    text = read_user_text(path, "cluster")
     try:
         return parse_cluster(load_yaml_text(text, str(path)), catalog)
     except SpecError as exc:

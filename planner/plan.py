@@ -27,6 +27,7 @@ from planner.fields import (
     get_int,
     get_str,
     join,
+    read_user_text,
 )
 from planner.model import RECOMPUTE_MODES, ModelSpec, model_from_dict
 
@@ -268,10 +269,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError("", f"cannot read plan file: {exc.strerror}", "check the path", str(path)) from None
+    text = read_user_text(path, "plan")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -19,7 +19,7 @@ def sniff_kind(path: str) -> str:
     if p.suffix == ".json":
         try:
             data: Any = json.loads(p.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             return "plan"
         return "plan" if isinstance(data, dict) and "pipelines" in data else "cluster"
     return "cluster"

@@ -97,3 +97,14 @@ def test_load_plan_errors(tmp_path: Path) -> None:
     p.write_text("{ not json")
     with pytest.raises(SpecError, match="not valid JSON"):
         load_plan(p)
+
+
+def test_binary_files_are_clear_errors(tmp_path: Path) -> None:
+    from planner.cluster import load_cluster
+
+    p = tmp_path / "p.json"
+    p.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(SpecError, match="not UTF-8"):
+        load_plan(p)
+    with pytest.raises(SpecError, match="not UTF-8"):
+        load_cluster(p)
