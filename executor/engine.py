@@ -41,6 +41,7 @@ from executor.optim import OptimConfig, build_optimizer, clip_coefficient, lr_at
 from executor.p2p import StageComm
 from executor.schedules import MicroBatch, run_schedule
 from executor.topology import Topology, stage_params
+from executor.zero import ZeroOptimizer
 from planner.errors import SpecError
 from planner.plan import Plan
 
@@ -75,9 +76,6 @@ class Engine:
         self.step = 0
         model = plan.model
         self.autocast_dtype = self._compute_dtype(plan.options.dtype)
-        if plan.options.zero and self.rank == 0:
-            log.warning("plan options.zero=%d: ZeRO-1 sharding is not implemented yet; optimizer state is "
-                        "replicated across pipelines", plan.options.zero)
 
         self.module = StageModule(model, layers=self.stage.layers, first=self.stage.is_first,
                                   last=self.stage.is_last, tp=self.stage.tp, tp_rank=self.tp_rank,
@@ -89,7 +87,9 @@ class Engine:
             raise RuntimeError("stage parameters do not match the logical layout: "
                                f"{list(self.params)} vs {[p.name for p in infos]}")
         self.module.load_logical(logical_init(model, seed, self.shard_dims), self.shard_dims)
-        self.optimizer = build_optimizer(list(self.params.items()), optim)
+        # ZeRO-1 (executor.zero): Adam state split across each slice's owners, one per pipeline
+        self.zero = ZeroOptimizer(groups, self.params, optim) if plan.options.zero and len(plan.pipelines) > 1 else None
+        self.optimizer = self.zero.optimizer if self.zero else build_optimizer(list(self.params.items()), optim)
         self.comm = StageComm(self.stage, self.rank, groups.tp_group, device=self.device)
         self.grad_sync = GradSync(groups, self.params)
         # parameters whose squared gradient this rank adds to the global norm (no double counting)
@@ -157,7 +157,7 @@ class Engine:
         torch._foreach_mul_(grads, coef)  # type: ignore[arg-type]
         lr = lr_at(self.step, self.optim_cfg)
         set_lr(self.optimizer, lr)
-        self.optimizer.step()
+        (self.zero or self.optimizer).step()
         self.step += 1
         host = stats.tolist()
         return StepStats(loss=host[0], grad_norm=host[1] ** 0.5, lr=lr, tokens=global_tokens)
@@ -170,7 +170,10 @@ class Engine:
         return ckpt.gather_logical(self.groups, local, to_all=to_all)
 
     def optimizer_moments(self) -> dict[str, dict[str, torch.Tensor]]:
-        """This rank's AdamW moments per parameter name (zeros before the first step)."""
+        """This rank's AdamW moments per parameter name (zeros before the first step); under ZeRO-1
+        a collective that all-gathers them from the owners' parts."""
+        if self.zero is not None:
+            return self.zero.full_moments()
         out: dict[str, dict[str, torch.Tensor]] = {"exp_avg": {}, "exp_avg_sq": {}}
         for n, p in self.params.items():
             st = self.optimizer.state.get(p, {})
@@ -180,6 +183,10 @@ class Engine:
 
     def set_optimizer_state(self, moments: dict[str, dict[str, torch.Tensor]], step: int) -> None:
         """Install (sharded) AdamW moments and the step count."""
+        if self.zero is not None:
+            self.zero.load_moments(moments, step)
+            self.step = step
+            return
         for group in self.optimizer.param_groups:
             on_device = bool(group.get("fused") or group.get("capturable"))
             for p in group["params"]:

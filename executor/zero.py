@@ -1,0 +1,218 @@
+"""ZeRO-1: AdamW state sharded across the owners of every finest-common slice.
+
+What is sharded (the cost model's ``zero_shards``, :mod:`planner.cost.memory`): every element of a
+logical parameter has one owner per pipeline (:mod:`executor.topology`: the finest-common slices
+of TP-sharded weights; the stage leaders for replicated norm scales). Those ``k`` owners form a
+:class:`~executor.topology.SyncGroup`. Under ZeRO-1 they split the group's state ``k`` ways, so
+every logical element has its Adam moments (and its fp32 master copy used by the update) on exactly
+ONE rank of the whole plan; a rank holds ~1/k of the optimizer state it holds without ZeRO (norm
+scales: only the TP leaders hold their share, the other TP ranks none).
+
+Layout of one group on one rank: the rank's local views of the group's slices (same order as
+:class:`executor.grad_sync.GradSync`), split into decayed matrices and undecayed norm scales (AdamW
+weight decay differs), each concatenated into a flat vector of ``N`` elements. With
+``c = ceil(N / k)``, the owner at position ``i`` of the group (pipeline order) owns the contiguous
+part ``[i·c, min((i+1)·c, N))`` — the "flat part".
+
+One step (after the unchanged gradient sync, global-norm clipping and LR schedule in the engine):
+
+1. every rank copies its flat part of the (clipped, synchronised) gradient and of the current
+   parameters into its master part (a leaf tensor with ``.grad``);
+2. one AdamW step over the master parts (element-wise, so bit-for-bit the dense update of those
+   elements: the same ``build_optimizer`` settings);
+3. per group (in the topology's global order, shared by every rank), the updated parts are
+   all-gathered in rounds of at most ``bucket_numel`` elements per owner and written back into the
+   parameter views of every owner — the owners end up with identical parameters;
+4. stage leaders broadcast the updated norm scales inside their TP group (the TP ranks other than
+   the leader hold no norm state).
+
+Gradient reduction stays a SUM all-reduce (:mod:`executor.grad_sync`): the global gradient norm
+needs the full reduced gradient on pipeline 0 anyway; a reduce-scatter would change that.
+
+Checkpoints: :meth:`ZeroOptimizer.full_moments` (collective) all-gathers the moment parts into
+full local-shard tensors, so :mod:`executor.checkpoint` writes the same logical moments as without
+ZeRO; :meth:`ZeroOptimizer.load_moments` cuts a rank's parts out of its local-shard moments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.grad_sync import DEFAULT_BUCKET_NUMEL
+from executor.groups import ProcessGroups
+from executor.optim import OptimConfig, build_optimizer, decays
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+View = tuple[str, int | None, int, int]  # (name, dim, start, length) in the local shard
+
+
+@dataclass
+class _Part:
+    """One flat vector (a group's decayed or undecayed slices) and this rank's part of it."""
+
+    group: Any  # process group of the owners
+    k: int  # owners
+    index: int  # this rank's position among the owners
+    views: list[View]
+    numel: int  # N
+    master: torch.nn.Parameter  # this rank's part [lo, hi)
+
+    @property
+    def chunk(self) -> int:
+        return -(-self.numel // self.k)
+
+    @property
+    def lo(self) -> int:
+        return min(self.index * self.chunk, self.numel)
+
+    @property
+    def hi(self) -> int:
+        return min(self.lo + self.chunk, self.numel)
+
+
+def _tensors(tensors: Mapping[str, torch.Tensor], views: list[View]) -> list[torch.Tensor]:
+    return [tensors[n] if dim is None else tensors[n].narrow(dim, s, ln) for n, dim, s, ln in views]
+
+
+def read_flat(tensors: list[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
+    """Elements ``[lo, hi)`` of the concatenation of the flattened ``tensors`` (a new fp32 tensor)."""
+    out, off = [], 0
+    for t in tensors:
+        n = t.numel()
+        s, e = max(lo, off), min(hi, off + n)
+        if s < e:
+            out.append(t.reshape(-1)[s - off:e - off].float())
+        off += n
+    if not out:
+        return torch.zeros(0, dtype=torch.float32, device=tensors[0].device if tensors else None)
+    return torch.cat(out)
+
+
+def write_flat(tensors: list[torch.Tensor], lo: int, values: torch.Tensor) -> None:
+    """Write ``values`` over elements ``[lo, lo + len)`` of the concatenated flattened ``tensors``."""
+    hi, off = lo + values.numel(), 0
+    for t in tensors:
+        n = t.numel()
+        s, e = max(lo, off), min(hi, off + n)
+        if s < e:
+            src = values[s - lo:e - lo]
+            if t.is_contiguous():
+                t.view(-1)[s - off:e - off].copy_(src)
+            else:  # a narrowed view along dim 1: go through a flat copy of this view only
+                flat = t.reshape(-1).clone()
+                flat[s - off:e - off] = src
+                t.copy_(flat.view(t.shape))
+        off += n
+
+
+class ZeroOptimizer:
+    """AdamW over this rank's flat parts of every sync group it belongs to (see the module
+    docstring). ``optimizer`` is the torch AdamW over the master parts (set its LR as usual)."""
+
+    def __init__(self, groups: ProcessGroups, params: dict[str, torch.nn.Parameter], cfg: OptimConfig, *,
+                 bucket_numel: int = DEFAULT_BUCKET_NUMEL):
+        topo = groups.topology
+        rank = groups.rank
+        self.params = params
+        self.bucket_numel = bucket_numel
+        self.parts: list[_Part] = []
+        for g in topo.sync_groups:
+            if rank not in g.ranks:
+                continue
+            handle = groups.group(g.ranks)
+            views: list[View] = []
+            for ref in g.slices:
+                dim, lo, hi = topo.local_slice(rank, ref)
+                views.append((ref.name, dim, lo, hi - lo))
+            for decayed in (True, False):
+                mine = [v for v in views if decays(v[0]) == decayed]
+                if not mine:
+                    continue
+                numel = sum(t.numel() for t in _tensors(params, mine))
+                part = _Part(handle, len(g.ranks), g.ranks.index(rank), mine, numel,
+                             torch.nn.Parameter(torch.empty(0)))
+                part.master = torch.nn.Parameter(
+                    torch.zeros(part.hi - part.lo, dtype=torch.float32, device=params[mine[0][0]].device))
+                self.parts.append(part)
+        # replicated (norm) parameters the stage leader broadcasts after the update
+        self.bcasts: list[tuple[Any, int, list[str]]] = [
+            (groups.group(b.ranks), b.ranks[0], list(b.names)) for b in topo.tp_broadcasts if rank in b.ranks]
+        if not self.parts:
+            raise RuntimeError(f"ZeRO-1: rank {rank} owns no slice of any sync group (single pipeline?)")
+        named = [(f"zero{i}:{p.views[0][0]}", p.master) for i, p in enumerate(self.parts)]
+        self.optimizer = build_optimizer(named, cfg)
+
+    # ------------------------------------------------------------------------------ training
+    def step(self) -> None:
+        """AdamW on this rank's parts, then all-gather the updated parameters (collective)."""
+        with torch.no_grad():
+            for part in self.parts:
+                part.master.copy_(read_flat(_tensors(self.params, part.views), part.lo, part.hi))
+                grads = {n: self.params[n].grad for n, *_ in part.views}
+                part.master.grad = read_flat(_tensors(grads, part.views), part.lo, part.hi)  # type: ignore[arg-type]
+            self.optimizer.step()
+            for part in self.parts:
+                self._gather(part, part.master.detach(), _tensors(self.params, part.views))
+            for group, src, names in self.bcasts:
+                flat = torch.cat([self.params[n].detach().reshape(-1) for n in names])
+                dist.broadcast(flat, src=src, group=group)
+                write_flat([self.params[n].detach() for n in names], 0, flat)
+
+    def _gather(self, part: _Part, mine: torch.Tensor, targets: list[torch.Tensor]) -> None:
+        """All-gather every owner's part (``mine`` on this rank) into ``targets`` (the flat vector's
+        views), in rounds of at most ``bucket_numel`` elements per owner."""
+        c = part.chunk
+        step = max(1, min(c, self.bucket_numel))
+        for r0 in range(0, c, step):
+            n = min(step, c - r0)
+            buf = torch.zeros(n, dtype=torch.float32, device=mine.device)
+            have = max(0, min(n, mine.numel() - r0))
+            if have:
+                buf[:have] = mine[r0:r0 + have]
+            outs = [torch.empty_like(buf) for _ in range(part.k)]
+            dist.all_gather(outs, buf, group=part.group)
+            for j, out in enumerate(outs):
+                start = j * c + r0
+                valid = max(0, min(n, part.numel - start))
+                if valid:
+                    write_flat(targets, start, out[:valid])
+
+    # ------------------------------------------------------------------------------ state
+    def state_numel(self) -> int:
+        """Elements of Adam moments this rank holds (0 before the first step or load)."""
+        return sum(t.numel() for st in self.optimizer.state.values() for key, t in st.items() if key in MOMENTS)
+
+    def full_moments(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Collective over the plan: this rank's moments per local parameter shard, all-gathered
+        from the owners' parts (zeros before the first step; norm scales on TP ranks other than the
+        leader stay zeros — the checkpoint reads replicated tensors from the leader)."""
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for key in MOMENTS:
+            full = {n: torch.zeros_like(p, dtype=torch.float32).detach() for n, p in self.params.items()}
+            for part in self.parts:
+                st = self.optimizer.state.get(part.master, {})
+                mine = st[key] if key in st else torch.zeros_like(part.master.detach())
+                self._gather(part, mine, _tensors(full, part.views))
+            out[key] = full
+        return out
+
+    def load_moments(self, moments: dict[str, dict[str, torch.Tensor]], step: int) -> None:
+        """Install this rank's parts of ``moments`` (per local shard name) and the step count."""
+        for group in self.optimizer.param_groups:
+            on_device = bool(group.get("fused") or group.get("capturable"))
+            for part in self.parts:
+                if not any(part.master is p for p in group["params"]):
+                    continue
+                dev = part.master.device
+                st: dict[str, torch.Tensor] = {
+                    "step": torch.tensor(float(step), dtype=torch.float32,
+                                         device=dev if on_device else torch.device("cpu"))}
+                for key in MOMENTS:
+                    src = {n: moments[key][n].to(dev, torch.float32) for n, *_ in part.views}
+                    st[key] = read_flat(_tensors(src, part.views), part.lo, part.hi).clone()
+                self.optimizer.state[part.master] = st
