@@ -12,6 +12,11 @@ One optimizer step (``train_step``) on rank ``r`` of pipeline ``p``, stage ``i``
    leader only;
 4. clip by the global norm, set the scheduled LR, AdamW step.
 
+With ``plan.options.zero == 1`` and several pipelines, :mod:`executor.zero` replaces steps 2-4's
+all-reduce and full AdamW: a reduce-scatter gives each slice owner its part of the gradient, the
+norm adds up the parts, AdamW updates the owned parts only (1/k of the state) and the parts are
+all-gathered back.
+
 The only host synchronisation is the final ``tolist()`` that produces the returned floats.
 
 Precision: parameters, gradients, reduction and optimizer state are fp32 (the parameters *are* the
@@ -141,19 +146,24 @@ class Engine:
         for p in self.params.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        self.grad_sync.sync()
+        if self.zero is not None:  # ZeRO-1: each owner gets the summed gradient of its part only
+            self.zero.reduce_grads()
+        else:
+            self.grad_sync.sync()
 
         stats = torch.zeros(2, dtype=torch.float32, device=self.device)
         if loss is not None and self.tp_rank == 0:
             stats[0] = loss.float()
-        if self._norm_params:
+        if self.zero is not None:  # every logical element's gradient lies in one rank's parts
+            stats[1] = self.zero.grad_sq_norm()
+        elif self._norm_params:
             norms = torch._foreach_norm([p.grad for p in self._norm_params])  # type: ignore[misc]
             stats[1] = torch.stack(norms).float().pow(2).sum()
         if self.topology.world_size > 1:
             dist.all_reduce(stats, group=self.groups.world)
         norm = stats[1].sqrt()
         coef = clip_coefficient(norm, self.optim_cfg.grad_clip)
-        grads = [p.grad for p in self.params.values()]
+        grads = self.zero.grads() if self.zero is not None else [p.grad for p in self.params.values()]
         torch._foreach_mul_(grads, coef)  # type: ignore[arg-type]
         lr = lr_at(self.step, self.optim_cfg)
         set_lr(self.optimizer, lr)

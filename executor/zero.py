@@ -14,20 +14,25 @@ weight decay differs), each concatenated into a flat vector of ``N`` elements. W
 ``c = ceil(N / k)``, the owner at position ``i`` of the group (pipeline order) owns the contiguous
 part ``[i·c, min((i+1)·c, N))`` — the "flat part".
 
-One step (after the unchanged gradient sync, global-norm clipping and LR schedule in the engine):
+One step (replacing :class:`executor.grad_sync.GradSync` in the engine; see :meth:`executor.engine.Engine.train_step`):
 
-1. every rank copies its flat part of the (clipped, synchronised) gradient and of the current
-   parameters into its master part (a leaf tensor with ``.grad``);
-2. one AdamW step over the master parts (element-wise, so bit-for-bit the dense update of those
-   elements: the same ``build_optimizer`` settings);
-3. per group (in the topology's global order, shared by every rank), the updated parts are
-   all-gathered in rounds of at most ``bucket_numel`` elements per owner and written back into the
-   parameter views of every owner — the owners end up with identical parameters;
-4. stage leaders broadcast the updated norm scales inside their TP group (the TP ranks other than
+1. :meth:`ZeroOptimizer.reduce_grads`: per part (in the topology's global group order, shared by
+   every rank) a SUM reduce-scatter of the local gradients among the owners, so each owner's
+   ``master.grad`` is the synchronised gradient of its flat part — half the traffic of the
+   all-reduce, as :mod:`planner.cost.step` assumes for ``zero == 1``;
+2. global-norm clipping, unchanged in meaning: every logical element's gradient lies in exactly one
+   rank's parts, so the squared norms of the parts summed over all ranks are ``‖g‖²``; the engine
+   scales the parts by the clip coefficient;
+3. the current parameters' flat parts are copied into the master parts and one AdamW step runs
+   over them (element-wise: the dense update of those elements, same ``build_optimizer`` settings);
+4. per part, the updated parts are all-gathered in rounds of at most ``bucket_numel`` elements per
+   owner and written back into every owner's parameter views — the owners end up identical;
+5. stage leaders broadcast the updated norm scales inside their TP group (the TP ranks other than
    the leader hold no norm state).
 
-Gradient reduction stays a SUM all-reduce (:mod:`executor.grad_sync`): the global gradient norm
-needs the full reduced gradient on pipeline 0 anyway; a reduce-scatter would change that.
+Sums run in another order than the all-reduce's, so results differ from ``zero == 0`` by fp32
+rounding only (the oracle's tolerances). With one pipeline there is nothing to shard (``k = 1``)
+and the engine runs without ZeRO.
 
 Checkpoints: :meth:`ZeroOptimizer.full_moments` (collective) all-gathers the moment parts into
 full local-shard tensors, so :mod:`executor.checkpoint` writes the same logical moments as without
@@ -148,15 +153,52 @@ class ZeroOptimizer:
         self.optimizer = build_optimizer(named, cfg)
 
     # ------------------------------------------------------------------------------ training
+    def reduce_grads(self) -> None:
+        """Collective: SUM-reduce-scatter the local gradients of every part among its owners, so
+        each owner's ``master.grad`` is the synchronised gradient of its part (rounds of at most
+        ``bucket_numel`` elements per owner; groups in the topology's global order)."""
+        with torch.no_grad():
+            for part in self.parts:
+                grads = _tensors({n: self.params[n].grad for n, *_ in part.views}, part.views)  # type: ignore[misc]
+                mine = torch.zeros(part.hi - part.lo, dtype=torch.float32, device=part.master.device)
+                c = part.chunk
+                step = max(1, min(c, self.bucket_numel))
+                for r0 in range(0, c, step):
+                    n = min(step, c - r0)
+                    ins = []
+                    for j in range(part.k):
+                        start = j * c + r0
+                        piece = read_flat(grads, start, min(start + n, part.numel))
+                        ins.append(torch.nn.functional.pad(piece, (0, n - piece.numel())))
+                    out = torch.empty(n, dtype=torch.float32, device=mine.device)
+                    dist.reduce_scatter(out, ins, group=part.group)
+                    have = max(0, min(n, mine.numel() - r0))
+                    mine[r0:r0 + have] = out[:have]
+                part.master.grad = mine
+
+    def grads(self) -> list[torch.Tensor]:
+        """The synchronised gradient parts (after :meth:`reduce_grads`): every logical element's
+        gradient is in exactly one rank's parts, so their squared norms summed over the plan's
+        ranks give the global gradient norm, and clipping scales these."""
+        out = [p.master.grad for p in self.parts]
+        if any(g is None for g in out):
+            raise RuntimeError("ZeRO-1: reduce_grads() must run before the gradient parts are used")
+        return out  # type: ignore[return-value]
+
+    def grad_sq_norm(self) -> torch.Tensor:
+        """Sum of the squares of this rank's gradient parts (fp32 scalar)."""
+        return torch.stack([g.float().pow(2).sum() for g in self.grads()]).sum()
+
     def step(self) -> None:
-        """AdamW on this rank's parts, then all-gather the updated parameters (collective)."""
+        """AdamW on this rank's parts (gradients from :meth:`reduce_grads`, clipped by the caller),
+        then all-gather the updated parameters (collective)."""
+        self.grads()
         with torch.no_grad():
             for part in self.parts:
                 part.master.copy_(read_flat(_tensors(self.params, part.views), part.lo, part.hi))
-                grads = {n: self.params[n].grad for n, *_ in part.views}
-                part.master.grad = read_flat(_tensors(grads, part.views), part.lo, part.hi)  # type: ignore[arg-type]
             self.optimizer.step()
             for part in self.parts:
+                part.master.grad = None
                 self._gather(part, part.master.detach(), _tensors(self.params, part.views))
             for group, src, names in self.bcasts:
                 flat = torch.cat([self.params[n].detach().reshape(-1) for n in names])

@@ -118,6 +118,17 @@ def test_zero1_matches_dense_reference(zero_results, index: int, name: str) -> N
     results = [r["train"][index] for r in zero_results["res"]]
     check_against_reference(plan, results, zero_results["refs"][name][1])
     assert len(results[0]["losses"]) == STEPS
+    # the oracle rebuilds replicated tensors from stage leaders: the other TP ranks (no norm state
+    # under ZeRO-1, they get the leader's broadcast) must hold exactly the same norm scales
+    checked = 0
+    for st in build_topology(plan).tp_groups():
+        lead = results[st[0]]["shards"]
+        for r in st[1:]:
+            for n, t in results[r]["shards"].items():
+                if t.shape == lead[n].shape and n.endswith("norm.weight"):
+                    assert torch.equal(t, lead[n]), f"rank {r} {n}"
+                    checked += 1
+    assert checked > 0 or all(len(g) == 1 for g in build_topology(plan).tp_groups())
 
 
 @pytest.mark.parametrize("index,name", list(enumerate(PLANS)))
