@@ -20,7 +20,7 @@ from executor import fast_path
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 SMOKE = ModelSpec("gpu-smoke", num_layers=2, hidden_size=256, ffn_hidden_size=512, num_heads=4, num_kv_heads=2,
                   vocab_size=512, seq_len=128)
