@@ -4,9 +4,9 @@ What is sharded (the cost model's ``zero_shards``, :mod:`planner.cost.memory`): 
 logical parameter has one owner per pipeline (:mod:`executor.topology`: the finest-common slices
 of TP-sharded weights; the stage leaders for replicated norm scales). Those ``k`` owners form a
 :class:`~executor.topology.SyncGroup`. Under ZeRO-1 they split the group's state ``k`` ways, so
-every logical element has its Adam moments (and its fp32 master copy used by the update) on exactly
-ONE rank of the whole plan; a rank holds ~1/k of the optimizer state it holds without ZeRO (norm
-scales: only the TP leaders hold their share, the other TP ranks none).
+every logical element has its Adam moments on exactly ONE rank of the whole plan; a rank holds
+~1/k of the optimizer state it holds without ZeRO (norm scales: only the TP leaders hold their
+share, the other TP ranks none).
 
 Layout of one group on one rank: the rank's local views of the group's slices (same order as
 :class:`executor.grad_sync.GradSync`), split into decayed matrices and undecayed norm scales (AdamW
@@ -19,12 +19,15 @@ One step (replacing :class:`executor.grad_sync.GradSync` in the engine; see :met
 1. :meth:`ZeroOptimizer.reduce_grads`: per part (in the topology's global group order, shared by
    every rank) a SUM reduce-scatter of the local gradients among the owners, so each owner's
    ``master.grad`` is the synchronised gradient of its flat part — half the traffic of the
-   all-reduce, as :mod:`planner.cost.step` assumes for ``zero == 1``;
+   all-reduce, as :mod:`planner.cost.step` assumes for ``zero == 1``. The master part (a copy of
+   the current parameters' flat part) exists only from here to the end of the step, and the full
+   local gradients are dropped once reduced, so between steps a rank holds 1/k of the Adam state
+   and nothing else of ZeRO's;
 2. global-norm clipping, unchanged in meaning: every logical element's gradient lies in exactly one
    rank's parts, so the squared norms of the parts summed over all ranks are ``‖g‖²``; the engine
    scales the parts by the clip coefficient;
-3. the current parameters' flat parts are copied into the master parts and one AdamW step runs
-   over them (element-wise: the dense update of those elements, same ``build_optimizer`` settings);
+3. one AdamW step runs over the master parts (element-wise: the dense update of those elements;
+   the same ``build_optimizer`` settings);
 4. per part, the updated parts are all-gathered in rounds of at most ``bucket_numel`` elements per
    owner and written back into every owner's parameter views — the owners end up identical;
 5. stage leaders broadcast the updated norm scales inside their TP group (the TP ranks other than
@@ -65,7 +68,8 @@ class _Part:
     index: int  # this rank's position among the owners
     views: list[View]
     numel: int  # N
-    master: torch.nn.Parameter  # this rank's part [lo, hi)
+    master: torch.nn.Parameter  # this rank's part [lo, hi); empty outside a step
+    device: torch.device
 
     @property
     def chunk(self) -> int:
@@ -139,11 +143,9 @@ class ZeroOptimizer:
                 if not mine:
                     continue
                 numel = sum(t.numel() for t in _tensors(params, mine))
-                part = _Part(handle, len(g.ranks), g.ranks.index(rank), mine, numel,
-                             torch.nn.Parameter(torch.empty(0)))
-                part.master = torch.nn.Parameter(
-                    torch.zeros(part.hi - part.lo, dtype=torch.float32, device=params[mine[0][0]].device))
-                self.parts.append(part)
+                dev = params[mine[0][0]].device
+                master = torch.nn.Parameter(torch.empty(0, dtype=torch.float32, device=dev))
+                self.parts.append(_Part(handle, len(g.ranks), g.ranks.index(rank), mine, numel, master, dev))
         # replicated (norm) parameters the stage leader broadcasts after the update
         self.bcasts: list[tuple[Any, int, list[str]]] = [
             (groups.group(b.ranks), b.ranks[0], list(b.names)) for b in topo.tp_broadcasts if rank in b.ranks]
@@ -160,7 +162,7 @@ class ZeroOptimizer:
         with torch.no_grad():
             for part in self.parts:
                 grads = _tensors({n: self.params[n].grad for n, *_ in part.views}, part.views)  # type: ignore[misc]
-                mine = torch.zeros(part.hi - part.lo, dtype=torch.float32, device=part.master.device)
+                mine = torch.zeros(part.hi - part.lo, dtype=torch.float32, device=part.device)
                 c = part.chunk
                 step = max(1, min(c, self.bucket_numel))
                 for r0 in range(0, c, step):
@@ -174,7 +176,10 @@ class ZeroOptimizer:
                     dist.reduce_scatter(out, ins, group=part.group)
                     have = max(0, min(n, mine.numel() - r0))
                     mine[r0:r0 + have] = out[:have]
+                part.master.data = read_flat(_tensors(self.params, part.views), part.lo, part.hi)
                 part.master.grad = mine
+            for p in self.params.values():  # reduced into the parts: the full gradients are done
+                p.grad = None
 
     def grads(self) -> list[torch.Tensor]:
         """The synchronised gradient parts (after :meth:`reduce_grads`): every logical element's
@@ -194,12 +199,11 @@ class ZeroOptimizer:
         then all-gather the updated parameters (collective)."""
         self.grads()
         with torch.no_grad():
-            for part in self.parts:
-                part.master.copy_(read_flat(_tensors(self.params, part.views), part.lo, part.hi))
             self.optimizer.step()
             for part in self.parts:
                 part.master.grad = None
                 self._gather(part, part.master.detach(), _tensors(self.params, part.views))
+                part.master.data = torch.empty(0, dtype=torch.float32, device=part.device)
             for group, src, names in self.bcasts:
                 flat = torch.cat([self.params[n].detach().reshape(-1) for n in names])
                 dist.broadcast(flat, src=src, group=group)
@@ -238,7 +242,7 @@ class ZeroOptimizer:
             full = {n: torch.zeros_like(p, dtype=torch.float32).detach() for n, p in self.params.items()}
             for part in self.parts:
                 st = self.optimizer.state.get(part.master, {})
-                mine = st[key] if key in st else torch.zeros_like(part.master.detach())
+                mine = st[key] if key in st else torch.zeros(part.hi - part.lo, device=part.device)
                 self._gather(part, mine, _tensors(full, part.views))
             out[key] = full
         return out
@@ -250,7 +254,7 @@ class ZeroOptimizer:
             for part in self.parts:
                 if not any(part.master is p for p in group["params"]):
                     continue
-                dev = part.master.device
+                dev = part.device
                 st: dict[str, torch.Tensor] = {
                     "step": torch.tensor(float(step), dtype=torch.float32,
                                          device=dev if on_device else torch.device("cpu"))}
