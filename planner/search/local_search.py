@@ -6,14 +6,17 @@ Moves (each keeps every device in at most one stage):
 * ``swap``   two units of different kinds between two pipelines;
 * ``merge``  two pipelines into one;  ``split``  one pipeline into two (alternate units);
 * ``tp-split`` a TP-``t`` stage into two TP-``t/2`` stages;  ``tp-merge`` two stages of one node
-  in one pipeline into one TP group (only TP degrees the model allows).
+  in one pipeline into one TP group;  ``tp-grow`` a stage to a larger TP degree with GPUs of its
+  node taken from other stages of any pipeline (only TP degrees the model allows).
 
 Changed pipelines are put back in the phase-2 stage order (:func:`.stages.order_units`), so
 the local search stays inside the space the enumerator (:mod:`.enumerate`) covers.
 
 Layers are not moved one by one here: the refinement already places them optimally for the
 surrogate (:func:`planner.search.refine.split_layers` is exact), so every move is scored with
-its best layer and batch split. :func:`polish_layers` then moves single layers of the chosen
+its best layer and batch split. A deterministic pass (:func:`_grow_pass`) first, and again
+whenever the random moves stall, grows each used stage's TP group with idle GPUs of its node.
+:func:`polish_layers` then moves single layers of the chosen
 plan while the full estimate (which simulates the schedule) improves. Each round draws ``MOVES_PER_ROUND`` moves with a
 ``random.Random(seed)`` generator, takes the best improving one, and stops after ``PATIENCE``
 rounds without improvement, after ``MAX_EVALUATIONS`` new evaluations (``LARGE_EVALUATIONS``
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from planner.cluster import ClusterSpec
 from planner.cost import Estimate, estimate
+from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, Stage
 from planner.search.candidate import Candidate
 from planner.search.graph import Unit, merge_units, split_unit
@@ -57,15 +61,21 @@ def improve(search: Search, start: Candidate) -> Candidate:
         search.log.append(f"local search skipped: {len(start.pipelines)} pipelines > {MAX_PIPELINES}")
         return start
     rng = random.Random(search.config.seed)
-    moves = _Moves(search.cluster)
+    moves = _Moves(search.cluster, search.model)
     kinds: list[Callable[[Pipes, random.Random], Pipes | None]] = [
-        moves.move, moves.swap, moves.merge, moves.split, moves.tp_split, moves.tp_merge]
+        moves.move, moves.swap, moves.merge, moves.split, moves.tp_split, moves.tp_merge, moves.tp_grow]
     best = start
     stale = rounds = 0
     budget = MAX_EVALUATIONS if search.cluster.num_devices <= SMALL_CLUSTER else LARGE_EVALUATIONS
     stop_at = search.evaluations + budget
     try:
-        while stale < PATIENCE and rounds < MAX_ROUNDS and search.evaluations < stop_at:
+        best = _grow_pass(search, best, moves)
+        while rounds < MAX_ROUNDS and search.evaluations < stop_at:
+            if stale >= PATIENCE:  # stuck: one deterministic grow pass, then stop if it finds nothing
+                grown = _grow_pass(search, best, moves)
+                if grown is best:
+                    break
+                best, stale = grown, 0
             rounds += 1
             round_best = best
             for _ in range(MOVES_PER_ROUND):
@@ -105,8 +115,9 @@ def _place(p: list[Unit], u: Unit) -> None:
 class _Moves:
     """The moves of the module docstring; each edits a copy of the pipelines or returns None."""
 
-    def __init__(self, cluster: ClusterSpec):
+    def __init__(self, cluster: ClusterSpec, model: ModelSpec):
         self.cluster = cluster
+        self.model = model
         self.next_index = 1 << 30  # indices of units made by TP moves (never clash with make_units)
 
     def move(self, pipes: Pipes, rng: random.Random) -> Pipes | None:
@@ -169,6 +180,75 @@ class _Moves:
         self.next_index += 1
         del p[j]
         return pipes
+
+    def grow_to(self, pipes: Pipes, a: int, i: int, target: int, idle: set[int]) -> Pipes | None:
+        """Stage ``i`` of pipeline ``a`` grown to TP ``target`` with GPUs of its node from other
+        stages: whole groups, from idle pipelines (``idle``) first, then largest first."""
+        u = pipes[a][i]
+        donors = sorted(((b, j, v) for b, p in enumerate(pipes) for j, v in enumerate(p)
+                         if v.node == u.node and v is not u), key=lambda x: (x[0] not in idle, -x[2].tp, x[0], x[1]))
+        need, taken = target - u.tp, []
+        for b, j, v in donors:
+            if v.tp <= need:
+                taken.append((b, j, v))
+                need -= v.tp
+            if need == 0:
+                break
+        if need:
+            return None
+        grown = u
+        for _, _, v in taken:
+            grown = merge_units(self.cluster, grown, v, self.next_index)
+            self.next_index += 1
+        pipes[a][i] = grown
+        for b, j, _ in sorted(taken, key=lambda x: (x[0], -x[1])):
+            del pipes[b][j]
+        return pipes
+
+    def tp_grow(self, pipes: Pipes, rng: random.Random) -> Pipes | None:
+        """Raise a stage's TP degree (to any larger allowed one) with GPUs of its node taken from
+        other stages of any pipeline: whole groups, largest first, adding up to exactly the gap."""
+        a = rng.randrange(len(pipes))
+        i = rng.randrange(len(pipes[a]))
+        u = pipes[a][i]
+        larger = [t for t in tp_choices(self.model, self.cluster.node(u.node).gpus) if t > u.tp]
+        if not larger:
+            return None
+        target = larger[rng.randrange(len(larger))]
+        return self.grow_to(pipes, a, i, target, set())
+
+
+def _grow_pass(search: Search, start: Candidate, moves: _Moves) -> Candidate:
+    """Deterministic first step: grow each used stage's TP degree with GPUs its node has idle in
+    dropped pipelines (or in other stages), keeping the best improvement, until none improves. It
+    reaches what single random moves cannot when the intermediate degree is worse (TP 1 -> 4)."""
+    best = start
+    improved = True
+    while improved:
+        improved = False
+        used = {id(lay.units[0]) for lay in best.layouts}
+        idle = {b for b, p in enumerate(best.pipelines) if id(p[0]) not in used}
+        round_best = best
+        for a, p in enumerate(best.pipelines):
+            if a in idle:
+                continue
+            for i, u in enumerate(p):
+                for target in tp_choices(search.model, search.cluster.node(u.node).gpus):
+                    if target <= u.tp:
+                        continue
+                    pipes = moves.grow_to(_copy(best.pipelines), a, i, target, idle)
+                    if pipes is None:
+                        continue
+                    pipes = [order_units(search.cluster, q) for q in pipes if q]
+                    if not _valid(search, pipes):
+                        continue
+                    cand = search.evaluate(pipes, best.setting)
+                    if cand.feasible and cand.step_s < round_best.step_s * (1 - 1e-9):
+                        round_best = cand
+        if round_best is not best:
+            search.log.append(f"local search (grow): {best.step_s:.4f} -> {round_best.step_s:.4f} s")
+            best, improved = round_best, True
+    return best
 
 
 POLISH_DEVICES = 64  # clusters up to this size get the layer polish under the full estimate

@@ -21,7 +21,9 @@ Algorithm (every step deterministic for a fixed ``seed``):
    setting (micro-batch size, recompute none/selective/full, ZeRO-0/1, 1F1B/GPipe — GPipe on
    the best only: its closed-form time and its memory are never below 1F1B's).
 5. **TP templates**: uniform templates first, then, around the best one, one node kind's TP
-   degree changed at a time, at the best pipeline count.
+   degree changed at a time, at the best pipeline count. On small clusters (``ARC_UNITS``) the
+   units of the best template, in class order read as a ring, are also cut into every pair (and
+   triple) of arcs: unequal pipelines, which balanced partitions and single moves do not reach.
 6. **Local search** (:mod:`.local_search`) on the best candidate: move/swap units between
    pipelines, merge/split pipelines, split/merge a stage's TP group, reverse a stage order,
    while the surrogate improves, within the evaluation budget and the time limit.
@@ -38,6 +40,7 @@ The search spends a deterministic budget of evaluations; ``time_limit_s`` only s
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -52,11 +55,13 @@ from planner.search.candidate import Candidate, evaluate, to_plan
 from planner.search.graph import Unit, fast_cluster, make_units, unit_graph
 from planner.search.oracle import Oracle, Setting
 from planner.search.partition import MetisGraph, chunk, unit_classes
-from planner.search.stages import node_kinds, order_stages, seed_numbering, tp_choices, tp_templates
+from planner.search.stages import node_kinds, order_stages, order_units, seed_numbering, tp_choices, tp_templates
 
 METIS_MAX_UNITS = 512
 TOP_STRUCTURES = 2
 FINE_K = (0.6, 0.75, 0.85, 1.15, 1.3, 1.5)
+ARC_UNITS = 24  # ring splits into 2 pipelines up to this many units
+ARC3_UNITS = 12  # and into 3 up to this many
 FULL_ESTIMATE_DEVICES = 256  # above this only the best finalist that fits gets the full estimate
 
 
@@ -74,7 +79,7 @@ class PlannerConfig:
     dtype: str = "bf16"
     local_search: bool = True
     polish: bool = True  # move single layers under the full estimate at the end (small clusters)
-    max_evaluations: int = 1500
+    max_evaluations: int = 2000
     finalists: int = 3
 
     def check(self) -> None:
@@ -214,6 +219,27 @@ class Search:
                     parts.extend(chunk(members, math.ceil(len(members) / kj)))
                 yield "class", self._ordered(parts, units)
 
+    def arcs(self, template: dict[str, int], pool: list[Candidate]) -> None:
+        """Pipelines as arcs of the units in class order, read as a ring: every choice of 2 cut
+        points (3 when there are at most ``ARC3_UNITS`` units); clusters up to ``ARC_UNITS`` units."""
+        units = self.usable(make_units(self.cluster, template, self.config.dtype))
+        n = len(units)
+        if n > ARC_UNITS or n < 2:
+            return
+        flat = [units[u] for members in unit_classes(self.cluster, units) for u in members]
+        for k in (2, 3) if n <= ARC3_UNITS else (2,):
+            for cuts in itertools.combinations(range(n), k):
+                parts = [flat[a:b] for a, b in zip(cuts, cuts[1:])] + [flat[cuts[-1]:] + flat[:cuts[0]]]
+                pipes = [order_units(self.cluster, p) for p in parts]
+                if any(len(p) > self.model.num_layers for p in pipes):
+                    continue
+                cand = self.score_structure(pipes)
+                cand.origin = ("arc", template)
+                if cand.feasible:
+                    pool.append(cand)
+        best = min(pool, key=_rank)
+        self.log.append(f"after ring splits: {len(best.pipelines)} pipelines, {best.step_s:.4f} s")
+
     def usable(self, units: list[Unit]) -> list[Unit]:
         """All units, unless the batch cannot use them all: at most ``B`` pipelines of at most ``L``
         stages each; then the ``B·L`` units with the most compute (re-indexed, node order kept)."""
@@ -253,6 +279,11 @@ class Search:
                 k_best = len(best.pipelines)
                 fine = sorted({max(1, round(k_best * f)) for f in FINE_K} - {k_best})
                 self.sweep(template, fine, pool, f"tp={_template_label(self.cluster, template)} (finer k)", name)
+                # B': small clusters: every split of the unit ring into 2 (or 3) arcs, which gives
+                # unequal pipelines (a big one and a small one) that single moves cannot reach
+                best = min(pool, key=_rank)
+                name, template = best.origin
+                self.arcs(template, pool)
                 # C: one node kind's TP degree changed at a time, at the best pipeline count
                 best = min(pool, key=_rank)
                 name, template = best.origin
