@@ -69,10 +69,10 @@ def improve(search: Search, start: Candidate) -> Candidate:
     budget = MAX_EVALUATIONS if search.cluster.num_devices <= SMALL_CLUSTER else LARGE_EVALUATIONS
     stop_at = search.evaluations + budget
     try:
-        best = _grow_pass(search, best, moves)
+        best = _grow_pass(search, best, moves, stop_at)
         while rounds < MAX_ROUNDS and search.evaluations < stop_at:
             if stale >= PATIENCE:  # stuck: one deterministic grow pass, then stop if it finds nothing
-                grown = _grow_pass(search, best, moves)
+                grown = _grow_pass(search, best, moves, stop_at)
                 if grown is best:
                     break
                 best, stale = grown, 0
@@ -218,13 +218,14 @@ class _Moves:
         return self.grow_to(pipes, a, i, target, set())
 
 
-def _grow_pass(search: Search, start: Candidate, moves: _Moves) -> Candidate:
+def _grow_pass(search: Search, start: Candidate, moves: _Moves, stop_at: int) -> Candidate:
     """Deterministic first step: grow each used stage's TP degree with GPUs its node has idle in
     dropped pipelines (or in other stages), keeping the best improvement, until none improves. It
-    reaches what single random moves cannot when the intermediate degree is worse (TP 1 -> 4)."""
+    reaches what single random moves cannot when the intermediate degree is worse (TP 1 -> 4).
+    Counts against the local search's evaluation budget (``stop_at``)."""
     best = start
     improved = True
-    while improved:
+    while improved and search.evaluations < stop_at:
         improved = False
         used = {id(lay.units[0]) for lay in best.layouts}
         idle = {b for b, p in enumerate(best.pipelines) if id(p[0]) not in used}
@@ -236,6 +237,8 @@ def _grow_pass(search: Search, start: Candidate, moves: _Moves) -> Candidate:
                 for target in tp_choices(search.model, search.cluster.node(u.node).gpus):
                     if target <= u.tp:
                         continue
+                    if search.evaluations >= stop_at:
+                        break
                     pipes = moves.grow_to(_copy(best.pipelines), a, i, target, idle)
                     if pipes is None:
                         continue
