@@ -47,7 +47,7 @@ PATIENCE = 3
 MAX_PIPELINES = 64
 MAX_ROUNDS = 60
 MAX_EVALUATIONS = 120  # of the local search, on top of the search's own budget (<= SMALL_CLUSTER devices)
-LARGE_EVALUATIONS = 40  # above that, where one evaluation costs more and the partitions are richer
+LARGE_EVALUATIONS = 24  # above that, where one evaluation costs more and the partitions are richer
 SMALL_CLUSTER = 64
 
 Pipes = list[list[Unit]]

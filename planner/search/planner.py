@@ -17,11 +17,12 @@ Algorithm (every step deterministic for a fixed ``seed``):
 4. **Refinement** (:mod:`.refine` via :mod:`.candidate`): exact layer split per pipeline type
    and batch / micro-batch split (bisection in the search loop, the ILP for the finalists).
    Structures are first scored at micro-batch size 1, ZeRO-1 if allowed and the lightest
-   recompute that fits; the best ``TOP_STRUCTURES`` are then re-scored under every allowed
+   recompute that fits; the best ``TOP_STRUCTURES`` (one above 64 devices) are then re-scored under every allowed
    setting (micro-batch size, recompute none/selective/full, ZeRO-0/1, 1F1B/GPipe — GPipe on
    the best only: its closed-form time and its memory are never below 1F1B's).
 5. **TP templates**: uniform templates first, then, around the best one, one node kind's TP
-   degree changed at a time, at the best pipeline count. On small clusters (``ARC_UNITS``) the
+   degree changed at a time, at the best pipeline count (above 64 devices with the best
+   partitioner only). On small clusters (``ARC_UNITS``) the
    units of the best template, in class order read as a ring, are also cut into every pair (and
    triple) of arcs: unequal pipelines, which balanced partitions and single moves do not reach.
 6. **Local search** (:mod:`.local_search`) on the best candidate: move/swap units between
@@ -288,8 +289,9 @@ class Search:
                 best = min(pool, key=_rank)
                 name, template = best.origin
                 k_best = len(best.pipelines)
+                only = name if self.cluster.num_devices > 64 else None  # large: the best partitioner only
                 for variant in _variations(self.cluster, self.model, template):
-                    self.sweep(variant, [k_best], pool, f"tp={_template_label(self.cluster, variant)}")
+                    self.sweep(variant, [k_best], pool, f"tp={_template_label(self.cluster, variant)}", only)
         except _Budget:
             self.log.append("structure search stopped by the budget")
         if not pool:
@@ -297,7 +299,7 @@ class Search:
 
             raise infeasible(self)
         # D: every setting for the best structures
-        top = _distinct(sorted(pool, key=_rank), TOP_STRUCTURES)
+        top = _distinct(sorted(pool, key=_rank), TOP_STRUCTURES if self.cluster.num_devices <= 64 else 1)
         try:
             for i, cand in enumerate(top):
                 for st in self.all_settings():
