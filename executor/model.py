@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from executor import fast_path
 from executor.tp_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -63,6 +64,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # the residual stream (also under autocast): one fused kernel
+            return fast_path.rms_norm(x, self.weight, self.eps)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * self.weight.float()).to(x.dtype)
@@ -79,6 +82,8 @@ class Attention(nn.Module):
         self.kv_heads = m.num_kv_heads // tp
         self.head_dim = m.head_dim
         self.recompute_core = recompute == "selective"
+        # SDPA backend preference of this device (cuDNN first on Hopper; empty on CPU), see fast_path
+        self.attn_backends = fast_path.attention_backends(torch.device(device or "cpu"), m.head_dim)
         h = m.hidden_size
         self.wq = ColumnParallelLinear(h, h, tp=tp, group=group, device=device)
         self.wk = ColumnParallelLinear(h, m.kv_dim, tp=tp, group=group, device=device)
@@ -86,12 +91,7 @@ class Attention(nn.Module):
         self.wo = RowParallelLinear(h, h, tp=tp, group=group, device=device)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        rep = self.heads // self.kv_heads
-        if rep > 1:
-            b, g, s, d = k.shape
-            k = k[:, :, None].expand(b, g, rep, s, d).reshape(b, g * rep, s, d)
-            v = v[:, :, None].expand(b, g, rep, s, d).reshape(b, g * rep, s, d)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return fast_path.causal_attention(q, k, v, self.attn_backends)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
