@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,8 @@ class Engine:
         self.topology = topology
         self.groups = groups
         self.device = torch.device(device)
+        if optim.fused is None and self.device.type == "cuda":
+            optim = replace(optim, fused=True)  # fused AdamW: a few kernels for the whole step
         self.optim_cfg = optim
         self.seed = seed
         self.rank = groups.rank
@@ -140,8 +142,13 @@ class Engine:
         tokens = tokens.to(self.device, non_blocking=True)
         for p in self.params.values():
             p.grad = None
+        micro = self.micro_batches(tokens)
+        # each parameter's gradient is final after its len(micro)-th accumulation: from then on its
+        # cross-pipeline reduction can run during the rest of backward (GradSync.arm)
+        if self.zero is None:  # (ZeRO-1 reduce-scatters after the schedule instead)
+            self.grad_sync.arm(len(micro))
         loss = run_schedule(self.pipeline.schedule, module=self.module, comm=self.comm,
-                            micro=self.micro_batches(tokens), loss_scale=1.0 / global_tokens,
+                            micro=micro, loss_scale=1.0 / global_tokens,
                             n_stages=len(self.pipeline.stages), autocast=self._autocast())
         for p in self.params.values():
             if p.grad is None:
