@@ -27,5 +27,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check planner executor tests benchmarks examples
 	$(VENV)/bin/mypy planner executor
 
+# Planner benchmarks (programs, not tests): tables on stdout, JSON under benchmarks/results/.
+bench-planner: $(STAMP)
+	$(PY) -m benchmarks.planner_scaling
+	$(PY) -m benchmarks.planner_optimality
+	$(PY) -m benchmarks.planner_baselines
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
