@@ -57,16 +57,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * c + rot * sn
 
 
-def to_compute_dtype(x: torch.Tensor) -> torch.Tensor:
-    """``x`` in autocast's compute dtype while autocast is on, else unchanged: one cast shared by
-    a block's column-parallel projections (instead of one per projection), so their summed input
-    gradient — all-reduced across TP ranks by :func:`copy_to_tp` — is half the bytes too."""
-    dev = x.device.type
-    if torch.is_autocast_enabled(dev):
-        return x.to(torch.get_autocast_dtype(dev))
-    return x
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, device: torch.device | None = None):
         super().__init__()
@@ -105,7 +95,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        x = copy_to_tp(to_compute_dtype(x), self.group)
+        x = copy_to_tp(x, self.group)
         q = self.wq(x, input_is_copied=True).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = self.wk(x, input_is_copied=True).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x, input_is_copied=True).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -127,7 +117,7 @@ class MLP(nn.Module):
         self.w_down = RowParallelLinear(f, h, tp=tp, group=group, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tp(to_compute_dtype(x), self.group)
+        x = copy_to_tp(x, self.group)
         return self.w_down(F.silu(self.w_gate(x, input_is_copied=True)) * self.w_up(x, input_is_copied=True))
 
 
