@@ -49,6 +49,9 @@ EXIT_RANK_FAILURE = 3
 EXIT_OOM = 4
 EXIT_INTERRUPTED = 130
 
+# Our modules whose time is spent waiting for peers (p2p exchange, gradient reduction, ZeRO gathers).
+COMM_MODULES = ("executor/p2p.py", "executor/grad_sync.py", "executor/zero.py")
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -241,12 +244,13 @@ class Watchdog:
 
     def _where(self) -> str:
         """Where the training thread is: ``comm`` when its innermost Python frame is a
-        torch.distributed call or our p2p exchange (waiting for peers), else ``func@file:line``."""
+        torch.distributed call or one of our communication modules (a C++ ``work.wait()`` leaves the
+        caller as the innermost Python frame), else ``func@file:line``."""
         frame = sys._current_frames().get(self._main_ident or -1)
         if frame is None:
             return "gone"
         code = frame.f_code
-        if "torch/distributed" in code.co_filename or code.co_filename.endswith("executor/p2p.py"):
+        if "torch/distributed" in code.co_filename or code.co_filename.endswith(COMM_MODULES):
             return "comm"
         return f"{code.co_name}@{os.path.basename(code.co_filename)}:{frame.f_lineno}"
 
