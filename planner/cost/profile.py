@@ -28,6 +28,7 @@ applied by the caller (``planner.cost.stage``), as is TP communication.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from planner.catalog import Catalog, DeviceType, default_catalog
@@ -73,7 +74,7 @@ def _check(dtype: str, recompute: str, micro_batch: int, tp: int) -> None:
         raise SpecError("micro_batch" if micro_batch < 1 else "tp", "must be >= 1", "use a positive integer")
 
 
-class DeviceProfile:
+class DeviceProfile(ABC):
     """Interface (and the spec roofline implementation's cache). Subclasses override ``_layer``,
     ``_embedding``, ``_head`` and may override ``optimizer_time``. Results are cached per
     argument tuple, so repeated calls from the planner's inner loops cost a dict lookup."""
@@ -206,15 +207,18 @@ class DeviceProfile:
         fwd, bwd = head_ops(model, micro_batch, seq_len, tp, self.numerics(dtype))
         return PassTime(self.ops_time(fwd, dtype), self.ops_time(bwd, dtype, backward=True))
 
+    @abstractmethod
     def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                seq_len: int) -> PassTime:
-        raise NotImplementedError
+        """Forward/backward time of one layer (the source's own data: roofline or measured table)."""
 
+    @abstractmethod
     def _embedding(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
-        raise NotImplementedError
+        """Forward/backward time of the vocab-parallel embedding."""
 
+    @abstractmethod
     def _head(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int) -> PassTime:
-        raise NotImplementedError
+        """Forward/backward time of the final norm, LM head and loss."""
 
 
 class SpecProfile(DeviceProfile):
