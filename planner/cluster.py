@@ -291,7 +291,43 @@ def load_cluster(path: str | Path, catalog: Catalog | None = None) -> ClusterSpe
     try:
         return parse_cluster(load_yaml_text(text, str(path)), catalog)
     except SpecError as exc:
-        raise exc.with_file(str(path)) from None
+        raise exc.with_file(str(path), line_of(yaml_field_lines(text), exc.path)) from None
+
+
+def yaml_field_lines(text: str) -> dict[str, int]:
+    """Field path (as in ``SpecError.path``: ``nodes[0].intra_link.kind``) -> 1-based line in ``text``."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return {}
+    lines: dict[str, int] = {}
+
+    def walk(node: yaml.Node, path: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    sub = join(path, str(key.value))
+                    lines[sub] = key.start_mark.line + 1
+                    walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                sub = join(path, i)
+                lines[sub] = item.start_mark.line + 1
+                walk(item, sub)
+
+    if root is not None:
+        walk(root, "")
+    return lines
+
+
+def line_of(lines: dict[str, int], path: str) -> int | None:
+    """The line of ``path`` or of its nearest enclosing field that the file has."""
+    while path:
+        if path in lines:
+            return lines[path]
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return None
 
 
 def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:

@@ -10,31 +10,33 @@ from __future__ import annotations
 class SpecError(ValueError):
     """Invalid user input. ``path`` is a dotted/indexed field path such as ``nodes[2].gpu``."""
 
-    def __init__(self, path: str, message: str, hint: str = "", file: str | None = None):
+    def __init__(self, path: str, message: str, hint: str = "", file: str | None = None,
+                 line: int | None = None):
         self.path = path
         self.message = message
         self.hint = hint
         self.file = file
+        self.line = line
         super().__init__(self._render())
 
     def _render(self) -> str:
-        where = f"{self.file}: " if self.file else ""
+        where = f"{self.file}{f':{self.line}' if self.line else ''}: " if self.file else ""
         field = self.path or "<root>"
         text = f"{where}{field}: {self.message}"
         if self.hint:
             text += f" (hint: {self.hint})"
         return text
 
-    def with_file(self, file: str) -> SpecError:
-        """The same error, annotated with the file it came from."""
-        return SpecError(self.path, self.message, self.hint, file)
+    def with_file(self, file: str, line: int | None = None) -> SpecError:
+        """The same error, annotated with the file (and line) it came from."""
+        return SpecError(self.path, self.message, self.hint, file, line or self.line)
 
     def under(self, prefix: str) -> SpecError:
         """The same error with its path nested under ``prefix``."""
         if not prefix:
             return self
         path = f"{prefix}.{self.path}" if self.path and not self.path.startswith("[") else prefix + self.path
-        return SpecError(path, self.message, self.hint, self.file)
+        return SpecError(path, self.message, self.hint, self.file, self.line)
 
 
 class PlanInfeasible(SpecError):

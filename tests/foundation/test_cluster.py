@@ -107,3 +107,18 @@ def test_round_trip_through_dict() -> None:
         again = parse_cluster(cluster_to_dict(c))
         assert [d for d in again.devices] == [d for d in c.devices]
         assert again.inter_node == c.inter_node and again.groups == c.groups
+
+
+def test_field_errors_carry_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("name: x\nnodes:\n  - name: a\n    gpu: a100\n    gpus: 2\n"
+                   "    intra_link: {kind: nvlink, bandwidth_GBps: -1}\n"
+                   "inter_node: {bandwidth_GBps: 1}\n")
+    with pytest.raises(SpecError) as info:
+        load_cluster(bad)
+    assert info.value.line == 6 and f"{bad}:6: nodes[0].intra_link.bandwidth_GBps" in str(info.value)
+    bad.write_text("nodes:\n  - {name: a, gpu: a100, gpus: 2, intra_link: {bandwidth_GBps: 1}}\n"
+                   "inter_node: {bandwidth_GBps: 1}\nlnks: []\n")
+    with pytest.raises(SpecError) as info:
+        load_cluster(bad)
+    assert info.value.line == 4 and info.value.path == "lnks"
