@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.cluster import load_yaml_text, parse_cluster
+from planner.cluster import line_of, load_yaml_text, parse_cluster, yaml_field_lines
 from planner.errors import SpecError
 from planner.model import PRESETS
 from planner.plan import plan_from_dict
@@ -101,6 +101,8 @@ def test_fuzz_cluster_text(data: st.DataObject) -> None:
         parse_cluster(load_yaml_text(text, "fuzz.yaml"))
     except SpecError as exc:
         assert_spec_error(exc)
+        line = line_of(yaml_field_lines(text), exc.path)  # what load_cluster adds to the message
+        assert line is None or 1 <= line <= text.count("\n") + 1
 
 
 @FUZZ
