@@ -9,7 +9,7 @@ from planner.cli.output import console
 from planner.cluster import load_cluster
 from planner.errors import SpecError
 from planner.model import resolve_model
-from planner.plan import PlanOptions, load_plan, plan_to_dict, save_plan
+from planner.plan import Plan, PlanOptions, load_plan, plan_to_dict, save_plan
 from planner.seed_flags import plan_from_flags, plan_to_flags
 
 
@@ -27,7 +27,7 @@ def add_seed_flag_arguments(p: argparse.ArgumentParser) -> None:
                    help="node index of each GPU per stage per pipeline, e.g. \"[[[0], [0, 0]], [[1, 1]]]\"")
 
 
-def plan_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def plan_from_args(args: argparse.Namespace) -> Plan:
     """Build a plan from seed flags in ``args`` (needs --cluster and --model)."""
     missing = [f for f in ("hetero_configs", "layer_partitions", "global_bsz_size", "chunks")
                if getattr(args, f) is None]
