@@ -160,9 +160,9 @@ def _run_local(args: argparse.Namespace, world_size: int, run_id: str) -> int:
 
     device = args.device
     if device == "auto":
-        import torch
+        from executor.devices import cuda_device_count
 
-        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "cpu"
+        device = "cuda" if cuda_device_count() >= world_size else "cpu"
     train_args = list(args.train_args) + (["--cluster", args.cluster] if args.cluster else [])
     return run_local(args.plan, world_size, train_args, device=device, grace_s=args.grace,
                      log_dir=None, run_id=run_id)

@@ -1,5 +1,5 @@
 """``hexiscale profile``: measure this machine's GPU(s) with the executor's own modules and write a
-measured device profile (a catalog entry) under ``profiles/devices/``. torch is imported inside ``run``."""
+measured device profile (a catalog entry) under ``profiles/devices/``. torch is reached only through executor modules inside ``run``."""
 
 from __future__ import annotations
 
@@ -66,12 +66,11 @@ def run(args: argparse.Namespace) -> int:
 
         os.environ.setdefault("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(int(args.sm_percent)))
 
-    import torch
-
+    from executor.devices import cuda_device_count
     from executor.profiler.runner import default_config, run_profile
     from planner.cli.output import console
 
-    comm = args.comm_ranks if args.comm_ranks is not None else (0 if args.cpu else torch.cuda.device_count())
+    comm = args.comm_ranks if args.comm_ranks is not None else (0 if args.cpu else cuda_device_count())
     cfg = default_config(model, cpu=args.cpu, sm_percent=args.sm_percent, comm_world=comm if comm >= 2 else 0)
     if args.dtype:
         cfg.dtype = args.dtype
