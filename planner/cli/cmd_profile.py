@@ -1,5 +1,6 @@
 """``hexiscale profile``: measure this machine's GPU(s) with the executor's own modules and write a
-measured device profile (a catalog entry) under ``profiles/devices/``. torch is reached only through executor modules inside ``run``."""
+measured device profile (a catalog entry) under ``profiles/devices/``. torch is reached only through
+executor modules inside ``run``."""
 
 from __future__ import annotations
 
