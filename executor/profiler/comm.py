@@ -20,6 +20,8 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,41 +66,38 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int], it
         if use_cuda:
             torch.cuda.synchronize(device)
 
+    def timed(op: Callable[[], None], reps: int) -> float:
+        """Seconds for ``reps`` calls of ``op``, started together on every rank, device work included."""
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            op()
+        sync()
+        return time.perf_counter() - t0
+
+    def ping_pong(buf: torch.Tensor) -> None:
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+
     try:
         for nbytes, k in zip(sizes, iters):
             buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+            p2p, all_reduce = partial(ping_pong, buf), partial(dist.all_reduce, buf)
             if world >= 2:
-                for phase in ("warm", "time"):
-                    reps = 2 if phase == "warm" else k
-                    dist.barrier()
-                    sync()
-                    t0 = time.perf_counter()
-                    for _ in range(reps):
-                        if rank == 0:
-                            dist.send(buf, 1)
-                            dist.recv(buf, 1)
-                        elif rank == 1:
-                            dist.recv(buf, 0)
-                            dist.send(buf, 0)
-                    sync()
-                    if phase == "time" and rank == 0:
-                        results["p2p"].append({"bytes": buf.numel() * 4,
-                                               "seconds": (time.perf_counter() - t0) / (2 * reps)})
-            for phase in ("warm", "time"):
-                reps = 2 if phase == "warm" else k
-                dist.barrier()
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    dist.all_reduce(buf)
-                sync()
-                elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                if phase == "time":
-                    slowest = elapsed.to(device)
-                    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-                    if rank == 0:
-                        results["allreduce"].append({"bytes": buf.numel() * 4,
-                                                     "seconds": float(slowest.cpu()) / reps})
+                timed(p2p, 2)  # warm-up
+                elapsed = timed(p2p, k)
+                if rank == 0:
+                    results["p2p"].append({"bytes": buf.numel() * 4, "seconds": elapsed / (2 * k)})
+            timed(all_reduce, 2)  # warm-up
+            slowest = torch.tensor([timed(all_reduce, k)], dtype=torch.float64).to(device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            if rank == 0:
+                results["allreduce"].append({"bytes": buf.numel() * 4, "seconds": float(slowest.cpu()) / k})
         if rank == 0:
             Path(out).write_text(json.dumps(results))
     finally:
