@@ -15,25 +15,31 @@ torch = pytest.importorskip("torch")
 MODEL = ModelSpec("t", 2, 256, 704, 8, 4, 512, 128)
 
 
-def _saved_bytes(tp: int, micro_batch: int, recompute: str, autocast: bool) -> int:
-    from executor.model import Block, rope_tables
-
-    block = Block(MODEL, tp=tp, group=None, recompute=recompute, device=None)
-    cos, sin = rope_tables(MODEL.seq_len, MODEL.head_dim, MODEL.rope_theta)
-    resident = {t.untyped_storage().data_ptr() for t in [*block.parameters(), cos, sin]}
-    x = torch.randn(micro_batch, MODEL.seq_len, MODEL.hidden_size, requires_grad=True)
+def _bytes_saved_for_backward(run, resident: list, autocast: bool) -> int:  # type: ignore[no-untyped-def]
+    """Bytes of every distinct storage autograd saves while ``run()`` goes forward, ``resident``
+    tensors (parameters, buffers, RoPE tables) excluded."""
+    skip = {t.untyped_storage().data_ptr() for t in resident}
     seen: dict[int, int] = {}
 
     def pack(t):  # type: ignore[no-untyped-def]
         ptr = t.untyped_storage().data_ptr()
-        if ptr not in resident:
+        if ptr not in skip:
             seen[ptr] = t.untyped_storage().nbytes()
         return t
 
     ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
-        block(x, cos, sin)
+        run()
     return sum(seen.values())
+
+
+def _saved_bytes(tp: int, micro_batch: int, recompute: str, autocast: bool) -> int:
+    from executor.model import Block, rope_tables
+
+    block = Block(MODEL, tp=tp, group=None, recompute=recompute, device=None)
+    cos, sin = rope_tables(MODEL.seq_len, MODEL.head_dim, MODEL.rope_theta)
+    x = torch.randn(micro_batch, MODEL.seq_len, MODEL.hidden_size, requires_grad=True)
+    return _bytes_saved_for_backward(lambda: block(x, cos, sin), [*block.parameters(), cos, sin], autocast)
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
@@ -53,21 +59,11 @@ def test_head_activation_formula_matches_the_executor(tp: int, dtype: str) -> No
     from executor.model import StageModule
 
     stage = StageModule(MODEL, layers=(0, 0), first=False, last=True, tp=tp, tp_rank=0, group=None)
-    resident = {t.untyped_storage().data_ptr() for t in [*stage.parameters(), *stage.buffers()]}
     hidden = torch.randn(2, MODEL.seq_len, MODEL.hidden_size, requires_grad=True)
     labels = torch.randint(0, MODEL.vocab_size, (2, MODEL.seq_len))
-    seen: dict[int, int] = {}
-
-    def pack(t):  # type: ignore[no-untyped-def]
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in resident:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
-        stage.loss(hidden, labels).sum()
+    got = _bytes_saved_for_backward(lambda: stage.loss(hidden, labels).sum(),
+                                    [*stage.parameters(), *stage.buffers()], dtype == "bf16")
     want = head_activation_bytes(MODEL, 2, tp, dtype)
     if dtype == "bf16":  # the bf16 cast of the LM head, per micro-batch in flight
         want += MODEL.vocab_size * MODEL.hidden_size / tp * 2
-    assert sum(seen.values()) == pytest.approx(want, rel=1e-9)
+    assert got == pytest.approx(want, rel=1e-9)
