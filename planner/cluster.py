@@ -167,12 +167,6 @@ class ClusterSpec:
         links += [self.node_link(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
         return min(links, key=lambda lk: (lk.bandwidth_GBps, -lk.latency_us))
 
-    def with_changes(self, **changes: Any) -> ClusterSpec:
-        """A copy with some fields replaced (used by what-if)."""
-        import dataclasses
-
-        return dataclasses.replace(self, **changes)
-
 
 # --------------------------------------------------------------------------------------- parsing
 

@@ -31,13 +31,6 @@ class SpecError(ValueError):
         """The same error, annotated with the file (and line) it came from."""
         return SpecError(self.path, self.message, self.hint, file, line or self.line)
 
-    def under(self, prefix: str) -> SpecError:
-        """The same error with its path nested under ``prefix``."""
-        if not prefix:
-            return self
-        path = f"{prefix}.{self.path}" if self.path and not self.path.startswith("[") else prefix + self.path
-        return SpecError(path, self.message, self.hint, self.file, self.line)
-
 
 class PlanInfeasible(SpecError):
     """A plan or planning request that cannot fit the cluster (memory, device count)."""
