@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench-planner clean venv
+.PHONY: demo test test-gpu lint bench-planner clean venv
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+
+# On a GPU machine (its own python with a CUDA torch; no venv): the GPU smoke tests and the NCCL
+# oracle suites (2 and 4 ranks, launch jobs). Carry pymetis/pulp/highspy there if missing.
+test-gpu:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m pytest -m gpu -v -p no:cacheprovider tests $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check planner executor tests benchmarks examples
