@@ -31,7 +31,8 @@ def example_plan(name: str) -> Plan:
     """A plan for every example cluster (bundled files where they exist, else seed flags)."""
     cluster = load_cluster(EXAMPLES / "clusters" / f"{name}.yaml")
     files = {"demo-cpu-6": "demo-cpu-6-tiny", "h20-h800": "h20-h800-llama2-13b",
-             "seed-32gpu-4types": "seed-32gpu-4types-llama2-7b", "seed-uneven-nodes": "seed-uneven-nodes-llama2-7b"}
+             "seed-32gpu-4types": "seed-32gpu-4types-llama2-7b", "seed-uneven-nodes": "seed-uneven-nodes-llama2-7b",
+             "h100x4-mps-100-100-50-50": "h100x4-mps-llama2-13b", "h200x4-mps-100-100-50-50": "h200x4-mps-llama2-13b"}
     if name in files:
         return load_plan(EXAMPLES / "plans" / f"{files[name]}.json")
     if name == "a100-pcie-2x8-tcp":
