@@ -23,9 +23,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
+# ruff, mypy, and the layer rules (planner <- executor <- hexiscale; tests/foundation/test_layers.py)
 lint: $(STAMP)
-	$(VENV)/bin/ruff check planner executor tests benchmarks examples
-	$(VENV)/bin/mypy planner executor
+	$(VENV)/bin/ruff check planner executor hexiscale tests benchmarks examples
+	$(VENV)/bin/mypy planner executor hexiscale
+	$(PY) -m pytest -q -p no:cacheprovider tests/foundation/test_layers.py
 
 # Planner benchmarks (programs, not tests): tables on stdout, JSON under benchmarks/results/.
 bench-planner: $(STAMP)

@@ -65,7 +65,7 @@ def device_meta() -> dict[str, str]:
 
 
 def _profile_cmd(key: str, sm: int, cpu: bool, comm: int) -> list[str]:
-    cmd = [sys.executable, "-m", "planner.cli.main", "profile", "--out", str(WORK / "profiles" / f"{key}.json"),
+    cmd = [sys.executable, "-m", "hexiscale.cli.main", "profile", "--out", str(WORK / "profiles" / f"{key}.json"),
            "--key", key, "--comm-ranks", str(comm), "--quiet"]
     if cpu:
         cmd += ["--model", "tiny-8l", "--cpu"]
@@ -156,7 +156,7 @@ def phase_runs(out: Path, cpu: bool, only: list[str] | None = None, tag: str = "
 
     os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     model = bench_model(cpu)
-    prof_dir = WORK / "profiles" if (WORK / "profiles").exists() else ROOT / "profiles" / "devices"
+    prof_dir = WORK / "profiles" if (WORK / "profiles").exists() else ROOT / "planner" / "profiles" / "devices"
     WORK.mkdir(parents=True, exist_ok=True)
     launches = [(la.name, list(la.sm), [{"name": n, "plan": plan_to_json(p)} for n, p in la.plans])
                 for la in fidelity_launches(model)]

@@ -28,7 +28,7 @@ from typing import Any
 
 from benchmarks.fidelity_model import NVLINK_NOMINAL_GBPS, catalog_with, device_key, pair_cluster, predict
 from planner.calibration.fit import fit_compute, fit_link_efficiency, fit_terms
-from planner.catalog import Catalog
+from planner.catalog import Catalog, profiles_dir
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.plan import plan_from_dict
 
@@ -169,10 +169,11 @@ def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], fits: dict[str, A
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", required=True)
-    ap.add_argument("--profiles", default=str(Path(__file__).resolve().parents[1] / "profiles" / "devices"))
+    ap.add_argument("--profiles", default=str(profiles_dir() / "devices"))
     ap.add_argument("--cpu", action="store_true", help="the runs came from the CPU rehearsal")
     ap.add_argument("--device-prefix", default="h100-sxm", help="catalog keys <prefix>-measured, <prefix>-mps<N>")
-    ap.add_argument("--write-calibration", help="write the calibrated terms here (profiles/calibration/h100.json)")
+    ap.add_argument("--write-calibration", help="write the calibrated terms here "
+                    "(planner/profiles/calibration/h100.json)")
     ap.add_argument("--start-from", help="calibration file whose terms start the fit (e.g. the memory terms "
                     "fitted on another device of the same software)")
     ap.add_argument("--json-out", default=str(Path(__file__).resolve().parent / "results" / "fidelity.json"))

@@ -23,6 +23,7 @@ from typing import Any
 
 from benchmarks.fidelity_model import catalog_with, device_key, pair_cluster, predict
 from benchmarks.fidelity_plans import hetero_candidates
+from planner.catalog import profiles_dir
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.model import ModelSpec
 from planner.plan import Plan, plan_from_dict
@@ -101,8 +102,9 @@ def layer_speed(catalog: Any, key: str, micro_batch: int, seq_len: int) -> float
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", required=True)
-    ap.add_argument("--profiles", default=str(Path(__file__).resolve().parents[1] / "profiles" / "devices"))
-    ap.add_argument("--calibration", help="calibrated CostParams file (default: profiles/calibration/h100.json)")
+    ap.add_argument("--profiles", default=str(profiles_dir() / "devices"))
+    ap.add_argument("--calibration", help="calibrated CostParams file "
+                    "(default: planner/profiles/calibration/h100.json)")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--device-prefix", default="h100-sxm", help="catalog keys <prefix>-measured, <prefix>-mps<N>")
     ap.add_argument("--json-out", default=str(Path(__file__).resolve().parent / "results" / "hetero_efficiency.json"))
@@ -118,7 +120,7 @@ def main() -> None:
     res = report(runs, Path(args.profiles), params, args.cpu)
     from rich.table import Table
 
-    from planner.cli.output import console
+    from hexiscale.cli.output import console
 
     t = Table(title="Heterogeneous efficiency: {100 %, 50 %} vs {75 %, 75 %} SMs")
     for c in ("pair", "plan", "predicted ms", "measured ms", "tokens/s"):

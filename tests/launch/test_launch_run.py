@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from executor.launch.layout import build_layout
-from executor.launch.scripts import LaunchOptions, node_script, torchrun_lines
+from hexiscale.launch.layout import build_layout
+from hexiscale.launch.scripts import LaunchOptions, node_script, torchrun_lines
 from planner.cluster import load_cluster
 from planner.model import PRESETS
 from planner.plan import Pipeline, Plan, PlanOptions, Stage, load_plan, save_plan

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from executor.launch.env import rank_env
-from executor.launch.layout import build_layout
-from executor.launch.scripts import LaunchOptions, node_script, slurm_script, torchrun_lines
+from hexiscale.launch.layout import build_layout
+from hexiscale.launch.scripts import LaunchOptions, node_script, slurm_script, torchrun_lines
 from planner.cluster import ClusterSpec, load_cluster
 from planner.errors import SpecError
 from planner.model import PRESETS

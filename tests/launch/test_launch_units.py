@@ -13,10 +13,10 @@ from torch.distributed import TCPStore
 
 from executor.launch.env import RankEnv, rank_env
 from executor.launch.faults import parse_fault
-from executor.launch.local import describe_exit, job_exit_code
 from executor.launch.watchdog import Verdict
 from executor.preflight import agree, find_checkpoint
-from planner.cli.main import main as cli
+from hexiscale.cli.main import main as cli
+from hexiscale.launch.local import describe_exit, job_exit_code
 from planner.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,10 +1,11 @@
-"""Command-line arguments of ``hexiscale train`` (also ``python -m executor.train``); no torch here."""
+"""Command-line arguments of ``hexiscale train`` and the :class:`TrainConfig` they make; no torch here."""
 
 from __future__ import annotations
 
 import argparse
 
-from planner.cli.cmd_convert import add_seed_flag_arguments
+from executor.train_config import TrainConfig
+from planner.seed_flags import SeedLayout, add_seed_flag_arguments
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,7 +19,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     layout.add_argument("--zero", type=int, default=0, choices=(0, 1))
     layout.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"),
                         help="compute dtype for seed-style flags (a plan file carries its own)")
-    add_seed_flag_arguments(layout)  # type: ignore[arg-type]
+    add_seed_flag_arguments(layout)
 
     run = p.add_argument_group("training")
     run.add_argument("--steps", type=int, default=10, help="train until this many optimizer steps are done "
@@ -54,8 +55,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     ops.add_argument("--pg-timeout", type=float, default=600.0, help="process-group collective timeout (seconds)")
 
 
-def build_train_parser(prog: str = "hexiscale train") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Train a plan (one process per device, under torchrun "
-                                "or 'hexiscale launch').")
-    add_train_arguments(p)
-    return p
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The typed config of parsed ``hexiscale train`` arguments."""
+    return TrainConfig(
+        plan=args.plan, cluster=args.cluster, seed_layout=SeedLayout.from_args(args), steps=args.steps,
+        data=args.data, seed=args.seed, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
+        weight_decay=args.weight_decay, clip=args.clip, device=args.device, checkpoint_dir=args.checkpoint_dir,
+        save_every=args.save_every, resume=args.resume, log_jsonl=args.log_jsonl, log_every=args.log_every,
+        heartbeat=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after,
+        startup_timeout=args.startup_timeout, pg_timeout=args.pg_timeout)

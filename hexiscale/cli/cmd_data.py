@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from planner.cli.output import console
+from hexiscale.cli.output import console
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -27,8 +27,8 @@ from typing import Any
 
 from rich.table import Table
 
-from planner.cli.cmd_estimate import _s, add_common_arguments, find_cluster, profiles_for, render
-from planner.cli.output import console
+from hexiscale.cli.cmd_estimate import _s, add_common_arguments, find_cluster, profiles_for, render
+from hexiscale.cli.output import console
 from planner.cluster import ClusterSpec, cluster_to_dict, load_yaml_text, parse_cluster
 from planner.cost import BREAKDOWN_TERMS, Estimate, estimate
 from planner.errors import PlanInfeasible, SpecError

@@ -1,6 +1,6 @@
 """Launch command lines and scripts for a layout (pure text generation; golden-tested).
 
-Three forms, all running ``python -m executor.train --plan PLAN [train args]`` once per plan rank:
+Three forms, all running ``python -m hexiscale train --plan PLAN [train args]`` once per plan rank:
 
 * **torchrun lines** (every node runs the same number of processes): one line per node with
   ``--nnodes``, ``--nproc-per-node``, ``--node-rank`` and a c10d rendezvous at the master address.
@@ -25,9 +25,10 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from executor.launch.layout import LaunchLayout, NodeLaunch
+from hexiscale.launch.layout import LaunchLayout, NodeLaunch
 
-TRAIN_MODULE = "executor.train"
+# The rank entry: ``python -m hexiscale train`` (torchrun passes the words after its -m through).
+TRAIN_ENTRY = ("-m", "hexiscale", "train")
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def torchrun_argv(layout: LaunchLayout, node: NodeLaunch, opts: LaunchOptions,
     return [opts.torchrun, "--nnodes", str(len(layout.nodes)), "--nproc-per-node", str(node.nproc),
             "--node-rank", str(node.node_rank), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", endpoint or f"{opts.master_addr}:{opts.master_port}",
-            "--rdzv-id", opts.run_id, "--max-restarts", "0", "-m", TRAIN_MODULE, *opts.train_argv()]
+            "--rdzv-id", opts.run_id, "--max-restarts", "0", *TRAIN_ENTRY, *opts.train_argv()]
 
 
 def torchrun_lines(layout: LaunchLayout, opts: LaunchOptions) -> list[tuple[NodeLaunch, str]]:
@@ -75,7 +76,7 @@ def torchrun_lines(layout: LaunchLayout, opts: LaunchOptions) -> list[tuple[Node
 
 def _node_body(layout: LaunchLayout, node: NodeLaunch, opts: LaunchOptions, indent: str = "") -> list[str]:
     """Bash that starts and supervises ``node``'s processes (expects MASTER_ADDR/PORT exported)."""
-    train = shlex.join([opts.python, "-m", TRAIN_MODULE, *opts.train_argv()])
+    train = shlex.join([opts.python, *TRAIN_ENTRY, *opts.train_argv()])
     lines = [
         f"# node {node.name} (node {node.node_rank} of {len(layout.nodes)}): global ranks {node.rank_list}"
         f" of {layout.world_size}",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from planner.cli.loading import load_any
-from planner.cli.output import console
+from hexiscale.cli.loading import load_any
+from hexiscale.cli.output import console
 from planner.cluster import load_cluster
 from planner.plan import Plan
 from planner.validate import validate

@@ -1,9 +1,9 @@
 """Entry point of the ``hexiscale`` console script.
 
-Sub-commands are discovered from ``planner/cli/cmd_*.py`` (each has ``register(subparsers)`` and
+Sub-commands are discovered from ``hexiscale/cli/cmd_*.py`` (each has ``register(subparsers)`` and
 sets ``func`` on its parser). User errors (``SpecError``) print one line and exit 1; no traceback.
-Commands that need torch (train, profile) import it lazily inside their handler, so importing the
-planner never pulls torch in.
+Commands that need torch (train, profile, launch, data) import the executor inside their handler, so
+the command line starts without torch.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plan, estimate and train Llama-style models on heterogeneous GPU clusters.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    import planner.cli as pkg
+    import hexiscale.cli as pkg
 
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
         if info.name.startswith("cmd_"):
-            importlib.import_module(f"planner.cli.{info.name}").register(sub)
+            importlib.import_module(f"hexiscale.cli.{info.name}").register(sub)
     return parser
 
 
@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SpecError as exc:
-        from planner.cli.output import print_error
+        from hexiscale.cli.output import print_error
 
         print_error(str(exc))
         return EXIT_USER_ERROR

@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.table import Table
 
-from planner.cli.output import _ranges, console
+from hexiscale.cli.output import _ranges, console
 from planner.cluster import ClusterSpec, load_cluster
 from planner.cost import BREAKDOWN_TERMS, CostParams, Estimate, ProfileSet, estimate
 from planner.errors import SpecError

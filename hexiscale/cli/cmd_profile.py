@@ -1,5 +1,5 @@
 """``hexiscale profile``: measure this machine's GPU(s) with the executor's own modules and write a
-measured device profile (a catalog entry) under ``profiles/devices/``. torch is reached only through
+measured device profile (a catalog entry) under ``planner/profiles/devices/``. torch is reached only through
 executor modules inside ``run``."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", required=True, help="model preset or config.json whose layer is profiled")
     p.add_argument("--seq-len", type=int, dest="seq_len", help="override the model's sequence length")
     p.add_argument("--layers", type=int, help="override the model's layer count (only its name changes)")
-    p.add_argument("--out", help="output file (default profiles/devices/<key>.json; CPU mode: ./cpu-profile.json)")
+    p.add_argument("--out", help="output file (default planner/profiles/devices/<key>.json; "
+                   "CPU mode: ./cpu-profile.json)")
     p.add_argument("--key", help="catalog key of the measured device type (default: the --out file's stem)")
     p.add_argument("--base", help="catalog key of the unthrottled device type (default: detected from the GPU name)")
     p.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU (tests/CI)")
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     from executor.devices import cuda_device_count
     from executor.profiler.runner import default_config, run_profile
-    from planner.cli.output import console
+    from hexiscale.cli.output import console
 
     comm = args.comm_ranks if args.comm_ranks is not None else (0 if args.cpu else cuda_device_count())
     cfg = default_config(model, cpu=args.cpu, sm_percent=args.sm_percent, comm_world=comm if comm >= 2 else 0)

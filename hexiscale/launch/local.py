@@ -1,7 +1,7 @@
 """``hexiscale launch --local``: run every rank of a plan on this machine and supervise them.
 
 The supervisor hosts the job's TCPStore (so the store outlives any rank, rank 0 included), starts
-one ``python -m executor.train`` per plan rank with the launcher environment (``RANK``,
+one ``python -m hexiscale train`` per plan rank with the launcher environment (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``, ``HEXISCALE_STORE_HOSTED=1``),
 forwards their output, and waits. When a rank fails, the others normally stop by themselves within
 the heartbeat bound (:mod:`executor.launch.watchdog`); any still running ``grace_s`` seconds later
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
+from hexiscale.launch.scripts import TRAIN_ENTRY
 
 
 @dataclass
@@ -91,7 +92,7 @@ def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, dev
           f", store at 127.0.0.1:{store.port}", file=sys.stderr, flush=True)
     ranks: list[RankProcess] = []
     pumps: list[threading.Thread] = []
-    cmd = [sys.executable, "-m", "executor.train", "--plan", plan_path, "--device", device, *train_args]
+    cmd = [sys.executable, *TRAIN_ENTRY, "--plan", plan_path, "--device", device, *train_args]
     for r in range(world_size):
         env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from planner.cli.loading import load_any
-from planner.cli.output import cluster_table, console, plan_table
+from hexiscale.cli.loading import load_any
+from hexiscale.cli.output import cluster_table, console, plan_table
 from planner.cluster import load_cluster
 from planner.plan import Plan
 from planner.validate import validate

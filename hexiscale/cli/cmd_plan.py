@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from planner.cli.output import console, plan_table
+from hexiscale.cli.output import console, plan_table
 from planner.cluster import load_cluster
 from planner.errors import SpecError
 from planner.model import resolve_model
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         for line in result.log:
             console.print("  " + line, highlight=False, markup=False)
         try:
-            from planner.cli import cmd_estimate
+            from hexiscale.cli import cmd_estimate
         except ImportError:  # the estimate command is optional here
             return 0
         cmd_estimate.render(plan, cluster, est, title="estimate of the chosen plan")

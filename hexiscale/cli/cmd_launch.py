@@ -16,7 +16,7 @@ import argparse
 import subprocess
 from pathlib import Path
 
-from planner.cli.output import console
+from hexiscale.cli.output import console
 from planner.errors import SpecError
 
 
@@ -98,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_local(args, plan.world_size, run_id)
     if not args.cluster:
         raise SpecError("--cluster", "missing", "multi-node launch needs the cluster file (or use --local)")
-    from executor.launch.layout import build_layout
-    from executor.launch.scripts import LaunchOptions, node_script, slurm_script, torchrun_lines
+    from hexiscale.launch.layout import build_layout
+    from hexiscale.launch.scripts import LaunchOptions, node_script, slurm_script, torchrun_lines
     from planner.cluster import load_cluster
 
     layout = build_layout(plan, load_cluster(args.cluster))
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_plan_launch(args: argparse.Namespace, layout, opts, scripts: dict[str, str]) -> int:  # type: ignore[no-untyped-def]
-    from executor.launch.scripts import torchrun_lines
+    from hexiscale.launch.scripts import torchrun_lines
 
     out = Path(args.output or f"launch/{opts.run_id}")
     print(f"# {layout.world_size} ranks on {len(layout.nodes)} nodes; rendezvous at {opts.master_addr}:"
@@ -156,7 +156,7 @@ def _print_plan_launch(args: argparse.Namespace, layout, opts, scripts: dict[str
 
 
 def _run_local(args: argparse.Namespace, world_size: int, run_id: str) -> int:
-    from executor.launch.local import run_local
+    from hexiscale.launch.local import run_local
 
     device = args.device
     if device == "auto":

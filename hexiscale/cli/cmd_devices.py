@@ -6,8 +6,8 @@ import argparse
 
 from rich.table import Table
 
+from hexiscale.cli.output import console
 from planner.catalog import default_catalog
-from planner.cli.output import console
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    table = Table(title="device catalog (profiles/devices)", title_justify="left")
+    table = Table(title="device catalog (planner/profiles/devices)", title_justify="left")
     for col in ("key", "name", "memory GiB", "bf16", "fp16", "mem GB/s", "figures"):
         table.add_column(col)
     for e in default_catalog().entries:
