@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench-planner clean venv
+.PHONY: demo test test-fast lint bench-planner clean venv
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
+# the tests not marked slow (no multi-process training jobs): about half a minute on 2 cores
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
+
 # ruff, mypy, and the layer rules (planner <- executor <- hexiscale; tests/foundation/test_layers.py)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check planner executor hexiscale tests benchmarks examples
@@ -31,9 +35,9 @@ lint: $(STAMP)
 
 # Planner benchmarks (programs, not tests): tables on stdout, JSON under benchmarks/results/.
 bench-planner: $(STAMP)
-	$(PY) -m benchmarks.planner_scaling
-	$(PY) -m benchmarks.planner_optimality
-	$(PY) -m benchmarks.planner_baselines
+	$(PY) -m benchmarks.planner.scaling
+	$(PY) -m benchmarks.planner.optimality
+	$(PY) -m benchmarks.planner.baselines
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -2,7 +2,7 @@
 pair {75 %, 75 %} — the same total compute (MPS SM shares on two H100s).
 
 Plans are chosen with the cost model directly (measured profiles of each SM share, calibrated terms)
-among every PP split (either GPU first), every DP batch split and TP2 (``fidelity_plans.hetero_candidates``;
+among every PP split (either GPU first), every DP batch split and TP2 (``benchmarks.fidelity.plans.hetero_candidates``;
 global batch 24, micro-batches of 4 samples). The device run (``device_run.py runs``) measures the cost
 model's top two of each pair; this report takes the cost model's first choice of each pair, and::
 
@@ -10,7 +10,7 @@ model's top two of each pair; this report takes the cost model's first choice of
 
 (also shown with the best measured candidate of each pair, which tells a planning miss from a true gap).
 
-    PYTHONPATH=. python benchmarks/hetero_efficiency.py --runs RUNS.json --profiles DIR [--calibration FILE]
+    python -m benchmarks.fidelity.hetero_efficiency --runs RUNS.json --profiles DIR [--calibration FILE]
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fidelity_model import catalog_with, device_key, pair_cluster, predict
-from benchmarks.fidelity_plans import hetero_candidates
+from benchmarks.fidelity.model import catalog_with, device_key, pair_cluster, predict
+from benchmarks.fidelity.plans import hetero_candidates
 from planner.catalog import profiles_dir
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.model import ModelSpec
@@ -107,13 +107,14 @@ def main() -> None:
                     "(default: planner/profiles/calibration/h100.json)")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--device-prefix", default="h100-sxm", help="catalog keys <prefix>-measured, <prefix>-mps<N>")
-    ap.add_argument("--json-out", default=str(Path(__file__).resolve().parent / "results" / "hetero_efficiency.json"))
+    ap.add_argument("--json-out",
+                    default=str(Path(__file__).resolve().parents[1] / "results" / "hetero_efficiency.json"))
     args = ap.parse_args()
     from planner.calibration.store import default_calibration_path, load_params
 
     cal = Path(args.calibration) if args.calibration else default_calibration_path()
     params = load_params(cal) if cal.exists() else DEFAULT_PARAMS
-    from benchmarks.fidelity_model import DEVICE_PREFIX
+    from benchmarks.fidelity.model import DEVICE_PREFIX
 
     DEVICE_PREFIX["prefix"] = args.device_prefix
     runs = json.loads(Path(args.runs).read_text())

@@ -13,7 +13,7 @@ finds its rank with ``torch.distributed.get_rank()``; results travel back serial
 ``torch.save`` (tensors included). ``backend="nccl"`` gives rank ``r`` accelerator ``r`` (for GPU
 checks on a multi-GPU machine; never used on the CPU path). Processes start through
 ``forkserver`` (torch and the modules named in ``preload`` imported once, then forked per rank)
-where the platform has it, else ``spawn``.
+where the platform has it, else ``spawn``; they are started and stopped by :mod:`executor.spawn`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.spawn import start_processes, stop_processes
+
 
 class DistributedError(RuntimeError):
     """A rank raised; the message holds the child's traceback."""
@@ -46,7 +48,8 @@ def _loads(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _worker(rank: int, world: int, port: int, backend: str, tasks: Any, results: Any) -> None:
+def _worker(rank: int, world: int, port: int, backend: str, all_tasks: list[Any], results: Any) -> None:
+    tasks = all_tasks[rank]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     try:
@@ -101,12 +104,8 @@ class DistPool:
                                     wait_for_workers=False)
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(self.world_size)]
-        port = self._store.port
-        self._procs = [ctx.Process(target=_worker, daemon=True,
-                                   args=(r, self.world_size, port, self.backend, self._tasks[r], self._results))
-                       for r in range(self.world_size)]
-        for p in self._procs:
-            p.start()
+        self._procs = start_processes(_worker, self.world_size, (self.world_size, self._store.port, self.backend,
+                                                                 self._tasks, self._results), context=ctx, daemon=True)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """``fn(*args, **kwargs)`` on every rank; the results in rank order."""
@@ -149,10 +148,7 @@ class DistPool:
             for p in self._procs:
                 if p.pid is not None:
                     p.join(timeout=10)
-        for p in self._procs:
-            if p.pid is not None and p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
+        stop_processes(self._procs)
         self._procs, self._tasks, self._results, self._store = [], [], None, None
 
     def __enter__(self) -> DistPool:

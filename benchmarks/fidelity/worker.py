@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from executor.spawn import spawn
 from planner.plan import plan_from_dict
 
 GIB = float(1 << 30)
@@ -136,7 +136,7 @@ def run_launch(plans: list[dict[str, Any]], sm: list[int], *, cpu: bool, warmup:
                steps: int = 6) -> dict[str, Any]:
     """Run ``plans`` (``[{"name", "plan": plan-dict}]``) with one process per GPU; merged results per plan."""
     with tempfile.TemporaryDirectory() as store_dir, tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_worker, args=(sm, plans, cpu, store_dir, out_dir, warmup, steps), nprocs=len(sm), join=True)
+        spawn(_worker, len(sm), (sm, plans, cpu, store_dir, out_dir, warmup, steps))
         per_gpu = [json.loads(Path(out_dir, f"gpu{k}.json").read_text()) for k in range(len(sm))]
     merged: dict[str, Any] = {}
     for g in per_gpu:

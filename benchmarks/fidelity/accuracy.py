@@ -2,7 +2,7 @@
 (1 GPU, TP2, PP2, DP2, asymmetric plans, one GPU throttled with MPS, different micro-batch counts) beside
 the cost model's predictions from the measured profiles, with the error of each.
 
-The device run (``benchmarks/device_run.py``: ``profile`` then ``runs``) writes the measured profiles and
+The device run (``benchmarks/fidelity/device_run.py``: ``profile`` then ``runs``) writes the measured profiles and
 ``runs.json``; this program (no GPU needed) calibrates the named terms and prints the table:
 
 1. compute terms (``gemm_efficiency`` ... ``kernel_overhead_s``) fitted to the 100 % profile's tables
@@ -13,7 +13,7 @@ The device run (``benchmarks/device_run.py``: ``profile`` then ``runs``) writes 
    ``fragmentation`` fitted to the measured memory of the calibration plans only (``CALIBRATION_PLANS``);
    every other plan is held out, and the summary gives the held-out errors separately.
 
-    PYTHONPATH=. python benchmarks/fidelity.py --runs RUNS.json --profiles DIR [--write-calibration FILE]
+    python -m benchmarks.fidelity.accuracy --runs RUNS.json --profiles DIR [--write-calibration FILE]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fidelity_model import NVLINK_NOMINAL_GBPS, catalog_with, device_key, pair_cluster, predict
+from benchmarks.fidelity.model import NVLINK_NOMINAL_GBPS, catalog_with, device_key, pair_cluster, predict
 from planner.calibration.fit import fit_compute, fit_link_efficiency, fit_terms
 from planner.catalog import Catalog, profiles_dir
 from planner.cost.params import DEFAULT_PARAMS, CostParams
@@ -176,9 +176,9 @@ def main() -> None:
                     "(planner/profiles/calibration/h100.json)")
     ap.add_argument("--start-from", help="calibration file whose terms start the fit (e.g. the memory terms "
                     "fitted on another device of the same software)")
-    ap.add_argument("--json-out", default=str(Path(__file__).resolve().parent / "results" / "fidelity.json"))
+    ap.add_argument("--json-out", default=str(Path(__file__).resolve().parents[1] / "results" / "fidelity.json"))
     args = ap.parse_args()
-    from benchmarks.fidelity_model import DEVICE_PREFIX
+    from benchmarks.fidelity.model import DEVICE_PREFIX
 
     DEVICE_PREFIX["prefix"] = args.device_prefix
     runs = json.loads(Path(args.runs).read_text())

@@ -1,6 +1,6 @@
-"""Planner solve time vs cluster size (``python -m benchmarks.planner_scaling [SIZES...]``).
+"""Planner solve time vs cluster size (``python -m benchmarks.planner.scaling [SIZES...]``).
 
-Mixed clusters of 32, 128, 512, 2,048 and 8,192 GPUs (:func:`benchmarks.planner_common.mixed_cluster`:
+Mixed clusters of 32, 128, 512, 2,048 and 8,192 GPUs (:func:`benchmarks.planner.common.mixed_cluster`:
 H100, A100, RTX 4090, L40S; nodes of 8 and 4; 25 GB/s inside racks, 6.25 GB/s between them),
 llama2-13b, global batch = one sample per GPU. The solve time is the whole ``search`` call (all
 candidates, the finalists' ILP and the full cost-model estimate), measured two ways: wall clock,
@@ -19,7 +19,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.planner_common import mixed_cluster, write_result
+from benchmarks.planner.common import mixed_cluster, write_result
 from planner.model import PRESETS
 from planner.search import PlannerConfig, search
 

@@ -1,4 +1,4 @@
-"""Planner vs the exhaustive optimum on clusters of <= 16 GPUs (``python -m benchmarks.planner_optimality``).
+"""Planner vs the exhaustive optimum on clusters of <= 16 GPUs (``python -m benchmarks.planner.optimality``).
 
 For each case the enumerator (:mod:`planner.search.enumerate`) scores every point of the plan
 space the planner searches (every way to cut each node into TP groups, every multiset partition
@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.planner_common import write_result
+from benchmarks.planner.common import write_result
 from planner.cluster import ClusterSpec, load_cluster, parse_cluster
 from planner.model import PRESETS, ModelSpec
 from planner.search import PlannerConfig, search

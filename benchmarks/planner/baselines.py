@@ -1,4 +1,4 @@
-"""The planner against baselines under the same cost model (``python -m benchmarks.planner_baselines``).
+"""The planner against baselines under the same cost model (``python -m benchmarks.planner.baselines``).
 
 On the seed papers' clusters (``examples/clusters``; the two homogeneous A100 clusters as a
 control) every planner is scored by :func:`planner.cost.estimate`:
@@ -22,13 +22,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.planner_common import write_result
+from benchmarks.planner.common import write_result
 from planner.cluster import load_cluster
 from planner.model import PRESETS
 from planner.search import search
 from planner.search.baselines import megatron_homogeneous, proportional, seed_style
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CASES = [
     ("seed-32gpu-4types", "llama2-7b", 64),
     ("seed-40gpu-3types", "llama2-7b", 64),

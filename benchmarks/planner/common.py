@@ -1,6 +1,6 @@
 """Shared helpers of the planner benchmarks: generated mixed clusters, the machine record, JSON out.
 
-Not a test: the planner benchmarks are programs (``python -m benchmarks.planner_scaling`` etc.)
+Not a test: the planner benchmarks are programs (``python -m benchmarks.planner.scaling`` etc.)
 that print a table and write ``benchmarks/results/<name>_<date>.json``.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from planner.cluster import ClusterSpec, parse_cluster
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 # One 32-GPU "block" of the generated clusters: four GPU types, nodes of 8 and of 4.
 BLOCK = (

@@ -1,4 +1,5 @@
-"""The plans measured by ``benchmarks/fidelity.py`` and ``benchmarks/hetero_efficiency.py`` (pure data).
+"""The plans measured by ``benchmarks/fidelity/accuracy.py`` and ``benchmarks/fidelity/hetero_efficiency.py``
+(pure data).
 
 Devices are ``g0:0`` and ``g1:0``: two one-GPU "nodes", GPU 0 and GPU 1 of the device machine. Each
 launch group fixes the MPS SM share of each GPU (one process per GPU, the share set when its CUDA

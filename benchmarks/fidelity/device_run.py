@@ -1,16 +1,16 @@
 """Everything the GPU machine does for the profiler issue, in two phases (one command each).
 
-    PYTHONPATH=. python3 benchmarks/device_run.py profile --out $OUT     # ~4 min on 2 H100s
-    PYTHONPATH=. python3 benchmarks/device_run.py runs --out $OUT        # ~5 min on 2 H100s
-    PYTHONPATH=. python benchmarks/device_run.py {profile,runs} --cpu --out /tmp/x   # CPU rehearsal
+    python -m benchmarks.fidelity.device_run profile --out $OUT     # ~4 min on 2 H100s
+    python -m benchmarks.fidelity.device_run runs --out $OUT        # ~5 min on 2 H100s
+    python -m benchmarks.fidelity.device_run {profile,runs} --cpu --out /tmp/x   # CPU rehearsal
 
 ``profile``: starts the MPS control daemon, profiles the model's layer etc. with ``hexiscale profile`` at
 100 % of the SMs and under MPS at 60, 35, 50 and 75 % (two GPUs at a time, one process per GPU), then
 the p2p/all-reduce sweep between the two GPUs; writes the measured catalog entries to ``WORK/profiles``
 and a tarball of them to ``--out``.
 
-``runs``: the fidelity plans (``benchmarks/fidelity_plans.py``) and the heterogeneous-efficiency
-candidates chosen by the cost model from the measured profiles (``benchmarks/hetero_efficiency.py``),
+``runs``: the fidelity plans (``benchmarks/fidelity/plans.py``) and the heterogeneous-efficiency
+candidates chosen by the cost model from the measured profiles (``benchmarks/fidelity/hetero_efficiency.py``),
 each launch with its MPS shares; writes ``runs.json`` to ``--out``.
 """
 
@@ -25,7 +25,7 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORK = Path(os.environ.get("HX_WORK", "/tmp/hx"))
 PROFILE_ROUNDS = ((100,), (60, 35), (50, 75))  # GPU k of a round runs the k-th share; 100 % without MPS
 
@@ -65,7 +65,7 @@ def device_meta() -> dict[str, str]:
 
 
 def _profile_cmd(key: str, sm: int, cpu: bool, comm: int) -> list[str]:
-    cmd = [sys.executable, "-m", "hexiscale.cli.main", "profile", "--out", str(WORK / "profiles" / f"{key}.json"),
+    cmd = [sys.executable, "-m", "hexiscale", "profile", "--out", str(WORK / "profiles" / f"{key}.json"),
            "--key", key, "--comm-ranks", str(comm), "--quiet"]
     if cpu:
         cmd += ["--model", "tiny-8l", "--cpu"]
@@ -78,7 +78,7 @@ def _profile_cmd(key: str, sm: int, cpu: bool, comm: int) -> list[str]:
 
 
 def phase_profile(out: Path, cpu: bool, single_gpu: bool = False) -> None:
-    from benchmarks.fidelity_model import device_key
+    from benchmarks.fidelity.model import device_key
 
     (WORK / "profiles").mkdir(parents=True, exist_ok=True)
     env0 = {**os.environ, "PYTHONPATH": str(ROOT), "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
@@ -140,7 +140,7 @@ def run_launch_subprocess(name: str, sm: list[int], plans: list[dict], cpu: bool
     result.unlink(missing_ok=True)
     spec.write_text(json.dumps({"sm": sm, "plans": plans, "cpu": cpu}))
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(extra_env or {})}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "launch", "--spec", str(spec), "--out", str(result)]
+    cmd = [sys.executable, "-m", "benchmarks.fidelity.device_run", "launch", "--spec", str(spec), "--out", str(result)]
     try:
         rc = subprocess.run(cmd, env=env, cwd=ROOT, timeout=timeout).returncode
     except subprocess.TimeoutExpired:
@@ -151,8 +151,8 @@ def run_launch_subprocess(name: str, sm: list[int], plans: list[dict], cpu: bool
 
 
 def phase_runs(out: Path, cpu: bool, only: list[str] | None = None, tag: str = "runs", micro: int = 4) -> None:
-    from benchmarks.fidelity_plans import bench_model, fidelity_launches, plan_to_json
-    from benchmarks.hetero_efficiency import HETERO_PAIRS, choose_candidates
+    from benchmarks.fidelity.hetero_efficiency import HETERO_PAIRS, choose_candidates
+    from benchmarks.fidelity.plans import bench_model, fidelity_launches, plan_to_json
 
     os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     model = bench_model(cpu)
@@ -222,7 +222,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     if args.phase == "launch":
-        from benchmarks.fidelity_worker import run_launch
+        from benchmarks.fidelity.worker import run_launch
 
         spec = json.loads(Path(args.spec).read_text())
         res = run_launch(spec["plans"], spec["sm"], cpu=spec["cpu"], warmup=1 if spec["cpu"] else 2,

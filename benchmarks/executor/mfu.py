@@ -2,9 +2,9 @@
 
 Usage (on a GPU machine, from the repository root)::
 
-    PYTHONPATH=. python3 benchmarks/executor_mfu.py --configs hf,1gpu,1gpu-compile --out $OUT
-    PYTHONPATH=. python3 benchmarks/executor_mfu.py --configs hf,1gpu,tp2,pp2,dp2,asym --compile --out $OUT
-    .venv/bin/python benchmarks/executor_mfu.py --cpu-smoke          # tiny shapes, gloo, CPU
+    python -m benchmarks.executor.mfu --configs hf,1gpu,1gpu-compile --out $OUT
+    python -m benchmarks.executor.mfu --configs hf,1gpu,tp2,pp2,dp2,asym --compile --out $OUT
+    .venv/bin/python -m benchmarks.executor.mfu --cpu-smoke          # tiny shapes, gloo, CPU
 
 Every configuration runs in fresh processes (one per GPU, NCCL), trains the same model on the same
 random token batch, and reports tokens/s, TFLOP/s per GPU, MFU and peak memory.
@@ -36,7 +36,6 @@ import datetime as dt
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -53,8 +52,8 @@ os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
+from executor.spawn import free_port, spawn  # noqa: E402
 from planner.model import PRESETS, ModelSpec  # noqa: E402
 from planner.plan import Pipeline, Plan, PlanOptions, Stage  # noqa: E402
 
@@ -292,34 +291,19 @@ def _worker(rank: int, world: int, config: str, s: Setup, port: int, result_dir:
     Path(result_dir, f"rank{rank}.json").write_text(json.dumps(res))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def run_config(config: str, s: Setup, timeout_s: float) -> dict[str, Any]:
     """Run ``config`` in fresh processes; merge the ranks' results."""
     world = 1 if config == "hf" else world_of(config)
-    ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
-        port = _free_port()
-        procs = [ctx.Process(target=_worker, args=(r, world, config, s, port, tmp)) for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout_s
-        for p in procs:
-            p.join(max(1.0, deadline - time.monotonic()))
-        hung = [p for p in procs if p.is_alive()]
-        for p in hung:
-            p.kill()
-            p.join()
+        codes = spawn(_worker, world, (world, config, s, free_port(), tmp), timeout=timeout_s, check=False)
         ranks = []
         for r in range(world):
             f = Path(tmp, f"rank{r}.json")
             ranks.append(json.loads(f.read_text()) if f.exists() else {"error": "no result (crashed or hung)"})
+    hung = [r for r, c in enumerate(codes) if c is None]
     if hung:
-        ranks = [{"error": f"timed out after {timeout_s:.0f} s"}]
+        ranks = [{"error": f"ranks {hung} stopped: past {timeout_s:.0f} s, or after another rank crashed "
+                  f"(exit codes {codes})"}]
     errors = [r["error"] for r in ranks if "error" in r]
     if errors and config != "1gpu-compile" and compiles(config, s):
         # a compiled multi-GPU config that fails is measured again eagerly, and says so
