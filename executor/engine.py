@@ -17,7 +17,8 @@ all-reduce and full AdamW: a reduce-scatter gives each slice owner its part of t
 norm adds up the parts, AdamW updates the owned parts only (1/k of the state) and the parts are
 all-gathered back.
 
-The only host synchronisation is the final ``tolist()`` that produces the returned floats.
+The only host synchronisation is the final :func:`executor.host_sync.to_host` that produces the
+returned floats (on NCCL the watchdog looks there for ranks waiting on peers).
 
 Precision: parameters, gradients, reduction and optimizer state are fp32 (the parameters *are* the
 fp32 master weights). ``plan.options.dtype == "bf16"`` runs the forward/backward under
@@ -40,6 +41,7 @@ import torch.distributed as dist
 from executor import checkpoint as ckpt
 from executor.grad_sync import GradSync
 from executor.groups import ProcessGroups
+from executor.host_sync import to_host
 from executor.init import logical_init
 from executor.model import StageModule
 from executor.optim import OptimConfig, build_optimizer, clip_coefficient, lr_at, set_lr
@@ -97,7 +99,10 @@ class Engine:
         # ZeRO-1 (executor.zero): Adam state split across each slice's owners, one per pipeline
         self.zero = ZeroOptimizer(groups, self.params, optim) if plan.options.zero and len(plan.pipelines) > 1 else None
         self.optimizer = self.zero.optimizer if self.zero else build_optimizer(list(self.params.items()), optim)
-        self.comm = StageComm(self.stage, self.rank, groups.tp_group, device=self.device)
+        leader = self.stage.leader
+        self.comm = StageComm(self.stage, self.rank, groups.tp_group, device=self.device,
+                              prev_group=groups.boundary(self.stage.prev_leader, leader),
+                              next_group=groups.boundary(leader, self.stage.next_leader))
         self.grad_sync = GradSync(groups, self.params)
         # parameters whose squared gradient this rank adds to the global norm (no double counting)
         counted = self.stage.pipeline == 0
@@ -176,7 +181,7 @@ class Engine:
         set_lr(self.optimizer, lr)
         (self.zero or self.optimizer).step()
         self.step += 1
-        host = stats.tolist()
+        host = to_host(stats)
         return StepStats(loss=host[0], grad_norm=host[1] ** 0.5, lr=lr, tokens=global_tokens)
 
     # ------------------------------------------------------------------------------ state

@@ -13,6 +13,13 @@ This is correct for any pair of TP degrees (4 → 2 → 1 → 4 ...). The combin
 (``batch_isend_irecv``), which is what keeps a 1F1B schedule free of deadlocks when sends block
 until they are received. Receive shapes are known from the plan (micro-batch sizes are
 deterministic), so no shapes are exchanged.
+
+On NCCL (:mod:`executor.groups` gives the whole rule): every boundary has its own two-rank group,
+created and connected before the first step, so a leader's first send never waits for the set-up
+of a communicator that ranks outside the boundary would have to join; ``req.wait()`` only orders
+the compute stream after the transfer (the host runs on), and the broadcast that follows is
+issued after it on every rank of the receiving stage, so each rank's device runs its p2p and TP
+operations in program order — the order the schedules prove deadlock-free.
 """
 
 from __future__ import annotations
@@ -29,10 +36,12 @@ class StageComm:
     """p2p of one rank of ``stage``; ``tp_group`` is the stage's TP group (None when tp == 1)."""
 
     def __init__(self, stage: StageTopo, rank: int, tp_group: Any, *, device: torch.device,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, prev_group: Any = None, next_group: Any = None):
         self.stage = stage
         self.rank = rank
         self.tp_group = tp_group
+        # the boundary groups (leaders only; None on gloo test set-ups that use the default group)
+        self.peer_groups = {stage.prev_leader: prev_group, stage.next_leader: next_group}
         self.device = device
         self.dtype = dtype
         self.is_leader = rank == stage.leader
@@ -48,9 +57,10 @@ class StageComm:
         if self.is_leader:
             ops = []
             if send is not None and send_to is not None:
-                ops.append(dist.P2POp(dist.isend, send.detach().to(self.dtype).contiguous(), send_to))
+                ops.append(dist.P2POp(dist.isend, send.detach().to(self.dtype).contiguous(), send_to,
+                                      group=self.peer_groups.get(send_to)))
             if buf is not None:
-                ops.append(dist.P2POp(dist.irecv, buf, recv_from))
+                ops.append(dist.P2POp(dist.irecv, buf, recv_from, group=self.peer_groups.get(recv_from)))
             if ops:
                 for req in dist.batch_isend_irecv(ops):
                     req.wait()

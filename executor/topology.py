@@ -27,7 +27,7 @@ Model with 4 layers. Pipeline 0: one stage ``[A0, A1]`` (tp 2, layers 0-4). Pipe
 B1=3 B2=4 B3=5 B4=6.
 
 * TP groups: ``(0, 1)``, ``(2,)``, ``(3, 4, 5, 6)``. p2p: 2 -> 3 forward (then broadcast in
-  ``(3, 4, 5, 6)``), 3 -> 2 backward.
+  ``(3, 4, 5, 6)``), 3 -> 2 backward; ``p2p_pairs()`` is ``[(2, 3)]``.
 * ``layers.0.attn.wq.weight`` (tp 2 vs tp 1): ``L = 2``; slice 0 owners ``(0, 2)``, slice 1
   owners ``(1, 2)``. ``layers.2.attn.wq.weight`` (tp 2 vs tp 4): ``L = 4``; slices 0..3 owners
   ``(0, 3)``, ``(0, 4)``, ``(1, 5)``, ``(1, 6)``. ``embed.weight`` is like layer 0,
@@ -192,6 +192,10 @@ class Topology:
 
     def tp_groups(self) -> list[tuple[int, ...]]:
         return [st.ranks for pipe in self.pipelines for st in pipe]
+
+    def p2p_pairs(self) -> list[tuple[int, int]]:
+        """``(leader, next_leader)`` of every stage boundary: pipelines in order, boundaries in order."""
+        return [(st.leader, st.next_leader) for pipe in self.pipelines for st in pipe if st.next_leader is not None]
 
     def local_slice(self, rank: int, ref: SliceRef) -> tuple[int | None, int, int]:
         """``ref`` in the coordinates of ``rank``'s local shard: (dim, start, stop)."""

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from executor.data import BatchStream, DataPosition, pipeline_rows
 from executor.engine import Engine
 from executor.groups import ProcessGroups
+from executor.launch import flight
 from executor.launch.env import RankEnv, connect_store, rank_env
 from executor.launch.faults import maybe_inject, parse_fault
 from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog, log_error
@@ -34,6 +35,7 @@ from executor.train_setup import (
     init_process_group,
     mark_latest,
     optim_config,
+    pg_timeout,
     resolve_plan,
 )
 from planner.errors import SpecError
@@ -48,6 +50,7 @@ def run_training(args: TrainConfig) -> int:
         plan, cluster = resolve_plan(args)
         check_world(plan, renv)
         opt = optim_config(args)
+        timeout_s = pg_timeout(args)
         fault = parse_fault(os.environ.get("HEXISCALE_FAULT"))
         store = connect_store(renv, args.startup_timeout)
         if renv.master_port == 0:
@@ -70,11 +73,15 @@ def run_training(args: TrainConfig) -> int:
 
     wd = Watchdog(renv, interval=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after)
     try:
-        backend = init_process_group(renv, store, prep.device, args.pg_timeout)
+        flight.enable()
+        backend = init_process_group(renv, store, prep.device, timeout_s)
         wd.start(store)
         topology = build_topology(plan)
-        engine = Engine(plan, topology, ProcessGroups.create(topology, backend), device=prep.device,
-                        optim=opt, seed=args.seed)
+        groups = ProcessGroups.create(topology, backend)
+        if renv.rank == 0:
+            print(f"hexiscale train: rank 0 connected {groups.members()} communicators in {groups.setup_s:.2f} s"
+                  + (f" ({groups.device_mib:.0f} MiB of device memory)" if backend == "nccl" else ""), flush=True)
+        engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed)
         position = DataPosition()
         if prep.resume is not None:
             extra = engine.load_checkpoint(prep.resume.path)

@@ -38,7 +38,7 @@ class TrainConfig:
     dead_after: float = 30.0  # a rank silent this long is dead
     hang_after: float = 1800.0  # no step finished this long: the job is hung
     startup_timeout: float = 600.0
-    pg_timeout: float = 600.0
+    pg_timeout: float | None = None  # None: hang_after + 300 (executor.train_setup.pg_timeout)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -51,5 +51,5 @@ class TrainConfig:
         for flag, secs in (("--heartbeat", self.heartbeat), ("--dead-after", self.dead_after),
                            ("--hang-after", self.hang_after), ("--startup-timeout", self.startup_timeout),
                            ("--pg-timeout", self.pg_timeout)):
-            if not secs > 0:
+            if secs is not None and not secs > 0:
                 raise SpecError(flag, f"must be > 0 seconds, got {secs}", "pass a positive number of seconds")

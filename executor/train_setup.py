@@ -59,13 +59,28 @@ def optim_config(args: TrainConfig) -> OptimConfig:
         raise SpecError("--lr", str(exc), "check --lr, --min-lr, --warmup and --steps") from None
 
 
+def pg_timeout(args: TrainConfig) -> float:
+    """The process group's timeout: it must exceed ``--hang-after`` (see :mod:`executor.launch.watchdog`)."""
+    if args.pg_timeout is None:
+        return args.hang_after + 300.0
+    if args.pg_timeout <= args.hang_after:
+        raise SpecError("--pg-timeout", f"{args.pg_timeout:g} s is not longer than --hang-after "
+                        f"{args.hang_after:g} s: NCCL would abort a rank that waits for a stuck peer before the "
+                        "watchdog names the stuck one", "raise --pg-timeout or lower --hang-after")
+    return args.pg_timeout
+
+
 def init_process_group(renv: RankEnv, store: Any, device: torch.device, timeout_s: float) -> str:
-    """The default process group on a prefix of our store, with our (plan) rank numbering."""
+    """The default process group on a prefix of our store, with our (plan) rank numbering.
+
+    On CUDA the group is bound to this rank's device (``device_id``): NCCL then creates its
+    communicator now, and every ``new_group`` is split off it eagerly (:mod:`executor.groups`)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, store=dist.PrefixStore(f"{renv.prefix}/pg", store), rank=renv.rank,
-                            world_size=renv.world_size, timeout=timedelta(seconds=timeout_s))
+                            world_size=renv.world_size, timeout=timedelta(seconds=timeout_s),
+                            device_id=device if device.type == "cuda" else None)
     return backend
 
 

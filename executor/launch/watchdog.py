@@ -13,6 +13,12 @@ How a failure reaches every rank within a bound:
 
 * Every rank runs a :class:`Watchdog` thread with its own store connection. Every ``interval``
   seconds it bumps ``hb/<rank>`` (a counter with the current step) and reads everyone's.
+* On NCCL a rank that waits for its peers does so on the GPU: its host runs ahead and blocks in
+  the step's one device synchronisation (:mod:`executor.host_sync`). There the flight recorder
+  (:mod:`executor.launch.flight`) says whether a collective is unfinished (``comm:<op>[ranks]#seq``:
+  waiting for peers) or not (``device``: the GPU computes), so a hang names the stuck rank on NCCL
+  as on gloo. The process group's own timeout (``--pg-timeout``) must exceed ``hang_after``, else
+  NCCL aborts a *waiting* rank first and the verdict would blame it.
 * A rank whose counter has not moved for ``dead_after`` seconds (measured on the observer's own
   monotonic clock, so host clocks need not agree) is declared dead. A job where no rank finished a
   step for ``hang_after`` seconds is declared hung; each heartbeat says where the rank's training
@@ -40,6 +46,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from executor.launch import flight
 from executor.launch.env import RankEnv, connect_store
 
 EXIT_OK = 0
@@ -50,7 +57,8 @@ EXIT_OOM = 4
 EXIT_INTERRUPTED = 130
 
 # Our modules whose time is spent waiting for peers (p2p exchange, gradient reduction, ZeRO gathers).
-COMM_MODULES = ("executor/p2p.py", "executor/grad_sync.py", "executor/zero.py")
+COMM_MODULES = ("executor/p2p.py", "executor/grad_sync.py", "executor/zero.py", "executor/groups.py")
+HOST_SYNC = "executor/host_sync.py"  # where the host waits for the device (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -252,19 +260,31 @@ class Watchdog:
         code = frame.f_code
         if "torch/distributed" in code.co_filename or code.co_filename.endswith(COMM_MODULES):
             return "comm"
+        if code.co_filename.endswith(HOST_SYNC):
+            return device_wait(flight.pending())
         return f"{code.co_name}@{os.path.basename(code.co_filename)}:{frame.f_lineno}"
 
     def _hang_verdict(self, values: dict[int, str], steps: dict[int, int], low: int, idle: float) -> Verdict:
         """Blame a rank at the lowest step that is *not* waiting for peers, if there is one."""
         stuck = [q for q, s in steps.items() if s == low]
         where = {q: values[q].split(maxsplit=2)[2] if len(values[q].split()) > 2 else "?" for q in stuck}
-        busy = [q for q in stuck if where[q] != "comm"]
-        waiting = [q for q in stuck if where[q] == "comm"]
+        busy = [q for q in stuck if not where[q].startswith("comm")]
+        waiting = [q for q in stuck if where[q].startswith("comm")]
         if busy:
             q = busy[0]
             why = (f"no step finished for {idle:.0f} s: it is stuck in {where[q]} while ranks {waiting} wait "
                    "for it in communication")
         else:
             q = stuck[0]
-            why = f"no step finished for {idle:.0f} s: ranks {stuck} all wait in communication (deadlock?)"
+            ops = "; ".join(f"{r}: {where[r]}" for r in stuck if where[r] != "comm")
+            why = (f"no step finished for {idle:.0f} s: ranks {stuck} all wait in communication (deadlock?)"
+                   + (f" [{ops}]" if ops else ""))
         return Verdict(q, self.host_of(q), low, why, EXIT_RANK_FAILURE)
+
+
+def device_wait(pending: list[str] | None) -> str:
+    """How a rank blocked in :mod:`executor.host_sync` is counted: waiting for peers when a
+    collective is unfinished (or no flight recorder can tell), else busy on its device."""
+    if pending is None:
+        return "comm"
+    return f"comm:{pending[0]}" if pending else "device"

@@ -64,6 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--gloo-socket-ifname", help="exported as GLOO_SOCKET_IFNAME")
     p.add_argument("--nccl-ib-hca", help="exported as NCCL_IB_HCA")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="export on every node")
+    p.add_argument("--sm-percent", action="append", default=[], metavar="NODE=PCT",
+                   help="--local on GPUs: ranks on plan node NODE run with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=PCT "
+                        "(emulates slower GPUs; needs the MPS daemon: nvidia-cuda-mps-control -d)")
     p.epilog = "Arguments after -- go to 'hexiscale train', e.g. -- --steps 100 --data corpus"
     p.set_defaults(func=run)
 
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     run_id = args.run_id or f"hexiscale-{Path(args.plan).stem}"
     if args.local:
-        return _run_local(args, plan.world_size, run_id)
+        return _run_local(args, plan, run_id)
     if not args.cluster:
         raise SpecError("--cluster", "missing", "multi-node launch needs the cluster file (or use --local)")
     from hexiscale.launch.layout import build_layout
@@ -155,9 +158,33 @@ def _print_plan_launch(args: argparse.Namespace, layout, opts, scripts: dict[str
     return 0
 
 
-def _run_local(args: argparse.Namespace, world_size: int, run_id: str) -> int:
+def sm_shares(items: list[str], plan) -> dict[int, dict[str, str]]:  # type: ignore[no-untyped-def]
+    """``--sm-percent NODE=PCT`` -> the MPS share of every rank on plan node NODE."""
+    nodes = [dev.partition(":")[0] for dev in plan.devices]
+    out: dict[int, dict[str, str]] = {}
+    for i, item in enumerate(items):
+        node, sep, pct = item.partition("=")
+        try:
+            value = float(pct)
+        except ValueError:
+            value = -1.0
+        if not sep or not 0 < value <= 100:
+            raise SpecError(f"--sm-percent[{i}]", f"{item!r} is not NODE=PCT with 0 < PCT <= 100",
+                            "write e.g. --sm-percent slow=50")
+        if node not in nodes:
+            raise SpecError(f"--sm-percent[{i}]", f"node {node!r} holds no device of the plan",
+                            f"use one of: {', '.join(dict.fromkeys(nodes))}")
+        for rank, n in enumerate(nodes):
+            if n == node:
+                out[rank] = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": f"{value:g}"}
+    return out
+
+
+def _run_local(args: argparse.Namespace, plan, run_id: str) -> int:  # type: ignore[no-untyped-def]
     from hexiscale.launch.local import run_local
 
+    world_size = plan.world_size
+    per_rank = sm_shares(args.sm_percent, plan)
     device = args.device
     if device == "auto":
         from executor.devices import cuda_device_count
@@ -165,4 +192,4 @@ def _run_local(args: argparse.Namespace, world_size: int, run_id: str) -> int:
         device = "cuda" if cuda_device_count() >= world_size else "cpu"
     train_args = list(args.train_args) + (["--cluster", args.cluster] if args.cluster else [])
     return run_local(args.plan, world_size, train_args, device=device, grace_s=args.grace,
-                     log_dir=None, run_id=run_id)
+                     log_dir=None, run_id=run_id, extra_env=dict(_env(args)), rank_env=per_rank)

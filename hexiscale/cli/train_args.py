@@ -52,7 +52,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                      help="no step finished this long: the job is hung and stops (seconds)")
     ops.add_argument("--startup-timeout", type=float, default=600.0,
                      help="how long ranks wait for each other at start-up and pre-flight (seconds)")
-    ops.add_argument("--pg-timeout", type=float, default=600.0, help="process-group collective timeout (seconds)")
+    ops.add_argument("--pg-timeout", type=float, default=None,
+                     help="process-group collective timeout, seconds (default: --hang-after + 300, so the "
+                          "watchdog names a stuck rank before NCCL aborts a waiting one)")
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:

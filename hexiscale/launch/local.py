@@ -71,8 +71,9 @@ def _pump(stream: IO[bytes], log: IO[bytes] | None) -> None:
 
 def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, device: str = "cpu",
               grace_s: float = 30.0, log_dir: str | None = None, run_id: str = "local",
-              extra_env: dict[str, str] | None = None) -> int:
-    """Start, supervise and reap every rank; return the job's exit code."""
+              extra_env: dict[str, str] | None = None, rank_env: dict[int, dict[str, str]] | None = None) -> int:
+    """Start, supervise and reap every rank; return the job's exit code. ``rank_env`` adds
+    variables to single ranks (e.g. an MPS SM share)."""
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
@@ -94,7 +95,7 @@ def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, dev
     pumps: list[threading.Thread] = []
     cmd = [sys.executable, *TRAIN_ENTRY, "--plan", plan_path, "--device", device, *train_args]
     for r in range(world_size):
-        env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
+        env = dict(base, RANK=str(r), LOCAL_RANK=str(r), **(rank_env or {}).get(r, {}))
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         ranks.append(RankProcess(r, proc))
         log = open(logs / f"rank-{r}.log", "wb") if logs is not None else None  # noqa: SIM115

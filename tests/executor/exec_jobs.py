@@ -61,6 +61,7 @@ def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: Opt
         topo = build_topology(plan)
         groups = ProcessGroups.create(topo)
         if rank >= topo.world_size:
+            groups.close()
             out.append(None)
             continue
         eng = Engine(plan, topo, groups, device=device, optim=optim, seed=seed)
@@ -71,6 +72,8 @@ def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: Opt
                     "state": state if rank == 0 else None,
                     "shards": {n: p.detach().cpu().clone() for n, p in eng.params.items()},
                     "pipeline": eng.stage.pipeline, "tp": eng.stage.tp, "tp_rank": eng.tp_rank})
+        del eng
+        groups.close()  # each plan's communicators go before the next plan's (GPU memory)
     return out
 
 

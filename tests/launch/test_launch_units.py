@@ -149,3 +149,16 @@ def test_launch_node_dry_run_prints_that_nodes_script(capsys: pytest.CaptureFixt
     assert cli(["launch", str(UNEVEN_PLAN), "--cluster", str(UNEVEN), "--node", "r4090s-1", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "export HEXISCALE_NODE=r4090s-1" in out and "start_rank 47 3" in out and "a100" in out
+
+
+def test_sm_percent_gives_each_rank_on_the_node_its_mps_share() -> None:
+    from hexiscale.cli.cmd_launch import sm_shares
+    from planner.plan import load_plan
+
+    plan = load_plan(ROOT / "examples" / "plans" / "demo-cpu-4-tiny.json")
+    assert plan.devices == ["a100:0", "r4090:0", "r4090:1", "r4090:2"]
+    assert sm_shares(["r4090=50"], plan) == {r: {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"} for r in (1, 2, 3)}
+    with pytest.raises(SpecError, match=r"--sm-percent\[0\].*0 < PCT <= 100"):
+        sm_shares(["r4090=0"], plan)
+    with pytest.raises(SpecError, match=r"--sm-percent\[1\].*holds no device"):
+        sm_shares(["r4090=50", "nowhere=50"], plan)

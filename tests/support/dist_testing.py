@@ -48,16 +48,19 @@ def _loads(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _worker(rank: int, world: int, port: int, backend: str, all_tasks: list[Any], results: Any) -> None:
+def _worker(rank: int, world: int, port: int, backend: str, all_tasks: list[Any], results: Any,
+            timeout_s: float) -> None:
     tasks = all_tasks[rank]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     try:
-        if backend == "nccl":  # one accelerator per rank
-            torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = None
+        if backend == "nccl":  # one accelerator per rank, bound to the group (eager NCCL set-up)
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
         store = dist.TCPStore("127.0.0.1", port, world + 1, False, timeout=timedelta(seconds=120))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=600))
+                                timeout=timedelta(seconds=timeout_s), device_id=device)
     except Exception:  # noqa: BLE001 - reported to the parent
         results.put((rank, False, traceback.format_exc().encode()))
         return
@@ -88,8 +91,9 @@ class DistPool:
     """``world_size`` gloo ranks kept alive between jobs."""
 
     def __init__(self, world_size: int, *, timeout: float = 300.0, preload: tuple[str, ...] = (),
-                 backend: str = "gloo"):
+                 backend: str = "gloo", pg_timeout: float = 600.0):
         self.world_size = world_size
+        self.pg_timeout = pg_timeout  # the process group's own collective timeout (NCCL aborts after it)
         self.backend = backend
         self.timeout = timeout
         self.preload = preload
@@ -105,7 +109,8 @@ class DistPool:
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(self.world_size)]
         self._procs = start_processes(_worker, self.world_size, (self.world_size, self._store.port, self.backend,
-                                                                 self._tasks, self._results), context=ctx, daemon=True)
+                                                                 self._tasks, self._results, self.pg_timeout),
+                                      context=ctx, daemon=True)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """``fn(*args, **kwargs)`` on every rank; the results in rank order."""
