@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-gpu lint bench-planner clean venv
+.PHONY: demo test test-fast test-gpu lint bench-planner clean venv
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,20 +23,26 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
+# the tests not marked slow (no multi-process training jobs): about half a minute on 2 cores
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
+
 # On a GPU machine (its own python with a CUDA torch; no venv): the GPU smoke tests and the NCCL
 # oracle suites (2 and 4 ranks, launch jobs). Carry pymetis/pulp/highspy there if missing.
 test-gpu:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m pytest -m gpu -v -p no:cacheprovider tests $(PYTEST_ARGS)
 
+# ruff, mypy, and the layer rules (planner <- executor <- hexiscale; tests/foundation/test_layers.py)
 lint: $(STAMP)
-	$(VENV)/bin/ruff check planner executor tests benchmarks examples
-	$(VENV)/bin/mypy planner executor
+	$(VENV)/bin/ruff check planner executor hexiscale tests benchmarks examples
+	$(VENV)/bin/mypy planner executor hexiscale
+	$(PY) -m pytest -q -p no:cacheprovider tests/foundation/test_layers.py
 
 # Planner benchmarks (programs, not tests): tables on stdout, JSON under benchmarks/results/.
 bench-planner: $(STAMP)
-	$(PY) -m benchmarks.planner_scaling
-	$(PY) -m benchmarks.planner_optimality
-	$(PY) -m benchmarks.planner_baselines
+	$(PY) -m benchmarks.planner.scaling
+	$(PY) -m benchmarks.planner.optimality
+	$(PY) -m benchmarks.planner.baselines
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

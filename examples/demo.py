@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from planner.cli.main import main as cli
+from hexiscale.cli.main import main as cli
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = HERE / "clusters" / "seed-32gpu-4types.yaml"

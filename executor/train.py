@@ -1,4 +1,4 @@
-"""``hexiscale train`` / ``python -m executor.train``: one process per plan rank.
+"""``hexiscale train``: one process per plan rank, driven by a :class:`TrainConfig`.
 
 Order of events on every rank: read the launcher environment and the plan (world size checked) ->
 connect to the job's TCPStore -> local pre-flight (device, data, checkpoint) -> agree through the
@@ -10,14 +10,11 @@ group on, any failure is turned into one job-wide verdict and exit code by the w
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 
-import torch
 import torch.distributed as dist
 
 from executor.data import BatchStream, DataPosition, pipeline_rows
@@ -30,7 +27,7 @@ from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog
 from executor.metrics import StepLogger
 from executor.preflight import agree, local_checks, wait_all_seen
 from executor.topology import build_topology
-from executor.train_args import build_train_parser
+from executor.train_config import TrainConfig
 from executor.train_setup import (
     check_world,
     checkpoint_path,
@@ -44,7 +41,7 @@ from executor.train_setup import (
 from planner.errors import SpecError
 
 
-def run_training(args: argparse.Namespace) -> int:
+def run_training(args: TrainConfig) -> int:
     """Train per ``args`` on this rank; returns the exit code (never hangs; see module docstring)."""
     renv: RankEnv | None = None
     store = None
@@ -124,13 +121,3 @@ def run_training(args: argparse.Namespace) -> int:
     if renv.rank == 0 and not renv.store_hosted:
         wait_all_seen(store, renv, "wd/done", args.startup_timeout)
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_train_parser("python -m executor.train").parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
-    return run_training(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,6 @@ group, checkpoint directories and the classification of errors into exit codes."
 
 from __future__ import annotations
 
-import argparse
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -15,28 +14,26 @@ import torch.distributed as dist
 from executor.launch.env import RankEnv
 from executor.launch.watchdog import EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
 from executor.optim import OptimConfig
+from executor.train_config import TrainConfig
 from planner.cluster import ClusterSpec, load_cluster
 from planner.errors import SpecError
 from planner.plan import Plan, load_plan
 from planner.validate import validate
 
 
-def resolve_plan(args: argparse.Namespace) -> tuple[Plan, ClusterSpec | None]:
+def resolve_plan(args: TrainConfig) -> tuple[Plan, ClusterSpec | None]:
     """``--plan`` (checked against ``--cluster`` when given) or the seed-style flags."""
     cluster = load_cluster(args.cluster) if args.cluster else None
+    seed_given = args.seed_layout.given()
     if args.plan:
-        seed_given = [f for f in ("hetero_configs", "layer_partitions", "global_bsz_size", "chunks")
-                      if getattr(args, f, None) is not None]
         if seed_given:
             raise SpecError(f"--{seed_given[0]}", "given together with --plan", "use either --plan or the seed flags")
         plan = load_plan(args.plan)
     else:
-        if getattr(args, "hetero_configs", None) is None:
+        if args.seed_layout.hetero_configs is None:
             raise SpecError("--plan", "missing", "pass --plan PLAN.json, or the seed-style flags with "
                             "--cluster and --model")
-        from planner.cli.cmd_convert import plan_from_args
-
-        plan = plan_from_args(args)
+        plan = args.seed_layout.plan(args.cluster)
     if cluster is not None:
         validate(plan, cluster)
     return plan, cluster
@@ -51,7 +48,7 @@ def check_world(plan: Plan, renv: RankEnv) -> None:
                         f"start {plan.world_size} processes, e.g. with 'hexiscale launch'")
 
 
-def optim_config(args: argparse.Namespace) -> OptimConfig:
+def optim_config(args: TrainConfig) -> OptimConfig:
     steps = max(1, args.steps)
     warmup = args.warmup if args.warmup is not None else min(100, steps // 10)
     min_lr = args.min_lr if args.min_lr is not None else args.lr / 10
@@ -62,7 +59,7 @@ def optim_config(args: argparse.Namespace) -> OptimConfig:
         raise SpecError("--lr", str(exc), "check --lr, --min-lr, --warmup and --steps") from None
 
 
-def pg_timeout(args: argparse.Namespace) -> float:
+def pg_timeout(args: TrainConfig) -> float:
     """The process group's timeout: it must exceed ``--hang-after`` (see :mod:`executor.launch.watchdog`)."""
     if args.pg_timeout is None:
         return args.hang_after + 300.0

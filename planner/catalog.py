@@ -1,4 +1,4 @@
-"""Device catalog: one JSON file per GPU type under ``profiles/devices/``.
+"""Device catalog: one JSON file per GPU type under ``planner/profiles/devices/``.
 
 Each entry carries spec-derived figures (vendor datasheet; ``"derived": "spec"``) and room for a
 ``measured`` section that the profiler fills (``"derived": "measured"`` entries carry it). A
@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,10 @@ class DeviceType:
 
 
 def profiles_dir() -> Path:
-    """Where device/link profiles live: ``$HEXISCALE_PROFILES`` or the repository's ``profiles/``."""
+    """Where device/link profiles live: ``$HEXISCALE_PROFILES``, else the ``profiles`` package data
+    of :mod:`planner` (found through the installed package, editable or not)."""
     env = os.environ.get("HEXISCALE_PROFILES")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "profiles"
+    return Path(env) if env else Path(str(resources.files("planner") / "profiles"))
 
 
 def parse_device_entry(data: Any, path: str = "") -> DeviceType:
@@ -136,5 +138,5 @@ def _cached(directory: str) -> Catalog:
 
 
 def default_catalog() -> Catalog:
-    """The catalog under ``profiles/devices`` (cached per directory)."""
+    """The catalog under ``planner/profiles/devices`` (cached per directory)."""
     return _cached(str(profiles_dir() / "devices"))

@@ -17,13 +17,14 @@ padded with its last value; a longer one is truncated (the seed's rule).
 
 from __future__ import annotations
 
+import argparse
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from planner.cluster import ClusterSpec
+from planner.cluster import ClusterSpec, load_cluster
 from planner.errors import SpecError
-from planner.model import ModelSpec
+from planner.model import ModelSpec, resolve_model
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 
 
@@ -222,3 +223,67 @@ def plan_to_flags(plan: Plan, cluster: ClusterSpec | None = None) -> SeedFlags:
         chunks=[p.micro_batches for p in plan.pipelines],
         devices_id=devices_id,
     )
+
+
+LAYOUT_FLAGS = ("hetero_configs", "layer_partitions", "global_bsz_size", "chunks")
+
+
+def add_seed_flag_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The seed systems' layout flags (``hexiscale convert`` and ``hexiscale train``)."""
+    p.add_argument("--hetero_configs", "--hetero-configs", dest="hetero_configs",
+                   help="TP degree per stage per pipeline, e.g. \"[[1, 2, 1], [2, 2]]\"")
+    p.add_argument("--layer_partitions", "--layer-partitions", dest="layer_partitions",
+                   help="layers per stage per pipeline, e.g. \"[[8, 16, 8], [16, 16]]\"")
+    p.add_argument("--global_bsz_size", "--global_batch_size", "--global-bsz-size", dest="global_bsz_size",
+                   nargs="+", help="batch size per pipeline (a short list pads with its last value)")
+    p.add_argument("--chunks", "--micro_batch_num", dest="chunks", nargs="+",
+                   help="micro-batches per pipeline (a short list pads with its last value)")
+    p.add_argument("--devices_id", "--devices-id", dest="devices_id",
+                   help="node index of each GPU per stage per pipeline, e.g. \"[[[0], [0, 0]], [[1, 1]]]\"")
+
+
+@dataclass(frozen=True)
+class SeedLayout:
+    """Seed-style layout flags as typed on a command line (parsed only by :meth:`plan`), with the
+    model they need and the plan options they imply."""
+
+    hetero_configs: str | None = None
+    layer_partitions: str | None = None
+    global_bsz_size: tuple[str, ...] | None = None
+    chunks: tuple[str, ...] | None = None
+    devices_id: str | None = None
+    model: str | None = None
+    seq_len: int | None = None
+    options: PlanOptions = field(default_factory=PlanOptions)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SeedLayout:
+        """The flags of :func:`add_seed_flag_arguments` (plus model, seq_len and the plan options)."""
+        def strings(v: Any) -> tuple[str, ...] | None:
+            return None if v is None else tuple(v) if isinstance(v, list | tuple) else (v,)
+
+        return cls(hetero_configs=args.hetero_configs, layer_partitions=args.layer_partitions,
+                   global_bsz_size=strings(args.global_bsz_size), chunks=strings(args.chunks),
+                   devices_id=args.devices_id, model=args.model, seq_len=args.seq_len,
+                   options=PlanOptions(recompute=args.recompute, zero=args.zero, dtype=args.dtype))
+
+    def given(self) -> list[str]:
+        """The layout flags that were given (empty: the seed flags are not in use)."""
+        return [f for f in LAYOUT_FLAGS if getattr(self, f) is not None]
+
+    def plan(self, cluster: str | None) -> Plan:
+        """The plan these flags describe on the cluster file ``cluster`` (needs every layout flag and
+        the model)."""
+        missing = [f for f in LAYOUT_FLAGS if getattr(self, f) is None]
+        if missing:
+            raise SpecError(f"--{missing[0]}", "missing", "seed-style flags need --hetero_configs, "
+                            "--layer_partitions, --global_bsz_size and --chunks")
+        if not cluster or not self.model:
+            raise SpecError("--cluster" if not cluster else "--model", "missing",
+                            "seed-style flags need --cluster CLUSTER.yaml and --model NAME")
+        return plan_from_flags(
+            model=resolve_model(self.model, self.seq_len), cluster=load_cluster(cluster),
+            hetero_configs=self.hetero_configs, layer_partitions=self.layer_partitions,
+            global_bsz_size=list(self.global_bsz_size or ()), chunks=list(self.chunks or ()),
+            devices_id=self.devices_id, options=self.options,
+        )

@@ -1,2 +1,2 @@
-"""Launching a plan: per-node command lines and scripts (pure), the local supervisor, rank
-environment and failure handling (heartbeats, exit codes). See ``hexiscale launch --help``."""
+"""The rank side of a launch: launcher environment, fault injection, heartbeats and exit codes.
+Command lines, scripts and the local supervisor that start ranks live in :mod:`hexiscale.launch`."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from collections.abc import Callable
 from functools import partial
@@ -28,13 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from executor.spawn import free_port, spawn
 
 
 def fit_link(sizes: list[float], times: list[float], kind: str, world: int) -> dict[str, float]:
@@ -111,8 +105,7 @@ def measure_comm(world: int, sizes: list[int], *, cpu: bool, out_file: Path, ite
         raise ValueError("communication profiling needs at least 2 ranks")
     backend = "gloo" if cpu else "nccl"
     iters = iters or [20 if s < 2**20 else 10 if s < 2**26 else 5 for s in sizes]
-    mp.spawn(_worker, args=(world, free_port(), backend, sizes, iters, str(out_file), sm_percents or []),
-             nprocs=world, join=True)
+    spawn(_worker, world, (world, free_port(), backend, sizes, iters, str(out_file), sm_percents or []))
     raw = json.loads(out_file.read_text())
     fits = {kind: fit_link([p["bytes"] for p in pts], [p["seconds"] for p in pts], kind, world)
             for kind, pts in raw.items() if len(pts) >= 2}

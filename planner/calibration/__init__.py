@@ -6,5 +6,5 @@ The measured tables themselves (``hexiscale.measured/1``, written by ``executor/
   :class:`planner.cost.CostParams` to measurements (compute efficiencies and per-kernel overhead to layer
   tables; link efficiency to p2p/all-reduce sweeps; gradient-sync overlap and memory overheads to
   measured steps). There is no global fudge factor: each fitted value is one documented term.
-* :mod:`planner.calibration.store` — the calibrated-parameters file (``profiles/calibration/*.json``).
+* :mod:`planner.calibration.store` — the calibrated-parameters file (``planner/profiles/calibration/*.json``).
 """

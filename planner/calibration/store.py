@@ -1,4 +1,4 @@
-"""The calibrated-parameters file: ``profiles/calibration/<name>.json``.
+"""The calibrated-parameters file: ``planner/profiles/calibration/<name>.json``.
 
     {"format": "hexiscale.calibration/1", "params": {every CostParams field},
      "fitted": {term: value}, "fits": {what each group of terms was fitted to, errors before/after},

@@ -38,7 +38,7 @@ class CostParams:
     # (module calls, autocast dispatch), from the C++ autograd engine in the backward. A pass (one
     # layer's forward or backward, the embedding, the head) takes max(GPU time, kernels · host):
     # eager mode is either GPU- or CPU-bound. Defaults read off the committed H100 profile (torch
-    # 2.11, profiles/devices/h100-sxm-measured.json): a llama-1.3b layer takes >= ~1.7 ms forward
+    # 2.11, planner/profiles/devices/h100-sxm-measured.json): a llama-1.3b layer takes >= ~1.7 ms forward
     # (50 modelled kernels) and >= ~1.7 ms backward (85 kernels) whatever the micro-batch.
     host_overhead_s: float = 3.5e-5
     host_overhead_backward_s: float = 2e-5

@@ -20,7 +20,7 @@ from executor.data import (
     pipeline_rows,
 )
 from executor.data_format import check_token_file, read_index, token_paths, write_token_file
-from planner.cli.main import main as cli
+from hexiscale.cli.main import main as cli
 from planner.errors import SpecError
 from planner.plan import load_plan
 

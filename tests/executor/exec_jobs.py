@@ -1,4 +1,4 @@
-"""Jobs that run on every rank of a :class:`executor.dist_testing.DistPool` (importable by the
+"""Jobs that run on every rank of a :class:`tests.support.dist_testing.DistPool` (importable by the
 spawned workers), and plan helpers shared by the executor tests."""
 
 from __future__ import annotations
@@ -104,13 +104,13 @@ def tp_layers_job(n: int) -> int:
     from torch.testing import assert_close
 
     from executor.model import MLP, Attention, rope_tables
-    from executor.reference import _MLP, _Attn
     from executor.tp_layers import (
         ColumnParallelLinear,
         RowParallelLinear,
         VocabParallelEmbedding,
         vocab_parallel_cross_entropy,
     )
+    from tests.support.reference import _MLP, _Attn
 
     rank = dist.get_rank()
     group = dist.new_group(list(range(n)))

@@ -8,8 +8,8 @@ from exec_jobs import ORACLE_OPTIM, TINY, TINY8, checkpoint_job, global_batches,
 from torch.testing import assert_close
 
 from executor.checkpoint import read_meta
-from executor.reference import reference_train
 from planner.errors import SpecError
+from tests.support.reference import reference_train
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
 

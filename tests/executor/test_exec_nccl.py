@@ -22,8 +22,8 @@ from exec_jobs import (
 )
 from torch.testing import assert_close
 
-from executor.dist_testing import DistPool
-from executor.reference import reference_train
+from tests.support.dist_testing import DistPool
+from tests.support.reference import reference_train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,

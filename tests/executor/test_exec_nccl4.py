@@ -27,9 +27,9 @@ from exec_jobs import (
 )
 from torch.testing import assert_close
 
-from executor.dist_testing import DistPool
-from executor.reference import ReferenceRun, reference_train
 from planner.plan import Plan
+from tests.support.dist_testing import DistPool
+from tests.support.reference import ReferenceRun, reference_train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 4,

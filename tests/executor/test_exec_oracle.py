@@ -16,9 +16,9 @@ import torch
 from exec_jobs import ORACLE_OPTIM, TINY, TINY8, assemble_pipeline, global_batches, make_plan, train_plans
 from torch.testing import assert_close
 
-from executor.reference import ReferenceRun, reference_train
 from planner.model import ModelSpec
 from planner.plan import Plan, load_plan
+from tests.support.reference import ReferenceRun, reference_train
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
 
@@ -118,7 +118,7 @@ def test_plans_cover_the_matrix() -> None:
 def test_oracle_tp_4_2_1_4_boundaries_on_11_ranks() -> None:
     """Stage boundaries TP 4 -> 2 -> 1 -> 4 in one pipeline (11 ranks, its own short-lived pool)
     next to a second pipeline with one tp-1 stage."""
-    from executor.dist_testing import run_distributed
+    from tests.support.dist_testing import run_distributed
 
     plan = make_plan(TINY8, [(5, 3, "1f1b", [(4, 2), (2, 2), (1, 2), (4, 2)]), (2, 2, "gpipe", [(1, 8)])])
     assert [s.tp for s in plan.pipelines[0].stages] == [4, 2, 1, 4]

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_exec_oracle import STEPS, check_against_reference
 
-from executor.reference import reference_train
 from planner.model import ModelSpec
 from planner.plan import Plan
+from tests.support.reference import reference_train
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
 MAX_RANKS = 8

@@ -19,9 +19,9 @@ from torch.testing import assert_close
 from executor.engine import Engine
 from executor.groups import ProcessGroups
 from executor.optim import OptimConfig
-from executor.reference import reference_train
 from executor.topology import build_topology, logical_params
 from planner.plan import Plan
+from tests.support.reference import reference_train
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli.main import main
+from hexiscale.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = sorted((ROOT / "examples" / "clusters").glob("*.yaml"))
@@ -64,3 +64,16 @@ def test_convert_both_ways(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 def test_devices_lists_catalog(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["devices"]) == 0
     assert "rtx3080ti" in capsys.readouterr().out
+
+
+def test_train_flags_become_a_checked_config(capsys: pytest.CaptureFixture[str]) -> None:
+    """``hexiscale train`` hands the executor a typed TrainConfig; bad values are one error line."""
+    from hexiscale.cli.main import build_parser
+    from hexiscale.cli.train_args import train_config
+
+    args = build_parser().parse_args(["train", "--plan", "p.json", "--steps", "7", "--lr", "0.01", "--zero", "1"])
+    config = train_config(args)
+    assert (config.plan, config.steps, config.lr, config.seed_layout.given()) == ("p.json", 7, 0.01, [])
+    assert main(["train", "--plan", "p.json", "--log-every", "0"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --log-every") and "\n" not in err

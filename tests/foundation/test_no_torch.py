@@ -1,4 +1,6 @@
-"""The planner must never import torch: import every planner module in a fresh interpreter."""
+"""The planner must never import torch, and the command line must start without it: import every
+planner module and build the CLI parser in a fresh interpreter (tests/foundation/test_layers.py
+checks the import statements themselves)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ def test_importing_every_planner_module_leaves_torch_out() -> None:
         "import importlib, pkgutil, sys, planner\n"
         "names = [m.name for m in pkgutil.walk_packages(planner.__path__, 'planner.')]\n"
         "for n in names: importlib.import_module(n)\n"
-        "from planner.cli.main import build_parser; build_parser()\n"
+        "from hexiscale.cli.main import build_parser; build_parser()\n"
         "assert len(names) >= 10, names\n"
         "print('torch' in sys.modules, len(names))\n"
     )

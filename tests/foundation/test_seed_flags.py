@@ -94,3 +94,26 @@ def test_to_flags_refuses_unexpressible_device_order() -> None:
     with pytest.raises(SpecError, match="seed's numbering"):
         plan_to_flags(bad, CLUSTER)
     assert plan_to_flags(bad).devices_id is None  # without a cluster: no --devices_id
+
+
+def test_seed_layout_from_command_line_flags() -> None:
+    import argparse
+
+    from planner.seed_flags import SeedLayout, add_seed_flag_arguments
+
+    parser = argparse.ArgumentParser()
+    add_seed_flag_arguments(parser)
+    parser.set_defaults(model="tiny", seq_len=None, recompute="full", zero=1, dtype="fp32")
+    args = parser.parse_args(["--hetero_configs", "[[2], [1, 2, 1]]", "--layer_partitions", "[[4], [1, 2, 1]]",
+                              "--global_bsz_size", "5", "3", "--chunks", "2", "3",
+                              "--devices_id", "[[[0, 0]], [[1], [1, 1], [1]]]"])
+    layout = SeedLayout.from_args(args)
+    assert layout.given() == ["hetero_configs", "layer_partitions", "global_bsz_size", "chunks"]
+    plan = layout.plan(str(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml"))
+    assert plan.pipelines == build().pipelines
+    assert (plan.options.recompute, plan.options.zero, plan.options.dtype) == ("full", 1, "fp32")
+    assert SeedLayout().given() == []
+    with pytest.raises(SpecError, match="--cluster"):
+        layout.plan(None)
+    with pytest.raises(SpecError, match="--chunks"):
+        SeedLayout(hetero_configs="[[1]]", layer_partitions="[[4]]", global_bsz_size=("1",)).plan("x.yaml")

@@ -9,7 +9,6 @@ RMSNorm kernels agree with fp64 formulas within bf16 tolerance.
 from __future__ import annotations
 
 import math
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from executor import fast_path
+from executor.spawn import free_port
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 
@@ -30,11 +30,8 @@ STEPS = 5
 @pytest.fixture(scope="module")
 def nccl_rank() -> Iterator[None]:
     """A one-rank NCCL process group for the Engine."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

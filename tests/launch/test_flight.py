@@ -4,18 +4,18 @@ rule. The recorder is real here (gloo records too); NCCL's half runs in the GPU 
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from executor.dist_testing import run_distributed
 from executor.launch import flight
 from executor.launch.watchdog import device_wait
+from executor.train_config import TrainConfig
 from executor.train_setup import pg_timeout
 from planner.errors import SpecError
+from tests.support.dist_testing import run_distributed
 
 
 def pending_job() -> tuple[list[str] | None, list[str] | None] | None:
@@ -72,8 +72,8 @@ def test_device_wait_counts_an_unfinished_collective_as_waiting() -> None:
     assert device_wait(None) == "comm"  # no recorder: a device wait on NCCL is most likely a peer
 
 
-def _args(pg: float | None, hang: float) -> argparse.Namespace:
-    return argparse.Namespace(pg_timeout=pg, hang_after=hang)
+def _args(pg: float | None, hang: float) -> TrainConfig:
+    return TrainConfig(pg_timeout=pg, hang_after=hang)
 
 
 def test_pg_timeout_outlasts_the_hang_verdict() -> None:

@@ -7,15 +7,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from executor.launch.layout import build_layout
-from executor.launch.scripts import LaunchOptions, node_script, torchrun_lines
+from executor.spawn import free_port
+from hexiscale.launch.layout import build_layout
+from hexiscale.launch.scripts import LaunchOptions, node_script, torchrun_lines
 from planner.cluster import load_cluster
 from planner.model import PRESETS
 from planner.plan import Pipeline, Plan, PlanOptions, Stage, load_plan, save_plan
@@ -23,12 +23,6 @@ from planner.plan import Pipeline, Plan, PlanOptions, Stage, load_plan, save_pla
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs"),
               pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")]
 TIMEOUT = 240
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def setup(tmp_path: Path, gpus: list[int], pipelines: list[list[str]], batch: list[int]) -> tuple[Path, Path]:

@@ -13,10 +13,10 @@ from torch.distributed import TCPStore
 
 from executor.launch.env import RankEnv, rank_env
 from executor.launch.faults import parse_fault
-from executor.launch.local import describe_exit, job_exit_code
 from executor.launch.watchdog import Verdict
 from executor.preflight import agree, find_checkpoint
-from planner.cli.main import main as cli
+from hexiscale.cli.main import main as cli
+from hexiscale.launch.local import describe_exit, job_exit_code
 from planner.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,7 +152,7 @@ def test_launch_node_dry_run_prints_that_nodes_script(capsys: pytest.CaptureFixt
 
 
 def test_sm_percent_gives_each_rank_on_the_node_its_mps_share() -> None:
-    from planner.cli.cmd_launch import sm_shares
+    from hexiscale.cli.cmd_launch import sm_shares
     from planner.plan import load_plan
 
     plan = load_plan(ROOT / "examples" / "plans" / "demo-cpu-4-tiny.json")

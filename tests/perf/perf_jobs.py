@@ -1,4 +1,4 @@
-"""Jobs of the performance-path tests (importable by the gloo ranks of executor.dist_testing)."""
+"""Jobs of the performance-path tests (importable by the gloo ranks of tests.support.dist_testing)."""
 
 from __future__ import annotations
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 from perf_jobs import overlap_job
 
-from executor.dist_testing import run_distributed
 from planner.model import PRESETS
 from planner.plan import Pipeline, Plan, Stage
+from tests.support.dist_testing import run_distributed
 
 pytestmark = pytest.mark.slow
 

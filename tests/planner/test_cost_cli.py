@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli.cmd_whatif import scale_batch
-from planner.cli.main import main
+from hexiscale.cli.cmd_whatif import scale_batch
+from hexiscale.cli.main import main
 from planner.plan import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]

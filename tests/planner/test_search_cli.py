@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli.main import main
+from hexiscale.cli.main import main
 from planner.cluster import load_cluster
 from planner.plan import load_plan
 from planner.validate import validate

@@ -3,18 +3,12 @@ same loss, and the report side turns the runs into per-plan errors."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-pytest.importorskip("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package
-
-from benchmarks.fidelity import device_memory, summary  # noqa: E402
-from benchmarks.fidelity_plans import G0, G1, _dp2, _one, _pp2, plan_to_json  # noqa: E402
-from benchmarks.fidelity_worker import run_launch  # noqa: E402
-from planner.model import PRESETS  # noqa: E402
+from benchmarks.fidelity.accuracy import device_memory, summary
+from benchmarks.fidelity.plans import G0, G1, _dp2, _one, _pp2, plan_to_json
+from benchmarks.fidelity.worker import run_launch
+from planner.model import PRESETS
 
 pytestmark = pytest.mark.slow
 

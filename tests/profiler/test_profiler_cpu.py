@@ -11,8 +11,8 @@ pytest.importorskip("torch")
 
 from executor.profiler.comm import fit_link  # noqa: E402
 from executor.profiler.runner import ProfileConfig, plan_points, run_profile  # noqa: E402
+from hexiscale.cli.main import main  # noqa: E402
 from planner.catalog import parse_device_entry  # noqa: E402
-from planner.cli.main import main  # noqa: E402
 from planner.model import PRESETS  # noqa: E402
 
 

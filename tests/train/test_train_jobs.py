@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs")]
 def hexiscale(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("HEXISCALE_")}
     full.update({"OMP_NUM_THREADS": "1", **(env or {})})
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", *argv], env=full, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hexiscale.cli.main", *argv], env=full, capture_output=True,
                           text=True, timeout=JOB_TIMEOUT, cwd=ROOT)
 
 

@@ -1,0 +1,157 @@
+"""Runs plans with the executor and measures step time and peak memory per GPU (device side).
+
+``run_launch(launch_plans, sm, cpu, out)`` starts one process per GPU (``sm[k]`` = MPS SM share of GPU
+``k``, set before its CUDA context exists). For every plan, the processes whose device the plan uses
+form a fresh process group (a ``FileStore`` per plan; the plan rank of a process is the index of its
+device ``g<k>:0`` in the plan), build the :class:`executor.engine.Engine`, run ``warmup`` steps and
+``steps`` timed steps on synthetic tokens, and record:
+
+* step time: every step starts after a barrier; each rank times it (device synchronised), the step's
+  time is the slowest rank's, and the plan's figure is the median over the timed steps;
+* memory per GPU: ``max_memory_allocated``, ``max_memory_reserved`` (reset per plan) and the device
+  memory in use after the steps (``total - free``: CUDA context + allocator pool; the figure the
+  cost model's memory estimate predicts).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.spawn import spawn
+from planner.plan import plan_from_dict
+
+GIB = float(1 << 30)
+
+
+def _device_in_use(device: torch.device) -> float:
+    if device.type != "cuda":
+        return 0.0
+    free, total = torch.cuda.mem_get_info(device)
+    return (total - free) / GIB
+
+
+def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_dir: str, index: int,
+              warmup: int, steps: int) -> dict[str, Any] | None:
+    from executor.engine import Engine
+    from executor.groups import ProcessGroups
+    from executor.optim import OptimConfig
+    from executor.topology import build_topology
+
+    plan = plan_from_dict(plan_dict)
+    mine = f"g{gpu}:0"
+    if mine not in plan.devices:
+        return None
+    rank, world = plan.devices.index(mine), plan.world_size
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    store = dist.FileStore(os.path.join(store_dir, f"plan{index}"), world)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=300))
+    rec: dict[str, Any] = {"rank": rank, "device": mine}
+    try:
+        if device.type == "cuda":
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            rec["in_use_before_gib"] = _device_in_use(device)
+        topo = build_topology(plan)
+        groups = ProcessGroups.create(topo)
+        engine = Engine(plan, topo, groups, device=device, optim=OptimConfig(warmup_steps=1, total_steps=1000),
+                        seed=0)
+        pipe_idx = engine.stage.pipeline
+        offset = sum(p.batch_size for p in plan.pipelines[:pipe_idx])
+        gen = torch.Generator().manual_seed(1234)
+        seq = plan.model.seq_len
+        times: list[float] = []
+        for step in range(warmup + steps):
+            tokens = torch.randint(0, plan.model.vocab_size, (plan.global_batch_size, seq + 1), generator=gen)
+            rows = tokens[offset:offset + plan.pipelines[pipe_idx].batch_size]
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            stats = engine.train_step(rows)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dt = time.perf_counter() - t0
+            if step >= warmup:
+                times.append(dt)
+            rec["loss"] = stats.loss
+        slowest = torch.tensor(times, dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        step_times = slowest.cpu().tolist()
+        rec.update(step_times_s=step_times, step_time_s=statistics.median(step_times))
+        if device.type == "cuda":
+            rec.update(max_allocated_gib=torch.cuda.max_memory_allocated(device) / GIB,
+                       max_reserved_gib=torch.cuda.max_memory_reserved(device) / GIB,
+                       in_use_gib=_device_in_use(device))
+        del engine
+        for ranks, g in groups.by_ranks.items():
+            if g is not None and g is not dist.group.WORLD and len(ranks) > 1:
+                dist.destroy_process_group(g)
+    except Exception:  # noqa: BLE001 - an OOM or a failing plan is a result, not the end of the launch
+        rec["error"] = traceback.format_exc()[-2000:]
+    finally:
+        dist.destroy_process_group()
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rec
+
+
+def _worker(gpu: int, sm: list[int], plans: list[dict[str, Any]], cpu: bool, store_dir: str, out_dir: str,
+            warmup: int, steps: int) -> None:
+    if not cpu and sm[gpu] < 100:
+        os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(sm[gpu])
+    if cpu:
+        torch.set_num_threads(1)
+    device = torch.device("cpu") if cpu else torch.device("cuda", gpu)
+    if not cpu:
+        torch.cuda.set_device(device)
+        torch.zeros(1, device=device)  # create the context now (under the SM share)
+    results = []
+    context_gib = _device_in_use(device)
+    for i, entry in enumerate(plans):
+        rec = _run_plan(entry["plan"], gpu, device, store_dir, i, warmup, steps)
+        if rec is not None:
+            rec["name"] = entry["name"]
+            results.append(rec)
+            msg = rec.get("error", "").strip().splitlines()[-1:] or [f"{rec['step_time_s'] * 1e3:.1f} ms"]
+            print(f"[gpu{gpu} sm{sm[gpu]}] {entry['name']}: {msg[0]}", flush=True)
+    Path(out_dir, f"gpu{gpu}.json").write_text(json.dumps({"gpu": gpu, "sm_percent": sm[gpu],
+                                                           "context_gib": context_gib, "results": results}))
+
+
+def run_launch(plans: list[dict[str, Any]], sm: list[int], *, cpu: bool, warmup: int = 3,
+               steps: int = 6) -> dict[str, Any]:
+    """Run ``plans`` (``[{"name", "plan": plan-dict}]``) with one process per GPU; merged results per plan."""
+    with tempfile.TemporaryDirectory() as store_dir, tempfile.TemporaryDirectory() as out_dir:
+        spawn(_worker, len(sm), (sm, plans, cpu, store_dir, out_dir, warmup, steps))
+        per_gpu = [json.loads(Path(out_dir, f"gpu{k}.json").read_text()) for k in range(len(sm))]
+    merged: dict[str, Any] = {}
+    for g in per_gpu:
+        for rec in g["results"]:
+            m = merged.setdefault(rec["name"], {"name": rec["name"], "ranks": []})
+            m["ranks"].append({**rec, "gpu": g["gpu"], "sm_percent": g["sm_percent"], "context_gib": g["context_gib"]})
+    out = []
+    for entry in plans:
+        m = merged.get(entry["name"], {"name": entry["name"], "ranks": []})
+        ranks = sorted(m["ranks"], key=lambda r: r["rank"])
+        errors = [r["error"] for r in ranks if "error" in r]
+        rec = {"name": entry["name"], "plan": entry["plan"], "sm": sm, "ranks": ranks}
+        if errors:
+            rec["error"] = errors[0]
+        else:
+            rec["step_time_s"] = max(r["step_time_s"] for r in ranks)
+        out.append(rec)
+    return {"sm": sm, "plans": out}

@@ -1,0 +1,62 @@
+"""``hexiscale data pack|info``: write and inspect token files (``hexiscale.tokens/1``).
+
+    hexiscale data pack INPUT -o OUT [--dtype auto|uint16|uint32]
+        INPUT: a text file (one document a line, token ids separated by spaces or commas) or a
+        .npy integer array (1-D: one document, 2-D: one document a row). Writes OUT.bin + OUT.idx.
+    hexiscale data info PATH [--vocab-size V] [--seq-len S] [--no-scan]
+        The header, document and sample counts; with --vocab-size/--seq-len, the same checks
+        training runs before it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from hexiscale.cli.output import console
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("data", help="pack token lists into a token file, or inspect one")
+    dsub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    pk = dsub.add_parser("pack", help="write OUT.bin + OUT.idx from a text or .npy token list")
+    pk.add_argument("input", help="text file (one document a line) or .npy array of token ids")
+    pk.add_argument("-o", "--output", required=True, help="output stem (writes OUT.bin and OUT.idx)")
+    pk.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"))
+    pk.set_defaults(func=run)
+    inf = dsub.add_parser("info", help="describe and check a token file")
+    inf.add_argument("path", help="token file stem, or its .bin/.idx")
+    inf.add_argument("--vocab-size", type=int, help="check every id is below this")
+    inf.add_argument("--seq-len", type=int, help="count samples of seq_len + 1 tokens")
+    inf.add_argument("--no-scan", action="store_true", help="trust the header's max_token (skip reading the .bin)")
+    inf.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from executor.data_format import (
+        check_token_file,
+        load_token_list,
+        read_index,
+        scan_max_token,
+        write_token_file,
+    )
+
+    if args.data_command == "pack":
+        index = write_token_file(args.output, load_token_list(args.input), args.dtype)
+        console.print(f"wrote {index.bin_path} and {index.idx_path}: {index.num_tokens} {index.dtype} tokens, "
+                      f"{index.num_docs} documents, max id {index.max_token}", highlight=False)
+        return 0
+    if args.vocab_size is not None and args.seq_len is not None:
+        index = check_token_file(args.path, vocab_size=args.vocab_size, seq_len=args.seq_len, scan=not args.no_scan)
+    else:
+        index = read_index(args.path)
+    lines = [f"file:       {index.bin_path} (+ {index.idx_path.name})",
+             f"dtype:      {index.dtype}", f"tokens:     {index.num_tokens}", f"documents:  {index.num_docs}",
+             f"max id:     {index.max_token} (header)"]
+    if not args.no_scan and index.num_tokens:
+        lines.append(f"max id:     {scan_max_token(index)} (scanned)")
+    if args.seq_len:
+        lines.append(f"samples:    {index.num_samples(args.seq_len)} of {args.seq_len + 1} tokens")
+    if args.vocab_size is not None and args.seq_len is not None:
+        lines.append(f"check:      OK for vocab_size={args.vocab_size}, seq_len={args.seq_len}")
+    console.print("\n".join(lines), highlight=False)
+    return 0

@@ -1,0 +1,188 @@
+"""``hexiscale estimate PLAN [--cluster CLUSTER] [--json] [--params FILE] [--save OUT]``.
+
+Prints the cost model's estimate of one training step: the step time and its breakdown, tokens/s,
+MFU and HFU, each pipeline's time and idle wait at the gradient sync, each stage's per-micro-batch
+times and memory, the bottleneck with a hint on what to change, and any device out of memory.
+Without ``--cluster`` the plan's ``cluster`` name is looked up as ``NAME.yaml`` in the plan's
+directory, ``../clusters/`` next to it, and ``examples/clusters/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from hexiscale.cli.output import _ranges, console
+from planner.cluster import ClusterSpec, load_cluster
+from planner.cost import BREAKDOWN_TERMS, CostParams, Estimate, ProfileSet, estimate
+from planner.errors import SpecError
+from planner.plan import Plan, load_plan, save_plan
+
+
+def add_common_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", help="plan file (JSON)")
+    p.add_argument("--cluster", help="cluster file (YAML); default: the plan's 'cluster' name, looked up")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--params", help="JSON file of cost-model parameters (CostParams fields) to override")
+    p.add_argument("--spec-only", action="store_true", help="ignore measured profiles; use the spec roofline")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("estimate", help="estimate a plan's step time, memory, MFU and bottleneck")
+    add_common_arguments(p)
+    p.add_argument("--save", metavar="OUT", help="write the plan with its estimate to OUT")
+    p.set_defaults(func=run)
+
+
+def find_cluster(plan: Plan, plan_path: str, cluster_arg: str | None) -> ClusterSpec:
+    if cluster_arg:
+        return load_cluster(cluster_arg)
+    if not plan.cluster:
+        raise SpecError("--cluster", "missing, and the plan names no cluster", "pass --cluster CLUSTER.yaml")
+    here = Path(plan_path).resolve().parent
+    for cand in (here / f"{plan.cluster}.yaml", here.parent / "clusters" / f"{plan.cluster}.yaml",
+                 Path("examples/clusters") / f"{plan.cluster}.yaml"):
+        if cand.exists():
+            return load_cluster(cand)
+    raise SpecError("cluster", f"no file {plan.cluster}.yaml found for the plan's cluster {plan.cluster!r}",
+                    "pass --cluster CLUSTER.yaml")
+
+
+def load_params(path: str | None) -> CostParams:
+    if not path:
+        return CostParams()
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError("--params", f"cannot read {path}: {exc}", "pass a JSON object of CostParams fields") from None
+    if not isinstance(data, dict):
+        raise SpecError("--params", "expected a JSON object", "write {\"gemm_efficiency\": 0.7, ...}")
+    known = set(CostParams.__dataclass_fields__)
+    for key in data:
+        if key not in known:
+            raise SpecError(f"--params.{key}", "unknown cost parameter", f"known: {', '.join(sorted(known))}")
+    return CostParams(**data)
+
+
+def profiles_for(args: argparse.Namespace, cluster: ClusterSpec) -> ProfileSet:
+    return ProfileSet(cluster.catalog, load_params(args.params), prefer_measured=not args.spec_only)
+
+
+def _s(x: float) -> str:
+    if x >= 1:
+        return f"{x:.3f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.2f} ms"
+    return f"{x * 1e6:.1f} us"
+
+
+def advice(plan: Plan, cluster: ClusterSpec, est: Estimate) -> str:
+    """One sentence on what to change, from the bottleneck term."""
+    b = est.bottleneck
+    pipe = plan.pipelines[b["pipeline"]]
+    stage = pipe.stages[b["stage"]]
+    term = b["term"]
+    where = f"pipeline {b['pipeline']} stage {b['stage']} ({_ranges(stage.devices)})"
+    if term == "compute":
+        return (f"{where} computes longest ({stage.num_layers} layers on {cluster.device(b['device']).gpu}): move "
+                "layers to faster stages, give this pipeline a smaller batch, or faster GPUs")
+    if term == "tp_comm":
+        lk = cluster.slowest_link(stage.devices)
+        kind = f"{lk.kind} {lk.bandwidth_GBps:g} GB/s" if lk else "?"
+        return f"{where} spends most on TP all-reduces over {kind}: lower its TP degree or keep TP on faster links"
+    if term == "pp_comm":
+        return f"{where} waits on p2p between stages: put neighbouring stages on faster links or use fewer stages"
+    if term == "bubble":
+        return (f"pipeline {b['pipeline']} idles in the pipeline bubble: more micro-batches (now "
+                f"{pipe.micro_batches}) or fewer/more balanced stages")
+    if term == "dp_sync":
+        idle = max(est.pipelines, key=lambda p: p.idle_s)
+        return (f"gradient sync across pipelines is exposed (device {b['device']}); the most idle pipeline waits "
+                f"{_s(idle.idle_s)}: balance batch sizes across pipelines or use faster inter-pipeline links")
+    return "the optimizer step dominates: use ZeRO-1 (options.zero = 1) to shard it across pipelines"
+
+
+def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estimate") -> None:
+    m = plan.model
+    console.print(f"[bold]{title}[/]: {m.name}, global batch {plan.global_batch_size} x seq {m.seq_len}, "
+                  f"{plan.world_size} devices on cluster {cluster.name!r}", highlight=False)
+    console.print(f"step time [bold]{_s(est.step_time_s)}[/], {est.tokens_per_s:,.0f} tokens/s, "
+                  f"MFU {est.mfu * 100:.1f} %, HFU {est.hfu * 100:.1f} %", highlight=False)
+    bt = Table(title="step time: terms of the slowest pipeline's bottleneck stage", title_justify="left", min_width=64)
+    bt.add_column("term")
+    bt.add_column("time", justify="right")
+    bt.add_column("share", justify="right")
+    for k in BREAKDOWN_TERMS:
+        v = est.breakdown[k]
+        bt.add_row(k, _s(v), f"{100 * v / est.step_time_s:.1f} %")
+    console.print(bt)
+
+    st = Table(title="stages (per micro-batch of the largest size; totals per step)", title_justify="left")
+    for col in ("pipe", "stage", "devices", "gpu", "tp", "layers", "fwd/mb", "bwd/mb", "compute", "tp comm",
+                "pp comm", "memory GiB"):
+        st.add_column(col, justify="left" if col in ("devices", "gpu", "layers") else "right")
+    for pi, (pipe, pe) in enumerate(zip(plan.pipelines, est.pipelines, strict=True)):
+        for si, (stage, se) in enumerate(zip(pipe.stages, pe.stages, strict=True)):
+            gpus = ",".join(sorted({cluster.device(d).gpu for d in stage.devices}))
+            mem = max(est.memory_gib[d] for d in stage.devices)
+            cap = min(est.capacity_gib[d] for d in stage.devices)
+            mem_s = f"{mem:.1f}/{cap:g}" + (" OOM" if mem > cap else "")
+            mark = "*" if si == pe.bottleneck_stage else ""
+            st.add_row(str(pi) if si == 0 else "", f"{si}{mark}", _ranges(stage.devices), gpus, str(stage.tp),
+                       f"{stage.layers[0]}-{stage.layers[1] - 1}", _s(se.forward_s), _s(se.backward_s),
+                       _s(se.compute_s), _s(se.tp_comm_s), _s(se.pp_comm_s),
+                       f"[red]{mem_s}[/]" if mem > cap else mem_s)
+        if pi != len(plan.pipelines) - 1:
+            st.add_section()
+    console.print(st)
+    full = max(est.memory, key=lambda d: est.memory_gib[d] / est.capacity_gib[d])
+    terms = ", ".join(f"{k} {v:.2f}" for k, v in est.memory[full].to_gib_dict().items() if k != "total")
+    console.print(f"fullest device {full}: {est.memory_gib[full]:.2f} of {est.capacity_gib[full]:g} GiB "
+                  f"({terms} GiB)", highlight=False)
+
+    pt = Table(title="pipelines (* = bottleneck stage above)", title_justify="left")
+    for col in ("pipe", "batch", "micro-batches", "schedule", "time", "idle at sync", "bubble"):
+        pt.add_column(col, justify="right")
+    for pi, (pipe, pe) in enumerate(zip(plan.pipelines, est.pipelines, strict=True)):
+        pt.add_row(str(pi), str(pipe.batch_size), str(pipe.micro_batches), pipe.schedule, _s(pe.time_s),
+                   _s(pe.idle_s), f"{pe.bubble_fraction * 100:.1f} %")
+    console.print(pt)
+    b = est.bottleneck
+    console.print(f"bottleneck: pipeline {b['pipeline']}, stage {b['stage']}, device {b['device']}, "
+                  f"term [bold]{b['term']}[/]", highlight=False)
+    console.print(f"hint: {advice(plan, cluster, est)}", highlight=False)
+    by_stage: dict[str, list[dict[str, Any]]] = {}
+    for o in est.oom:
+        by_stage.setdefault(o["path"].rpartition(".devices")[0], []).append(o)
+    for where, items in by_stage.items():
+        worst = max(items, key=lambda o: o["over_gib"])
+        devs = _ranges([o["device"] for o in items])
+        console.print(f"[red]out of memory[/]: {where} ({devs}) needs {worst['need_gib']:.2f} GiB, has "
+                      f"{worst['capacity_gib']:g} GiB ({worst['over_gib']:.2f} GiB over)", highlight=False)
+    if est.oom:
+        console.print(f"hint: {len(est.oom)} devices run out of memory: use recompute (options.recompute), ZeRO-1, "
+                      "fewer layers or a larger TP degree on those stages", highlight=False)
+    if any(s == "spec" for s in est.sources.values()):
+        spec = sorted(g for g, s in est.sources.items() if s == "spec")
+        console.print(f"[dim]profiles: spec-derived (datasheet roofline, not measured) for {', '.join(spec)}[/]",
+                      highlight=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = load_plan(args.plan)
+    cluster = find_cluster(plan, args.plan, args.cluster)
+    est = estimate(plan, cluster, profiles_for(args, cluster))
+    data: dict[str, Any] = est.to_dict()
+    if args.save:
+        save_plan(plan.with_estimate(data), args.save)
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        render(plan, cluster, est)
+        if args.save:
+            console.print(f"wrote {args.save}", highlight=False)
+    return 0

@@ -1,0 +1,79 @@
+"""``hexiscale plan CLUSTER --model NAME|config.json --global-batch N``: search the best plan.
+
+Prints the plan table, the cost model's estimate (step time, tokens/s, MFU, breakdown,
+bottleneck) and the seed-style flags of the plan; ``-o`` writes the plan (estimate embedded);
+``--explain`` adds the search log (structures, settings, local-search steps, finalists) and the
+estimate's per-stage tables. The search is :func:`planner.search.planner.search`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hexiscale.cli.output import console, plan_table
+from planner.cluster import load_cluster
+from planner.errors import SpecError
+from planner.model import resolve_model
+from planner.plan import plan_to_dict, save_plan
+from planner.seed_flags import plan_to_flags
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("plan", help="search the best plan for a model on a cluster")
+    p.add_argument("cluster", help="cluster file (YAML)")
+    p.add_argument("--model", required=True, help="model preset name or a Hugging Face config.json")
+    p.add_argument("--global-batch", type=int, required=True, dest="global_batch", help="samples per step")
+    p.add_argument("--seq-len", type=int, dest="seq_len", help="sequence length (default: the model's)")
+    p.add_argument("-o", "--output", help="write the plan (with its estimate) to this JSON file")
+    p.add_argument("--objective", default="throughput", choices=("throughput",), help="what to optimise")
+    p.add_argument("--time-limit", type=float, default=30.0, dest="time_limit",
+                   help="stop the search after this many seconds (default 30; it usually ends sooner)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the partitioner and the local search")
+    p.add_argument("--explain", action="store_true", help="print the search log and per-stage estimate")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.search.planner import PlannerConfig, search
+
+    if args.seq_len is not None and args.seq_len < 1:
+        raise SpecError("--seq-len", f"must be >= 1, got {args.seq_len}", "give a positive sequence length")
+    cluster = load_cluster(args.cluster)
+    model = resolve_model(args.model, args.seq_len)
+    config = PlannerConfig(time_limit_s=args.time_limit, seed=args.seed, objective=args.objective)
+    result = search(cluster, model, args.global_batch, config=config)
+    plan, est = result.plan, result.estimate
+    if args.output:
+        save_plan(plan, args.output)
+    if args.json:
+        print(json.dumps(plan_to_dict(plan), indent=2))
+        return 0
+    console.print(plan_table(plan, cluster))
+    b = est.bottleneck
+    console.print(f"estimate: step time [bold]{est.step_time_s:.3f} s[/], {est.tokens_per_s:,.0f} tokens/s, "
+                  f"MFU {est.mfu * 100:.1f} %, HFU {est.hfu * 100:.1f} %; bottleneck: pipeline {b['pipeline']} "
+                  f"stage {b['stage']} ({b['term']})", highlight=False)
+    terms = ", ".join(f"{k} {v:.3f}" for k, v in est.breakdown.items())
+    console.print(f"breakdown (s, slowest pipeline's bottleneck stage): {terms}", highlight=False)
+    peak = max(est.memory_gib.values())
+    console.print(f"peak memory {peak:.1f} GiB; searched {result.evaluations} candidates in "
+                  f"{result.elapsed_s:.2f} s{' (time limit reached)' if result.cut_short else ''}", highlight=False)
+    try:
+        flags = plan_to_flags(plan, cluster)
+        console.print("seed-style flags: " + flags.as_command_line(), highlight=False, soft_wrap=True)
+    except SpecError as exc:
+        console.print(f"seed-style flags: not expressible ({exc})", highlight=False, soft_wrap=True)
+    if args.output:
+        console.print(f"wrote {args.output}", highlight=False)
+    if args.explain:
+        console.print("\n[bold]search log[/]", highlight=False)
+        for line in result.log:
+            console.print("  " + line, highlight=False, markup=False)
+        try:
+            from hexiscale.cli import cmd_estimate
+        except ImportError:  # the estimate command is optional here
+            return 0
+        cmd_estimate.render(plan, cluster, est, title="estimate of the chosen plan")
+    return 0

@@ -1,0 +1,107 @@
+"""``hexiscale profile``: measure this machine's GPU(s) with the executor's own modules and write a
+measured device profile (a catalog entry) under ``planner/profiles/devices/``. torch is reached only through
+executor modules inside ``run``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from planner.errors import SpecError
+from planner.model import resolve_model
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("profile", help="measure layer, optimizer and link times on the local GPU(s)")
+    p.add_argument("--model", required=True, help="model preset or config.json whose layer is profiled")
+    p.add_argument("--seq-len", type=int, dest="seq_len", help="override the model's sequence length")
+    p.add_argument("--layers", type=int, help="override the model's layer count (only its name changes)")
+    p.add_argument("--out", help="output file (default planner/profiles/devices/<key>.json; "
+                   "CPU mode: ./cpu-profile.json)")
+    p.add_argument("--key", help="catalog key of the measured device type (default: the --out file's stem)")
+    p.add_argument("--base", help="catalog key of the unthrottled device type (default: detected from the GPU name)")
+    p.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU (tests/CI)")
+    p.add_argument("--sm-percent", type=float, dest="sm_percent",
+                   help="MPS SM share to run under and record (sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE unless set; "
+                        "needs the MPS daemon: nvidia-cuda-mps-control -d)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="compute dtype (default bf16; CPU fp32)")
+    p.add_argument("--micro-batches", dest="micro_batches", help="comma list, e.g. 1,2,4")
+    p.add_argument("--seq-lens", dest="seq_lens", help="comma list of sequence lengths")
+    p.add_argument("--tp", help="comma list of TP degrees whose shard shapes are profiled")
+    p.add_argument("--repeats", type=int, help="timed repeats per point (median kept)")
+    p.add_argument("--layer-chain", type=int, dest="layer_chain",
+                   help="layers timed back to back per measurement (default 4 on GPU, 1 on CPU)")
+    p.add_argument("--comm-ranks", type=int, dest="comm_ranks", default=None,
+                   help="ranks for the p2p/all-reduce sweep (default: all local GPUs; CPU: 0)")
+    p.add_argument("--no-resume", action="store_true", help="overwrite the output instead of resuming it")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecError(flag, f"{text!r} is not a comma list of integers", "write e.g. 1,2,4") from None
+    if not values or min(values) < 1:
+        raise SpecError(flag, "needs positive integers", "write e.g. 1,2,4")
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    model = resolve_model(args.model, args.seq_len)
+    if args.layers:
+        model = replace(model, num_layers=args.layers)
+    if args.sm_percent is not None and not 0 < args.sm_percent <= 100:
+        raise SpecError("--sm-percent", f"{args.sm_percent} is not in (0, 100]", "pass e.g. 60")
+    for flag, value in (("--micro-batches", args.micro_batches), ("--seq-lens", args.seq_lens), ("--tp", args.tp)):
+        _ints(value, flag)
+
+    if args.sm_percent is not None and not args.cpu and args.sm_percent < 100:
+        # MPS reads the share when this process creates its CUDA context (after this line); it only takes
+        # effect when the MPS control daemon runs (nvidia-cuda-mps-control -d)
+        import os
+
+        os.environ.setdefault("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(int(args.sm_percent)))
+
+    from executor.devices import cuda_device_count
+    from executor.profiler.runner import default_config, run_profile
+    from hexiscale.cli.output import console
+
+    comm = args.comm_ranks if args.comm_ranks is not None else (0 if args.cpu else cuda_device_count())
+    cfg = default_config(model, cpu=args.cpu, sm_percent=args.sm_percent, comm_world=comm if comm >= 2 else 0)
+    if args.dtype:
+        cfg.dtype = args.dtype
+    cfg.micro_batches = _ints(args.micro_batches, "--micro-batches") or cfg.micro_batches
+    cfg.seq_lens = _ints(args.seq_lens, "--seq-lens") or cfg.seq_lens
+    cfg.tps = _ints(args.tp, "--tp") or cfg.tps
+    if args.repeats:
+        cfg.repeats = args.repeats
+    if args.layer_chain:
+        if args.layer_chain < 1:
+            raise SpecError("--layer-chain", "must be >= 1", "pass e.g. 4")
+        cfg.layer_chain = args.layer_chain
+    if args.out:
+        out = Path(args.out)
+    elif args.cpu:
+        out = Path("cpu-profile.json")
+    else:
+        from planner.catalog import profiles_dir
+
+        out = profiles_dir() / "devices" / f"{args.key or 'local-measured'}.json"
+    pf = run_profile(cfg, out, key=args.key, base=args.base, resume=not args.no_resume, progress=not args.quiet)
+    from rich.table import Table
+
+    table = Table(title=f"{pf.entry['key']}: layer forward/backward (ms)")
+    for col in ("micro_batch", "seq_len", "tp", "recompute", "forward", "backward"):
+        table.add_column(col, justify="right")
+    for row in pf.measured.get("layer", []):
+        table.add_row(str(row["micro_batch"]), str(row["seq_len"]), str(row["tp"]), row["recompute"],
+                      f"{row['forward_s'] * 1e3:.3f}", f"{row['backward_s'] * 1e3:.3f}")
+    console.print(table)
+    console.print(f"wrote {out}")
+    return 0

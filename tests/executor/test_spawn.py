@@ -1,0 +1,50 @@
+"""The one spawner (executor.spawn): exit codes by rank, a failing rank stops the others, a deadline
+stops ranks that hang, and free ports bind."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import pytest
+
+from executor.spawn import RanksFailed, free_port, spawn
+
+
+def write_rank(rank: int, folder: str) -> None:
+    with open(f"{folder}/rank{rank}", "w") as f:
+        f.write(str(rank))
+
+
+def fail_on_rank_one(rank: int, wait_s: float) -> None:
+    if rank == 1:
+        sys.exit(7)
+    time.sleep(wait_s)
+
+
+def test_every_rank_runs_with_its_rank(tmp_path) -> None:  # noqa: ANN001
+    assert spawn(write_rank, 3, (str(tmp_path),), timeout=60) == [0, 0, 0]
+    assert sorted(p.read_text() for p in tmp_path.iterdir()) == ["0", "1", "2"]
+
+
+def test_a_failing_rank_stops_the_others_at_once() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(RanksFailed, match=r"ranks \[0, 1, 2\]") as info:
+        spawn(fail_on_rank_one, 3, (60.0,), timeout=120)
+    assert info.value.codes[1] == 7 and info.value.codes[0] is None and info.value.codes[2] is None
+    assert time.monotonic() - t0 < 30, "the sleeping ranks were not stopped when rank 1 failed"
+
+
+def test_deadline_stops_hung_ranks() -> None:
+    codes = spawn(time.sleep, 2, timeout=3.0, check=False)  # rank 0 sleeps 0 s, rank 1 sleeps 1 s
+    assert codes == [0, 0]
+    codes = spawn(fail_on_rank_one, 1, (60.0,), timeout=1.0, check=False)
+    assert codes == [None]
+
+
+def test_free_port_can_be_bound() -> None:
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+    assert 0 < port < 65536
