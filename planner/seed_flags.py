@@ -71,7 +71,7 @@ def _int_list(value: Any, flag: str) -> list[int]:
         text = value.strip()
         if text and not text.startswith("[") and not text.startswith("("):
             tokens = text.replace(",", " ").split()
-            if not all(t.lstrip("-").isdigit() for t in tokens):
+            if not all(t.lstrip("-").isdecimal() for t in tokens):  # isdigit() passes "²"
                 raise SpecError(flag, f"cannot parse {value!r}", "write numbers such as '32 32' or '[32, 32]'")
             value = [int(t) for t in tokens]
         else:
