@@ -29,6 +29,7 @@ from executor.groups import ProcessGroups
 from executor.model import shard_of
 from executor.topology import stage_params
 from planner.errors import SpecError
+from planner.model import ModelSpec, model_from_dict
 
 if TYPE_CHECKING:
     from executor.engine import Engine
@@ -140,15 +141,24 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return {k: meta.get(k) for k in ("format", "model", "step", "extra")}
 
 
+def model_differences(saved: Any, model: ModelSpec) -> list[str]:
+    """The fields in which a checkpoint's model (its ``meta["model"]``) and ``model`` differ in
+    their weights (:meth:`ModelSpec.weights_identity`: the name and seq_len do not count)."""
+    want = model.weights_identity()
+    try:
+        got = model_from_dict(saved).weights_identity()
+    except SpecError:
+        got = dict(saved) if isinstance(saved, dict) else {}
+    return sorted(k for k in set(want) | set(got) if got.get(k) != want.get(k))
+
+
 def load(engine: Engine, path: Path) -> dict[str, Any]:
     """Collective: every rank reads the logical tensors and keeps its shards. Returns ``extra``."""
     meta = read_meta(path)
-    want = engine.plan.model.to_dict()
-    if meta["model"] != want:
-        diff = sorted(k for k in set(want) | set(meta["model"] or {})
-                      if (meta["model"] or {}).get(k) != want.get(k))
+    diff = model_differences(meta["model"], engine.plan.model)
+    if diff:
         raise SpecError("checkpoint", f"{path} holds another model (differs in {', '.join(diff)})",
-                        f"load a checkpoint of model {want.get('name')!r} or train from scratch")
+                        f"load a checkpoint of model {engine.plan.model.name!r} or train from scratch")
     tensors = torch.load(path / "model.pt", map_location="cpu", mmap=True, weights_only=True)
     optim = torch.load(path / "optim.pt", map_location="cpu", mmap=True, weights_only=True)
     tp, r = engine.stage.tp, engine.tp_rank

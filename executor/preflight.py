@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from executor.checkpoint import read_meta
+from executor.checkpoint import model_differences, read_meta
 from executor.launch.env import RankEnv
 from planner.errors import SpecError
 from planner.plan import Plan
@@ -55,11 +55,10 @@ def find_checkpoint(path: str | Path) -> Path:
 def check_checkpoint(path: str | Path, plan: Plan) -> ResumePoint:
     ck = find_checkpoint(path)
     meta = read_meta(ck)
-    want = plan.model.to_dict()
     got = meta.get("model") or {}
-    if got != want:
-        diff = sorted(k for k in set(want) | set(got) if got.get(k) != want.get(k))
-        raise SpecError("--resume", f"{ck} holds model {got.get('name')!r}, the plan trains {want['name']!r} "
+    diff = model_differences(got, plan.model)
+    if diff:
+        raise SpecError("--resume", f"{ck} holds model {got.get('name')!r}, the plan trains {plan.model.name!r} "
                         f"(they differ in {', '.join(diff)})", "resume with a plan of the same model")
     step = meta.get("step")
     if not isinstance(step, int) or step < 0:
