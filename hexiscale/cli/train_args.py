@@ -43,6 +43,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                     "any plan of the same model")
     ck.add_argument("--log-jsonl", help="rank 0 appends one JSON record per step here")
     ck.add_argument("--log-every", type=int, default=1, help="print every N steps")
+    ck.add_argument("--tensorboard", metavar="DIR", help="rank 0 also writes the per-step metrics as TensorBoard "
+                    "scalars to DIR (needs the tensorboard package)")
+    ck.add_argument("--trace", metavar="FILE", help="record per-micro-batch events of a few steps on every rank; "
+                    "rank 0 writes them to FILE ('hexiscale show FILE --plot DIR' draws them)")
+    ck.add_argument("--trace-steps", type=int, default=3, help="steps --trace records, after the run's first")
 
     ops = p.add_argument_group("failure handling")
     ops.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat interval, seconds")
@@ -64,5 +69,6 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         data=args.data, seed=args.seed, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
         weight_decay=args.weight_decay, clip=args.clip, device=args.device, checkpoint_dir=args.checkpoint_dir,
         save_every=args.save_every, resume=args.resume, log_jsonl=args.log_jsonl, log_every=args.log_every,
+        tensorboard=args.tensorboard, trace=args.trace, trace_steps=args.trace_steps,
         heartbeat=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after,
         startup_timeout=args.startup_timeout, pg_timeout=args.pg_timeout)
