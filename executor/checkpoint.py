@@ -1,4 +1,4 @@
-"""Layout-independent checkpoints and gathering of sharded tensors to the logical layout.
+"""Layout-independent checkpoints: ``save(engine, path, extra)`` and ``load(engine, path)``.
 
 A checkpoint is a directory::
 
@@ -10,9 +10,7 @@ Nothing in it depends on the plan, so a checkpoint written under one plan loads 
 plan of the same model: every rank reads the logical tensors (memory-mapped) and copies out its own
 shards. ``meta.json`` is written last, so a directory without it is an incomplete checkpoint.
 
-Gathering (:func:`gather_logical`) uses pipeline 0, which holds every parameter: per stage, the TP
-ranks all-gather their shards (one flat buffer), the stage leader assembles the full tensors and
-either broadcasts them over the plan's ranks or sends them to global rank 0.
+Saving gathers the logical tensors to global rank 0 (:func:`executor.gather.gather_logical`).
 """
 
 from __future__ import annotations
@@ -20,74 +18,18 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from executor.engine import Engine
+from executor.gather import gather_logical
 from executor.groups import ProcessGroups
 from executor.model import shard_of
-from executor.topology import stage_params
 from planner.errors import SpecError
 
-if TYPE_CHECKING:
-    from executor.engine import Engine
-
 CKPT_FORMAT = "hexiscale.ckpt/1"
-
-
-def gather_logical(groups: ProcessGroups, local: dict[str, torch.Tensor], *, to_all: bool) -> dict[str, torch.Tensor]:
-    """Collective over the plan's ranks: full logical CPU tensors from every rank's shards
-    (``local``: this rank's shard per name). ``to_all=False`` delivers to global rank 0 only."""
-    topo = groups.topology
-    rank = groups.rank
-    model = topo.model
-    out: dict[str, torch.Tensor] = {}
-    device = next(iter(local.values())).device
-    for st in topo.pipelines[0]:
-        infos = stage_params(model, st.layers, st.is_first, st.is_last)
-        total = sum(i.numel for i in infos)
-        full: torch.Tensor | None = None
-        if rank in st.ranks:
-            shards = [local[i.name].detach().float().reshape(-1) for i in infos if i.shard_dim is not None]
-            flat = torch.cat(shards)
-            if st.tp > 1:
-                parts = [torch.empty_like(flat) for _ in range(st.tp)]
-                dist.all_gather(parts, flat, group=groups.group(st.ranks))
-            else:
-                parts = [flat]
-            if rank == st.leader:
-                tensors, off = [], 0
-                for i in infos:
-                    if i.shard_dim is None:
-                        tensors.append(local[i.name].detach().float().reshape(-1))
-                        continue
-                    shape = list(i.shape)
-                    shape[i.shard_dim] //= st.tp
-                    n = i.numel // st.tp
-                    pieces = [p[off:off + n].view(shape) for p in parts]
-                    tensors.append(torch.cat(pieces, dim=i.shard_dim).reshape(-1))
-                    off += n
-                full = torch.cat(tensors)
-        if to_all:
-            if full is None:
-                full = torch.empty(total, dtype=torch.float32, device=device)
-            if topo.world_size > 1:
-                dist.broadcast(full, src=st.leader, group=groups.world)
-        elif st.leader != 0:
-            if rank == st.leader:
-                assert full is not None
-                dist.send(full, dst=0)
-            elif rank == 0:
-                full = torch.empty(total, dtype=torch.float32, device=device)
-                dist.recv(full, src=st.leader)
-        if full is not None:
-            flat_cpu = full.cpu()
-            off = 0
-            for i in infos:
-                out[i.name] = flat_cpu[off:off + i.numel].view(i.shape).clone()
-                off += i.numel
-    return out
 
 
 def _barrier(groups: ProcessGroups, device: torch.device) -> None:
@@ -97,8 +39,9 @@ def _barrier(groups: ProcessGroups, device: torch.device) -> None:
         dist.all_reduce(torch.zeros(1, device=device), group=groups.world)
 
 
-def save(engine: Engine, path: Path, extra: dict[str, Any]) -> None:
+def save(engine: Engine, path: str | Path, extra: dict[str, Any]) -> None:
     """Collective: gather model and optimizer state to rank 0, which writes ``path``."""
+    path = Path(path)
     model = engine.logical_state_dict(to_all=False)
     moments = engine.optimizer_moments()
     m1 = gather_logical(engine.groups, moments["exp_avg"], to_all=False)
@@ -131,17 +74,18 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         meta = json.loads(meta_path.read_text())
     except FileNotFoundError:
         raise SpecError("checkpoint", f"{path} has no meta.json (not a checkpoint, or an incomplete one)",
-                        "pass a directory written by save_checkpoint") from None
+                        "pass a directory written by hexiscale train --checkpoint-dir") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise SpecError("checkpoint", f"cannot read {meta_path}: {exc}", "the checkpoint is damaged") from None
     if not isinstance(meta, dict) or meta.get("format") != CKPT_FORMAT:
         raise SpecError("checkpoint", f"{meta_path} is not a {CKPT_FORMAT} checkpoint",
-                        "pass a directory written by save_checkpoint")
+                        "pass a directory written by hexiscale train --checkpoint-dir")
     return {k: meta.get(k) for k in ("format", "model", "step", "extra")}
 
 
-def load(engine: Engine, path: Path) -> dict[str, Any]:
+def load(engine: Engine, path: str | Path) -> dict[str, Any]:
     """Collective: every rank reads the logical tensors and keeps its shards. Returns ``extra``."""
+    path = Path(path)
     meta = read_meta(path)
     want = engine.plan.model.to_dict()
     if meta["model"] != want:

@@ -18,7 +18,7 @@ from typing import Any
 
 from planner.catalog import Catalog, profiles_dir
 from planner.cost.params import DEFAULT_PARAMS, CostParams
-from planner.cost.profile import ProfileSet
+from planner.cost.profile_set import ProfileSet
 from planner.errors import SpecError
 
 CALIBRATION_FORMAT = "hexiscale.calibration/1"
