@@ -179,7 +179,8 @@ def monotone_in_tokens(curves: list[Curve]) -> list[Curve]:
     for c in curves:
         by_mode.setdefault((c.tp, c.recompute), []).append(c)
     for group in by_mode.values():
-        points = sorted(((mb * c.seq_len, c.seq_len, ci, j) for ci, c in enumerate(group) for j, mb in enumerate(c.mbs)))
+        points = sorted((mb * c.seq_len, c.seq_len, ci, j) for ci, c in enumerate(group)
+                        for j, mb in enumerate(c.mbs))
         fwd = isotonic([group[ci].fwd[j] for _, _, ci, j in points])
         bwd = isotonic([group[ci].bwd[j] for _, _, ci, j in points])
         new = {ci: (list(c.fwd), list(c.bwd)) for ci, c in enumerate(group)}
