@@ -108,26 +108,20 @@ class ProcessGroups:
         backend = backend or dist.get_backend()
         t0, free0 = time.perf_counter(), _free_mib()
         plan_ranks = tuple(range(topology.world_size))
-        wanted: list[tuple[int, ...]] = []
-        if size > topology.world_size and len(plan_ranks) > 1:
-            wanted.append(plan_ranks)
-        wanted += topology.tp_groups()
-        wanted += [g.ranks for g in topology.sync_groups]
-        wanted += [b.ranks for b in topology.tp_broadcasts]
         out = cls(topology=topology, rank=rank, world=None)
-        for ranks in wanted:
-            if len(ranks) < 2 or ranks in out.by_ranks:
+        for kind, ranks in group_sets(topology):
+            if kind == "collective" and ranks == plan_ranks and size == topology.world_size:
+                out.by_ranks[ranks] = dist.group.WORLD
+                out.order.append((kind, ranks, dist.group.WORLD))
                 continue
-            out.by_ranks[ranks] = dist.new_group(list(ranks), backend=backend)
-            out.order.append(("collective", ranks, out.by_ranks[ranks]))
-        for pair in topology.p2p_pairs():
-            out.p2p[pair] = dist.new_group(list(pair), backend=backend)
-            out.order.append(("p2p", pair, out.p2p[pair]))
+            group = dist.new_group(list(ranks), backend=backend)
+            if kind == "p2p":
+                out.p2p[(ranks[0], ranks[1])] = group
+            else:
+                out.by_ranks[ranks] = group
+            out.order.append((kind, ranks, group))
         if size == topology.world_size:
             world: Any = dist.group.WORLD
-            out.by_ranks[plan_ranks] = world
-            if len(plan_ranks) > 1:
-                out.order.insert(0, ("collective", plan_ranks, world))
         elif len(plan_ranks) == 1:
             world = None
         else:
@@ -183,6 +177,22 @@ class ProcessGroups:
         self.by_ranks.clear()
         self.p2p.clear()
         self.order.clear()
+
+
+def group_sets(topology: Topology) -> list[tuple[str, tuple[int, ...]]]:
+    """Every communicator of ``topology`` as ``(kind, ranks)`` in the global creation order (pure):
+    the plan's ranks, TP groups, gradient-sync and TP-broadcast groups (equal rank sets once),
+    then one ``p2p`` group per stage boundary (never shared). Sets of one rank get none."""
+    plan_ranks = tuple(range(topology.world_size))
+    wanted = [plan_ranks, *topology.tp_groups(), *(g.ranks for g in topology.sync_groups),
+              *(b.ranks for b in topology.tp_broadcasts)]
+    out: list[tuple[str, tuple[int, ...]]] = []
+    seen: set[tuple[int, ...]] = set()
+    for ranks in wanted:
+        if len(ranks) > 1 and ranks not in seen:
+            seen.add(ranks)
+            out.append(("collective", ranks))
+    return out + [("p2p", pair) for pair in topology.p2p_pairs()]
 
 
 def _free_mib() -> float:

@@ -93,7 +93,7 @@ def comm_memory_job() -> dict[str, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama2-13b")
-    ap.add_argument("--global-batch", type=int, default=12)
+    ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results")

@@ -22,20 +22,23 @@ def enable() -> None:
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", BUFFER_ENTRIES)
 
 
-def _dump() -> dict[str, Any] | None:
+def _dumps() -> list[dict[str, Any]]:
+    """Every recorder's active entries: NCCL keeps its own (CUDA-event) recorder next to the
+    generic one other backends use, so both are read."""
     try:
         import torch._C._distributed_c10d as c10d
     except ImportError:
-        return None
-    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+        return []
+    out = []
+    for name in ("_dump_nccl_trace_json", "_dump_fr_trace_json"):
         fn = getattr(c10d, name, None)
         if fn is None:
             continue
         try:
-            return json.loads(fn(True, True))  # collectives included, only the active ones
+            out.append(json.loads(fn(True, True)))  # collectives included, only the active ones
         except Exception:  # noqa: BLE001 - no recorder for this backend/build
             continue
-    return None
+    return out
 
 
 def describe(entry: dict[str, Any], ranks_of: dict[str, str]) -> str:
@@ -58,14 +61,24 @@ def _group_ranks() -> dict[str, str]:
         return {}
 
 
-def pending(trace: dict[str, Any] | None = None) -> list[str] | None:
-    """Descriptions of this process's unfinished collectives, oldest first (None: no recorder)."""
-    trace = _dump() if trace is None else trace
-    if trace is None:
+def pending(traces: list[dict[str, Any]] | None = None) -> list[str] | None:
+    """Descriptions of this process's unfinished operations, oldest first (None: no recorder).
+
+    From the recorded entries not yet completed; where a recorder keeps no entries (buffer size
+    0), from each group's counters (``pg_status``: enqueued beyond completed)."""
+    traces = _dumps() if traces is None else traces
+    if not traces:
         return None
     ranks_of = _group_ranks()
-    ranks_of.update({name: cfg["ranks"] for name, cfg in trace.get("pg_config", {}).items()
-                     if name and "ranks" in cfg})
-    active = [e for e in trace.get("entries", []) if e.get("state") != "completed" and not e.get("retired")]
+    active: list[dict[str, Any]] = []
+    behind: list[str] = []
+    for trace in traces:
+        ranks_of.update({name: cfg["ranks"] for name, cfg in trace.get("pg_config", {}).items()
+                         if name and "ranks" in cfg})
+        active += [e for e in trace.get("entries", []) if e.get("state") != "completed" and not e.get("retired")]
+        for name, st in trace.get("pg_status", {}).items():
+            done, queued = int(st.get("last_completed_collective", -1)), int(st.get("last_enqueued_collective", -1))
+            if queued > done:
+                behind.append(f"collective{ranks_of.get(name, '?').replace(' ', '')}#{done + 1}")
     active.sort(key=lambda e: e.get("time_created_ns", 0))
-    return [describe(e, ranks_of) for e in active]
+    return [describe(e, ranks_of) for e in active] or behind

@@ -75,6 +75,11 @@ class CostParams:
     framework_gib: float = 0.9
     # Caching-allocator slack and workspaces (cuBLAS workspace, NCCL buffers), GiB per device.
     workspace_gib: float = 0.6
+    # Device memory of one NCCL communicator a device belongs to (buffers outside PyTorch's allocator;
+    # executor.groups creates and connects them all before the first step), GiB. Measured on 4 x H200
+    # (NV18, torch 2.11, NCCL 2.28.9, 2026-11-26): 482-559 MiB per communicator over 6 ranks' sets
+    # of 2-4 communicators (benchmarks/executor/hetero_e2e.py), mean 519 MiB.
+    comm_gib: float = 0.52
     # Fraction of the tensors' bytes lost to allocator fragmentation (0 = none).
     fragmentation: float = 0.05
 

@@ -37,13 +37,14 @@ all-gather; optimizer. ``idle_s`` of pipeline ``p`` = ``sync_done - T_p`` (its w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner.cluster import ClusterSpec
+from planner.cost.communicators import communicators
 from planner.cost.gradsync import sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
-from planner.cost.memory import MemoryBreakdown, stage_memory, stage_params
+from planner.cost.memory import GIB, MemoryBreakdown, stage_memory, stage_params
 from planner.cost.profile_set import ProfileSet
 from planner.cost.schedule import held_with_grads, in_flight
 from planner.cost.simulate import simulate
@@ -222,6 +223,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     capacity: dict[str, float] = {}
     oom: list[dict[str, Any]] = []
     optimizer: dict[str, float] = {}
+    comms = communicators(plan)
     for pi, pipe in enumerate(plan.pipelines):
         est, b = _pipeline(plan, pipe, cluster, profiles)
         pipes.append(est)
@@ -244,6 +246,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
             for di, dev_id in enumerate(st.devices):
                 dev = cluster.device(dev_id)
                 mem = mems[dev.gpu]
+                mem = replace(mem, overhead=mem.overhead + comms[dev_id] * params.comm_gib * GIB)
                 memory[dev_id] = mem
                 capacity[dev_id] = dev.memory_gib
                 if mem.total_gib > dev.memory_gib:

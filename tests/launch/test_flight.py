@@ -30,7 +30,10 @@ def pending_job() -> tuple[list[str] | None, list[str] | None] | None:
     time.sleep(0.3)
     during = flight.pending()
     work.wait()
-    return during, flight.pending()
+    deadline = time.monotonic() + 5.0  # the recorder marks completion asynchronously
+    while (after := flight.pending()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return during, after
 
 
 @pytest.mark.slow
@@ -49,7 +52,18 @@ def test_pending_reads_only_active_entries_oldest_first() -> None:
                           "p2p_seq_id": 4, "state": "scheduled", "time_created_ns": 10},
                          {"process_group": ["3", ""], "profiling_name": "nccl:broadcast", "collective_seq_id": 8,
                           "state": "completed", "time_created_ns": 5}]}
-    assert flight.pending(trace) == ["nccl:send0->3[0,3]#4", "nccl:all_reduce[0,3]#9"]
+    assert flight.pending([trace]) == ["nccl:send0->3[0,3]#4", "nccl:all_reduce[0,3]#9"]
+    # an empty generic recorder next to NCCL's own does not hide NCCL's entries
+    assert flight.pending([{"entries": [], "pg_config": {}}, trace])[0] == "nccl:send0->3[0,3]#4"
+
+
+def test_pending_falls_back_to_the_group_counters() -> None:
+    """A recorder without entries (buffer size 0) still counts enqueued vs completed per group."""
+    trace = {"pg_config": {"5": {"ranks": "[1, 2]"}}, "entries": [],
+             "pg_status": {"5": {"last_enqueued_collective": "7", "last_completed_collective": "6"},
+                           "0": {"last_enqueued_collective": "3", "last_completed_collective": "3"}}}
+    assert flight.pending([trace]) == ["collective[1,2]#7"]
+    assert flight.pending([]) is None
 
 
 def test_device_wait_counts_an_unfinished_collective_as_waiting() -> None:

@@ -31,15 +31,14 @@ def example_plan(name: str) -> Plan:
     """A plan for every example cluster (bundled files where they exist, else seed flags)."""
     cluster = load_cluster(EXAMPLES / "clusters" / f"{name}.yaml")
     files = {"demo-cpu-6": "demo-cpu-6-tiny", "h20-h800": "h20-h800-llama2-13b",
-             "seed-32gpu-4types": "seed-32gpu-4types-llama2-7b", "seed-uneven-nodes": "seed-uneven-nodes-llama2-7b"}
+             "seed-32gpu-4types": "seed-32gpu-4types-llama2-7b", "seed-uneven-nodes": "seed-uneven-nodes-llama2-7b",
+             "h100x4-mps-100-100-50-50": "h100x4-mps-llama2-13b", "h200x4-mps-100-100-50-50": "h200x4-mps-llama2-13b"}
     if name in files:
         return load_plan(EXAMPLES / "plans" / f"{files[name]}.json")
     if name == "a100-pcie-2x8-tcp":
         return _flags_plan(cluster, "[[4, 4], [4, 4]]", "[[16, 16], [16, 16]]", "64", "16")
     if name == "a100-pcie-4x8-tcp":
         return _flags_plan(cluster, "[[8, 8], [8, 8]]", "[[16, 16], [16, 16]]", "128", "32")
-    if name.endswith("x4-mps-100-100-50-50"):  # one 4-GPU host, TP 2 x PP 2 (fast pair, then slow pair)
-        return _flags_plan(cluster, "[[2, 2]]", "[[16, 16]]", "8", "4")
     if name == "seed-40gpu-3types":
         return _flags_plan(cluster, "[[4, 4], [8, 8], [8, 8]]", "[[16, 16], [16, 16], [16, 16]]", "32 48 48",
                            "8 12 12")

@@ -8,7 +8,9 @@ import pytest
 from _cost_fixtures import MODEL, cluster, plan
 
 from planner.cost import GIB, CostParams, estimate, in_flight, stage_memory, stage_params
+from planner.cost.communicators import communicators
 from planner.cost.memory import head_activation_bytes, layer_activation_bytes
+from planner.cost.params import DEFAULT_PARAMS
 from planner.errors import PlanInfeasible
 from planner.model import PRESETS
 
@@ -93,6 +95,8 @@ def test_oom_names_device_and_overflow() -> None:
     assert [o["device"] for o in est.oom] == ["n:1"]
     need = stage_memory(model, layers=12, tp=1, first=False, last=True, micro_batch=1, in_flight=1,
                         dtype="bf16", recompute="none").total_gib
+    need += communicators(p)["n:1"] * DEFAULT_PARAMS.comm_gib  # the default group and the boundary's own
+    assert communicators(p) == {"n:0": 2, "n:1": 2}
     assert est.oom[0]["need_gib"] == pytest.approx(need, abs=1e-3)
     assert est.oom[0]["over_gib"] == pytest.approx(need - 16, abs=1e-3)
     assert est.oom[0]["path"] == "pipelines[0].stages[1].devices[0]"

@@ -88,8 +88,8 @@ def test_infeasible_names_the_stage_and_the_fix() -> None:
     assert "stage 0 (a100:0" in text and "fits" in text and "of 80 layers" in text
     assert "add at least" in text and "a100-sxm-80g" in text
     restricted = replace(FAST, recompute=("none",), zero=(0,), micro_batch_sizes=(4,))
-    with pytest.raises(PlanInfeasible) as err2:
-        search(cluster, PRESETS["llama2-7b"], 32, config=restricted)
+    with pytest.raises(PlanInfeasible) as err2:  # (at seq 4096 no micro-batch size fits without recompute)
+        search(cluster, replace(PRESETS["llama2-7b"], seq_len=2048), 32, config=restricted)
     assert err2.value.path == "options" and "stage" in err2.value.message
     assert err2.value.hint.startswith("allow a smaller micro-batch size")  # the smallest change comes first
     no_mbs_choice = replace(restricted, micro_batch_sizes=(1,), recompute=("none",), zero=(0,))
