@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 
 import torch.distributed as dist
 
@@ -108,7 +109,8 @@ def run_training(args: TrainConfig) -> int:
             last = k + 1 == args.steps
             if args.checkpoint_dir and (last or (args.save_every and (k + 1) % args.save_every == 0)):
                 checkpoint.save(engine, checkpoint_path(args.checkpoint_dir, k + 1),
-                                       extra={"data": stream.position.to_dict(), "plan_world_size": plan.world_size})
+                                extra={"data": stream.position.to_dict(), "plan_world_size": plan.world_size},
+                                on_written=partial(maybe_inject, fault, renv.rank, k, in_save=True))
                 if renv.rank == 0:
                     mark_latest(args.checkpoint_dir, k + 1)
         logger.summary(start, plan.global_batch_size * plan.model.seq_len)
