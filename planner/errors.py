@@ -27,8 +27,8 @@ class SpecError(ValueError):
             text += f" (hint: {self.hint})"
         return text
 
-    def __reduce__(self) -> tuple[type, tuple[str, str, str, str | None, int | None]]:
-        """Pickle by fields (the error crosses process boundaries, e.g. from ``data prep`` workers)."""
+    def __reduce__(self) -> tuple[type[SpecError], tuple[str, str, str, str | None, int | None]]:
+        """Pickles whole (ranks exchange errors through collectives, ``data prep`` workers return them)."""
         return type(self), (self.path, self.message, self.hint, self.file, self.line)
 
     def with_file(self, file: str, line: int | None = None) -> SpecError:

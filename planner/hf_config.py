@@ -11,12 +11,14 @@ executor refuses to train them.
 The model's name comes from the config's content (``llama-L32-H4096``), never from the folder it
 sits in, so the same model loaded from two places is the same model.
 
+:func:`resolve_model` takes what ``--model`` accepts: a preset name or a config (file or folder).
 Write (:func:`hf_config_of`): the config ``transformers`` needs to load an exported model.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +130,15 @@ def load_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
         return model_from_hf_config(data, seq_len=seq_len)
     except SpecError as exc:
         raise exc.with_file(str(p)) from None
+
+
+def resolve_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
+    """A preset name, or a Hugging Face ``config.json`` (or the folder holding one);
+    ``seq_len`` overrides the length."""
+    if name_or_path in PRESETS:
+        model = PRESETS[name_or_path]
+        return replace(model, seq_len=seq_len) if seq_len else model
+    return load_hf_config(name_or_path, seq_len)
 
 
 def hf_config_of(model: ModelSpec, dtype: str = "float32") -> dict[str, Any]:

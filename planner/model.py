@@ -14,7 +14,7 @@ selective recompute the attention core's forward (``4Lhs``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from planner.errors import SpecError
@@ -164,14 +164,3 @@ def model_from_dict(data: Any, path: str = "model") -> ModelSpec:
         if exc.path.startswith("model.") and path != "model":
             raise SpecError(path + exc.path[len("model"):], exc.message, exc.hint) from None
         raise
-
-
-def resolve_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
-    """A preset name, or a Hugging Face ``config.json`` (or the folder holding one);
-    ``seq_len`` overrides the length."""
-    if name_or_path in PRESETS:
-        model = PRESETS[name_or_path]
-        return replace(model, seq_len=seq_len) if seq_len else model
-    from planner.hf_config import load_hf_config  # hf_config builds on this module
-
-    return load_hf_config(name_or_path, seq_len)

@@ -24,7 +24,8 @@ from typing import Any
 
 from planner.cluster import ClusterSpec, load_cluster
 from planner.errors import SpecError
-from planner.model import ModelSpec, resolve_model
+from planner.hf_config import resolve_model
+from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from hexiscale.cli.output import console, plan_table
 from hexiscale.cli.pictures import PLAN_MAP, SIMULATED, write_pictures
 from planner.cluster import load_cluster
 from planner.cost import estimate
 from planner.errors import SpecError
-from planner.model import resolve_model
+from planner.hf_config import resolve_model
 from planner.plan import plan_to_dict, save_plan
 from planner.seed_flags import plan_to_flags
 
@@ -44,10 +45,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seq_len is not None and args.seq_len < 1:
         raise SpecError("--seq-len", f"must be >= 1, got {args.seq_len}", "give a positive sequence length")
+    from planner.calibration.local import resolve_profiles
+
     cluster = load_cluster(args.cluster)
     model = resolve_model(args.model, args.seq_len)
     config = PlannerConfig(time_limit_s=args.time_limit, seed=args.seed, objective=args.objective)
-    result = search(cluster, model, args.global_batch, config=config)
+    resolved = resolve_profiles(cluster)
+    print(resolved.line, file=sys.stderr if args.json else sys.stdout, flush=True)
+    result = search(cluster, model, args.global_batch, config=config, profiles=resolved.profiles)
     plan, est = result.plan, result.estimate
     if args.output:
         save_plan(plan, args.output)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from planner.errors import SpecError
-from planner.hf_config import hf_config_of, model_from_hf_config
-from planner.model import PRESETS, model_from_dict, resolve_model
+from planner.hf_config import hf_config_of, model_from_hf_config, resolve_model
+from planner.model import PRESETS, model_from_dict
 from planner.plan import plan_from_dict, plan_to_dict
 from planner.rope import RopeScaling, inv_frequencies
 

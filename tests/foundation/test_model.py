@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from planner.errors import SpecError
-from planner.hf_config import model_from_hf_config
-from planner.model import PRESETS, ModelSpec, model_from_dict, resolve_model
+from planner.hf_config import model_from_hf_config, resolve_model
+from planner.model import PRESETS, ModelSpec, model_from_dict
 
 
 @pytest.mark.parametrize("name, params", [
