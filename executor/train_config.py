@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.errors import SpecError
-from planner.seed_flags import SeedLayout
+from planner.seed_layout import SeedLayout
 
 DEVICES = ("auto", "cpu", "cuda")
 

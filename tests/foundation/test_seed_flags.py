@@ -100,7 +100,7 @@ def test_to_flags_refuses_unexpressible_device_order() -> None:
 def test_seed_layout_from_command_line_flags() -> None:
     import argparse
 
-    from planner.seed_flags import SeedLayout, add_seed_flag_arguments
+    from planner.seed_layout import SeedLayout, add_seed_flag_arguments
 
     parser = argparse.ArgumentParser()
     add_seed_flag_arguments(parser)
