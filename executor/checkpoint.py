@@ -13,6 +13,9 @@ shapes, so a checkpoint written under one plan (and ZeRO-0 or ZeRO-1) loads unde
 same model. Each rank writes only what it holds and nothing passes through one host
 (:mod:`executor.checkpoint_pieces`, :mod:`executor.checkpoint_io`).
 
+:func:`write_logical` and :func:`read_logical` do the same from one process without an engine, a
+tensor at a time (Hugging Face import and export, :mod:`executor.hf_convert`).
+
 Atomicity: ranks write into ``<path>.tmp``; global rank 0 adds ``meta.json`` last and then renames
 the folder to ``<path>``, so a folder named like a checkpoint is complete, and a save killed
 half-way leaves only ``<path>.tmp``. ``DIR/latest`` moves after that (``executor.train_setup``).
@@ -27,7 +30,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +40,7 @@ import torch.distributed as dist
 
 from executor.checkpoint_io import read_pieces, write_pieces
 from executor.checkpoint_pieces import Piece, load_targets, save_pieces
+from executor.chunks import Chunk
 from executor.engine import Engine
 from executor.groups import ProcessGroups
 from executor.topology import logical_params
@@ -79,17 +84,57 @@ def save(engine: Engine, path: str | Path, extra: dict[str, Any], *,
         on_written()
     every = _gather(groups, sums)
     if engine.rank == 0:
-        model = engine.plan.model
-        shapes = {f"model/{i.name}": list(i.shape) for i in logical_params(model)}
-        shapes |= {f"optim/{k}/{i.name}": list(i.shape) for k in MOMENTS for i in logical_params(model)}
-        meta = {"format": CKPT_FORMAT, "model": model.to_dict(), "step": engine.step, "extra": extra,
-                "tensors": shapes, "checksums": {f: s for part in every for f, s in part.items()}}
-        (tmp / "meta.json.tmp").write_text(json.dumps(meta, indent=1) + "\n")
-        os.replace(tmp / "meta.json.tmp", tmp / "meta.json")
-        if path.exists():  # saved again at the same step: the new one replaces it
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        _finish(tmp, path, engine.plan.model, engine.step, extra, every)
     _barrier(groups, engine.device)
+
+
+def _finish(tmp: Path, path: Path, model: ModelSpec, step: int, extra: dict[str, Any], sums: list[Any]) -> None:
+    """Rank 0, after every rank wrote into ``tmp``: ``meta.json`` last, then ``tmp`` becomes ``path``."""
+    shapes = {f"model/{i.name}": list(i.shape) for i in logical_params(model)}
+    shapes |= {f"optim/{k}/{i.name}": list(i.shape) for k in MOMENTS for i in logical_params(model)}
+    meta = {"format": CKPT_FORMAT, "model": model.to_dict(), "step": step, "extra": extra,
+            "tensors": shapes, "checksums": {f: s for part in sums for f, s in part.items()}}
+    (tmp / "meta.json.tmp").write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(tmp / "meta.json.tmp", tmp / "meta.json")
+    if path.exists():  # saved again at the same step: the new one replaces it
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+
+
+def write_logical(path: str | Path, model: ModelSpec, weights: dict[str, torch.Tensor]) -> None:
+    """One process, no engine: a step-0 checkpoint of ``model`` from full logical ``weights`` (any
+    float dtype; loading casts to fp32) with zero AdamW moments, i.e. a fresh optimizer. Tensors are
+    taken one at a time as they are written: memory-mapped weights and the moments (expanded zeros)
+    never exist whole in memory at once."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    pieces = []
+    for info in logical_params(model):
+        full = Chunk("", (0,) * len(info.shape), info.shape)
+        pieces.append(Piece(replace(full, name=f"model/{info.name}"), info.shape, weights[info.name]))
+        zero = torch.zeros((), dtype=torch.float32).expand(info.shape)
+        pieces += [Piece(replace(full, name=f"optim/{k}/{info.name}"), info.shape, zero) for k in MOMENTS]
+    _finish(tmp, path, model, 0, {}, [write_pieces(tmp, pieces, None, single=True)])
+
+
+def read_logical(path: str | Path) -> tuple[ModelSpec, Iterator[tuple[str, torch.Tensor]]]:
+    """One process, no engine: the checkpoint's model and its full fp32 weights one tensor at a
+    time, in canonical order (``(name, tensor)``; the previous tensor may be freed)."""
+    path = Path(path)
+    meta = _meta(path)
+    model = model_from_dict(meta.get("model"))
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for info in logical_params(model):
+            out = torch.full(info.shape, float("nan"), dtype=torch.float32)
+            chunk = Chunk(f"model/{info.name}", (0,) * len(info.shape), info.shape)
+            read_pieces(path, [Piece(chunk, info.shape, out)], meta.get("checksums") or {}, None, single=True)
+            if not bool(torch.isfinite(out).all()):
+                raise SpecError("checkpoint", f"{path}: {info.name} holds NaN or infinite values", DAMAGED)
+            yield info.name, out
+    return model, weights()
 
 
 def _meta(path: Path) -> dict[str, Any]:
