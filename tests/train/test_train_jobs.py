@@ -74,7 +74,7 @@ def test_kill_during_save_keeps_the_last_checkpoint(tmp_path: Path) -> None:
     ck, logged = tmp_path / "ck", tmp_path / "killed.jsonl"
     run = hexiscale("launch", str(PLAN4), "--local", "--grace", "60", "--", "--steps", "4", "--checkpoint-dir",
                     str(ck), "--save-every", "2", "--log-jsonl", str(logged), "--lr", "3e-3", "--warmup", "1",
-                    "--dead-after", "5", "--heartbeat", "0.5", env={"HEXISCALE_FAULT": "1:3:kill-in-save"})
+                    "--dead-after", "8", "--heartbeat", "0.5", env={"HEXISCALE_FAULT": "1:3:kill-in-save"})
     assert run.returncode == 3, run.stdout + run.stderr
     assert "injecting 'kill-in-save' at step 3" in run.stdout
     assert (ck / "latest").read_text().strip() == "step-000002"
