@@ -19,6 +19,8 @@ tensor at a time (Hugging Face import and export, :mod:`executor.hf_convert`).
 Atomicity: ranks write into ``<path>.tmp``; global rank 0 adds ``meta.json`` last and then renames
 the folder to ``<path>``, so a folder named like a checkpoint is complete, and a save killed
 half-way leaves only ``<path>.tmp``. ``DIR/latest`` moves after that (``executor.train_setup``).
+:func:`start_save` can write in the background (``--async-save``): the pieces are copied to host
+memory, training goes on, and :meth:`PendingSave.finish` completes the checkpoint later.
 
 Loading checks, each failing with one ``SpecError`` line on every rank: ``meta.json`` (format,
 model), every tensor present with its full shape, the length and CRC32 of every stored item read,
@@ -38,14 +40,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.checkpoint_io import read_pieces, write_pieces
+from executor.checkpoint_io import Writing, read_pieces, write_pieces
 from executor.checkpoint_pieces import Piece, load_targets, save_pieces
 from executor.chunks import Chunk
 from executor.engine import Engine
 from executor.groups import ProcessGroups
-from executor.topology import logical_params
 from executor.zero import MOMENTS
 from planner.errors import SpecError
+from planner.layout import logical_params
 from planner.model import ModelSpec, model_from_dict
 
 CKPT_FORMAT = "hexiscale.ckpt/2"
@@ -68,24 +70,25 @@ def _gather(groups: ProcessGroups, obj: Any) -> list[Any]:
     return out
 
 
-def save(engine: Engine, path: str | Path, extra: dict[str, Any], *,
-         on_written: Callable[[], None] | None = None) -> None:
-    """Collective over the plan's ranks: write a checkpoint of ``engine`` to ``path`` (module
-    docstring). ``on_written`` runs once this rank's pieces are on disk (fault injection)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    groups = engine.groups
-    if engine.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _barrier(groups, engine.device)
-    sums = write_pieces(tmp, save_pieces(engine), groups.world, single=engine.topology.world_size == 1)
-    if on_written is not None:
-        on_written()
-    every = _gather(groups, sums)
-    if engine.rank == 0:
-        _finish(tmp, path, engine.plan.model, engine.step, extra, every)
-    _barrier(groups, engine.device)
+class PendingSave:
+    """A checkpoint whose pieces are being written; :meth:`finish` (collective) completes it."""
+
+    def __init__(self, engine: Engine, path: Path, extra: dict[str, Any], writing: Writing,
+                 on_written: Callable[[], None] | None):
+        self.engine, self.path, self.extra, self.writing = engine, path, extra, writing
+        self.step = engine.step  # training may move on while the pieces are written
+        self.on_written = on_written
+
+    def finish(self) -> None:
+        """Wait for this rank's pieces, then rank 0 writes ``meta.json`` and renames the folder."""
+        engine, groups = self.engine, self.engine.groups
+        sums = self.writing.wait()
+        if self.on_written is not None:
+            self.on_written()
+        every = _gather(groups, sums)
+        if engine.rank == 0:
+            _finish(self.writing.path, self.path, engine.plan.model, self.step, self.extra, every)
+        _barrier(groups, engine.device)
 
 
 def _finish(tmp: Path, path: Path, model: ModelSpec, step: int, extra: dict[str, Any], sums: list[Any]) -> None:
@@ -101,40 +104,28 @@ def _finish(tmp: Path, path: Path, model: ModelSpec, step: int, extra: dict[str,
     os.replace(tmp, path)
 
 
-def write_logical(path: str | Path, model: ModelSpec, weights: dict[str, torch.Tensor]) -> None:
-    """One process, no engine: a step-0 checkpoint of ``model`` from full logical ``weights`` (any
-    float dtype; loading casts to fp32) with zero AdamW moments, i.e. a fresh optimizer. Tensors are
-    taken one at a time as they are written: memory-mapped weights and the moments (expanded zeros)
-    never exist whole in memory at once."""
+def start_save(engine: Engine, path: str | Path, extra: dict[str, Any], *, background: Any = None,
+               on_written: Callable[[], None] | None = None) -> PendingSave:
+    """Collective over the plan's ranks: start writing a checkpoint of ``engine`` to ``path``
+    (module docstring). ``background``: a gloo group of the plan's ranks used for nothing else; the
+    pieces are then copied to host memory and written by a thread while training goes on.
+    ``on_written`` runs once this rank's pieces are on disk (fault injection)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    pieces = []
-    for info in logical_params(model):
-        full = Chunk("", (0,) * len(info.shape), info.shape)
-        pieces.append(Piece(replace(full, name=f"model/{info.name}"), info.shape, weights[info.name]))
-        zero = torch.zeros((), dtype=torch.float32).expand(info.shape)
-        pieces += [Piece(replace(full, name=f"optim/{k}/{info.name}"), info.shape, zero) for k in MOMENTS]
-    _finish(tmp, path, model, 0, {}, [write_pieces(tmp, pieces, None, single=True)])
+    groups = engine.groups
+    if engine.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier(groups, engine.device)
+    writing = write_pieces(tmp, save_pieces(engine), background if background is not None else groups.world,
+                           single=engine.topology.world_size == 1, background=background is not None)
+    return PendingSave(engine, path, dict(extra), writing, on_written)
 
 
-def read_logical(path: str | Path) -> tuple[ModelSpec, Iterator[tuple[str, torch.Tensor]]]:
-    """One process, no engine: the checkpoint's model and its full fp32 weights one tensor at a
-    time, in canonical order (``(name, tensor)``; the previous tensor may be freed)."""
-    path = Path(path)
-    meta = _meta(path)
-    model = model_from_dict(meta.get("model"))
-
-    def weights() -> Iterator[tuple[str, torch.Tensor]]:
-        for info in logical_params(model):
-            out = torch.full(info.shape, float("nan"), dtype=torch.float32)
-            chunk = Chunk(f"model/{info.name}", (0,) * len(info.shape), info.shape)
-            read_pieces(path, [Piece(chunk, info.shape, out)], meta.get("checksums") or {}, None, single=True)
-            if not bool(torch.isfinite(out).all()):
-                raise SpecError("checkpoint", f"{path}: {info.name} holds NaN or infinite values", DAMAGED)
-            yield info.name, out
-    return model, weights()
+def save(engine: Engine, path: str | Path, extra: dict[str, Any], *,
+         on_written: Callable[[], None] | None = None) -> None:
+    """Collective over the plan's ranks: write a complete checkpoint of ``engine`` to ``path``."""
+    start_save(engine, path, extra, on_written=on_written).finish()
 
 
 def _meta(path: Path) -> dict[str, Any]:
@@ -196,3 +187,39 @@ def load(engine: Engine, path: str | Path) -> dict[str, Any]:
     install(int(meta["step"]))
     _barrier(engine.groups, engine.device)
     return dict(meta.get("extra") or {})
+
+
+def write_logical(path: str | Path, model: ModelSpec, weights: dict[str, torch.Tensor]) -> None:
+    """One process, no engine: a step-0 checkpoint of ``model`` from full logical ``weights`` (any
+    float dtype; loading casts to fp32) with zero AdamW moments, i.e. a fresh optimizer. Tensors are
+    taken one at a time as they are written: memory-mapped weights and the moments (expanded zeros)
+    never exist whole in memory at once."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    pieces = []
+    for info in logical_params(model):
+        full = Chunk("", (0,) * len(info.shape), info.shape)
+        pieces.append(Piece(replace(full, name=f"model/{info.name}"), info.shape, weights[info.name]))
+        zero = torch.zeros((), dtype=torch.float32).expand(info.shape)
+        pieces += [Piece(replace(full, name=f"optim/{k}/{info.name}"), info.shape, zero) for k in MOMENTS]
+    _finish(tmp, path, model, 0, {}, [write_pieces(tmp, pieces, None, single=True).wait()])
+
+
+def read_logical(path: str | Path) -> tuple[ModelSpec, Iterator[tuple[str, torch.Tensor]]]:
+    """One process, no engine: the checkpoint's model and its full fp32 weights one tensor at a
+    time, in canonical order (``(name, tensor)``; the previous tensor may be freed)."""
+    path = Path(path)
+    meta = _meta(path)
+    model = model_from_dict(meta.get("model"))
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for info in logical_params(model):
+            out = torch.full(info.shape, float("nan"), dtype=torch.float32)
+            chunk = Chunk(f"model/{info.name}", (0,) * len(info.shape), info.shape)
+            read_pieces(path, [Piece(chunk, info.shape, out)], meta.get("checksums") or {}, None, single=True)
+            if not bool(torch.isfinite(out).all()):
+                raise SpecError("checkpoint", f"{path}: {info.name} holds NaN or infinite values", DAMAGED)
+            yield info.name, out
+    return model, weights()

@@ -22,9 +22,9 @@ import torch
 from executor.checkpoint import read_logical, write_logical
 from executor.hf_names import hf_name
 from executor.safetensors_io import Planned, model_entries, tensor, write_model
-from executor.topology import logical_params
 from planner.errors import SpecError
 from planner.hf_config import config_path, hf_config_of, load_hf_config
+from planner.layout import logical_params
 from planner.model import ModelSpec
 
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,4 +1,4 @@
-"""Hugging Face ``LlamaForCausalLM`` parameter names <-> our logical names (:mod:`executor.topology`).
+"""Hugging Face ``LlamaForCausalLM`` parameter names <-> our logical names (:mod:`planner.layout`).
 
 Shapes and layouts are the same on both sides (``nn.Linear`` weights ``[out, in]``; q/k rows in the
 rotate-half RoPE order that both models use), so a tensor moves as it is::

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.topology import StageTopo
 from executor.trace import NO_TRACE, NullTrace, StepTrace
+from planner.layout import StageTopo
 
 
 class StageComm:

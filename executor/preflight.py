@@ -26,6 +26,7 @@ import torch
 
 from executor.checkpoint import model_differences, read_meta
 from executor.launch.env import RankEnv
+from executor.model import check_supported
 from executor.tensorboard_sink import summary_writer_class
 from planner.errors import SpecError
 from planner.plan import Plan
@@ -134,9 +135,9 @@ def local_checks(plan: Plan, renv: RankEnv, *, device: str, data: str | None, se
     ``tensorboard`` folder is asked for); the first problem is a ``SpecError``."""
     from executor.data import make_source
 
+    check_supported(plan)
     if tensorboard and renv.rank == 0:
         summary_writer_class()
-
     dev = pick_device(device, renv, plan)
     # Every rank checks the index and file size; only rank 0 reads the whole file for ids >= vocab_size
     # (the same file on every node: 56 full scans of a large corpus would cost minutes for nothing).

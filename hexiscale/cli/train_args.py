@@ -12,7 +12,8 @@ DEFAULT_STEPS = 10
 # TrainConfig field -> its flag, for train_argv (plan, device and the seed layout travel otherwise)
 FLAGS = {"cluster": "--cluster", "steps": "--steps", "data": "--data", "seed": "--seed", "lr": "--lr",
          "min_lr": "--min-lr", "warmup": "--warmup", "weight_decay": "--weight-decay", "clip": "--clip",
-         "checkpoint_dir": "--checkpoint-dir", "save_every": "--save-every", "resume": "--resume",
+         "checkpoint_dir": "--checkpoint-dir", "save_every": "--save-every", "async_save": "--async-save",
+         "resume": "--resume",
          "log_jsonl": "--log-jsonl", "log_every": "--log-every", "tensorboard": "--tensorboard", "trace": "--trace",
          "trace_steps": "--trace-steps", "heartbeat": "--heartbeat", "dead_after": "--dead-after",
          "hang_after": "--hang-after", "startup_timeout": "--startup-timeout", "pg_timeout": "--pg-timeout"}
@@ -50,6 +51,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     ck = p.add_argument_group("checkpoints and logs")
     ck.add_argument("--checkpoint-dir", help="write checkpoints here (DIR/step-NNNNNN, DIR/latest)")
     ck.add_argument("--save-every", type=int, default=0, help="save every N steps (and at the end); 0: at the end")
+    ck.add_argument("--async-save", action="store_true", dest="async_save",
+                    help="write checkpoints in the background while training goes on (completed at the next "
+                    "save or the end)")
     ck.add_argument("--resume", help="checkpoint directory, or a --checkpoint-dir (its latest checkpoint); "
                     "any plan of the same model")
     ck.add_argument("--log-jsonl", help="rank 0 appends one JSON record per step here")
@@ -84,8 +88,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         steps=args.steps if args.steps is not None else seed_steps if seed_steps is not None else DEFAULT_STEPS,
         data=args.data, seed=args.seed, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
         weight_decay=args.weight_decay, clip=args.clip, device=args.device, checkpoint_dir=args.checkpoint_dir,
-        save_every=args.save_every, resume=args.resume, log_jsonl=args.log_jsonl, log_every=args.log_every,
-        tensorboard=args.tensorboard, trace=args.trace, trace_steps=args.trace_steps,
+        save_every=args.save_every, async_save=args.async_save, resume=args.resume, log_jsonl=args.log_jsonl,
+        log_every=args.log_every, tensorboard=args.tensorboard, trace=args.trace, trace_steps=args.trace_steps,
         heartbeat=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after,
         startup_timeout=args.startup_timeout, pg_timeout=args.pg_timeout)
 
@@ -96,6 +100,8 @@ def train_argv(config: TrainConfig) -> list[str]:
     out: list[str] = []
     for name, flag in FLAGS.items():
         value = getattr(config, name)
-        if value is not None:
+        if isinstance(value, bool):
+            out += [flag] if value else []
+        elif value is not None:
             out += [flag, repr(value) if isinstance(value, float) else str(value)]
     return out

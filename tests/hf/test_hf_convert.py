@@ -13,9 +13,9 @@ import torch
 from executor.checkpoint import read_logical
 from executor.hf_convert import export_hf, import_hf
 from executor.model import StageModule
-from executor.topology import logical_params
 from hexiscale.cli.main import main
 from planner.errors import SpecError
+from planner.layout import logical_params
 from planner.model import ModelSpec
 
 transformers = pytest.importorskip("transformers")
