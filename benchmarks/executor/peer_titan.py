@@ -23,24 +23,33 @@ import torch.nn.functional as F
 from planner.model import ModelSpec
 
 
-def _without_datasets() -> None:
+def _placeholders() -> None:
     """torchtitan's config code imports its ``Trainer``, whose module imports Hugging Face
-    ``datasets`` (and pyarrow) for its data loaders; this benchmark feeds tokens itself, so a
-    placeholder module stands in when ``datasets`` is not installed (any use of it raises)."""
+    ``datasets`` (and pyarrow) for its data loaders and TensorBoard for its metrics; this benchmark
+    feeds tokens and logs itself, so placeholder modules stand in for whichever of them is not
+    installed (any use of one raises)."""
+
+    def unavailable(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("not installed here (and not needed by this benchmark)")
+
+    def stub(name: str, **attrs: Any) -> ModuleType:
+        mod = ModuleType(name)
+        mod.__path__ = []  # a package, so its submodules import
+        for k, v in attrs.items():
+            setattr(mod, k, v)
+        sys.modules[name] = mod
+        return mod
+
     try:
         import datasets  # noqa: F401
     except ImportError:
-        stub = ModuleType("datasets")
-
-        def unavailable(*_: Any, **__: Any) -> Any:
-            raise RuntimeError("Hugging Face datasets is not installed (not needed by this benchmark)")
-
-        stub.Dataset = stub.IterableDataset = type("Dataset", (), {})
-        stub.load_dataset = stub.interleave_datasets = unavailable
-        stub.__path__ = []  # a package, for ``datasets.distributed``
-        sub = ModuleType("datasets.distributed")
-        sub.split_dataset_by_node = unavailable
-        sys.modules["datasets"], sys.modules["datasets.distributed"] = stub, sub
+        stub("datasets", Dataset=type("Dataset", (), {}), IterableDataset=type("IterableDataset", (), {}),
+             load_dataset=unavailable, interleave_datasets=unavailable)
+        stub("datasets.distributed", split_dataset_by_node=unavailable)
+    try:
+        from torch.utils import tensorboard  # noqa: F401
+    except ImportError:
+        stub("torch.utils.tensorboard", SummaryWriter=unavailable)
 
 
 def titan_model_config(m: ModelSpec, attention: str) -> Any:
@@ -76,7 +85,7 @@ def titan_worker(m: ModelSpec, *, rank: int, world: int, tp: int, rows: torch.Te
                  compile: bool, ac: str, device: torch.device, loop: Any) -> dict[str, Any]:
     """Train ``rows`` (this rank's share of the step, ``[b, s + 1]``) with torchtitan's model and
     parallelisms; ``loop(step)`` times it. FSDP over ``world // tp`` ranks, TP over ``tp``."""
-    _without_datasets()
+    _placeholders()
     import torchtitan
     from torchtitan.config.configs import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed import ParallelDims
