@@ -6,7 +6,8 @@ is apex, so the layer spec is Megatron-Core's own (``get_gpt_layer_local_spec``,
 no biases) with one substitution: its local attention materialises the ``s x s`` score matrix,
 which would make the comparison meaningless at seq 4096, so core attention is PyTorch's fused SDPA
 (causal; the same kernels our executor uses) in Megatron's ``[s, b, heads, dim]`` layout. All the
-rest is Megatron's: column/row-parallel linears with sequence parallelism, bf16 parameters with fp32
+rest is Megatron's: column/row-parallel linears (without sequence parallelism: Megatron-Core's
+torch-norm fallback refuses it without apex/TE), bf16 parameters with fp32
 main gradients (``DistributedDataParallel``, overlapped reduce), the distributed optimizer (ZeRO-1,
 fp32 master weights, torch AdamW as Megatron falls back to without apex/TE), clipping at 1.0, and
 ``get_forward_backward_func`` (1F1B with deallocated pipeline outputs when PP > 1).
@@ -70,7 +71,7 @@ def mcore_worker(m: ModelSpec, *, tp: int, pp: int, rows: torch.Tensor, micro_ba
         add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False,
         masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
         gradient_accumulation_fusion=False, bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=tp > 1,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
         deallocate_pipeline_outputs=True, init_method_std=0.02)
     model = GPTModel(config=cfg, transformer_layer_spec=_layer_spec(), vocab_size=m.vocab_size,
                      max_sequence_length=m.seq_len, pre_process=parallel_state.is_pipeline_first_stage(),
@@ -121,7 +122,7 @@ def mcore_worker(m: ModelSpec, *, tp: int, pp: int, rows: torch.Tensor, micro_ba
         parallel_state.destroy_model_parallel()
     res.update({"megatron_core": mc.__version__, "attention": "torch SDPA (causal) in Megatron's core attention",
                 "config": {"tp": tp, "pp": pp, "dp": parallel_state_dp(tp, pp), "micro_batch": micro_batch,
-                           "distributed_optimizer": True, "sequence_parallel": tp > 1}})
+                           "distributed_optimizer": True, "sequence_parallel": False}})
     return res
 
 
