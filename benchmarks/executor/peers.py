@@ -72,6 +72,8 @@ class Job:
     warmup: int
     cuda: bool
     plan_path: str = ""  # ours: the plan (made by the driver)
+    fixed_micro: int = 0  # ours on 4 GPUs: micro-batches of this many samples instead of the planner's
+    profile: str = ""  # a file for one extra, profiled step's kernel table (rank 0), or none
 
 
 def parse_config(name: str) -> tuple[str, int, int, int, int]:
@@ -113,13 +115,20 @@ def plan_for(job: Job, out: Path) -> Path:
     print(proc.stdout[-3000:], proc.stderr[-2000:], flush=True)
     if proc.returncode != 0:
         raise RuntimeError(f"hexiscale plan failed (exit {proc.returncode})")
+    if job.fixed_micro:  # the planner's layout, other micro-batches (what the cost model chose against)
+        from planner.plan import save_plan
+
+        plan = load_plan(path)
+        pipes = tuple(dataclasses.replace(p, micro_batches=p.batch_size // job.fixed_micro) for p in plan.pipelines)
+        path = out / f"peers_plan_{job.gpus}gpu_mb{job.fixed_micro}.json"
+        save_plan(dataclasses.replace(plan, pipelines=pipes), path)
     return path
 
 
 # ------------------------------------------------------------------------------ workers
 
 
-def _loop(job: Job, device: torch.device) -> Any:
+def _loop(job: Job, device: torch.device, rank: int) -> Any:
     s = mfu.Setup(model=job.model, batch=job.batch, micro_batch=job.micro_batch, steps=job.steps,
                   warmup=job.warmup, cuda=job.cuda, compile=False, profile=(), out="")
 
@@ -127,7 +136,10 @@ def _loop(job: Job, device: torch.device) -> Any:
         if job.cuda:
             torch.cuda.reset_peak_memory_stats(device)
         losses, times = mfu._timed_loop(step, s, device)  # noqa: SLF001 - the shared timing loop
-        return {"losses": losses, "times": times, "peak_mem_gib": mfu._memory(device)}  # noqa: SLF001
+        out = {"losses": losses, "times": times, "peak_mem_gib": mfu._memory(device)}  # noqa: SLF001
+        if job.profile:  # every rank steps (the step communicates); rank 0 keeps the table
+            out["profile"] = mfu._profile(step, device, Path(job.profile) if rank == 0 else None)  # noqa: SLF001
+        return out
 
     return run
 
@@ -161,7 +173,7 @@ def _ours(job: Job, rank: int, device: torch.device) -> dict[str, Any]:
     rows = mfu.batch_tokens(plan.model, plan.global_batch_size)[offset:offset + pipe.batch_size].contiguous()
     if job.cuda:
         rows = rows.pin_memory()
-    out = _loop(job, device)(lambda: engine.train_step(rows).loss)
+    out = _loop(job, device, rank)(lambda: engine.train_step(rows).loss)
     out.update({"compiled_blocks": compiled, "attention": fast_path.attention_kernel_name(device, plan.model.head_dim),
                 "config": {"plan": [[{"devices": list(st.devices), "layers": list(st.layers)} for st in p.stages]
                                     + [{"batch": p.batch_size, "micro_batches": p.micro_batches}]
@@ -184,12 +196,12 @@ def _worker(rank: int, world: int, job: Job, port: int, result_dir: str) -> None
 
                 res = titan_worker(job.model, rank=rank, world=world, tp=job.tp, rows=_rows(job, rank, world),
                                    micro_batch=job.micro_batch, compile=job.cuda, ac="none", device=device,
-                                   loop=_loop(job, device))
+                                   loop=_loop(job, device, rank))
             else:
                 from benchmarks.executor.peer_mcore import mcore_worker
 
                 res = mcore_worker(job.model, tp=job.tp, pp=job.pp, rows=_rows(job, rank, world),
-                                   micro_batch=job.micro_batch, device=device, loop=_loop(job, device))
+                                   micro_batch=job.micro_batch, device=device, loop=_loop(job, device, rank))
         finally:
             dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - reported in the results table, the run goes on
@@ -223,7 +235,7 @@ def summarize(name: str, job: Job, ranks: list[dict[str, Any]]) -> dict[str, Any
             "tflops_per_gpu": round(tflops, 1), "mfu": round(tflops / mfu.H100_PEAK_TFLOPS, 4),
             "peak_mem_gib": [round(r["peak_mem_gib"], 2) for r in ranks], "loss_first": round(losses[0], 4),
             "loss_last": round(losses[-1], 4), "attention": ranks[0].get("attention"),
-            "setup": ranks[0].get("config"),
+            "setup": ranks[0].get("config"), "profile": ranks[0].get("profile"),
             "versions": {k: ranks[0][k] for k in ("torchtitan", "megatron_core") if k in ranks[0]}}
 
 
@@ -271,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per config")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--profile", default="", help="comma list of configs to profile one extra step of")
     ap.add_argument("--cpu-smoke", action="store_true", help="ours only, tiny model, gloo")
     args = ap.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -296,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         model = PRESETS[args.model_1 if gpus == 1 else args.model_4]
         batch, micro = (args.batch_1, args.micro_batch_1) if gpus == 1 else (args.batch_4, args.micro_batch_4)
-        job = Job(system, gpus, tp, pp, model, batch, mb or micro, args.steps, args.warmup, cuda)
+        job = Job(system, gpus, tp, pp, model, batch, mb or micro, args.steps, args.warmup, cuda,
+                  fixed_micro=mb if system == "ours" and gpus > 1 else 0,
+                  profile=str(out / f"profile_peers_{name}.txt") if name in args.profile.split(",") else "")
         if args.cpu_smoke:
             job = replace(job, model=replace(PRESETS["tiny"], num_layers=4), batch=4 * gpus, micro_batch=2,
                           steps=2, warmup=1)
@@ -314,6 +329,11 @@ def main(argv: list[str] | None = None) -> int:
                               f"{res['tokens_per_s']:.0f} tok/s, MFU {100 * res['mfu']:.1f}%") + f" ({res['wall_s']} s)",
               flush=True)
         json_path.write_text(json.dumps({**meta, "results": results, "ratios": ratios(results)}, indent=1))
+    for r in results:
+        if r.get("profile"):
+            print(f"\nprofile of {r['config']} (one step, rank 0): ms by category {r['profile']['category_ms']}")
+            for kname, ms in r["profile"]["top_kernels_ms"]:
+                print(f"  {ms:>9.2f} ms  {kname}")
     print_table(results, ratios(results))
     print(f"\nwrote {json_path}")
     return 1 if any("error" in r for r in results) else 0
