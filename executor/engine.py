@@ -143,18 +143,35 @@ class Engine:
             raise ValueError(f"pipeline {self.stage.pipeline} expects tokens [{bs}, <= {self.plan.model.seq_len + 1}]"
                              f", got {list(tokens.shape)}")
         seq = tokens.shape[1] - 1
-        global_tokens = self.plan.global_batch_size * seq
         tokens = tokens.to(self.device, non_blocking=True)
-        for p in self.params.values():
-            p.grad = None
-        micro = self.micro_batches(tokens)
+        return self.train_micro_batches(self.micro_batches(tokens), self.plan.global_batch_size * seq)
+
+    def train_micro_batches(self, micro: list[MicroBatch], global_tokens: int) -> StepStats:
+        """One optimizer step on this pipeline's micro-batches (any shapes, packed ones included:
+        every rank of the pipeline passes the same list); ``global_tokens`` counts the labels of
+        the whole global batch, every pipeline's."""
+        self.zero_grads()
         # each parameter's gradient is final after its len(micro)-th accumulation: from then on its
         # cross-pipeline reduction can run during the rest of backward (GradSync.arm)
-        if self.zero is None:  # (ZeRO-1 reduce-scatters after the schedule instead)
+        if self.zero is None and micro:  # (ZeRO-1 reduce-scatters after the schedule instead)
             self.grad_sync.arm(len(micro))
-        loss = run_schedule(self.pipeline.schedule, module=self.module, comm=self.comm,
+        loss = self.accumulate(micro, global_tokens)
+        return self.apply_gradients(loss, global_tokens)
+
+    def zero_grads(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+    def accumulate(self, micro: list[MicroBatch], global_tokens: int) -> torch.Tensor | None:
+        """Forward and backward of ``micro`` through this pipeline, adding to the gradients; the
+        summed loss ``Σ CE / global_tokens`` on the last stage (None elsewhere)."""
+        return run_schedule(self.pipeline.schedule, module=self.module, comm=self.comm,
                             micro=micro, loss_scale=1.0 / global_tokens,
                             n_stages=len(self.pipeline.stages), autocast=self._autocast())
+
+    def apply_gradients(self, loss: torch.Tensor | None, global_tokens: int) -> StepStats:
+        """Steps 2-4 of the module docstring on the accumulated gradients: synchronise them across
+        pipelines, global norm (and ``loss``, this rank's part of it) over the plan, clip, AdamW."""
         for p in self.params.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)

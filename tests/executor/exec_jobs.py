@@ -77,6 +77,43 @@ def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: Opt
     return out
 
 
+def global_docs(model: ModelSpec, steps: int, docs_per_step: int, seed: int = 4321, min_len: int = 2
+                ) -> list[list[torch.Tensor]]:
+    """Per step, ``docs_per_step`` documents of random lengths in ``[min_len, seq_len + 1]`` tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        lens = torch.randint(min_len, model.seq_len + 2, (docs_per_step,), generator=gen).tolist()
+        out.append([torch.randint(0, model.vocab_size, (n,), generator=gen) for n in lens])
+    return out
+
+
+def train_packed(plan: Plan, steps: list[list[torch.Tensor]], layouts: list[list[list[list[int]]]],
+                 optim: OptimConfig = ORACLE_OPTIM, seed: int = 0) -> dict[str, Any] | None:
+    """On every rank: train ``plan`` on packed documents; ``layouts[k][p]`` lists pipeline ``p``'s
+    micro-batches of step ``k``, each a list of indices into ``steps[k]``."""
+    from executor.packed_batch import label_tokens, pack_micro_batches
+
+    rank = dist.get_rank()
+    topo = build_topology(plan)
+    groups = ProcessGroups.create(topo)
+    if rank >= topo.world_size:
+        groups.close()
+        return None
+    eng = Engine(plan, topo, groups, device=torch.device("cpu"), optim=optim, seed=seed)
+    stats = []
+    for docs, layout in zip(steps, layouts):
+        micro = pack_micro_batches(docs, layout[eng.stage.pipeline])
+        stats.append(eng.train_micro_batches(micro, label_tokens(docs)))
+    state = eng.logical_state_dict(to_all=False)
+    out = {"losses": [s.loss for s in stats], "norms": [s.grad_norm for s in stats], "lrs": [s.lr for s in stats],
+           "state": state if rank == 0 else None,
+           "shards": {n: p.detach().cpu().clone() for n, p in eng.params.items()}}
+    del eng
+    groups.close()
+    return out
+
+
 def assemble_pipeline(plan: Plan, results: list[dict[str, Any] | None], pipeline: int) -> dict[str, torch.Tensor]:
     """Logical tensors of ``pipeline`` rebuilt from the per-rank shards returned by :func:`train_plans`."""
     from executor.topology import logical_params
