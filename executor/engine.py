@@ -169,9 +169,11 @@ class Engine:
                             micro=micro, loss_scale=1.0 / global_tokens,
                             n_stages=len(self.pipeline.stages), autocast=self._autocast())
 
-    def apply_gradients(self, loss: torch.Tensor | None, global_tokens: int) -> StepStats:
+    def apply_gradients(self, loss: torch.Tensor | None, global_tokens: int, *,
+                        count_loss: bool | None = None) -> StepStats:
         """Steps 2-4 of the module docstring on the accumulated gradients: synchronise them across
-        pipelines, global norm (and ``loss``, this rank's part of it) over the plan, clip, AdamW."""
+        pipelines, global norm (and ``loss``, this rank's part of it, counted by the stage's TP
+        leader unless ``count_loss`` says otherwise) over the plan, clip, AdamW."""
         for p in self.params.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -181,7 +183,7 @@ class Engine:
             self.grad_sync.sync()
 
         stats = torch.zeros(2, dtype=torch.float32, device=self.device)
-        if loss is not None and self.tp_rank == 0:
+        if loss is not None and (self.tp_rank == 0 if count_loss is None else count_loss):
             stats[0] = loss.float()
         if self.zero is not None:  # every logical element's gradient lies in one rank's parts
             stats[1] = self.zero.grad_sq_norm()

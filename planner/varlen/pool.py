@@ -9,6 +9,10 @@ step (:mod:`executor.hot_switch`). File format (``hexiscale.pool/1``)::
      "strategies": [{"name": "tp1x4", "plan": {...hexiscale.plan/1...}}, ...],
      "estimate": {...}}                                            (optional, what proposed it)
 
+**Memory**: a strategy other than home runs next to the home layout's resident fp32 weights,
+gradients and optimizer state, and keeps no optimizer state of its own: its token caps say so
+(:func:`planner.varlen.seq_cost.resident_bytes`).
+
 **Switch cost** (:func:`switch_estimate`), an upper bound used by step planning: for a strategy
 other than home, every device brings in the working weights of its shard (the plan's dtype:
 2 bytes per parameter in bf16) and sends out its fp32 gradients (4 bytes), over the slowest link
@@ -138,9 +142,12 @@ def switch_estimate(plan: Plan, cluster: ClusterSpec) -> float:
 
 
 def strategy_costs(pool: StrategyPool, cluster: ClusterSpec, profiles: ProfileSet | None = None,
-                   home: int | None = None) -> list[StrategyCost]:
-    """Step-planning costs of every strategy (``home`` overrides the pool's home)."""
+                   home: int | None = None, alone: bool = False) -> list[StrategyCost]:
+    """Step-planning costs of every strategy (``home`` overrides the pool's home); with ``alone``
+    each strategy as if it trained by itself (static training: its own home, no switches)."""
     h = pool.home if home is None else home
-    return [StrategyCost(s.name, tuple(pipeline_costs(s.plan, cluster, context=pool.context, profiles=profiles)),
-                         0.0 if k == h else switch_estimate(s.plan, cluster))
+    home_plan = pool.strategies[h].plan
+    return [StrategyCost(s.name, tuple(pipeline_costs(s.plan, cluster, context=pool.context, profiles=profiles,
+                                                      home=None if alone or k == h else home_plan)),
+                         0.0 if alone or k == h else switch_estimate(s.plan, cluster))
             for k, s in enumerate(pool.strategies)]

@@ -169,31 +169,44 @@ def propose_pool(cluster: ClusterSpec, model: ModelSpec, hist: LengthHistogram, 
     if not cands:
         raise PlanInfeasible("--lengths", "no strategy fits the cluster", "use a smaller context or more devices")
     pool = StrategyPool(context, tuple(cands), 0)
-    costs = strategy_costs(pool, cluster, profiles)
     rng = np.random.Generator(np.random.PCG64(seed))
     steps = [draw_step(hist, step_tokens, rng, context) for _ in range(STEPS)]
     longest = max(max(s) for s in steps)
     static = {}
-    for k, c in enumerate(costs):
-        if c.max_len >= longest:
+    for k, c in enumerate(strategy_costs(pool, cluster, profiles, home=None, alone=True)):
+        if c.max_len >= longest:  # the strategy alone, as static training (it is its own home)
             static[k] = _mean_time([plan_step(s, [c], refine=False) for s in steps])
     if not static:
         raise PlanInfeasible("--lengths", f"no single strategy holds a {longest}-token sequence",
                              "add devices or lower the context")
     best_static = min(static, key=lambda k: static[k])
-    # home = the strategy that trains the most tokens under hot switching (switch costs counted from it)
-    trial = [plan_step(s, costs, refine=False) for s in steps]
-    tokens = np.zeros(len(costs))
-    for s, lay in zip(steps, trial):
-        for ph in lay.phases:
-            tokens[ph.strategy] += sum(s[i] for i in ph.sequences)
-    home = int(np.argmax(tokens))
+    # home = the strategy that trains the most tokens under hot switching (first guess: the best
+    # static one); switch costs and the working layouts' memory are counted from it
+    home = best_static
+    for _ in range(2):
+        costs = strategy_costs(pool, cluster, profiles, home=home)
+        hot = [plan_step(s, costs, refine=False) for s in steps]
+        tokens = np.zeros(len(costs))
+        for s, lay in zip(steps, hot):
+            for ph in lay.phases:
+                tokens[ph.strategy] += sum(s[i] for i in ph.sequences)
+        home = int(np.argmax(tokens))
     costs = strategy_costs(pool, cluster, profiles, home=home)
     hot = [plan_step(s, costs) for s in steps]
-    used = sorted({ph.strategy for lay in hot for ph in lay.phases} | {home, best_static})
+    if _mean_time(hot) > static[best_static]:  # switching does not pay here: the best static strategy alone
+        log.append("hot switching is not estimated faster than the best static strategy: keeping that one")
+        home = best_static
+        alone = strategy_costs(pool, cluster, profiles, alone=True)
+        hot = [plan_step(s, [alone[home]]) for s in steps]
+        hot = [StepLayout(tuple(replace(ph, strategy=home) for ph in lay.phases), lay.solve_s) for lay in hot]
+    used = sorted({ph.strategy for lay in hot for ph in lay.phases} | {home})
     buckets = [k for k, s in enumerate(cands) if s.name.startswith("<=")]
-    hand = _mean_time([plan_step(s, [costs[k] for k in buckets], assign="threshold", refine=False) for s in steps]) \
-        if buckets and costs[buckets[-1]].max_len >= longest else math.nan
+    hand = math.nan
+    if buckets and max(c.max_len for c in strategy_costs(pool, cluster, profiles, alone=True)) >= longest:
+        bcosts = strategy_costs(pool, cluster, profiles, home=buckets[0])
+        if bcosts[buckets[-1]].max_len >= longest:
+            hand = _mean_time([plan_step(s, [bcosts[k] for k in buckets], assign="threshold", refine=False)
+                               for s in steps])
     estimate = {"steps": STEPS, "step_tokens": step_tokens, "static_s": static[best_static],
                 "static": cands[best_static].name, "hand_buckets_s": hand, "hot_switching_s": _mean_time(hot),
                 "switch_s": float(np.mean([lay.switch_s for lay in hot])),

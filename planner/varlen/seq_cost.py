@@ -104,18 +104,26 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, 
 
 
 def stage_token_cap(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, *, in_flight: int, dtype: str,
-                    recompute: str, zero_shards: int, profiles: ProfileSet) -> int:
-    """Largest micro-batch (tokens) whose ``in_flight`` copies fit every device of the stage."""
+                    recompute: str, zero_shards: int, profiles: ProfileSet,
+                    resident: dict[str, float] | None = None) -> int:
+    """Largest micro-batch (tokens) whose ``in_flight`` copies fit every device of the stage.
+
+    ``resident`` (bytes per device): memory another layout keeps there — a working layout of hot
+    switching holds no optimizer state of its own, its devices hold the home layout's weights,
+    gradients and optimizer state (:func:`resident_bytes`)."""
     st = pipe.stages[si]
     n = len(pipe.stages)
+    frag = 1 + profiles.params.fragmentation
 
     def need(tokens: int) -> float:
-        return stage_memory(model, layers=st.num_layers, tp=st.tp, first=si == 0, last=si == n - 1, micro_batch=1,
-                            in_flight=in_flight, dtype=dtype, recompute=recompute, zero_shards=zero_shards,
-                            params=profiles.params, seq_len=tokens).total + profiles.params.comm_gib * GIB
+        mem = stage_memory(model, layers=st.num_layers, tp=st.tp, first=si == 0, last=si == n - 1, micro_batch=1,
+                           in_flight=in_flight, dtype=dtype, recompute=recompute, zero_shards=zero_shards,
+                           params=profiles.params, seq_len=tokens)
+        own = mem.total - (mem.optimizer * frag if resident is not None else 0.0)
+        return own + profiles.params.comm_gib * GIB
     base, step = need(1), 4096
     slope = (need(1 + step) - base) / step
-    room = min(cluster.device(d).memory_gib for d in st.devices) * GIB - base
+    room = min(cluster.device(d).memory_gib * GIB - (resident or {}).get(d, 0.0) for d in st.devices) - base
     if room < 0:
         return 0
     return 1 + int(room / slope) if slope > 0 else 1 << 40
@@ -147,14 +155,32 @@ class PipelineCost:
         return sum(max(t) for t in per) + sum(per[big]) - max(per[big])
 
 
+def resident_bytes(plan: Plan, profiles: ProfileSet) -> dict[str, float]:
+    """Per device of ``plan``: its fp32 weights, gradients and optimizer state (with ZeRO-1's
+    sharding and the allocator's fragmentation) — what the home layout keeps during a step."""
+    frag = 1 + profiles.params.fragmentation
+    shards = len(plan.pipelines) if plan.options.zero == 1 else 1
+    out = {}
+    for pipe in plan.pipelines:
+        for si, st in enumerate(pipe.stages):
+            mem = stage_memory(plan.model, layers=st.num_layers, tp=st.tp, first=si == 0,
+                               last=si == len(pipe.stages) - 1, micro_batch=1, in_flight=0, dtype=plan.options.dtype,
+                               recompute=plan.options.recompute, zero_shards=shards, params=profiles.params, seq_len=1)
+            for d in st.devices:
+                out[d] = (mem.weights + mem.gradients + mem.optimizer) * frag
+    return out
+
+
 def pipeline_costs(plan: Plan, cluster: ClusterSpec, *, context: int | None = None,
-                   profiles: ProfileSet | None = None) -> list[PipelineCost]:
+                   profiles: ProfileSet | None = None, home: Plan | None = None) -> list[PipelineCost]:
     """The :class:`PipelineCost` of every pipeline of ``plan`` for sequences up to ``context``
-    (default: the plan's ``seq_len``)."""
+    (default: the plan's ``seq_len``). With ``home`` (another plan of the pool), ``plan`` is a
+    working layout: its token caps leave room for the home layout's resident state."""
     profiles = profiles or ProfileSet(cluster.catalog)
     o = plan.options
     ctx = context or plan.model.seq_len
     zero_shards = len(plan.pipelines) if o.zero == 1 else 1
+    resident = resident_bytes(home, profiles) if home is not None and home != plan else None
     out = []
     for pipe in plan.pipelines:
         n = len(pipe.stages)
@@ -162,7 +188,8 @@ def pipeline_costs(plan: Plan, cluster: ClusterSpec, *, context: int | None = No
                                  profiles=profiles) for si in range(n))
         gpipe = pipe.schedule == "gpipe"
         caps = [stage_token_cap(plan.model, cluster, pipe, si, in_flight=1 if gpipe else n - si, dtype=o.dtype,
-                                recompute=o.recompute, zero_shards=zero_shards, profiles=profiles) for si in range(n)]
+                                recompute=o.recompute, zero_shards=zero_shards, profiles=profiles, resident=resident)
+                for si in range(n)]
         cap = min(caps)
         out.append(PipelineCost(costs, cap, cap if gpipe else math.inf, pipe.schedule))
     return out

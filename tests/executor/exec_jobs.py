@@ -315,3 +315,25 @@ def engine_errors_job() -> dict[str, str] | None:
         except ValueError as exc:
             out[str(shape)] = str(exc)
     return out
+
+
+def train_hot_switch(plans: list[Plan], home: int, steps: list[list[torch.Tensor]], layouts: list[Any],
+                     optim: OptimConfig = ORACLE_OPTIM, seed: int = 0) -> dict[str, Any] | None:
+    """On every rank: hot-switching steps over a pool (``layouts[k]``: step k's StepLayout); the
+    losses, norms, transfer counts and (rank 0) the gathered home weights."""
+    from executor.hot_switch import HotSwitchEngine, switch_groups
+
+    rank = dist.get_rank()
+    groups = switch_groups(plans, home)
+    out: dict[str, Any] | None = None
+    if rank < plans[home].world_size:
+        eng = HotSwitchEngine(plans, home, groups, device=torch.device("cpu"), optim=optim, seed=seed)
+        stats = [eng.train_step(docs, lay, timed=True) for docs, lay in zip(steps, layouts)]
+        state = eng.home.logical_state_dict(to_all=False)
+        out = {"losses": [s.step.loss for s in stats], "norms": [s.step.grad_norm for s in stats],
+               "sent": [s.sent_elements for s in stats], "switch_s": [s.switch_s for s in stats],
+               "phases": [len(s.phase_s) for s in stats], "state": state if rank == 0 else None,
+               "released": all(p.numel() == 0 for w in eng.layouts.values() for p in w.params.values())}
+        del eng
+    groups.close()
+    return out
