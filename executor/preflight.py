@@ -16,6 +16,7 @@ one clear message. A rank that never reports is named after the timeout.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -45,7 +46,7 @@ def find_checkpoint(path: str | Path) -> Path:
     latest = p / "latest"
     if latest.exists() and (p / latest.read_text().strip() / "meta.json").exists():
         return p / latest.read_text().strip()
-    done = sorted(d for d in p.glob("step-*") if (d / "meta.json").exists())
+    done = sorted(d for d in p.glob("step-*") if re.fullmatch(r"step-\d+", d.name) and (d / "meta.json").exists())
     if not done:
         raise SpecError("--resume", f"{p} holds no complete checkpoint (no */meta.json)",
                         "train with --checkpoint-dir first, or drop --resume")

@@ -14,9 +14,11 @@ import os
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 
 import torch.distributed as dist
 
+from executor import checkpoint
 from executor.data import BatchStream, DataPosition, pipeline_rows
 from executor.engine import Engine
 from executor.groups import ProcessGroups
@@ -84,7 +86,7 @@ def run_training(args: TrainConfig) -> int:
         engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed)
         position = DataPosition()
         if prep.resume is not None:
-            extra = engine.load_checkpoint(prep.resume.path)
+            extra = checkpoint.load(engine, prep.resume.path)
             gbs = plan.global_batch_size
             position = DataPosition.from_dict(extra["data"], str(prep.resume.path)) if "data" in extra \
                 else DataPosition(engine.step, engine.step * gbs)
@@ -106,8 +108,9 @@ def run_training(args: TrainConfig) -> int:
             logger.step(k, args.steps, stats, time.perf_counter() - t0)
             last = k + 1 == args.steps
             if args.checkpoint_dir and (last or (args.save_every and (k + 1) % args.save_every == 0)):
-                engine.save_checkpoint(checkpoint_path(args.checkpoint_dir, k + 1),
-                                       extra={"data": stream.position.to_dict(), "plan_world_size": plan.world_size})
+                checkpoint.save(engine, checkpoint_path(args.checkpoint_dir, k + 1),
+                                extra={"data": stream.position.to_dict(), "plan_world_size": plan.world_size},
+                                on_written=partial(maybe_inject, fault, renv.rank, k, in_save=True))
                 if renv.rank == 0:
                     mark_latest(args.checkpoint_dir, k + 1)
         logger.summary(start, plan.global_batch_size * plan.model.seq_len)

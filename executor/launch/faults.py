@@ -6,7 +6,9 @@ ranks are entering that step's collectives. ``KIND``:
 * ``kill``  — SIGKILL itself (a crashed process: no message, no clean-up);
 * ``hang``  — stop making progress forever (its heartbeat thread keeps running);
 * ``raise`` — raise a RuntimeError (a bug in one rank);
-* ``oom``   — raise ``torch.OutOfMemoryError`` (as the allocator would).
+* ``oom``   — raise ``torch.OutOfMemoryError`` (as the allocator would);
+* ``kill-in-save`` — SIGKILL itself while writing the checkpoint saved after step ``STEP`` (its own
+  shards written, the checkpoint not yet complete).
 
 Unset (the normal case) it does nothing.
 """
@@ -19,7 +21,7 @@ import time
 
 from planner.errors import SpecError
 
-KINDS = ("kill", "hang", "raise", "oom")
+KINDS = ("kill", "hang", "raise", "oom", "kill-in-save")
 
 
 def parse_fault(text: str | None) -> tuple[int, int, str] | None:
@@ -31,12 +33,14 @@ def parse_fault(text: str | None) -> tuple[int, int, str] | None:
     return int(parts[0]), int(parts[1]), parts[2]
 
 
-def maybe_inject(fault: tuple[int, int, str] | None, rank: int, step: int) -> None:
-    if fault is None or fault[0] != rank or fault[1] != step:
+def maybe_inject(fault: tuple[int, int, str] | None, rank: int, step: int, *, in_save: bool = False) -> None:
+    """Misbehave if ``fault`` names this rank and step (``in_save``: called from inside a checkpoint
+    save, where only ``kill-in-save`` fires)."""
+    if fault is None or fault[0] != rank or fault[1] != step or (fault[2] == "kill-in-save") != in_save:
         return
     kind = fault[2]
     print(f"[rank {rank}] HEXISCALE_FAULT: injecting '{kind}' at step {step}", flush=True)
-    if kind == "kill":
+    if kind in ("kill", "kill-in-save"):
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "hang":
         while True:
