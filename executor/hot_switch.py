@@ -23,8 +23,9 @@ single-device update on the whole global batch (``tests/executor/test_exec_hot_s
 
 Process groups (NCCL rule 1 of :mod:`executor.groups`): the home plan's groups, then for every other
 strategy in pool order its TP and stage-boundary groups (it never reduces gradients itself), then
-one group of all ranks that carries nothing but the transfers — all created and connected by every
-rank in this order before the first step. Phases run in the same order on every rank.
+one group of all ranks that carries nothing but the transfers, and one gloo group of all ranks for
+the step layouts rank 0 broadcasts (:mod:`executor.step_prefetch`) — all created and connected by
+every rank in this order before the first step. Phases run in the same order on every rank.
 """
 
 from __future__ import annotations
@@ -116,14 +117,16 @@ class SwitchGroups:
     home: ProcessGroups
     working: dict[int, ProcessGroups]
     reshard: Any  # all ranks, transfers only (None for one rank)
+    layouts: Any  # all ranks, gloo: the step layouts rank 0 broadcasts (executor.step_prefetch)
 
     def close(self) -> None:
         """Collective over the default group: destroy them all."""
         for g in reversed(list(self.working.values())):
             g.close()
         self.home.close()
-        if self.reshard is not None and self.reshard is not dist.GroupMember.NON_GROUP_MEMBER:
-            dist.destroy_process_group(self.reshard)
+        for group in (self.reshard, self.layouts):
+            if group is not None and group is not dist.GroupMember.NON_GROUP_MEMBER:
+                dist.destroy_process_group(group)
 
 
 def switch_groups(plans: Sequence[Plan], home: int) -> SwitchGroups:
@@ -138,9 +141,11 @@ def switch_groups(plans: Sequence[Plan], home: int) -> SwitchGroups:
                for k, t in enumerate(topos) if k != home}
     world = topos[home].world_size
     reshard = dist.new_group(list(range(world))) if world > 1 else None
+    layouts = dist.new_group(list(range(world)), backend="gloo") if world > 1 else None
     if reshard is not None and dist.get_rank() < world:
         dist.all_reduce(torch.ones(1, device=home_groups.device()), group=reshard)
-    return SwitchGroups(topos, home_groups, working, reshard)
+        dist.all_reduce(torch.ones(1), group=layouts)
+    return SwitchGroups(topos, home_groups, working, reshard, layouts)
 
 
 class HotSwitchEngine:
@@ -159,12 +164,14 @@ class HotSwitchEngine:
         return self.home.stage if k == self.home_index else self.layouts[k].stage
 
     def train_step(self, docs: Sequence[np.ndarray | torch.Tensor], layout: StepLayout, *,
-                   timed: bool = False) -> HotStepStats:
-        """One optimizer step on ``docs`` (the global batch) laid out by ``layout``. With ``timed``
-        the device is synchronised around transfers and phases, so the times are real."""
+                   global_tokens: int | None = None, timed: bool = False) -> HotStepStats:
+        """One optimizer step on ``docs`` (the global batch) laid out by ``layout``; ``global_tokens``
+        (their labels) saves reading every document. With ``timed`` the device is synchronised
+        around transfers and phases, so the times are real."""
         home = self.home
         dev = home.device
-        global_tokens = sum(len(d) - 1 for d in docs)
+        if global_tokens is None:
+            global_tokens = sum(len(d) - 1 for d in docs)
         for p in home.params.values():
             p.grad = torch.zeros_like(p)
         loss = torch.zeros((), dtype=torch.float32, device=dev)

@@ -15,8 +15,10 @@ Kernels (:func:`packed_attention`, ``q [1, Hq, T, d]``, ``k, v [1, Hkv, T, d]``)
   installed (never required), else PyTorch's own ``torch.nn.attention.varlen.varlen_attn`` (Flash
   backend, ``cu_seqlens`` in, native GQA) where this torch has it — both run only the ``Σ s_d²/2``
   useful score blocks;
-* everywhere else (CPU, fp32): SDPA with the dense ``[T, T]`` boolean mask (exact, O(T²) memory),
-  one document alone being plain causal attention.
+* other CUDA inputs (fp32, or a torch without the varlen API): causal SDPA on each document's slice
+  (exact FLOPs, one launch per document);
+* on CPU: SDPA with the dense ``[T, T]`` boolean mask (exact, O(T²) memory), one document alone
+  being plain causal attention.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def varlen_kernel_name(q: torch.Tensor) -> str:
             return "flash-attn varlen"
         if TORCH_VARLEN_FUNC is not None:
             return "torch varlen_attn"
+    if q.is_cuda:
+        return "sdpa per document"
     return "sdpa + document mask"
 
 
@@ -113,6 +117,9 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Do
     if len(docs.lengths) == 1:
         return fast_path.causal_attention(q, k, v, tuple(backends))
     kernel = varlen_kernel_name(q)
+    if kernel == "sdpa per document":  # causal SDPA on each document's slice: no T x T mask on a GPU
+        parts = zip(*(t.split(list(docs.lengths), dim=2) for t in (q, k, v)))
+        return torch.cat([fast_path.causal_attention(a, b, c, tuple(backends)) for a, b, c in parts], dim=2)
     if kernel != "sdpa + document mask":
         cu = docs.cu_seqlens(q.device)
         qt, kt, vt = (t[0].transpose(0, 1) for t in (q, k, v))  # [T, heads, d]

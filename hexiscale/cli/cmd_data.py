@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+from hexiscale.cli import data_varlen
 from hexiscale.cli.output import console
 
 
@@ -29,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     inf.add_argument("--seq-len", type=int, help="count samples of seq_len + 1 tokens")
     inf.add_argument("--no-scan", action="store_true", help="trust the header's max_token (skip reading the .bin)")
     inf.set_defaults(func=run)
+    data_varlen.register(dsub)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -172,7 +172,7 @@ def _refine(share: list[list[int]], lengths: Sequence[int], pipes: Sequence[_Pip
 
 
 def dispatch(lengths: Sequence[int], costs: Sequence[PipelineCost], *, time_limit_s: float = 0.2, seed: int = 0,
-             refine: bool = True) -> Dispatch:
+             refine: bool = True, restarts: int = RESTARTS) -> Dispatch:
     """Sequences (their lengths) to pipelines and micro-batches (see the module docstring)."""
     t0 = time.perf_counter()
     pipes = [_Pipe.of(c) for c in costs]
@@ -185,7 +185,7 @@ def dispatch(lengths: Sequence[int], costs: Sequence[PipelineCost], *, time_limi
     base = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     rng = np.random.Generator(np.random.PCG64(seed))
     best: tuple[float, list[list[int]]] | None = None
-    for r in range(RESTARTS + 1):
+    for r in range(restarts + 1):
         order = base if r == 0 else sorted(base, key=lambda i: -lengths[i] * (1 + 0.3 * rng.random()))
         share = _greedy(order, lengths, pipes)
         if share is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.search.refine import _silence_highs_banner
+from planner.search.batch_split import _silence_highs_banner
 
 INF = math.inf
 

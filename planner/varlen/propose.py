@@ -42,6 +42,7 @@ from planner.varlen.pool import Strategy, StrategyPool, strategy_costs
 from planner.varlen.step_layout import StepLayout, plan_step
 
 MIN_BUCKET = 512
+MIN_SHARE = 0.01  # a bucket with less of the tokens gets no plan of its own
 STEPS = 4
 RECOMPUTE_ORDER = ("none", "selective", "full")
 
@@ -51,6 +52,8 @@ class Proposal:
     pool: StrategyPool
     log: list[str]
     estimate: dict[str, Any]
+    candidates: tuple[Strategy, ...] = ()  # every strategy proposed (the pool keeps the used ones)
+    static: int = 0  # index into candidates: the best strategy alone (the static baseline)
 
 
 def sub_cluster(cluster: ClusterSpec, devices: Sequence[str]) -> tuple[ClusterSpec, dict[str, str]]:
@@ -87,10 +90,18 @@ def _rename(plan: Plan, back: dict[str, str]) -> Plan:
 
 def _search(cluster: ClusterSpec, model: ModelSpec, batch: int, cfg: PlannerConfig,
             profiles: ProfileSet | None) -> Plan | None:
-    try:
-        return search(cluster, model, max(1, batch), config=cfg, profiles=profiles).plan
-    except PlanInfeasible:
-        return None
+    """The planner's plan; if it leaves devices idle (pipelines given no samples), once more with a
+    larger batch — a pool's strategies share every device, and under dispatch a plan's batch sizes
+    do not matter (the dispatcher gives every pipeline its share)."""
+    plan = None
+    for b in (max(1, batch), max(2 * batch, 4 * cluster.num_devices)):
+        try:
+            plan = search(cluster, model, b, config=cfg, profiles=profiles).plan
+        except PlanInfeasible:
+            return None
+        if len(plan.devices) == cluster.num_devices:
+            break
+    return plan
 
 
 def _join(a: Plan, b: Plan, model: ModelSpec) -> Plan:
@@ -114,9 +125,28 @@ def _label(plan: Plan) -> str:
     return "|".join(k + (f"x{n}" if n > 1 else "") for k, n in shapes)
 
 
-def bucket_bounds(hist: LengthHistogram, context: int) -> list[int]:
+def _distinct(cands: Sequence[Strategy]) -> list[Strategy]:
+    """Candidates without repeats (same stages, schedules and options); equal names get a suffix."""
+    out: list[Strategy] = []
+    seen: set[object] = set()
+    names: set[str] = set()
+    for c in cands:
+        key = (tuple((tuple((s.devices, s.tp, s.layers) for s in p.stages), p.schedule) for p in c.plan.pipelines),
+               c.plan.options)
+        if key in seen:
+            continue
+        seen.add(key)
+        name, i = c.name, 2
+        while name in names:
+            name, i = f"{c.name}#{i}", i + 1
+        names.add(name)
+        out.append(Strategy(name, c.plan))
+    return out
+
+
+def bucket_bounds(hist: LengthHistogram, context: int, min_bucket: int = MIN_BUCKET) -> list[int]:
     longest = hist.quantile(1.0)
-    out = [context >> k for k in (3, 2, 1, 0) if (context >> k) >= MIN_BUCKET]
+    out = [context >> k for k in (3, 2, 1, 0) if (context >> k) >= min(min_bucket, context)]
     return [b for i, b in enumerate(out) if i == 0 or out[i - 1] < longest]
 
 
@@ -126,14 +156,14 @@ def _mean_time(layouts: Sequence[StepLayout]) -> float:
 
 def propose_pool(cluster: ClusterSpec, model: ModelSpec, hist: LengthHistogram, step_tokens: int, *,
                  time_limit_s: float = 30.0, seed: int = 0, profiles: ProfileSet | None = None,
-                 dtype: str = "bf16") -> Proposal:
+                 dtype: str = "bf16", min_bucket: int = MIN_BUCKET) -> Proposal:
     """A pool for training ``model`` (``seq_len`` = the context) on sequences like ``hist`` with
     ``step_tokens`` tokens per step (see the module docstring)."""
     context = model.seq_len
     if step_tokens < context:
         raise SpecError("--step-tokens", f"{step_tokens} tokens per step are fewer than the context {context}",
                         "give a global batch of at least one full-length sequence")
-    bounds = bucket_bounds(hist, context)
+    bounds = bucket_bounds(hist, context, min_bucket)
     log: list[str] = []
     per_search = time_limit_s / (len(bounds) + 4)
     cfg = PlannerConfig(time_limit_s=per_search, seed=seed, dtype=dtype, polish=False)
@@ -141,11 +171,18 @@ def propose_pool(cluster: ClusterSpec, model: ModelSpec, hist: LengthHistogram, 
               for lo, b in zip([0, *bounds[:-1]], bounds)]
     cands: list[Strategy] = []
     for b, share in zip(bounds, shares):
+        if share < MIN_SHARE and b != bounds[-1]:
+            log.append(f"bucket <= {b}: {share:.1%} of tokens, no plan of its own")
+            continue
         plan = _search(cluster, replace(model, seq_len=b), round(share * step_tokens / b), cfg, profiles)
         if plan is None:
             log.append(f"bucket <= {b}: no plan fits")
             continue
         plan = replace(plan, model=model, estimate=None)
+        if len(plan.devices) < cluster.num_devices:
+            log.append(f"bucket <= {b}: the best plan leaves devices idle ({len(plan.devices)} of "
+                       f"{cluster.num_devices}); a pool's strategies share every device")
+            continue
         cands.append(Strategy(f"<={b}:{_label(plan)}", plan))
         log.append(f"bucket <= {b} ({share:.0%} of tokens): {_label(plan)}")
     devs = [d.id for d in cluster.devices]
@@ -164,8 +201,12 @@ def propose_pool(cluster: ClusterSpec, model: ModelSpec, hist: LengthHistogram, 
             log.append(f"asymmetric {k} + {n - k} devices: a part has no plan")
             continue
         plan = seed_numbering(_join(_rename(lp, long_back), _rename(sp, short_back), model), cluster)
+        if len(plan.devices) < n:
+            log.append(f"asymmetric {k} + {n - k} devices: a part leaves devices idle")
+            continue
         cands.append(Strategy(f"asym:{_label(plan)}", plan))
         log.append(f"asymmetric: {_label(lp)} on {k} devices for <= {context}, {_label(sp)} on {n - k} for <= {short}")
+    cands = _distinct(cands)
     if not cands:
         raise PlanInfeasible("--lengths", "no strategy fits the cluster", "use a smaller context or more devices")
     pool = StrategyPool(context, tuple(cands), 0)
@@ -214,4 +255,4 @@ def propose_pool(cluster: ClusterSpec, model: ModelSpec, hist: LengthHistogram, 
     kept = tuple(cands[k] for k in used)
     pool = StrategyPool(context, kept, used.index(home), estimate)
     log.append(f"kept {len(kept)} of {len(cands)} strategies; home {cands[home].name}")
-    return Proposal(pool, log, estimate)
+    return Proposal(pool, log, estimate, tuple(cands), best_static)

@@ -11,15 +11,18 @@ the home strategy, whose layout holds the master weights).
 
 Assigning sequences to strategies:
 
-* ``"threshold"`` — HotSPa's hand rule: strategies ordered by ``max_len``; a sequence goes to the
-  first one that holds it (length buckets such as ≤4K / ≤8K / ≤16K).
+* ``"threshold"`` — HotSPa's hand rule: strategies ordered by their bucket bound (``bucket``, by
+  default the longest sequence they hold); a sequence goes to the first whose bound it does not
+  exceed (length buckets such as ≤4K / ≤8K / ≤16K).
 * ``"cost"`` — each sequence to the strategy where it is cheapest: the effective per-sequence time
   ``1 / Σ_j 1/w_j(s)`` over the strategy's pipelines that can hold it (pipelines run in parallel),
   or every sequence to one strategy if one alone is estimated faster (so the estimate is never
   worse than the best static strategy's); then, while it lowers the estimated step time, one
   phase at a time is dissolved into the sequences' next-cheapest strategies (a phase whose work is
   small does not pay for its switch).
-  Estimates during this search use the greedy dispatch; the final phases get the ILP refinement.
+  Estimates during this search use the greedy dispatch; the final phases get the ILP refinement,
+  whose time cap is at most ``BUDGET_FRACTION`` of the estimated step (the layout is computed one
+  step ahead, so this bounds the work, not a wait).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from planner.varlen.dispatch import Dispatch, dispatch
 from planner.varlen.seq_cost import PipelineCost
 
 ASSIGN_MODES = ("cost", "threshold")
+BUDGET_FRACTION = 0.03  # of the estimated step time, for the ILPs (the issue's bound is 5 % in all)
 
 
 @dataclass(frozen=True)
@@ -43,10 +47,15 @@ class StrategyCost:
     name: str
     pipelines: tuple[PipelineCost, ...]
     switch_s: float = 0.0
+    bucket: int | None = None  # the hand rule's bound for this strategy (default: its longest sequence)
 
     @property
     def max_len(self) -> int:
         return max(p.token_cap for p in self.pipelines)
+
+    @property
+    def threshold(self) -> int:
+        return min(self.bucket, self.max_len) if self.bucket is not None else self.max_len
 
     def effective_s(self, s: int) -> float:
         """Per-sequence time with every pipeline that holds ``s`` working in parallel."""
@@ -79,19 +88,19 @@ class StepLayout:
 
 
 def _threshold(lengths: Sequence[int], strategies: Sequence[StrategyCost]) -> list[int]:
-    order = sorted(range(len(strategies)), key=lambda k: strategies[k].max_len)
+    order = sorted(range(len(strategies)), key=lambda k: strategies[k].threshold)
     out = []
     for s in lengths:
-        k = next((k for k in order if s <= strategies[k].max_len), None)
+        k = next((k for k in order if s <= strategies[k].threshold), None)
         if k is None:
             raise SpecError("lengths", f"a sequence of {s} tokens fits no strategy", "add a long-sequence strategy")
         out.append(k)
     return out
 
 
-def _phase_time(lengths: Sequence[int], members: Sequence[int], st: StrategyCost, refine: bool,
-                time_limit_s: float) -> Dispatch:
-    return dispatch([lengths[i] for i in members], st.pipelines, time_limit_s=time_limit_s, refine=refine)
+def _phase_time(lengths: Sequence[int], members: Sequence[int], st: StrategyCost) -> Dispatch:
+    """A quick estimate: one greedy dispatch, greedy packing."""
+    return dispatch([lengths[i] for i in members], st.pipelines, refine=False, restarts=0)
 
 
 def _estimate(lengths: Sequence[int], assign: Sequence[int], strategies: Sequence[StrategyCost]) -> float:
@@ -99,7 +108,7 @@ def _estimate(lengths: Sequence[int], assign: Sequence[int], strategies: Sequenc
     for k, st in enumerate(strategies):
         members = [i for i, a in enumerate(assign) if a == k]
         if members:
-            total += _phase_time(lengths, members, st, False, 0.0).time_s + st.switch_s
+            total += _phase_time(lengths, members, st).time_s + st.switch_s
     return total
 
 
@@ -139,12 +148,16 @@ def _by_cost(lengths: Sequence[int], strategies: Sequence[StrategyCost]) -> list
 
 
 def plan_step(lengths: Sequence[int], strategies: Sequence[StrategyCost], *, assign: str = "cost",
-              time_limit_s: float = 0.5, refine: bool = True, seed: int = 0) -> StepLayout:
-    """The phases of one step (see the module docstring), strategies in pool order."""
+              time_limit_s: float = 0.5, budget_fraction: float = BUDGET_FRACTION, refine: bool = True,
+              seed: int = 0) -> StepLayout:
+    """The phases of one step (see the module docstring), strategies in pool order. The ILPs get
+    at most ``time_limit_s`` and at most ``budget_fraction`` of the step's estimated time."""
     if assign not in ASSIGN_MODES:
         raise SpecError("assign", f"{assign!r} is not one of {list(ASSIGN_MODES)}", "use cost or threshold")
     t0 = time.perf_counter()
     to = _threshold(lengths, strategies) if assign == "threshold" else _by_cost(lengths, strategies)
+    if refine:
+        time_limit_s = min(time_limit_s, budget_fraction * _estimate(lengths, to, strategies))
     used = sorted(set(to))
     phases = []
     for k in used:
