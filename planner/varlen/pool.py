@@ -33,6 +33,7 @@ from planner.cost.memory import stage_params
 from planner.cost.ops import DTYPE_BYTES, GRAD_BYTES
 from planner.errors import SpecError
 from planner.fields import check_keys, expect_list, expect_mapping, get_int, get_str, join, read_user_text
+from planner.model import ModelSpec
 from planner.plan import Plan, plan_from_dict, plan_to_dict
 from planner.varlen.seq_cost import pipeline_costs
 from planner.varlen.step_layout import StrategyCost
@@ -76,7 +77,7 @@ class StrategyPool:
                             "set the plans' seq_len to the context")
 
     @property
-    def model(self):  # type: ignore[no-untyped-def]
+    def model(self) -> ModelSpec:
         return self.strategies[0].plan.model
 
     @property
