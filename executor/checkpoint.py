@@ -16,6 +16,8 @@ same model. Each rank writes only what it holds and nothing passes through one h
 Atomicity: ranks write into ``<path>.tmp``; global rank 0 adds ``meta.json`` last and then renames
 the folder to ``<path>``, so a folder named like a checkpoint is complete, and a save killed
 half-way leaves only ``<path>.tmp``. ``DIR/latest`` moves after that (``executor.train_setup``).
+:func:`start_save` can write in the background (``--async-save``): the pieces are copied to host
+memory, training goes on, and :meth:`PendingSave.finish` completes the checkpoint later.
 
 Loading checks, each failing with one ``SpecError`` line on every rank: ``meta.json`` (format,
 model), every tensor present with its full shape, the length and CRC32 of every stored item read,
@@ -34,13 +36,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.checkpoint_io import read_pieces, write_pieces
+from executor.checkpoint_io import Writing, read_pieces, write_pieces
 from executor.checkpoint_pieces import Piece, load_targets, save_pieces
 from executor.engine import Engine
 from executor.groups import ProcessGroups
-from executor.topology import logical_params
 from executor.zero import MOMENTS
 from planner.errors import SpecError
+from planner.layout import logical_params
 
 CKPT_FORMAT = "hexiscale.ckpt/2"
 DAMAGED = "the checkpoint is damaged: resume from an earlier one"
@@ -62,10 +64,43 @@ def _gather(groups: ProcessGroups, obj: Any) -> list[Any]:
     return out
 
 
-def save(engine: Engine, path: str | Path, extra: dict[str, Any], *,
-         on_written: Callable[[], None] | None = None) -> None:
-    """Collective over the plan's ranks: write a checkpoint of ``engine`` to ``path`` (module
-    docstring). ``on_written`` runs once this rank's pieces are on disk (fault injection)."""
+class PendingSave:
+    """A checkpoint whose pieces are being written; :meth:`finish` (collective) completes it."""
+
+    def __init__(self, engine: Engine, path: Path, extra: dict[str, Any], writing: Writing,
+                 on_written: Callable[[], None] | None):
+        self.engine, self.path, self.extra, self.writing = engine, path, extra, writing
+        self.step = engine.step  # training may move on while the pieces are written
+        self.on_written = on_written
+
+    def finish(self) -> None:
+        """Wait for this rank's pieces, then rank 0 writes ``meta.json`` and renames the folder."""
+        engine, groups = self.engine, self.engine.groups
+        sums = self.writing.wait()
+        if self.on_written is not None:
+            self.on_written()
+        every = _gather(groups, sums)
+        if engine.rank == 0:
+            tmp = self.writing.path
+            model = engine.plan.model
+            shapes = {f"model/{i.name}": list(i.shape) for i in logical_params(model)}
+            shapes |= {f"optim/{k}/{i.name}": list(i.shape) for k in MOMENTS for i in logical_params(model)}
+            meta = {"format": CKPT_FORMAT, "model": model.to_dict(), "step": self.step, "extra": self.extra,
+                    "tensors": shapes, "checksums": {f: s for part in every for f, s in part.items()}}
+            (tmp / "meta.json.tmp").write_text(json.dumps(meta, indent=1) + "\n")
+            os.replace(tmp / "meta.json.tmp", tmp / "meta.json")
+            if self.path.exists():  # saved again at the same step: the new one replaces it
+                shutil.rmtree(self.path)
+            os.replace(tmp, self.path)
+        _barrier(groups, engine.device)
+
+
+def start_save(engine: Engine, path: str | Path, extra: dict[str, Any], *, background: Any = None,
+               on_written: Callable[[], None] | None = None) -> PendingSave:
+    """Collective over the plan's ranks: start writing a checkpoint of ``engine`` to ``path``
+    (module docstring). ``background``: a gloo group of the plan's ranks used for nothing else; the
+    pieces are then copied to host memory and written by a thread while training goes on.
+    ``on_written`` runs once this rank's pieces are on disk (fault injection)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     groups = engine.groups
@@ -73,22 +108,15 @@ def save(engine: Engine, path: str | Path, extra: dict[str, Any], *,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier(groups, engine.device)
-    sums = write_pieces(tmp, save_pieces(engine), groups.world, single=engine.topology.world_size == 1)
-    if on_written is not None:
-        on_written()
-    every = _gather(groups, sums)
-    if engine.rank == 0:
-        model = engine.plan.model
-        shapes = {f"model/{i.name}": list(i.shape) for i in logical_params(model)}
-        shapes |= {f"optim/{k}/{i.name}": list(i.shape) for k in MOMENTS for i in logical_params(model)}
-        meta = {"format": CKPT_FORMAT, "model": model.to_dict(), "step": engine.step, "extra": extra,
-                "tensors": shapes, "checksums": {f: s for part in every for f, s in part.items()}}
-        (tmp / "meta.json.tmp").write_text(json.dumps(meta, indent=1) + "\n")
-        os.replace(tmp / "meta.json.tmp", tmp / "meta.json")
-        if path.exists():  # saved again at the same step: the new one replaces it
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    _barrier(groups, engine.device)
+    writing = write_pieces(tmp, save_pieces(engine), background if background is not None else groups.world,
+                           single=engine.topology.world_size == 1, background=background is not None)
+    return PendingSave(engine, path, dict(extra), writing, on_written)
+
+
+def save(engine: Engine, path: str | Path, extra: dict[str, Any], *,
+         on_written: Callable[[], None] | None = None) -> None:
+    """Collective over the plan's ranks: write a complete checkpoint of ``engine`` to ``path``."""
+    start_save(engine, path, extra, on_written=on_written).finish()
 
 
 def _meta(path: Path) -> dict[str, Any]:

@@ -5,7 +5,9 @@ what it holds, whatever plan wrote them.
 * **Save** (:func:`write_pieces`): a DCP save planner that turns each piece into one ``SHARD`` write
   item at its offsets inside the logical tensor. DCP's global plan check refuses overlapping or
   incomplete rectangles, so a checkpoint always covers each logical tensor exactly once. Then each
-  rank reads back the items it wrote and returns their CRC32s (:func:`item_checksums`).
+  rank reads back the items it wrote and returns their CRC32s (:func:`item_checksums`). In the
+  background variant the pieces are first copied to host memory and DCP writes them from a thread
+  (``async_save``) over a gloo group of its own, while training goes on.
 * **Load** (:func:`read_pieces`): a DCP load planner that asks, for each piece, for the stored
   rectangles overlapping it (DCP's resharding), after checking that the checkpoint has the tensor
   and with the full logical shape expected. The reader checks each stored item it opens against
@@ -21,6 +23,7 @@ import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -138,15 +141,34 @@ class _VerifyingReader(dcp.FileSystemReader):
         return io.BytesIO(data)
 
 
-def write_pieces(path: Path, pieces: list[Piece], group: Any, *, single: bool) -> Checksums:
-    """Collective over ``group``: write every rank's pieces under ``path``; this rank's item
-    checksums. ``single``: a one-rank plan (no collective at all)."""
+class Writing:
+    """Pieces on their way to disk; :meth:`wait` returns this rank's item checksums once they are."""
+
+    def __init__(self, path: Path, writer: _CapturingWriter, future: Any = None):
+        self.path, self.writer, self.future = path, writer, future
+
+    def wait(self) -> Checksums:
+        if self.future is not None:
+            with _one_line(self.path):
+                self.future.result()
+        return item_checksums(self.path, self.writer.written)
+
+
+def write_pieces(path: Path, pieces: list[Piece], group: Any, *, single: bool, background: bool = False) -> Writing:
+    """Collective over ``group``: write every rank's pieces under ``path``. ``single``: a one-rank
+    plan. ``background``: copy the pieces to host memory now and write them from a thread (DCP's
+    ``async_save``; ``group`` must then be a gloo group used by nothing else)."""
     writer = _CapturingWriter(path, single_file_per_rank=True, sync_files=True)
     writer.written = []
+    if background:
+        staged = [replace(p, tensor=p.tensor.detach().to("cpu", copy=True)) for p in pieces]
+        future = dcp.async_save({}, storage_writer=writer, planner=_PieceSavePlanner(staged), process_group=group,
+                                no_dist=single)
+        return Writing(path, writer, getattr(future, "upload_completion", future))
     with _one_line(path), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled")  # ``single``: meant
         dcp.save({}, storage_writer=writer, planner=_PieceSavePlanner(pieces), process_group=group, no_dist=single)
-    return item_checksums(path, writer.written)
+    return Writing(path, writer)
 
 
 def item_checksums(path: Path, written: list[WriteResult]) -> Checksums:

@@ -26,8 +26,8 @@ import torch
 
 from executor.chunks import Chunk, flat_chunks, shard_chunk, view_chunk
 from executor.engine import Engine
-from executor.topology import ParamInfo, stage_params
 from executor.zero import MOMENTS
+from planner.layout import ParamInfo, stage_params
 
 
 @dataclass(frozen=True)

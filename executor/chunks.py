@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from executor.topology import ParamInfo, shard_range
+from planner.layout import ParamInfo, shard_range
 
 
 @dataclass(frozen=True)

@@ -41,13 +41,13 @@ from executor.grad_sync import GradSync
 from executor.groups import ProcessGroups
 from executor.host_sync import to_host
 from executor.init import logical_init
-from executor.model import StageModule
+from executor.model import StageModule, check_supported
 from executor.optim import OptimConfig, build_optimizer, clip_coefficient, lr_at, set_lr
 from executor.p2p import StageComm
 from executor.schedules import MicroBatch, run_schedule
-from executor.topology import Topology, stage_params
 from executor.zero import ZeroOptimizer
 from planner.errors import SpecError
+from planner.layout import Topology, stage_params
 from planner.plan import Plan
 
 log = logging.getLogger("hexiscale.executor")
@@ -66,6 +66,7 @@ class StepStats:
 class Engine:
     def __init__(self, plan: Plan, topology: Topology, groups: ProcessGroups, *, device: torch.device,
                  optim: OptimConfig = OptimConfig(), seed: int = 0):
+        check_supported(plan)
         if not groups.in_plan:
             raise ValueError(f"rank {groups.rank} is not part of the plan ({topology.world_size} ranks)")
         self.plan = plan

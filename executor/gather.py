@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from executor.groups import ProcessGroups
-from executor.topology import stage_params
+from planner.layout import stage_params
 
 
 def gather_logical(groups: ProcessGroups, local: dict[str, torch.Tensor], *, to_all: bool) -> dict[str, torch.Tensor]:

@@ -1,9 +1,9 @@
-"""Cross-pipeline gradient synchronisation over finest-common slices (see :mod:`executor.topology`).
+"""Cross-pipeline gradient synchronisation over finest-common slices (see :mod:`planner.layout`).
 
 Each pipeline's gradients are already scaled by its share of the global tokens (the loss of every
 micro-batch is divided by the *global* token count), so a plain SUM over pipelines gives the
 gradient of the global mean loss — whatever the pipelines' batch sizes, micro-batch counts or
-layouts. For every :class:`~executor.topology.SyncGroup` this rank belongs to (visited in the
+layouts. For every :class:`~planner.layout.SyncGroup` this rank belongs to (visited in the
 topology's global order, which every rank shares, so no two ranks wait on each other in opposite
 orders), the local views of its slices are flattened into buckets of at most ``bucket_numel``
 elements, all-reduced once per bucket and copied back. Then the leaders of TP stages broadcast the

@@ -1,4 +1,4 @@
-"""torch.distributed process groups for a :class:`~executor.topology.Topology`, created and
+"""torch.distributed process groups for a :class:`~planner.layout.Topology`, created and
 connected before the first step.
 
 ``ProcessGroups.create`` is collective over the default group: every rank (including ranks beyond
@@ -51,7 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.topology import StageTopo, Topology
+from planner.layout import StageTopo, Topology
 
 
 @dataclass

@@ -50,8 +50,8 @@ from executor.reshard import Reshard
 from executor.reshard_plan import grad_moves, weight_moves
 from executor.schedules import run_schedule
 from executor.strategy_topology import strategy_topology
-from executor.topology import Topology
 from planner.errors import SpecError
+from planner.layout import Topology
 from planner.plan import Plan
 from planner.varlen.step_layout import StepLayout
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import torch
 
-from executor.topology import logical_params
+from planner.layout import logical_params
 from planner.model import ModelSpec
 
 INIT_STD = 0.02

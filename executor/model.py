@@ -12,7 +12,7 @@ Block (pre-norm)::
   heads; SDPA with a causal mask. With TP degree ``t`` a rank holds ``num_heads/t`` query heads and
   the matching ``num_kv_heads/t`` KV heads (whole groups, so no KV head is split).
 
-Parameter names are the logical (dense) names of :mod:`executor.topology`, e.g.
+Parameter names are the logical (dense) names of :mod:`planner.layout`, e.g.
 ``layers.3.attn.wq.weight``, so a stage's ``named_parameters()`` maps 1:1 to logical tensors (this
 rank's shard of them).
 """
@@ -35,7 +35,17 @@ from executor.tp_layers import (
     copy_to_tp,
     vocab_parallel_cross_entropy,
 )
+from planner.errors import SpecError
 from planner.model import ModelSpec
+from planner.plan import Plan
+
+
+def check_supported(plan: Plan) -> None:
+    """Plan features this model does not run (beyond the plan's own structural checks)."""
+    if plan.model.tie_embeddings:
+        raise SpecError("model.tie_embeddings", "tied embeddings are not supported by the executor",
+                        "train with an untied LM head (tie_embeddings: false)")
+
 
 # ------------------------------------------------------------------------------ functional pieces
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.topology import StageTopo
+from planner.layout import StageTopo
 
 
 class StageComm:

@@ -26,6 +26,7 @@ import torch
 
 from executor.checkpoint import read_meta
 from executor.launch.env import RankEnv
+from executor.model import check_supported
 from planner.errors import SpecError
 from planner.plan import Plan
 
@@ -133,6 +134,7 @@ def local_checks(plan: Plan, renv: RankEnv, *, device: str, data: str | None, se
     """This rank's checks (device, data, checkpoint); the first problem is a ``SpecError``."""
     from executor.data import make_source
 
+    check_supported(plan)
     dev = pick_device(device, renv, plan)
     # Every rank checks the index and file size; only rank 0 reads the whole file for ids >= vocab_size
     # (the same file on every node: 56 full scans of a large corpus would cost minutes for nothing).

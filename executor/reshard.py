@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from executor.reshard_plan import Move
-from executor.topology import Topology
+from planner.layout import Topology
 
 LocalView = tuple[str, int | None, int, int]  # (name, dim, start, length) in the local shard
 

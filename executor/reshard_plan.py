@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from executor.topology import ParamInfo, SliceRef, StageTopo, Topology, logical_params, shard_range
+from planner.layout import ParamInfo, SliceRef, StageTopo, Topology, logical_params, shard_range
 
 
 @dataclass(frozen=True)

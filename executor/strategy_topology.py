@@ -3,7 +3,7 @@
 A job's processes are numbered by the *home* plan (rank ``r`` drives the home plan's ``r``-th
 device, and its GPU). Another strategy of the pool lists the same devices, possibly in another
 order, so its own rank ``r'`` (plan order) is the job rank of the device in that position. This
-module builds the strategy's :class:`~executor.topology.Topology` and renames every rank in it —
+module builds the strategy's :class:`~planner.layout.Topology` and renames every rank in it —
 stage groups, p2p peers, gradient-sync groups, TP broadcasts — to job ranks. Sync groups keep
 their owners in pipeline order, and are re-sorted by their renamed rank tuples, so every rank
 walks them in the same global order (what :mod:`executor.grad_sync` and :mod:`executor.groups`
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from executor.topology import StageTopo, SyncGroup, Topology, TPBroadcast, build_topology
 from planner.errors import SpecError
+from planner.layout import StageTopo, SyncGroup, Topology, TPBroadcast, build_topology
 from planner.plan import Plan
 
 

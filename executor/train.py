@@ -28,19 +28,18 @@ from executor.launch.faults import maybe_inject, parse_fault
 from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog, log_error
 from executor.metrics import StepLogger
 from executor.preflight import agree, local_checks, wait_all_seen
-from executor.topology import build_topology
+from executor.saving import Saver
 from executor.train_config import TrainConfig
 from executor.train_setup import (
     check_world,
-    checkpoint_path,
     classify,
     init_process_group,
-    mark_latest,
     optim_config,
     pg_timeout,
     resolve_plan,
 )
 from planner.errors import SpecError
+from planner.layout import build_topology
 
 
 def run_training(args: TrainConfig) -> int:
@@ -95,6 +94,7 @@ def run_training(args: TrainConfig) -> int:
                              rows=pipeline_rows(plan, pipeline), position=position, device=prep.device)
         logger = StepLogger(plan, renv.rank, pipeline, leader=engine.stage.is_first and engine.tp_rank == 0,
                             device=prep.device, cluster=cluster, jsonl=args.log_jsonl, every=args.log_every)
+        saver = Saver(engine, args.checkpoint_dir, args.save_every, args.async_save)
         start = engine.step
         if renv.rank == 0:
             print(f"hexiscale train: {plan.world_size} ranks, {len(plan.pipelines)} pipelines, model "
@@ -106,13 +106,10 @@ def run_training(args: TrainConfig) -> int:
             t0 = time.perf_counter()
             stats = engine.train_step(stream.next())
             logger.step(k, args.steps, stats, time.perf_counter() - t0)
-            last = k + 1 == args.steps
-            if args.checkpoint_dir and (last or (args.save_every and (k + 1) % args.save_every == 0)):
-                checkpoint.save(engine, checkpoint_path(args.checkpoint_dir, k + 1),
-                                extra={"data": stream.position.to_dict(), "plan_world_size": plan.world_size},
-                                on_written=partial(maybe_inject, fault, renv.rank, k, in_save=True))
-                if renv.rank == 0:
-                    mark_latest(args.checkpoint_dir, k + 1)
+            state = {"data": stream.position.to_dict(), "plan_world_size": plan.world_size}
+            saver.after_step(k + 1, k + 1 == args.steps, state,
+                             partial(maybe_inject, fault, renv.rank, k, in_save=True))
+        saver.finish()
         logger.summary(start, plan.global_batch_size * plan.model.seq_len)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -31,6 +31,7 @@ class TrainConfig:
     device: str = "auto"  # auto: cuda:LOCAL_RANK when CUDA is available (NCCL), else CPU (gloo)
     checkpoint_dir: str | None = None
     save_every: int = 0  # 0: only at the end
+    async_save: bool = False  # write checkpoints in the background (executor.saving)
     resume: str | None = None  # a checkpoint, or a checkpoint_dir (its latest)
     log_jsonl: str | None = None
     log_every: int = 1

@@ -3,9 +3,7 @@ group, checkpoint directories and the classification of errors into exit codes."
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -82,17 +80,6 @@ def init_process_group(renv: RankEnv, store: Any, device: torch.device, timeout_
                             world_size=renv.world_size, timeout=timedelta(seconds=timeout_s),
                             device_id=device if device.type == "cuda" else None)
     return backend
-
-
-def checkpoint_path(directory: str, step: int) -> Path:
-    return Path(directory) / f"step-{step:06d}"
-
-
-def mark_latest(directory: str, step: int) -> None:
-    """Point ``DIR/latest`` at the checkpoint of ``step`` (rank 0, after the save completed)."""
-    tmp = Path(directory) / "latest.tmp"
-    tmp.write_text(checkpoint_path(directory, step).name + "\n")
-    os.replace(tmp, Path(directory) / "latest")
 
 
 def classify(exc: BaseException) -> tuple[str, int, bool]:

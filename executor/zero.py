@@ -1,9 +1,9 @@
 """ZeRO-1: AdamW state sharded across the owners of every finest-common slice.
 
 What is sharded (the cost model's ``zero_shards``, :mod:`planner.cost.memory`): every element of a
-logical parameter has one owner per pipeline (:mod:`executor.topology`: the finest-common slices
+logical parameter has one owner per pipeline (:mod:`planner.layout`: the finest-common slices
 of TP-sharded weights; the stage leaders for replicated norm scales). Those ``k`` owners form a
-:class:`~executor.topology.SyncGroup`. Under ZeRO-1 they split the group's state ``k`` ways, so
+:class:`~planner.layout.SyncGroup`. Under ZeRO-1 they split the group's state ``k`` ways, so
 every logical element has its Adam moments on exactly ONE rank of the whole plan; a rank holds
 ~1/k of the optimizer state it holds without ZeRO (norm scales: only the TP leaders hold their
 share, the other TP ranks none).

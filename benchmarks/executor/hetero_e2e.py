@@ -76,7 +76,7 @@ def comm_memory_job() -> dict[str, float]:
     import torch.distributed as dist
 
     from executor.groups import ProcessGroups
-    from executor.topology import build_topology
+    from planner.layout import build_topology
     from planner.model import PRESETS
     from planner.plan import Pipeline, Plan, Stage
 

@@ -245,7 +245,7 @@ def _engine_worker(config: str, s: Setup, rank: int) -> dict[str, Any]:
     from executor.engine import Engine
     from executor.groups import ProcessGroups
     from executor.optim import OptimConfig
-    from executor.topology import build_topology
+    from planner.layout import build_topology
 
     device = torch.device("cuda", rank) if s.cuda else torch.device("cpu")
     plan = build_plan(config, s)

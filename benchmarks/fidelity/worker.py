@@ -47,7 +47,7 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
     from executor.engine import Engine
     from executor.groups import ProcessGroups
     from executor.optim import OptimConfig
-    from executor.topology import build_topology
+    from planner.layout import build_topology
 
     plan = plan_from_dict(plan_dict)
     mine = f"g{gpu}:0"

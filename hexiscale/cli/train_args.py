@@ -39,6 +39,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     ck = p.add_argument_group("checkpoints and logs")
     ck.add_argument("--checkpoint-dir", help="write checkpoints here (DIR/step-NNNNNN, DIR/latest)")
     ck.add_argument("--save-every", type=int, default=0, help="save every N steps (and at the end); 0: at the end")
+    ck.add_argument("--async-save", action="store_true", dest="async_save",
+                    help="write checkpoints in the background while training goes on (completed at the next "
+                    "save or the end)")
     ck.add_argument("--resume", help="checkpoint directory, or a --checkpoint-dir (its latest checkpoint); "
                     "any plan of the same model")
     ck.add_argument("--log-jsonl", help="rank 0 appends one JSON record per step here")
@@ -63,6 +66,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         plan=args.plan, cluster=args.cluster, seed_layout=SeedLayout.from_args(args), steps=args.steps,
         data=args.data, seed=args.seed, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
         weight_decay=args.weight_decay, clip=args.clip, device=args.device, checkpoint_dir=args.checkpoint_dir,
-        save_every=args.save_every, resume=args.resume, log_jsonl=args.log_jsonl, log_every=args.log_every,
+        save_every=args.save_every,
+        async_save=args.async_save, resume=args.resume, log_jsonl=args.log_jsonl, log_every=args.log_every,
         heartbeat=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after,
         startup_timeout=args.startup_timeout, pg_timeout=args.pg_timeout)

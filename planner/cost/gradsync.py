@@ -1,11 +1,12 @@
-"""Cross-pipeline gradient synchronisation groups (finest common slices, DESIGN.md).
+"""Cross-pipeline gradient synchronisation groups (finest common slices, :mod:`planner.layout`).
 
 For each TP-sharded tensor (a layer's q/k/v/o/gate/up/down weights, the vocab-parallel
 embedding and LM head), pipeline ``p`` holds it on a stage of TP degree ``t_p``. The finest common
-layout cuts it into ``T = lcm_p t_p`` slices; slice ``k`` is owned in pipeline ``p`` by TP rank
-``k·t_p // T`` of that stage. Each slice is all-reduced among its owners (one device per
-pipeline), so a device of a stage with ``t_p < T`` takes part in ``T / t_p`` groups.
-Replicated tensors (RMSNorm weights) are reduced once per pipeline, among the TP-rank-0 devices.
+layout (:func:`planner.layout.finest_slices`) cuts it into ``T = lcm_p t_p`` slices with one owner
+per pipeline; each slice is all-reduced among its owners, so a device of a stage with ``t_p < T``
+takes part in ``T / t_p`` groups. Replicated tensors (RMSNorm weights) are reduced once per
+pipeline, among the TP-rank-0 devices. The groups equal :func:`planner.layout.build_topology`'s,
+summed per owner set; layers are walked in segments between stage boundaries, not one by one.
 
 Gradients are reduced in fp32 (4 bytes per element). This module only collects
 ``{owner-tuple: bytes}``; :mod:`planner.cost.step` turns them into time.
@@ -13,10 +14,10 @@ Gradients are reduced in fp32 (4 bytes per element). This module only collects
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 from planner.cost.ops import GRAD_BYTES
+from planner.layout import embed_param, finest_slices, head_params, layer_numel
 from planner.plan import Plan
 
 
@@ -34,11 +35,9 @@ def _owners(plan: Plan, layer: int, where: str) -> list[tuple[str, ...]]:
 
 
 def _add_sharded(groups: dict[tuple[str, ...], float], holders: list[tuple[str, ...]], elements: float) -> None:
-    finest = math.lcm(*(len(h) for h in holders))
-    per_slice = elements / finest * GRAD_BYTES
-    for k in range(finest):
-        key = tuple(h[k * len(h) // finest] for h in holders)
-        groups[key] += per_slice
+    slices = finest_slices([len(h) for h in holders])
+    for tp_ranks in slices:
+        groups[tuple(h[r] for h, r in zip(holders, tp_ranks))] += elements / len(slices) * GRAD_BYTES
 
 
 def sync_groups(plan: Plan) -> dict[tuple[str, ...], float]:
@@ -48,17 +47,18 @@ def sync_groups(plan: Plan) -> dict[tuple[str, ...], float]:
     if len(plan.pipelines) < 2:
         return {}
     m = plan.model
-    h = m.hidden_size
-    sharded = m.layer_params() - 2 * h
+    sharded, replicated = layer_numel(m)
     # layers with the same holders in every pipeline share one bucket: walk the layer boundaries
     cuts = sorted({0, m.num_layers} | {s.layers[0] for p in plan.pipelines for s in p.stages})
     for lo, hi in zip(cuts, cuts[1:], strict=False):
         holders = _owners(plan, lo, "layer")
         _add_sharded(groups, holders, sharded * (hi - lo))
-        groups[tuple(hd[0] for hd in holders)] += 2 * h * (hi - lo) * GRAD_BYTES
-    _add_sharded(groups, _owners(plan, 0, "embed"), m.embedding_params())
+        groups[tuple(hd[0] for hd in holders)] += replicated * (hi - lo) * GRAD_BYTES
+    _add_sharded(groups, _owners(plan, 0, "embed"), embed_param(m).numel)
     head = _owners(plan, 0, "head")
-    if not m.tie_embeddings:
-        _add_sharded(groups, head, m.vocab_size * h)
-    groups[tuple(hd[0] for hd in head)] += h * GRAD_BYTES
+    for info in head_params(m):
+        if info.shard_dim is None:
+            groups[tuple(hd[0] for hd in head)] += info.numel * GRAD_BYTES
+        else:
+            _add_sharded(groups, head, info.numel)
     return dict(groups)

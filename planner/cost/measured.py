@@ -55,6 +55,7 @@ from planner.cost.ops import CLIP_BYTES_PER_PARAM, DTYPE_BYTES, attention_core_f
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, PassTime
 from planner.errors import SpecError
+from planner.layout import layer_numel
 from planner.model import ModelSpec, model_from_dict
 
 MEASURED_FORMAT = "hexiscale.measured/1"
@@ -210,7 +211,7 @@ def _stage_bytes(kind: str, row: Mapping[str, Any], model: ModelSpec, dtype: str
     tp, tokens = int(row["tp"]), int(row["micro_batch"]) * int(row["seq_len"])
     e = DTYPE_BYTES[dtype]
     if kind == "layer":
-        matmul = (model.layer_params() - 2 * model.hidden_size) / tp
+        matmul = layer_numel(model)[0] / tp
         casts = e * matmul if e != 4 and row.get("recompute", "none") != "full" else 0.0
     else:
         casts = e * model.vocab_size * model.hidden_size / tp if e != 4 else 0.0

@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass
 
 from planner.cost.ops import GRAD_BYTES, Numerics
 from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.layout import layer_numel
 from planner.model import ModelSpec
 
 GIB = float(1 << 30)
@@ -87,7 +88,8 @@ class MemoryBreakdown:
 def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> float:
     """Parameters held by ONE device of a stage (see the module docstring)."""
     h = model.hidden_size
-    p = layers * ((model.layer_params() - 2 * h) / tp + 2 * h)
+    sharded, replicated = layer_numel(model)
+    p = layers * (sharded / tp + replicated)
     if first:
         p += model.embedding_params() / tp
     if last:
@@ -156,7 +158,7 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
         model, micro_batch, tp, dtype, recompute, seq_len, params)
     per_mb = layers * per_layer  # everything one micro-batch in flight keeps
     if num.weight_casts and recompute != "full":
-        matmul = layers * (model.layer_params() - 2 * model.hidden_size) / tp
+        matmul = layers * layer_numel(model)[0] / tp
         if last:
             matmul += model.vocab_size * model.hidden_size / tp
         per_mb += matmul * num.e

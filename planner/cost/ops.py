@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.layout import layer_numel, stage_tensors
 from planner.model import ModelSpec
 
 GEMM, ATTN, MEM = "gemm", "attn", "mem"
@@ -103,7 +104,7 @@ def attention_core_forward(model: ModelSpec, micro_batch: int, seq_len: int, tp:
 
 
 def _matmul_params(model: ModelSpec, tp: int) -> float:
-    return (model.layer_params() - 2 * model.hidden_size) / tp
+    return layer_numel(model)[0] / tp
 
 
 def _norm(name: str, tokens: float, h: int, r: int) -> tuple[Op, Op]:
@@ -156,7 +157,8 @@ def layer_backward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int
                   seq_len, kernels=2))
     if num.weight_casts:
         ops.append(Op("weight_cast.backward", MEM, 0.0, (4 + e) * _matmul_params(model, tp), kernels=7))
-    ops.append(Op("grad_accumulate", MEM, 0.0, 3 * GRAD_BYTES * (_matmul_params(model, tp) + 2 * h), kernels=9))
+    ops.append(Op("grad_accumulate", MEM, 0.0, 3 * GRAD_BYTES * (_matmul_params(model, tp) + layer_numel(model)[1]),
+                  kernels=stage_tensors(model, 1, False, False)))
     if r != e:
         ops.append(Op("input_cast.backward", MEM, 0.0, 5 * t * h * (r + e), kernels=5))
     if num.expand_kv and kv != h:

@@ -50,6 +50,7 @@ from planner.cost.schedule import held_with_grads, in_flight
 from planner.cost.simulate import simulate
 from planner.cost.stage import StageTime, activation_bytes, boundary_time, stage_time
 from planner.errors import PlanInfeasible
+from planner.layout import layer_numel, stage_tensors
 from planner.plan import Pipeline, Plan
 from planner.validate import validate
 
@@ -194,11 +195,12 @@ def _gradient_sync(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet, ready
         end = max(free[d] for d in owners) + t_g
         for d in owners:
             free[d] = end
-    h = plan.model.hidden_size
+    replicated = layer_numel(plan.model)[1]
+    final_norm = plan.model.hidden_size
     for pipe in plan.pipelines:
         for si, st in enumerate(pipe.stages):
             if st.tp > 1:
-                nbytes = (2 * h * st.num_layers + (h if si == len(pipe.stages) - 1 else 0)) * 4.0
+                nbytes = (replicated * st.num_layers + (final_norm if si == len(pipe.stages) - 1 else 0)) * 4.0
                 end = max(free[d] for d in st.devices) + group_broadcast_time(nbytes, st.devices, cluster, params)
                 for d in st.devices:
                     free[d] = end
@@ -242,7 +244,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
                     head_activation=prof.activation_bytes("head", m, mb, st.tp, o.dtype) if last else None,
                     held_with_grads=with_grads)
             n_params = stage_params(m, st.num_layers, st.tp, first, last) / zero_shards
-            n_tensors = 9 * st.num_layers + (1 if first else 0) + (2 if last else 0)
+            n_tensors = stage_tensors(m, st.num_layers, first, last)
             for di, dev_id in enumerate(st.devices):
                 dev = cluster.device(dev_id)
                 mem = mems[dev.gpu]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from planner.cluster import Link
 from planner.cost.schedule import in_flight
+from planner.layout import embed_param, finest_slices, head_params, layer_numel
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 from planner.search.batch_split import BatchSplit, PipeType, allocate_batch
 from planner.search.graph import Unit
@@ -242,7 +243,7 @@ def _step_s(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], types: dict, li
     if k <= 1:
         return t_max + optimizer
     model = oracle.model
-    L, h = model.num_layers, model.hidden_size
+    L = model.num_layers
     # stage starts per type, segment bounds, and per segment: owner stage per type, nodes, TP degrees
     starts_of: dict[int, list[int]] = {}
     cuts = {0, L}
@@ -287,24 +288,26 @@ def _step_s(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], types: dict, li
             free[o] = end
 
     def sliced(stage_of: dict[int, int], elements: float, link: Link | None) -> None:
-        T = math.lcm(*(rep[j][stage_of[j]].tp for j, _ in act))
-        for q in range(T):
-            run([(j, stage_of[j], q * rep[j][stage_of[j]].tp // T) for j, _ in act], elements / T, link)
+        slices = finest_slices([rep[j][stage_of[j]].tp for j, _ in act])
+        for tp_ranks in slices:
+            run([(j, stage_of[j], r) for (j, _), r in zip(act, tp_ranks)], elements / len(slices), link)
 
-    sharded = model.layer_params() - 2 * h
+    sharded, replicated = layer_numel(model)
     firsts = {j: 0 for j, _ in act}
-    sliced(firsts, model.embedding_params(), oracle.slowest_link(frozenset(end_nodes[0])))
+    sliced(firsts, embed_param(model).numel, oracle.slowest_link(frozenset(end_nodes[0])))
     for si in range(nseg):
         stage_of = {j: owner[j][si] for j, _ in act}
         link = oracle.slowest_link(frozenset(seg_nodes[si]))
         length = bounds[si + 1] - bounds[si]
         sliced(stage_of, sharded * length, link)
-        run([(j, stage_of[j], 0) for j, _ in act], 2 * h * length, link)
+        run([(j, stage_of[j], 0) for j, _ in act], replicated * length, link)
     lasts = {j: len(rep[j]) - 1 for j, _ in act}
     head_link = oracle.slowest_link(frozenset(end_nodes[1]))
-    if not model.tie_embeddings:
-        sliced(lasts, model.vocab_size * h, head_link)
-    run([(j, lasts[j], 0) for j, _ in act], h, head_link)
+    for info in sorted(head_params(model), key=lambda i: i.shard_dim is None):  # the LM head, then the norm
+        if info.shard_dim is None:
+            run([(j, lasts[j], 0) for j, _ in act], info.numel, head_link)
+        else:
+            sliced(lasts, info.numel, head_link)
     return max(t_max, max(free.values())) + optimizer + zero_ag
 
 

@@ -24,10 +24,11 @@ from typing import Any
 from planner.cluster import ClusterSpec, Link
 from planner.cost.communicators import stage_communicators
 from planner.cost.links import allreduce_time
-from planner.cost.memory import GIB, stage_memory
+from planner.cost.memory import GIB, stage_memory, stage_params
 from planner.cost.params import CostParams
 from planner.cost.profile_set import ProfileSet
 from planner.cost.stage import activation_bytes, boundary_time, stage_time
+from planner.layout import stage_tensors
 from planner.model import ModelSpec
 from planner.search.graph import Unit, slowest_link_among
 from planner.search.layer_split import StageCost
@@ -141,10 +142,8 @@ class Oracle:
         """AdamW step of one device of ``unit`` (as :func:`planner.cost.estimate` counts it)."""
         prof = self.profiles.get(unit.gpu)
         shard = self.stage_params(layers, unit.tp, first, last) / (zero_shards if s.zero else 1)
-        tensors = 9 * layers + (1 if first else 0) + (2 if last else 0)
+        tensors = stage_tensors(self.model, layers, first, last)
         return prof.optimizer_time(shard, tensors, s.dtype) * unit.slowdown
 
     def stage_params(self, layers: int, tp: int, first: bool, last: bool) -> float:
-        from planner.cost.memory import stage_params
-
         return stage_params(self.model, layers, tp, first, last)

@@ -14,8 +14,8 @@ from exec_jobs import ORACLE_OPTIM
 from executor.checkpoint import load, save
 from executor.engine import Engine
 from executor.groups import ProcessGroups
-from executor.topology import build_topology
 from planner.errors import SpecError
+from planner.layout import build_topology
 from planner.model import ModelSpec
 from planner.plan import Plan
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from executor.engine import Engine
 from executor.groups import ProcessGroups
 from executor.optim import OptimConfig
-from executor.topology import build_topology
+from planner.layout import build_topology
 from planner.model import PRESETS, ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 
@@ -116,7 +116,7 @@ def train_packed(plan: Plan, steps: list[list[torch.Tensor]], layouts: list[list
 
 def assemble_pipeline(plan: Plan, results: list[dict[str, Any] | None], pipeline: int) -> dict[str, torch.Tensor]:
     """Logical tensors of ``pipeline`` rebuilt from the per-rank shards returned by :func:`train_plans`."""
-    from executor.topology import logical_params
+    from planner.layout import logical_params
 
     topo = build_topology(plan)
     out = {}

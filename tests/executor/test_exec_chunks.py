@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from executor.chunks import Chunk, flat_chunks, shard_chunk, view_chunk
-from executor.topology import ParamInfo
+from planner.layout import ParamInfo
 
 
 def test_shards_and_views_in_logical_coordinates() -> None:

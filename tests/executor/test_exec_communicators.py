@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from test_exec_random_plans import plans
 
 from executor.groups import group_sets
-from executor.topology import build_topology
 from planner.cost.communicators import communicators
+from planner.layout import build_topology
 from planner.plan import Plan
 
 

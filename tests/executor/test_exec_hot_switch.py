@@ -13,8 +13,8 @@ from torch.testing import assert_close
 
 from executor.reshard_plan import grad_moves, weight_moves
 from executor.strategy_topology import rank_map, strategy_topology
-from executor.topology import build_topology, logical_params, shard_range
 from planner.errors import SpecError
+from planner.layout import build_topology, logical_params, shard_range
 from planner.plan import Pipeline, Plan, Stage
 from planner.varlen.seq_cost import PipelineCost, SeqCost
 from planner.varlen.step_layout import StrategyCost, plan_step

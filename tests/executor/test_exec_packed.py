@@ -11,7 +11,7 @@ from torch.testing import assert_close
 from executor.model import StageModule
 from executor.packed_batch import label_tokens, pack_documents, pack_micro_batches
 from executor.packed_docs import DocSpans, packed_attention
-from executor.topology import stage_params
+from planner.layout import stage_params
 from planner.plan import Plan
 from tests.support.reference import reference_model, reference_train
 

@@ -7,8 +7,9 @@ import math
 import pytest
 from exec_jobs import TINY, TINY8, make_plan
 
-from executor.topology import SliceRef, build_topology, logical_params, shard_range, stage_params
+from executor.model import check_supported
 from planner.errors import SpecError
+from planner.layout import SliceRef, build_topology, logical_params, shard_range, stage_params
 from planner.model import ModelSpec
 
 
@@ -106,4 +107,4 @@ def test_stage_params_cover_model_once() -> None:
 def test_tied_embeddings_rejected() -> None:
     tied = ModelSpec("tied", 2, 64, 128, 4, 2, 256, 16, tie_embeddings=True)
     with pytest.raises(SpecError, match="tie_embeddings"):
-        build_topology(make_plan(tied, [(1, 1, "1f1b", [(1, 2)])]))
+        check_supported(make_plan(tied, [(1, 1, "1f1b", [(1, 2)])]))

@@ -14,7 +14,7 @@ from torch.testing import assert_close
 from executor.init import init_tensor, logical_init
 from executor.model import StageModule, shard_of
 from executor.optim import OptimConfig, clip_coefficient, decays, lr_at
-from executor.topology import logical_params
+from planner.layout import logical_params
 from tests.support.dist_testing import DistributedError, run_distributed
 from tests.support.reference import reference_model
 

@@ -19,7 +19,7 @@ from torch.testing import assert_close
 from executor.engine import Engine
 from executor.groups import ProcessGroups
 from executor.optim import OptimConfig
-from executor.topology import build_topology, logical_params
+from planner.layout import build_topology, logical_params
 from planner.plan import Plan
 from tests.support.reference import reference_train
 

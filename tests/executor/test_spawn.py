@@ -31,16 +31,15 @@ def test_every_rank_runs_with_its_rank(tmp_path) -> None:  # noqa: ANN001
 def test_a_failing_rank_stops_the_others_at_once() -> None:
     t0 = time.monotonic()
     with pytest.raises(RanksFailed, match=r"ranks \[0, 1, 2\]") as info:
-        spawn(fail_on_rank_one, 3, (60.0,), timeout=120)
+        spawn(fail_on_rank_one, 3, (600.0,), timeout=900)
     assert info.value.codes[1] == 7 and info.value.codes[0] is None and info.value.codes[2] is None
-    assert time.monotonic() - t0 < 30, "the sleeping ranks were not stopped when rank 1 failed"
+    assert time.monotonic() - t0 < 120, "the sleeping ranks were not stopped when rank 1 failed"
 
 
 def test_deadline_stops_hung_ranks() -> None:
-    codes = spawn(time.sleep, 2, timeout=3.0, check=False)  # rank 0 sleeps 0 s, rank 1 sleeps 1 s
-    assert codes == [0, 0]
-    codes = spawn(fail_on_rank_one, 1, (60.0,), timeout=1.0, check=False)
-    assert codes == [None]
+    t0 = time.monotonic()
+    codes = spawn(fail_on_rank_one, 1, (600.0,), timeout=1.0, check=False)  # rank 0 sleeps 10 minutes
+    assert codes == [None] and time.monotonic() - t0 < 60
 
 
 def test_free_port_can_be_bound() -> None:

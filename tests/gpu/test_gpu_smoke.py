@@ -40,7 +40,7 @@ def _train(dtype: str, *, compile_blocks: bool = False) -> list[float]:
     from executor.engine import Engine
     from executor.groups import ProcessGroups
     from executor.optim import OptimConfig
-    from executor.topology import build_topology
+    from planner.layout import build_topology
 
     pipe = Pipeline(batch_size=4, micro_batches=2, stages=(Stage(("g:0",), 1, (0, SMOKE.num_layers)),))
     plan = Plan(model=SMOKE, global_batch_size=4, pipelines=(pipe,), options=PlanOptions(dtype=dtype))

@@ -11,7 +11,7 @@ from executor.engine import Engine
 from executor.grad_sync import GradSync
 from executor.groups import ProcessGroups
 from executor.optim import OptimConfig
-from executor.topology import build_topology
+from planner.layout import build_topology
 from planner.plan import Plan
 
 OPTIM = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=1, total_steps=4, grad_clip=0.5, eps=1e-6)

@@ -137,10 +137,10 @@ def test_to_dict_is_json() -> None:
 
 
 def _executor_sync_bytes(p: object) -> dict[tuple[str, ...], float]:
-    """The executor's own sync groups (executor/topology.py, pure) as {owner devices: fp32 bytes}."""
+    """The executor's own sync groups (planner/layout.py, pure) as {owner devices: fp32 bytes}."""
     import math
 
-    from executor.topology import build_topology, logical_params
+    from planner.layout import build_topology, logical_params
 
     topo = build_topology(p)  # type: ignore[arg-type]
     shapes = {i.name: i.shape for i in logical_params(topo.model)}

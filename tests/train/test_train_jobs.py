@@ -45,9 +45,11 @@ def two_rank_plan(tmp_path: Path) -> Path:
 
 
 def test_local_job_then_resume_under_another_plan(tmp_path: Path) -> None:
+    """Checkpoints written in the background (--async-save) at steps 2 and 4; step 2's resumed on 2
+    ranks under another layout gives the same steps 3 and 4."""
     ck, full = tmp_path / "ck", tmp_path / "full.jsonl"
     run = hexiscale("launch", str(PLAN4), "--local", "--", "--steps", "4", "--checkpoint-dir", str(ck),
-                    "--save-every", "2", "--log-jsonl", str(full), "--lr", "3e-3", "--warmup", "1")
+                    "--save-every", "2", "--async-save", "--log-jsonl", str(full), "--lr", "3e-3", "--warmup", "1")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "step 4/4 pipeline 0 rank 0" in run.stdout and "step 4/4 pipeline 1 rank 1" in run.stdout
     assert "summary: 4 steps" in run.stdout and "MFU n/a" in run.stdout
@@ -72,7 +74,7 @@ def test_kill_during_save_keeps_the_last_checkpoint(tmp_path: Path) -> None:
     ck, logged = tmp_path / "ck", tmp_path / "killed.jsonl"
     run = hexiscale("launch", str(PLAN4), "--local", "--grace", "60", "--", "--steps", "4", "--checkpoint-dir",
                     str(ck), "--save-every", "2", "--log-jsonl", str(logged), "--lr", "3e-3", "--warmup", "1",
-                    "--dead-after", "5", "--heartbeat", "0.5", env={"HEXISCALE_FAULT": "1:3:kill-in-save"})
+                    "--dead-after", "8", "--heartbeat", "0.5", env={"HEXISCALE_FAULT": "1:3:kill-in-save"})
     assert run.returncode == 3, run.stdout + run.stderr
     assert "injecting 'kill-in-save' at step 3" in run.stdout
     assert (ck / "latest").read_text().strip() == "step-000002"

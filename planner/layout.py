@@ -1,5 +1,10 @@
 """Plan -> ranks: pure rank and group arithmetic for asymmetric 3D parallelism (no torch).
 
+The one layout module: the executor builds its groups from :func:`build_topology`; the cost model
+(:mod:`planner.cost.gradsync`, :mod:`planner.cost.step`) and the search's surrogate
+(:mod:`planner.search.candidate`) take the finest common slices (:func:`finest_slices`), the
+parameter list and the tensors per stage (:func:`stage_tensors`, :func:`layer_numel`) from here.
+
 Vocabulary: a *pipeline* is one data-parallel replica, a *stage* is one TP group inside a pipeline,
 a *rank* is one process. Ranks follow the plan contract: pipelines in order, stages in order,
 devices in order.
@@ -41,9 +46,9 @@ B1=3 B2=4 B3=5 B4=6.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.errors import SpecError
 from planner.model import ModelSpec
 from planner.plan import Plan
 
@@ -86,8 +91,11 @@ def embed_param(model: ModelSpec) -> ParamInfo:
 
 
 def head_params(model: ModelSpec) -> list[ParamInfo]:
-    return [ParamInfo("final_norm.weight", (model.hidden_size,), None),
-            ParamInfo("lm_head.weight", (model.vocab_size, model.hidden_size), 0)]
+    """Final norm and LM head (a tied head is the embedding: no tensor of its own)."""
+    norm = ParamInfo("final_norm.weight", (model.hidden_size,), None)
+    if model.tie_embeddings:
+        return [norm]
+    return [norm, ParamInfo("lm_head.weight", (model.vocab_size, model.hidden_size), 0)]
 
 
 def logical_params(model: ModelSpec) -> list[ParamInfo]:
@@ -104,6 +112,27 @@ def stage_params(model: ModelSpec, layers: tuple[int, int], first: bool, last: b
     for i in range(*layers):
         out += layer_params(model, i)
     return out + (head_params(model) if last else [])
+
+
+def layer_numel(model: ModelSpec) -> tuple[int, int]:
+    """Elements of one layer: (TP-sharded weights, replicated norm scales)."""
+    infos = layer_params(model, 0)
+    return (sum(i.numel for i in infos if i.shard_dim is not None), sum(i.numel for i in infos if i.shard_dim is None))
+
+
+def stage_tensors(model: ModelSpec, num_layers: int, first: bool, last: bool) -> int:
+    """Parameter tensors one device of a stage holds (what a per-tensor optimizer step launches)."""
+    return (num_layers * len(layer_params(model, 0)) + (1 if first else 0)
+            + (len(head_params(model)) if last else 0))
+
+
+def finest_slices(tps: Sequence[int]) -> list[tuple[int, ...]]:
+    """The finest common layout of a weight that holders ``p`` shard ``tps[p]`` ways: ``T = lcm(tps)``
+    equal slices along the shard dimension; slice ``j`` lies inside the shard of TP rank
+    ``j // (T / tps[p])`` of holder ``p``. Per slice, that TP rank in every holder (so each slice
+    has one owner per holder). Example: ``finest_slices([2, 4]) == [(0, 0), (0, 1), (1, 2), (1, 3)]``."""
+    T = math.lcm(*tps)
+    return [tuple(j // (T // t) for t in tps) for j in range(T)]
 
 
 def shard_range(size: int, tp: int, tp_rank: int) -> tuple[int, int]:
@@ -231,16 +260,8 @@ def _param_info(model: ModelSpec, name: str) -> ParamInfo:
     raise KeyError(name)
 
 
-def check_supported(plan: Plan) -> None:
-    """Plan features the executor does not run (beyond the plan's own structural checks)."""
-    if plan.model.tie_embeddings:
-        raise SpecError("model.tie_embeddings", "tied embeddings are not supported by the executor",
-                        "train with an untied LM head (tie_embeddings: false)")
-
-
 def build_topology(plan: Plan) -> Topology:
     """All ranks and groups of ``plan`` (pure; see the module docstring for a worked example)."""
-    check_supported(plan)
     pipes: list[tuple[StageTopo, ...]] = []
     rank = 0
     for pi, pipe in enumerate(plan.pipelines):
@@ -274,11 +295,10 @@ def _sync_plan(model: ModelSpec, pipes: tuple[tuple[StageTopo, ...], ...]
                     if st.tp > 1:
                         bcast.setdefault(st.ranks, []).append(info.name)
             continue
-        size = info.shape[info.shard_dim]
-        lcm = math.lcm(*(st.tp for st in holders))
-        width = size // lcm
-        for j in range(lcm):
-            owners = tuple(st.ranks[j // (lcm // st.tp)] for st in holders)
+        slices = finest_slices([st.tp for st in holders])
+        width = info.shape[info.shard_dim] // len(slices)
+        for j, tp_ranks in enumerate(slices):
+            owners = tuple(st.ranks[r] for st, r in zip(holders, tp_ranks))
             by_ranks.setdefault(owners, []).append(SliceRef(info.name, info.shard_dim, j * width, (j + 1) * width))
     groups = tuple(SyncGroup(r, tuple(s)) for r, s in sorted(by_ranks.items()) if len(r) > 1)
     bcasts = tuple(TPBroadcast(r, tuple(n)) for r, n in sorted(bcast.items()))
