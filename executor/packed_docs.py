@@ -23,6 +23,7 @@ Kernels (:func:`packed_attention`, ``q [1, Hq, T, d]``, ``k, v [1, Hkv, T, d]``)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,7 +77,10 @@ class DocSpans:
         return self._cached("mask", device, build)
 
 
-def _load_torch_varlen() -> Callable[..., Any] | None:
+@functools.cache
+def torch_varlen() -> Callable[..., Any] | None:
+    """PyTorch's ``varlen_attn`` where this torch has it (imported on first use on a GPU: the
+    module registers a custom op, which CPU jobs do not need)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:  # torch without the varlen API
@@ -85,7 +89,6 @@ def _load_torch_varlen() -> Callable[..., Any] | None:
 
 
 FLASH_VARLEN_FUNC = fast_path._load_flash_attn("flash_attn_varlen_func")
-TORCH_VARLEN_FUNC = _load_torch_varlen()
 
 
 def varlen_kernel_name(q: torch.Tensor) -> str:
@@ -93,7 +96,7 @@ def varlen_kernel_name(q: torch.Tensor) -> str:
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
         if FLASH_VARLEN_FUNC is not None:
             return "flash-attn varlen"
-        if TORCH_VARLEN_FUNC is not None:
+        if torch_varlen() is not None:
             return "torch varlen_attn"
     if q.is_cuda:
         return "sdpa per document"
@@ -126,8 +129,9 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Do
         if FLASH_VARLEN_FUNC is not None:
             out = FLASH_VARLEN_FUNC(qt, kt, vt, cu, cu, docs.max_len, docs.max_len, causal=True)
         else:
-            assert TORCH_VARLEN_FUNC is not None
-            out = TORCH_VARLEN_FUNC(qt, kt, vt, cu, cu, docs.max_len, docs.max_len, window_size=(-1, 0),
+            fn = torch_varlen()
+            assert fn is not None
+            out = fn(qt, kt, vt, cu, cu, docs.max_len, docs.max_len, window_size=(-1, 0),
                                     enable_gqa=kt.shape[1] != qt.shape[1])
         return out.transpose(0, 1)[None]
     k, v = _expand_kv(k, v, q.shape[1])
