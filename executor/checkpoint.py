@@ -13,6 +13,9 @@ shapes, so a checkpoint written under one plan (and ZeRO-0 or ZeRO-1) loads unde
 same model. Each rank writes only what it holds and nothing passes through one host
 (:mod:`executor.checkpoint_pieces`, :mod:`executor.checkpoint_io`).
 
+:func:`write_logical` and :func:`read_logical` do the same from one process without an engine, a
+tensor at a time (Hugging Face import and export, :mod:`executor.hf_convert`).
+
 Atomicity: ranks write into ``<path>.tmp``; global rank 0 adds ``meta.json`` last and then renames
 the folder to ``<path>``, so a folder named like a checkpoint is complete, and a save killed
 half-way leaves only ``<path>.tmp``. ``DIR/latest`` moves after that (``executor.train_setup``).
@@ -29,7 +32,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +42,13 @@ import torch.distributed as dist
 
 from executor.checkpoint_io import Writing, read_pieces, write_pieces
 from executor.checkpoint_pieces import Piece, load_targets, save_pieces
+from executor.chunks import Chunk
 from executor.engine import Engine
 from executor.groups import ProcessGroups
 from executor.zero import MOMENTS
 from planner.errors import SpecError
 from planner.layout import logical_params
+from planner.model import ModelSpec, model_from_dict
 
 CKPT_FORMAT = "hexiscale.ckpt/2"
 DAMAGED = "the checkpoint is damaged: resume from an earlier one"
@@ -81,18 +87,21 @@ class PendingSave:
             self.on_written()
         every = _gather(groups, sums)
         if engine.rank == 0:
-            tmp = self.writing.path
-            model = engine.plan.model
-            shapes = {f"model/{i.name}": list(i.shape) for i in logical_params(model)}
-            shapes |= {f"optim/{k}/{i.name}": list(i.shape) for k in MOMENTS for i in logical_params(model)}
-            meta = {"format": CKPT_FORMAT, "model": model.to_dict(), "step": self.step, "extra": self.extra,
-                    "tensors": shapes, "checksums": {f: s for part in every for f, s in part.items()}}
-            (tmp / "meta.json.tmp").write_text(json.dumps(meta, indent=1) + "\n")
-            os.replace(tmp / "meta.json.tmp", tmp / "meta.json")
-            if self.path.exists():  # saved again at the same step: the new one replaces it
-                shutil.rmtree(self.path)
-            os.replace(tmp, self.path)
+            _finish(self.writing.path, self.path, engine.plan.model, self.step, self.extra, every)
         _barrier(groups, engine.device)
+
+
+def _finish(tmp: Path, path: Path, model: ModelSpec, step: int, extra: dict[str, Any], sums: list[Any]) -> None:
+    """Rank 0, after every rank wrote into ``tmp``: ``meta.json`` last, then ``tmp`` becomes ``path``."""
+    shapes = {f"model/{i.name}": list(i.shape) for i in logical_params(model)}
+    shapes |= {f"optim/{k}/{i.name}": list(i.shape) for k in MOMENTS for i in logical_params(model)}
+    meta = {"format": CKPT_FORMAT, "model": model.to_dict(), "step": step, "extra": extra,
+            "tensors": shapes, "checksums": {f: s for part in sums for f, s in part.items()}}
+    (tmp / "meta.json.tmp").write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(tmp / "meta.json.tmp", tmp / "meta.json")
+    if path.exists():  # saved again at the same step: the new one replaces it
+        shutil.rmtree(path)
+    os.replace(tmp, path)
 
 
 def start_save(engine: Engine, path: str | Path, extra: dict[str, Any], *, background: Any = None,
@@ -140,6 +149,17 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return {k: meta.get(k) for k in ("format", "model", "step", "extra")}
 
 
+def model_differences(saved: Any, model: ModelSpec) -> list[str]:
+    """The fields in which a checkpoint's model (its ``meta["model"]``) and ``model`` differ in
+    their weights (:meth:`ModelSpec.weights_identity`: the name and seq_len do not count)."""
+    want = model.weights_identity()
+    try:
+        got = model_from_dict(saved).weights_identity()
+    except SpecError:
+        got = dict(saved) if isinstance(saved, dict) else {}
+    return sorted(k for k in set(want) | set(got) if got.get(k) != want.get(k))
+
+
 def _check_finite(engine: Engine, pieces: list[Piece], path: Path) -> None:
     """Collective: every rank's loaded values are finite, or every rank raises the same error."""
     bad = next((p.chunk.name for p in pieces if not bool(torch.isfinite(p.tensor).all())), None)
@@ -155,12 +175,10 @@ def load(engine: Engine, path: str | Path) -> dict[str, Any]:
     into ``engine``; returns its ``extra``."""
     path = Path(path)
     meta = _meta(path)
-    want = engine.plan.model.to_dict()
-    got = meta.get("model") or {}
-    if got != want:
-        diff = sorted(k for k in set(want) | set(got) if got.get(k) != want.get(k))
+    diff = model_differences(meta.get("model") or {}, engine.plan.model)
+    if diff:
         raise SpecError("checkpoint", f"{path} holds another model (differs in {', '.join(diff)})",
-                        f"load a checkpoint of model {want.get('name')!r} or train from scratch")
+                        f"load a checkpoint of model {engine.plan.model.name!r} or train from scratch")
     if not isinstance(meta.get("checksums"), dict):
         raise SpecError("checkpoint", f"{path}/meta.json has no checksums", DAMAGED)
     pieces, install = load_targets(engine)
@@ -169,3 +187,39 @@ def load(engine: Engine, path: str | Path) -> dict[str, Any]:
     install(int(meta["step"]))
     _barrier(engine.groups, engine.device)
     return dict(meta.get("extra") or {})
+
+
+def write_logical(path: str | Path, model: ModelSpec, weights: dict[str, torch.Tensor]) -> None:
+    """One process, no engine: a step-0 checkpoint of ``model`` from full logical ``weights`` (any
+    float dtype; loading casts to fp32) with zero AdamW moments, i.e. a fresh optimizer. Tensors are
+    taken one at a time as they are written: memory-mapped weights and the moments (expanded zeros)
+    never exist whole in memory at once."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    pieces = []
+    for info in logical_params(model):
+        full = Chunk("", (0,) * len(info.shape), info.shape)
+        pieces.append(Piece(replace(full, name=f"model/{info.name}"), info.shape, weights[info.name]))
+        zero = torch.zeros((), dtype=torch.float32).expand(info.shape)
+        pieces += [Piece(replace(full, name=f"optim/{k}/{info.name}"), info.shape, zero) for k in MOMENTS]
+    _finish(tmp, path, model, 0, {}, [write_pieces(tmp, pieces, None, single=True).wait()])
+
+
+def read_logical(path: str | Path) -> tuple[ModelSpec, Iterator[tuple[str, torch.Tensor]]]:
+    """One process, no engine: the checkpoint's model and its full fp32 weights one tensor at a
+    time, in canonical order (``(name, tensor)``; the previous tensor may be freed)."""
+    path = Path(path)
+    meta = _meta(path)
+    model = model_from_dict(meta.get("model"))
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for info in logical_params(model):
+            out = torch.full(info.shape, float("nan"), dtype=torch.float32)
+            chunk = Chunk(f"model/{info.name}", (0,) * len(info.shape), info.shape)
+            read_pieces(path, [Piece(chunk, info.shape, out)], meta.get("checksums") or {}, None, single=True)
+            if not bool(torch.isfinite(out).all()):
+                raise SpecError("checkpoint", f"{path}: {info.name} holds NaN or infinite values", DAMAGED)
+            yield info.name, out
+    return model, weights()

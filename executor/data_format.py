@@ -23,6 +23,7 @@ problem with a file is a ``SpecError`` naming the file and the field.
 
 from __future__ import annotations
 
+import array
 import json
 import struct
 from collections.abc import Iterable, Sequence
@@ -82,6 +83,60 @@ def _as_docs(tokens_or_docs: Any) -> list[np.ndarray]:
     return [np.asarray(list(doc), dtype=np.int64) for doc in items]
 
 
+class TokenWriter:
+    """Streams documents into ``PATH.bin`` and writes ``PATH.idx`` on :meth:`close` (the index last,
+    so a file without one is unfinished). ``dtype`` is fixed up front (uint16 or uint32)."""
+
+    def __init__(self, path: str | Path, dtype: str):
+        if dtype not in TOKEN_DTYPES:
+            raise SpecError("dtype", f"{dtype!r} is not one of uint16, uint32, auto", "choose a token width")
+        self.dtype = dtype
+        self.bin_path, self.idx_path = token_paths(path)
+        self.bin_path.parent.mkdir(parents=True, exist_ok=True)
+        self.idx_path.unlink(missing_ok=True)
+        self._bin = open(self.bin_path, "wb")
+        self._offsets = array.array("Q", [0])  # 8 bytes a document, however many
+        self.max_token = -1
+
+    def add(self, doc: np.ndarray) -> None:
+        """Append one document (a 1-D array of token ids)."""
+        self.add_docs(doc, [len(doc)])
+
+    def add_docs(self, tokens: np.ndarray, lengths: Sequence[int] | np.ndarray) -> None:
+        """Append documents stored back to back in ``tokens`` (``lengths``: tokens of each)."""
+        if len(tokens):
+            lo, hi = int(tokens.min()), int(tokens.max())
+            if lo < 0:
+                raise SpecError("tokens", f"token id {lo} is negative", "token ids are 0 .. vocab_size-1")
+            if hi > np.iinfo(TOKEN_DTYPES[self.dtype]).max:
+                raise SpecError("dtype", f"token id {hi} does not fit {self.dtype}", "use uint32")
+            self.max_token = max(self.max_token, hi)
+        self._bin.write(np.ascontiguousarray(tokens, dtype=TOKEN_DTYPES[self.dtype]).tobytes())
+        self._offsets.extend((self._offsets[-1] + np.cumsum(lengths, dtype=np.int64)).tolist())
+
+    def close(self) -> TokenIndex:
+        self._bin.close()
+        if self._offsets[-1] == 0:
+            raise SpecError("tokens", "no tokens to write", "pass at least one non-empty document")
+        offsets = np.frombuffer(self._offsets, dtype=np.uint64).astype("<u8")
+        header = {"format": TOKEN_FORMAT, "dtype": self.dtype, "num_tokens": int(offsets[-1]),
+                  "num_docs": len(offsets) - 1, "max_token": self.max_token, "offsets_at": 10**9}
+        # offsets_at depends on the header's own length: fix the width of the number first.
+        width = len(json.dumps(header).encode())
+        header["offsets_at"] = offsets_at = (len(MAGIC) + 4 + width + 7) // 8 * 8
+        blob = json.dumps(header).encode().ljust(width)
+        with open(self.idx_path, "wb") as f:
+            f.write(MAGIC + struct.pack("<I", len(blob)) + blob)
+            f.write(b"\0" * (offsets_at - len(MAGIC) - 4 - len(blob)))
+            f.write(offsets.tobytes())
+        return read_index(self.bin_path)
+
+
+def dtype_for(largest_id: int) -> str:
+    """The smallest token width that holds ids up to ``largest_id``."""
+    return "uint16" if largest_id < 1 << 16 else "uint32"
+
+
 def write_token_file(path: str | Path, tokens_or_docs: Iterable[Any] | np.ndarray, dtype: str = "auto") -> TokenIndex:
     """Write ``PATH.bin`` and ``PATH.idx``; ``dtype`` is uint16, uint32 or auto (smallest that fits).
 
@@ -90,37 +145,10 @@ def write_token_file(path: str | Path, tokens_or_docs: Iterable[Any] | np.ndarra
     docs = _as_docs(tokens_or_docs)
     if not docs or sum(len(d) for d in docs) == 0:
         raise SpecError("tokens", "no tokens to write", "pass at least one non-empty document")
-    lo = min(int(d.min()) for d in docs if len(d))
-    hi = max(int(d.max()) for d in docs if len(d))
-    if lo < 0:
-        raise SpecError("tokens", f"token id {lo} is negative", "token ids are 0 .. vocab_size-1")
-    if dtype == "auto":
-        dtype = "uint16" if hi < 1 << 16 else "uint32"
-    if dtype not in TOKEN_DTYPES:
-        raise SpecError("dtype", f"{dtype!r} is not one of uint16, uint32, auto", "choose a token width")
-    np_dtype = TOKEN_DTYPES[dtype]
-    if hi > np.iinfo(np_dtype).max:
-        raise SpecError("dtype", f"token id {hi} does not fit {dtype}", "use uint32")
-    bin_path, idx_path = token_paths(path)
-    bin_path.parent.mkdir(parents=True, exist_ok=True)
-    offsets = np.zeros(len(docs) + 1, dtype="<u8")
-    with open(bin_path, "wb") as f:
-        for i, d in enumerate(docs):
-            f.write(np.ascontiguousarray(d, dtype=np_dtype).tobytes())
-            offsets[i + 1] = offsets[i] + len(d)
-    header = {"format": TOKEN_FORMAT, "dtype": dtype, "num_tokens": int(offsets[-1]), "num_docs": len(docs),
-              "max_token": hi, "offsets_at": 0}
-    # offsets_at depends on the header's own length: fix the width of the number first.
-    header["offsets_at"] = 10**9
-    width = len(json.dumps(header).encode())
-    offsets_at = (len(MAGIC) + 4 + width + 7) // 8 * 8
-    header["offsets_at"] = offsets_at
-    blob = json.dumps(header).encode().ljust(width)
-    with open(idx_path, "wb") as f:
-        f.write(MAGIC + struct.pack("<I", len(blob)) + blob)
-        f.write(b"\0" * (offsets_at - len(MAGIC) - 4 - len(blob)))
-        f.write(offsets.tobytes())
-    return read_index(bin_path)
+    writer = TokenWriter(path, dtype_for(max(int(d.max()) for d in docs if len(d))) if dtype == "auto" else dtype)
+    for d in docs:
+        writer.add(d)
+    return writer.close()
 
 
 def _int_field(header: dict[str, Any], key: str, file: str, minimum: int = 0) -> int:

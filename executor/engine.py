@@ -45,6 +45,7 @@ from executor.model import StageModule, check_supported
 from executor.optim import OptimConfig, build_optimizer, clip_coefficient, lr_at, set_lr
 from executor.p2p import StageComm
 from executor.schedules import MicroBatch, run_schedule
+from executor.trace import NO_TRACE, NullTrace, StepTrace
 from executor.zero import ZeroOptimizer
 from planner.errors import SpecError
 from planner.layout import Topology, stage_params
@@ -103,6 +104,7 @@ class Engine:
                               prev_group=groups.boundary(self.stage.prev_leader, leader),
                               next_group=groups.boundary(leader, self.stage.next_leader))
         self.grad_sync = GradSync(groups, self.params)
+        self.trace: NullTrace | StepTrace = NO_TRACE
         # parameters whose squared gradient this rank adds to the global norm (no double counting)
         counted = self.stage.pipeline == 0
         self._norm_params = [p for n, p in self.params.items()
@@ -125,6 +127,11 @@ class Engine:
             return contextlib.nullcontext
         dev, dt = self.device.type, self.autocast_dtype
         return lambda: torch.autocast(dev, dtype=dt)
+
+    def set_trace(self, trace: NullTrace | StepTrace) -> None:
+        """Record spans of the schedule, p2p, gradient sync and optimizer (:mod:`executor.trace`)."""
+        self.trace = trace
+        self.comm.trace = trace
 
     # ------------------------------------------------------------------------------ training
     def micro_batches(self, tokens: torch.Tensor) -> list[MicroBatch]:
@@ -166,7 +173,7 @@ class Engine:
         summed loss ``Σ CE / global_tokens`` on the last stage (None elsewhere)."""
         return run_schedule(self.pipeline.schedule, module=self.module, comm=self.comm,
                             micro=micro, loss_scale=1.0 / global_tokens,
-                            n_stages=len(self.pipeline.stages), autocast=self._autocast())
+                            n_stages=len(self.pipeline.stages), autocast=self._autocast(), trace=self.trace)
 
     def apply_gradients(self, loss: torch.Tensor | None, global_tokens: int, *,
                         count_loss: bool | None = None) -> StepStats:
@@ -176,11 +183,27 @@ class Engine:
         for p in self.params.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        with self.trace.span("grad_sync"):
+            stats = self._sync_grads(loss, count_loss)
+        with self.trace.span("optimizer"):
+            norm = stats[1].sqrt()
+            coef = clip_coefficient(norm, self.optim_cfg.grad_clip)
+            grads = self.zero.grads() if self.zero is not None else [p.grad for p in self.params.values()]
+            torch._foreach_mul_(grads, coef)  # type: ignore[arg-type]
+            lr = lr_at(self.step, self.optim_cfg)
+            set_lr(self.optimizer, lr)
+            (self.zero or self.optimizer).step()
+        self.step += 1
+        host = to_host(stats)
+        return StepStats(loss=host[0], grad_norm=host[1] ** 0.5, lr=lr, tokens=global_tokens)
+
+    def _sync_grads(self, loss: torch.Tensor | None, count_loss: bool | None = None) -> torch.Tensor:
+        """Steps 2-3 of the module docstring: gradients reduced across pipelines, then
+        ``[loss, ‖g‖²]`` summed over the plan's ranks."""
         if self.zero is not None:  # ZeRO-1: each owner gets the summed gradient of its part only
             self.zero.reduce_grads()
         else:
             self.grad_sync.sync()
-
         stats = torch.zeros(2, dtype=torch.float32, device=self.device)
         if loss is not None and (self.tp_rank == 0 if count_loss is None else count_loss):
             stats[0] = loss.float()
@@ -191,16 +214,7 @@ class Engine:
             stats[1] = torch.stack(norms).float().pow(2).sum()
         if self.topology.world_size > 1:
             dist.all_reduce(stats, group=self.groups.world)
-        norm = stats[1].sqrt()
-        coef = clip_coefficient(norm, self.optim_cfg.grad_clip)
-        grads = self.zero.grads() if self.zero is not None else [p.grad for p in self.params.values()]
-        torch._foreach_mul_(grads, coef)  # type: ignore[arg-type]
-        lr = lr_at(self.step, self.optim_cfg)
-        set_lr(self.optimizer, lr)
-        (self.zero or self.optimizer).step()
-        self.step += 1
-        host = to_host(stats)
-        return StepStats(loss=host[0], grad_norm=host[1] ** 0.5, lr=lr, tokens=global_tokens)
+        return stats
 
     # ------------------------------------------------------------------------------ state
     def logical_state_dict(self, to_all: bool = True) -> dict[str, torch.Tensor]:

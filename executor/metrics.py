@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from executor.tensorboard_sink import TensorBoardSink
 from planner.cluster import ClusterSpec
 from planner.plan import Plan
 
@@ -47,6 +48,7 @@ class StepLogger:
     cluster: ClusterSpec | None
     jsonl: str | None = None
     every: int = 1
+    tensorboard: TensorBoardSink | None = None  # rank 0's TensorBoard sink beside the JSONL file
     times: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     _t0: float = field(default_factory=time.perf_counter)
@@ -69,14 +71,17 @@ class StepLogger:
             print(f"step {step + 1}/{total} pipeline {self.pipeline} rank {self.rank} | loss {stats.loss:.4f} | "
                   f"grad-norm {stats.grad_norm:.3f} | lr {stats.lr:.2e} | {pipe_tps:,.0f} tok/s | "
                   f"MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} | mem {mem:.2f} GiB", flush=True)
-        if self.rank == 0 and self.jsonl:
+        if self.rank == 0 and (self.jsonl or self.tensorboard):
             tps = stats.tokens / seconds
             gmfu = self._mfu(tps, self.plan.devices)
             rec = {"step": step + 1, "loss": stats.loss, "grad_norm": stats.grad_norm, "lr": stats.lr,
                    "tokens": stats.tokens, "step_time_s": seconds, "tokens_per_s": tps, "mfu": gmfu,
                    "memory_gib_rank0": mem, "time": time.time()}
-            with open(self.jsonl, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+            if self.jsonl:
+                with open(self.jsonl, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+            if self.tensorboard:
+                self.tensorboard.write(rec)
 
     def summary(self, start_step: int, tokens_per_step: int) -> None:
         if self.rank != 0 or not self.times:
@@ -91,3 +96,5 @@ class StepLogger:
               f"{step_s:.3f} s/step, {tps:,.0f} tok/s, MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, "
               f"wall {time.perf_counter() - self._t0:.1f} s", flush=True)
         sys.stdout.flush()
+        if self.tensorboard:
+            self.tensorboard.close()

@@ -7,7 +7,8 @@ Block (pre-norm)::
 
 * RMSNorm: ``x / sqrt(mean(x²) + eps) * w`` (computed in fp32).
 * RoPE, rotate-half convention: for each head, pairs ``(x_i, x_{i+d/2})`` rotate by angle
-  ``pos · θ^(-2i/d)``; applied as ``x·cos + rotate_half(x)·sin`` with precomputed tables (no loops).
+  ``pos · θ^(-2i/d)`` (rescaled per ``rope_scaling``, :mod:`planner.rope`); applied as
+  ``x·cos + rotate_half(x)·sin`` with precomputed tables (no loops).
 * Grouped-query attention: each KV head serves ``num_heads / num_kv_heads`` consecutive query
   heads; SDPA with a causal mask. With TP degree ``t`` a rank holds ``num_heads/t`` query heads and
   the matching ``num_kv_heads/t`` KV heads (whole groups, so no KV head is split).
@@ -38,6 +39,7 @@ from executor.tp_layers import (
 from planner.errors import SpecError
 from planner.model import ModelSpec
 from planner.plan import Plan
+from planner.rope import RopeScaling, inv_frequencies
 
 
 def check_supported(plan: Plan) -> None:
@@ -50,10 +52,11 @@ def check_supported(plan: Plan) -> None:
 # ------------------------------------------------------------------------------ functional pieces
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables ``[seq_len, head_dim]`` (fp32) for the rotate-half RoPE convention."""
-    inv = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device | None = None,
+                scaling: RopeScaling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables ``[seq_len, head_dim]`` (fp32) for the rotate-half RoPE convention, with
+    the frequencies of :func:`planner.rope.inv_frequencies` (``scaling``: linear or llama3)."""
+    inv = torch.tensor(inv_frequencies(head_dim, theta, scaling), dtype=torch.float64, device=device)
     ang = torch.arange(seq_len, dtype=torch.float64, device=device)[:, None] * inv[None, :]
     ang = torch.cat([ang, ang], dim=-1)
     return ang.cos().float(), ang.sin().float()
@@ -184,7 +187,7 @@ class StageModule(nn.Module):
                 m.hidden_size, m.vocab_size, tp=tp, group=group, device=device)
         else:
             self.final_norm, self.lm_head = None, None
-        cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta, device)
+        cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta, device, m.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 

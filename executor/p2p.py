@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.trace import NO_TRACE, NullTrace, StepTrace
 from planner.layout import StageTopo
 
 
@@ -45,12 +46,21 @@ class StageComm:
         self.device = device
         self.dtype = dtype
         self.is_leader = rank == stage.leader
+        self.trace: NullTrace | StepTrace = NO_TRACE  # executor.trace: p2p spans when tracing
 
     # -------------------------------------------------------------------------- primitives
     def _exchange(self, send: torch.Tensor | None, send_to: int | None, recv_shape: tuple[int, ...] | None,
                   recv_from: int | None) -> torch.Tensor | None:
         """Leader: post the send and/or receive together and wait; then broadcast the received
         tensor inside the TP group."""
+        sends = send is not None and send_to is not None
+        if not sends and (recv_shape is None or recv_from is None):
+            return None
+        with self.trace.span("p2p"):
+            return self._exchange_now(send if sends else None, send_to, recv_shape, recv_from)
+
+    def _exchange_now(self, send: torch.Tensor | None, send_to: int | None, recv_shape: tuple[int, ...] | None,
+                      recv_from: int | None) -> torch.Tensor | None:
         buf = None
         if recv_shape is not None and recv_from is not None:
             buf = torch.empty(recv_shape, dtype=self.dtype, device=self.device)

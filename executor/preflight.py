@@ -2,9 +2,9 @@
 
 Local checks (:func:`local_checks`): the device the plan gives this rank is visible (on GPU), the
 data file is present and valid for the model (see :func:`executor.data_format.check_token_file`;
-global rank 0 also scans every token),
-the checkpoint to resume is complete and holds the same model. World size and plan/cluster
-mismatches are found earlier, identically on every rank, from the environment.
+global rank 0 also scans every token), the checkpoint to resume is complete and holds the same
+model, and rank 0 can write TensorBoard files if asked to. World size and plan/cluster mismatches
+are found earlier, identically on every rank, from the environment.
 
 Agreement (:func:`agree`) goes through the TCPStore, not a collective, so it works before the
 process group exists and whatever the backend: every rank publishes ``ok`` or its error, then waits
@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
-from executor.checkpoint import read_meta
+from executor.checkpoint import model_differences, read_meta
 from executor.launch.env import RankEnv
 from executor.model import check_supported
+from executor.tensorboard_sink import summary_writer_class
 from planner.errors import SpecError
 from planner.plan import Plan
 
@@ -57,11 +58,10 @@ def find_checkpoint(path: str | Path) -> Path:
 def check_checkpoint(path: str | Path, plan: Plan) -> ResumePoint:
     ck = find_checkpoint(path)
     meta = read_meta(ck)
-    want = plan.model.to_dict()
     got = meta.get("model") or {}
-    if got != want:
-        diff = sorted(k for k in set(want) | set(got) if got.get(k) != want.get(k))
-        raise SpecError("--resume", f"{ck} holds model {got.get('name')!r}, the plan trains {want['name']!r} "
+    diff = model_differences(got, plan.model)
+    if diff:
+        raise SpecError("--resume", f"{ck} holds model {got.get('name')!r}, the plan trains {plan.model.name!r} "
                         f"(they differ in {', '.join(diff)})", "resume with a plan of the same model")
     step = meta.get("step")
     if not isinstance(step, int) or step < 0:
@@ -130,11 +130,14 @@ class Prepared:
 
 
 def local_checks(plan: Plan, renv: RankEnv, *, device: str, data: str | None, seed: int,
-                 resume: str | None) -> Prepared:
-    """This rank's checks (device, data, checkpoint); the first problem is a ``SpecError``."""
+                 resume: str | None, tensorboard: str | None = None) -> Prepared:
+    """This rank's checks (device, data, checkpoint, and on rank 0 the TensorBoard package when a
+    ``tensorboard`` folder is asked for); the first problem is a ``SpecError``."""
     from executor.data import make_source
 
     check_supported(plan)
+    if tensorboard and renv.rank == 0:
+        summary_writer_class()
     dev = pick_device(device, renv, plan)
     # Every rank checks the index and file size; only rank 0 reads the whole file for ids >= vocab_size
     # (the same file on every node: 56 full scans of a large corpus would cost minutes for nothing).

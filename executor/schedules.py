@@ -29,6 +29,7 @@ import torch
 from executor.model import StageModule
 from executor.p2p import StageComm
 from executor.packed_docs import DocSpans
+from executor.trace import NO_TRACE, NullTrace, StepTrace
 
 
 @dataclass
@@ -42,8 +43,9 @@ class _Runner:
     """Forward/backward of single micro-batches on one stage, holding what backward needs."""
 
     def __init__(self, module: StageModule, micro: list[MicroBatch], loss_scale: float,
-                 autocast: Callable[[], contextlib.AbstractContextManager]):
+                 autocast: Callable[[], contextlib.AbstractContextManager], trace: NullTrace | StepTrace = NO_TRACE):
         self.module = module
+        self.trace = trace
         self.micro = micro
         self.loss_scale = loss_scale
         self.autocast = autocast
@@ -61,7 +63,7 @@ class _Runner:
             assert x is not None
             inp = x.requires_grad_(True)
             src = inp
-        with self.autocast():
+        with self.trace.span("forward", j), self.autocast():
             out = self.module(src, mb.docs) if mb.docs is not None else self.module(src)
             if self.module.last:
                 out = self.module.loss(out, mb.labels).sum() * self.loss_scale
@@ -75,11 +77,12 @@ class _Runner:
 
     def backward(self, j: int, dy: torch.Tensor | None) -> torch.Tensor | None:
         inp, out = self.saved.pop(j)
-        if self.module.last:
-            out.backward()
-        else:
-            assert dy is not None
-            torch.autograd.backward(out, grad_tensors=dy.to(out.dtype))
+        with self.trace.span("backward", j):
+            if self.module.last:
+                out.backward()
+            else:
+                assert dy is not None
+                torch.autograd.backward(out, grad_tensors=dy.to(out.dtype))
         return None if inp is None else inp.grad
 
 
@@ -123,13 +126,14 @@ def run_1f1b(runner: _Runner, comm: StageComm, n_stages: int) -> None:
 
 
 def run_schedule(kind: str, *, module: StageModule, comm: StageComm, micro: list[MicroBatch], loss_scale: float,
-                 n_stages: int, autocast: Callable[[], contextlib.AbstractContextManager] | None = None
-                 ) -> torch.Tensor | None:
+                 n_stages: int, autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+                 trace: NullTrace | StepTrace = NO_TRACE) -> torch.Tensor | None:
     """Run forward and backward of all micro-batches; gradients accumulate in ``module``'s ``.grad``.
 
     Returns the summed scaled loss (a detached scalar tensor) on the last stage, None elsewhere.
+    ``trace`` records each micro-batch's forward and backward (:mod:`executor.trace`).
     """
-    runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext)
+    runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext, trace)
     if kind == "gpipe":
         run_gpipe(runner, comm)
     elif kind == "1f1b":

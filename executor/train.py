@@ -29,6 +29,8 @@ from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog
 from executor.metrics import StepLogger
 from executor.preflight import agree, local_checks, wait_all_seen
 from executor.saving import Saver
+from executor.tensorboard_sink import TensorBoardSink
+from executor.trace import StepTrace, trace_window
 from executor.train_config import TrainConfig
 from executor.train_setup import (
     check_world,
@@ -58,7 +60,8 @@ def run_training(args: TrainConfig) -> int:
             renv = replace(renv, master_port=store.port)
         error, prep = None, None
         try:
-            prep = local_checks(plan, renv, device=args.device, data=args.data, seed=args.seed, resume=args.resume)
+            prep = local_checks(plan, renv, device=args.device, data=args.data, seed=args.seed, resume=args.resume,
+                                tensorboard=args.tensorboard)
         except SpecError as exc:
             error = exc
         agree(store, renv, error, args.startup_timeout)
@@ -93,9 +96,15 @@ def run_training(args: TrainConfig) -> int:
         stream = BatchStream(prep.source, global_batch_size=plan.global_batch_size,
                              rows=pipeline_rows(plan, pipeline), position=position, device=prep.device)
         logger = StepLogger(plan, renv.rank, pipeline, leader=engine.stage.is_first and engine.tp_rank == 0,
-                            device=prep.device, cluster=cluster, jsonl=args.log_jsonl, every=args.log_every)
+                            device=prep.device, cluster=cluster, jsonl=args.log_jsonl, every=args.log_every,
+                            tensorboard=TensorBoardSink(args.tensorboard) if args.tensorboard and renv.rank == 0
+                            else None)
         saver = Saver(engine, args.checkpoint_dir, args.save_every, args.async_save)
         start = engine.step
+        trace = StepTrace(path=args.trace, plan=plan, device=prep.device, rank=renv.rank, world=groups.world,
+                          window=trace_window(start, args.steps, args.trace_steps)) if args.trace else None
+        if trace is not None:
+            engine.set_trace(trace)
         if renv.rank == 0:
             print(f"hexiscale train: {plan.world_size} ranks, {len(plan.pipelines)} pipelines, model "
                   f"{plan.model.name}, {prep.device.type} ({backend}), data {args.data or 'synthetic'}, steps "
@@ -103,9 +112,13 @@ def run_training(args: TrainConfig) -> int:
         for k in range(start, args.steps):
             wd.begin_step(k + 1)
             maybe_inject(fault, renv.rank, k)
+            if trace is not None:
+                trace.begin_step(k)
             t0 = time.perf_counter()
             stats = engine.train_step(stream.next())
             logger.step(k, args.steps, stats, time.perf_counter() - t0)
+            if trace is not None:
+                trace.end_step(k)
             state = {"data": stream.position.to_dict(), "plan_world_size": plan.world_size}
             saver.after_step(k + 1, k + 1 == args.steps, state,
                              partial(maybe_inject, fault, renv.rank, k, in_save=True))

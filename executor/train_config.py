@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.errors import SpecError
-from planner.seed_flags import SeedLayout
+from planner.seed_layout import SeedLayout
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -35,6 +35,9 @@ class TrainConfig:
     resume: str | None = None  # a checkpoint, or a checkpoint_dir (its latest)
     log_jsonl: str | None = None
     log_every: int = 1
+    tensorboard: str | None = None  # a folder: rank 0 writes TensorBoard scalars there too
+    trace: str | None = None  # rank 0 writes measured per-micro-batch events here (executor.trace)
+    trace_steps: int = 3  # how many steps --trace records (after the run's first)
     heartbeat: float = 1.0  # seconds between heartbeats
     dead_after: float = 30.0  # a rank silent this long is dead
     hang_after: float = 1800.0  # no step finished this long: the job is hung
@@ -49,6 +52,8 @@ class TrainConfig:
                 raise SpecError(flag, f"must be >= 0, got {value}", "pass a count of steps")
         if self.log_every < 1:
             raise SpecError("--log-every", f"must be >= 1, got {self.log_every}", "pass e.g. --log-every 10")
+        if self.trace_steps < 1:
+            raise SpecError("--trace-steps", f"must be >= 1, got {self.trace_steps}", "pass e.g. --trace-steps 3")
         for flag, secs in (("--heartbeat", self.heartbeat), ("--dead-after", self.dead_after),
                            ("--hang-after", self.hang_after), ("--startup-timeout", self.startup_timeout),
                            ("--pg-timeout", self.pg_timeout)):

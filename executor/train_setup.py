@@ -29,8 +29,8 @@ def resolve_plan(args: TrainConfig) -> tuple[Plan, ClusterSpec | None]:
         plan = load_plan(args.plan)
     else:
         if args.seed_layout.hetero_configs is None:
-            raise SpecError("--plan", "missing", "pass --plan PLAN.json, or the seed-style flags with "
-                            "--cluster and --model")
+            raise SpecError("--plan", "missing", "pass --plan PLAN.json, or the seed-style flags (with --model "
+                            "or --model-size, and --cluster unless every device is on this machine)")
         plan = args.seed_layout.plan(args.cluster)
     if cluster is not None:
         validate(plan, cluster)

@@ -28,7 +28,7 @@ class SpecError(ValueError):
         return text
 
     def __reduce__(self) -> tuple[type[SpecError], tuple[str, str, str, str | None, int | None]]:
-        """Pickles whole (ranks exchange errors, e.g. a checkpoint load's, through collectives)."""
+        """Pickles whole (ranks exchange errors through collectives, ``data prep`` workers return them)."""
         return type(self), (self.path, self.message, self.hint, self.file, self.line)
 
     def with_file(self, file: str, line: int | None = None) -> SpecError:

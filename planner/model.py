@@ -1,5 +1,5 @@
-"""Llama-family model description, presets, Hugging Face ``config.json`` loading, and the
-parameter/FLOP counts every other part uses (one formula, defined here).
+"""Llama-family model description, presets, and the parameter/FLOP counts every other part uses
+(one formula, defined here). Hugging Face ``config.json`` files are read by :mod:`planner.hf_config`.
 
 FLOPs per token (the convention used for MFU everywhere in HexiScale, after PaLM/Megatron)::
 
@@ -14,13 +14,12 @@ selective recompute the attention core's forward (``4Lhs``).
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from planner.errors import SpecError
 from planner.fields import check_keys, expect_mapping, get_bool, get_float, get_int, get_str
+from planner.rope import RopeScaling, rope_scaling_from_dict
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -38,6 +37,7 @@ class ModelSpec:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    rope_scaling: RopeScaling | None = None  # None: plain RoPE (planner.rope)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads",
@@ -105,7 +105,19 @@ class ModelSpec:
                         f"use one of {', '.join(RECOMPUTE_MODES)}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.rope_scaling is None:
+            del out["rope_scaling"]  # plan files and checkpoints of unscaled models stay as they were
+        else:
+            out["rope_scaling"] = self.rope_scaling.to_dict()
+        return out
+
+    def weights_identity(self) -> dict[str, Any]:
+        """What decides the weights' shapes and meaning: everything but the name and seq_len, so a
+        checkpoint loads whatever the model was called and whatever sequence length trains next."""
+        out = self.to_dict()
+        del out["name"], out["seq_len"]
+        return out
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -130,7 +142,7 @@ def model_from_dict(data: Any, path: str = "model") -> ModelSpec:
     """A ModelSpec from plan-file JSON (strict keys)."""
     data = expect_mapping(data, path)
     check_keys(data, path, ("num_layers", "hidden_size", "ffn_hidden_size", "num_heads", "vocab_size", "seq_len"),
-               ("name", "num_kv_heads", "rope_theta", "norm_eps", "tie_embeddings"))
+               ("name", "num_kv_heads", "rope_theta", "norm_eps", "tie_embeddings", "rope_scaling"))
     heads = get_int(data, "num_heads", path, minimum=1)
     try:
         return ModelSpec(
@@ -145,49 +157,10 @@ def model_from_dict(data: Any, path: str = "model") -> ModelSpec:
             rope_theta=get_float(data, "rope_theta", path, positive=True, default=10000.0),
             norm_eps=get_float(data, "norm_eps", path, positive=True, default=1e-5),
             tie_embeddings=get_bool(data, "tie_embeddings", path, default=False),
+            rope_scaling=(rope_scaling_from_dict(data["rope_scaling"], f"{path}.rope_scaling")
+                          if data.get("rope_scaling") is not None else None),
         )
     except SpecError as exc:
         if exc.path.startswith("model.") and path != "model":
             raise SpecError(path + exc.path[len("model"):], exc.message, exc.hint) from None
         raise
-
-
-def model_from_hf_config(data: Any, name: str = "hf-model", seq_len: int | None = None) -> ModelSpec:
-    """A ModelSpec from a Hugging Face Llama ``config.json`` mapping."""
-    data = expect_mapping(data, "config")
-    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
-        if key not in data:
-            raise SpecError(f"config.{key}", "missing from the Hugging Face config", "is this a Llama-family config?")
-    heads = get_int(data, "num_attention_heads", "config", minimum=1)
-    return ModelSpec(
-        name=name,
-        num_layers=get_int(data, "num_hidden_layers", "config", minimum=1),
-        hidden_size=get_int(data, "hidden_size", "config", minimum=1),
-        ffn_hidden_size=get_int(data, "intermediate_size", "config", minimum=1),
-        num_heads=heads,
-        num_kv_heads=get_int(data, "num_key_value_heads", "config", minimum=1, default=heads),
-        vocab_size=get_int(data, "vocab_size", "config", minimum=1),
-        seq_len=seq_len or get_int(data, "max_position_embeddings", "config", minimum=1, default=4096),
-        rope_theta=get_float(data, "rope_theta", "config", positive=True, default=10000.0),
-        norm_eps=get_float(data, "rms_norm_eps", "config", positive=True, default=1e-5),
-        tie_embeddings=get_bool(data, "tie_word_embeddings", "config", default=False),
-    )
-
-
-def resolve_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
-    """A preset name or a path to a Hugging Face ``config.json``; ``seq_len`` overrides the length."""
-    if name_or_path in PRESETS:
-        model = PRESETS[name_or_path]
-        return replace(model, seq_len=seq_len) if seq_len else model
-    path = Path(name_or_path)
-    if not path.exists():
-        raise SpecError("--model", f"{name_or_path!r} is neither a preset nor a file",
-                        f"presets: {', '.join(PRESETS)}; or pass a config.json path")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError("--model", f"cannot read {path}: {exc}", "pass a valid config.json") from None
-    try:
-        return model_from_hf_config(data, name=path.parent.name or path.stem, seq_len=seq_len)
-    except SpecError as exc:
-        raise exc.with_file(str(path)) from None

@@ -17,15 +17,16 @@ padded with its last value; a longer one is truncated (the seed's rule).
 
 from __future__ import annotations
 
-import argparse
 import ast
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from planner.cluster import ClusterSpec, load_cluster
+from planner.cluster import ClusterSpec
 from planner.errors import SpecError
-from planner.model import ModelSpec, resolve_model
+from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
+
+LOCAL_NODE = "local"  # the node of plans whose devices are all on this machine
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def _int_list(value: Any, flag: str) -> list[int]:
         text = value.strip()
         if text and not text.startswith("[") and not text.startswith("("):
             tokens = text.replace(",", " ").split()
-            if not all(t.lstrip("-").isdigit() for t in tokens):
+            if not all(t.lstrip("-").isdecimal() for t in tokens):  # isdigit() passes "²"
                 raise SpecError(flag, f"cannot parse {value!r}", "write numbers such as '32 32' or '[32, 32]'")
             value = [int(t) for t in tokens]
         else:
@@ -115,15 +116,22 @@ def pad_to(values: list[int], n: int) -> list[int]:
 def plan_from_flags(
     *,
     model: ModelSpec,
-    cluster: ClusterSpec,
+    cluster: ClusterSpec | None,
     hetero_configs: Any,
     layer_partitions: Any,
     global_bsz_size: Any,
     chunks: Any,
     devices_id: Any = None,
     options: PlanOptions | None = None,
+    accum_iter: int = 1,
 ) -> Plan:
-    """A plan from seed-style flags (strings as typed on a command line, or already-parsed lists)."""
+    """A plan from seed-style flags (strings as typed on a command line, or already-parsed lists).
+
+    ``cluster`` None: every device is on this machine (``--devices_id`` names node 0 only), named
+    ``local:0``, ``local:1``, ... in order of appearance. ``accum_iter`` (the seed's
+    ``--accum-iter``: iterations of the batch per optimizer step) multiplies each pipeline's batch
+    and micro-batch count, so one step sees what the seed's ``accum_iter`` iterations saw, in
+    micro-batches of the same size."""
     tps: list[list[int]] = _nested_ints(hetero_configs, "--hetero_configs", 2)
     parts: list[list[int]] = _nested_ints(layer_partitions, "--layer_partitions", 2)
     if len(parts) != len(tps):
@@ -137,8 +145,8 @@ def plan_from_flags(
             raise SpecError(f"--layer_partitions[{i}]", f"sums to {sum(p)}, the model has {model.num_layers} layers",
                             "the stages of a pipeline must hold every layer")
     n = len(tps)
-    bsz = pad_to(_int_list(global_bsz_size, "--global_bsz_size"), n)
-    mbs = pad_to(_int_list(chunks, "--chunks"), n)
+    bsz = [b * accum_iter for b in pad_to(_int_list(global_bsz_size, "--global_bsz_size"), n)]
+    mbs = [m * accum_iter for m in pad_to(_int_list(chunks, "--chunks"), n)]
     devices = _devices_from_flag(devices_id, tps, cluster)
     pipelines = []
     k = 0
@@ -151,11 +159,26 @@ def plan_from_flags(
             start += nl
         pipelines.append(Pipeline(batch_size=bsz[i], micro_batches=mbs[i], stages=tuple(stages)))
     return Plan(model=model, global_batch_size=sum(bsz), pipelines=tuple(pipelines),
-                options=options or PlanOptions(), cluster=cluster.name)
+                options=options or PlanOptions(), cluster=cluster.name if cluster else None)
 
 
-def _devices_from_flag(devices_id: Any, tps: list[list[int]], cluster: ClusterSpec) -> list[str]:
+def _local_devices(devices_id: Any, world: int) -> list[str]:
+    """``local:i`` for every GPU of a layout whose ``--devices_id`` (if given) names node 0 only."""
+    if devices_id is not None:
+        ids: list[list[list[int]]] = _nested_ints(devices_id, "--devices_id", 3)
+        for i, pipe in enumerate(ids):
+            for j, stage in enumerate(pipe):
+                for g, node in enumerate(stage):
+                    if node != 0:
+                        raise SpecError(f"--devices_id[{i}][{j}][{g}]", f"names node {node}: not every device is "
+                                        "on this machine", "pass --cluster CLUSTER.yaml for a multi-node layout")
+    return [f"{LOCAL_NODE}:{i}" for i in range(world)]
+
+
+def _devices_from_flag(devices_id: Any, tps: list[list[int]], cluster: ClusterSpec | None) -> list[str]:
     world = sum(sum(t) for t in tps)
+    if cluster is None:
+        return _local_devices(devices_id, world)
     if devices_id is None:
         all_devs = [d.id for d in cluster.devices]
         if world > len(all_devs):
@@ -223,67 +246,3 @@ def plan_to_flags(plan: Plan, cluster: ClusterSpec | None = None) -> SeedFlags:
         chunks=[p.micro_batches for p in plan.pipelines],
         devices_id=devices_id,
     )
-
-
-LAYOUT_FLAGS = ("hetero_configs", "layer_partitions", "global_bsz_size", "chunks")
-
-
-def add_seed_flag_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """The seed systems' layout flags (``hexiscale convert`` and ``hexiscale train``)."""
-    p.add_argument("--hetero_configs", "--hetero-configs", dest="hetero_configs",
-                   help="TP degree per stage per pipeline, e.g. \"[[1, 2, 1], [2, 2]]\"")
-    p.add_argument("--layer_partitions", "--layer-partitions", dest="layer_partitions",
-                   help="layers per stage per pipeline, e.g. \"[[8, 16, 8], [16, 16]]\"")
-    p.add_argument("--global_bsz_size", "--global_batch_size", "--global-bsz-size", dest="global_bsz_size",
-                   nargs="+", help="batch size per pipeline (a short list pads with its last value)")
-    p.add_argument("--chunks", "--micro_batch_num", dest="chunks", nargs="+",
-                   help="micro-batches per pipeline (a short list pads with its last value)")
-    p.add_argument("--devices_id", "--devices-id", dest="devices_id",
-                   help="node index of each GPU per stage per pipeline, e.g. \"[[[0], [0, 0]], [[1, 1]]]\"")
-
-
-@dataclass(frozen=True)
-class SeedLayout:
-    """Seed-style layout flags as typed on a command line (parsed only by :meth:`plan`), with the
-    model they need and the plan options they imply."""
-
-    hetero_configs: str | None = None
-    layer_partitions: str | None = None
-    global_bsz_size: tuple[str, ...] | None = None
-    chunks: tuple[str, ...] | None = None
-    devices_id: str | None = None
-    model: str | None = None
-    seq_len: int | None = None
-    options: PlanOptions = field(default_factory=PlanOptions)
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> SeedLayout:
-        """The flags of :func:`add_seed_flag_arguments` (plus model, seq_len and the plan options)."""
-        def strings(v: Any) -> tuple[str, ...] | None:
-            return None if v is None else tuple(v) if isinstance(v, list | tuple) else (v,)
-
-        return cls(hetero_configs=args.hetero_configs, layer_partitions=args.layer_partitions,
-                   global_bsz_size=strings(args.global_bsz_size), chunks=strings(args.chunks),
-                   devices_id=args.devices_id, model=args.model, seq_len=args.seq_len,
-                   options=PlanOptions(recompute=args.recompute, zero=args.zero, dtype=args.dtype))
-
-    def given(self) -> list[str]:
-        """The layout flags that were given (empty: the seed flags are not in use)."""
-        return [f for f in LAYOUT_FLAGS if getattr(self, f) is not None]
-
-    def plan(self, cluster: str | None) -> Plan:
-        """The plan these flags describe on the cluster file ``cluster`` (needs every layout flag and
-        the model)."""
-        missing = [f for f in LAYOUT_FLAGS if getattr(self, f) is None]
-        if missing:
-            raise SpecError(f"--{missing[0]}", "missing", "seed-style flags need --hetero_configs, "
-                            "--layer_partitions, --global_bsz_size and --chunks")
-        if not cluster or not self.model:
-            raise SpecError("--cluster" if not cluster else "--model", "missing",
-                            "seed-style flags need --cluster CLUSTER.yaml and --model NAME")
-        return plan_from_flags(
-            model=resolve_model(self.model, self.seq_len), cluster=load_cluster(cluster),
-            hetero_configs=self.hetero_configs, layer_partitions=self.layer_partitions,
-            global_bsz_size=list(self.global_bsz_size or ()), chunks=list(self.chunks or ()),
-            devices_id=self.devices_id, options=self.options,
-        )

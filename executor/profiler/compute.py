@@ -61,7 +61,7 @@ def autocast(dtype: str, device: torch.device) -> contextlib.AbstractContextMana
 def _rope(model: ModelSpec, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     from executor.model import rope_tables
 
-    return rope_tables(seq_len, model.head_dim, model.rope_theta, device)
+    return rope_tables(seq_len, model.head_dim, model.rope_theta, device, model.rope_scaling)
 
 
 def _mem(device: torch.device) -> int:

@@ -1,10 +1,11 @@
-"""``hexiscale estimate PLAN [--cluster CLUSTER] [--json] [--params FILE] [--save OUT]``.
+"""``hexiscale estimate PLAN [--cluster CLUSTER] [--json] [--params FILE] [--save OUT] [--plot DIR]``.
 
 Prints the cost model's estimate of one training step: the step time and its breakdown, tokens/s,
 MFU and HFU, each pipeline's time and idle wait at the gradient sync, each stage's per-micro-batch
 times and memory, the bottleneck with a hint on what to change, and any device out of memory.
 Without ``--cluster`` the plan's ``cluster`` name is looked up as ``NAME.yaml`` in the plan's
-directory, ``../clusters/`` next to it, and ``examples/clusters/``.
+directory, ``../clusters/`` next to it, and ``examples/clusters/``. ``--plot DIR`` writes the plan
+map and the simulated step's timeline as PNGs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from rich.table import Table
 
 from hexiscale.cli.output import _ranges, console
+from hexiscale.cli.pictures import PLAN_MAP, SIMULATED, write_pictures
 from planner.cluster import ClusterSpec, load_cluster
 from planner.cost import BREAKDOWN_TERMS, CostParams, Estimate, ProfileSet, estimate
 from planner.errors import SpecError
@@ -36,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("estimate", help="estimate a plan's step time, memory, MFU and bottleneck")
     add_common_arguments(p)
     p.add_argument("--save", metavar="OUT", help="write the plan with its estimate to OUT")
+    p.add_argument("--plot", metavar="DIR", help=f"write {PLAN_MAP} and {SIMULATED} (the simulated step) to DIR")
     p.set_defaults(func=run)
 
 
@@ -184,7 +187,7 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     cluster = find_cluster(plan, args.plan, args.cluster)
-    est = estimate(plan, cluster, profiles_for(args, cluster))
+    est = estimate(plan, cluster, profiles_for(args, cluster), timeline=bool(args.plot))
     data: dict[str, Any] = est.to_dict()
     if args.save:
         save_plan(plan.with_estimate(data), args.save)
@@ -194,4 +197,6 @@ def run(args: argparse.Namespace) -> int:
         render(plan, cluster, est)
         if args.save:
             console.print(f"wrote {args.save}", highlight=False)
+    if args.plot:
+        write_pictures(args.plot, plan, cluster, est.timeline, SIMULATED, f"cluster {cluster.name}")
     return 0

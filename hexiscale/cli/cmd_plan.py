@@ -3,9 +3,9 @@
 Prints the plan table, the cost model's estimate (step time, tokens/s, MFU, breakdown,
 bottleneck) and the seed-style flags of the plan; ``-o`` writes the plan (estimate embedded);
 ``--explain`` adds the search log (structures, settings, local-search steps, finalists) and the
-estimate's per-stage tables. The search is :func:`planner.search.planner.search`. With
-``--lengths HISTOGRAM --step-tokens N`` it proposes a strategy pool for mixed-length data instead
-(:mod:`hexiscale.cli.plan_lengths`).
+estimate's per-stage tables; ``--plot DIR`` writes the plan map and the simulated step as PNGs.
+The search is :func:`planner.search.planner.search`. With ``--lengths HISTOGRAM --step-tokens N``
+it proposes a strategy pool for mixed-length data instead (:mod:`hexiscale.cli.plan_lengths`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import json
 import sys
 
 from hexiscale.cli.output import console, plan_table
+from hexiscale.cli.pictures import PLAN_MAP, SIMULATED, write_pictures
 from planner.cluster import load_cluster
+from planner.cost import estimate
 from planner.errors import SpecError
-from planner.model import resolve_model
+from planner.hf_config import resolve_model
 from planner.plan import plan_to_dict, save_plan
 from planner.seed_flags import plan_to_flags
 
@@ -35,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--seed", type=int, default=0, help="seed of the partitioner and the local search")
     p.add_argument("--explain", action="store_true", help="print the search log and per-stage estimate")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
+    p.add_argument("--plot", metavar="DIR", help=f"write {PLAN_MAP} and {SIMULATED} (the simulated step) to DIR")
     p.add_argument("--lengths", help="mixed-length data: a length histogram (hexiscale.lengths/1 JSON) or "
                    "synthetic:NAME; proposes a strategy pool per length bucket (-o writes the pool)")
     p.add_argument("--step-tokens", type=int, dest="step_tokens", help="with --lengths: tokens per step")
@@ -83,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"seed-style flags: not expressible ({exc})", highlight=False, soft_wrap=True)
     if args.output:
         console.print(f"wrote {args.output}", highlight=False)
+    if args.plot:
+        steps = estimate(plan, cluster, timeline=True).timeline
+        write_pictures(args.plot, plan, cluster, steps, SIMULATED, f"cluster {cluster.name}")
     if args.explain:
         console.print("\n[bold]search log[/]", highlight=False)
         for line in result.log:

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from planner.errors import SpecError
-from planner.model import resolve_model
+from planner.hf_config import resolve_model
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -1,4 +1,4 @@
-"""``hexiscale validate FILE [--cluster CLUSTER]``: check a cluster or plan file."""
+"""``hexiscale validate FILE [--cluster CLUSTER]``: check a cluster, plan or trace file."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
                 validate(obj, cluster)
             console.print(f"{file}: OK (plan, {len(obj.pipelines)} pipelines, {obj.world_size} devices)",
                           highlight=False)
+        elif isinstance(obj, tuple):
+            console.print(f"{file}: OK (trace of {len(obj[1])} steps, {obj[0].world_size} ranks)", highlight=False)
         else:
             console.print(f"{file}: OK (cluster {obj.name!r}, {len(obj.nodes)} nodes, {obj.num_devices} devices)",
                           highlight=False)

@@ -1,4 +1,4 @@
-"""Loading a file the user named that may be a cluster (YAML) or a plan (JSON)."""
+"""Loading a file the user named that may be a cluster (YAML), a plan or a trace (JSON)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any
 from planner.cluster import ClusterSpec, load_cluster
 from planner.errors import SpecError
 from planner.plan import Plan, load_plan
+from planner.timeline import TRACE_FORMAT, Timeline, read_trace
 
 
 def sniff_kind(path: str) -> str:
-    """'plan' for a JSON object with a ``format`` key, else 'cluster'."""
+    """'trace' for a JSON object of the trace format, 'plan' for one with ``pipelines``, else 'cluster'."""
     p = Path(path)
     if not p.exists():
         raise SpecError("", "no such file", "check the path", path)
@@ -21,9 +22,15 @@ def sniff_kind(path: str) -> str:
             data: Any = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             return "plan"
+        if isinstance(data, dict) and data.get("format") == TRACE_FORMAT:
+            return "trace"
         return "plan" if isinstance(data, dict) and "pipelines" in data else "cluster"
     return "cluster"
 
 
-def load_any(path: str) -> ClusterSpec | Plan:
-    return load_plan(path) if sniff_kind(path) == "plan" else load_cluster(path)
+def load_any(path: str) -> ClusterSpec | Plan | tuple[Plan, list[Timeline]]:
+    """The cluster, the plan, or the plan and measured timelines of a trace."""
+    kind = sniff_kind(path)
+    if kind == "trace":
+        return read_trace(path)
+    return load_plan(path) if kind == "plan" else load_cluster(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from planner.cluster import ClusterSpec
@@ -20,7 +21,8 @@ err_console = _console(stderr=True)
 
 
 def print_error(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    """One red ``error:`` line; the message is printed as it is (``pip install 'x[extra]'`` is no markup)."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
 
 
 def _ranges(devices: tuple[str, ...] | list[str]) -> str:

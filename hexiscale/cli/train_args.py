@@ -5,7 +5,19 @@ from __future__ import annotations
 import argparse
 
 from executor.train_config import TrainConfig
-from planner.seed_flags import SeedLayout, add_seed_flag_arguments
+from planner.errors import SpecError
+from planner.seed_layout import SeedLayout, add_seed_flag_arguments
+
+DEFAULT_STEPS = 10
+# TrainConfig field -> its flag, for train_argv (plan, device and the seed layout travel otherwise)
+FLAGS = {"cluster": "--cluster", "steps": "--steps", "data": "--data", "seed": "--seed", "lr": "--lr",
+         "min_lr": "--min-lr", "warmup": "--warmup", "weight_decay": "--weight-decay", "clip": "--clip",
+         "checkpoint_dir": "--checkpoint-dir", "save_every": "--save-every", "async_save": "--async-save",
+         "resume": "--resume",
+         "log_jsonl": "--log-jsonl", "log_every": "--log-every", "tensorboard": "--tensorboard", "trace": "--trace",
+         "trace_steps": "--trace-steps", "heartbeat": "--heartbeat", "dead_after": "--dead-after",
+         "hang_after": "--hang-after", "startup_timeout": "--startup-timeout", "pg_timeout": "--pg-timeout"}
+NOT_FLAGS = ("plan", "device", "seed_layout")
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,8 +34,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     add_seed_flag_arguments(layout)
 
     run = p.add_argument_group("training")
-    run.add_argument("--steps", type=int, default=10, help="train until this many optimizer steps are done "
-                     "(counting steps before a resume)")
+    run.add_argument("--steps", type=int, help="train until this many optimizer steps are done (counting steps "
+                     "before a resume; default 10, or the seed's --run-iter // --accum-iter)")
     data = run.add_mutually_exclusive_group()
     data.add_argument("--data", help="token file (PATH, PATH.bin or PATH.idx; see 'hexiscale data')")
     data.add_argument("--synthetic", action="store_true", help="synthetic tokens (the default)")
@@ -46,6 +58,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                     "any plan of the same model")
     ck.add_argument("--log-jsonl", help="rank 0 appends one JSON record per step here")
     ck.add_argument("--log-every", type=int, default=1, help="print every N steps")
+    ck.add_argument("--tensorboard", metavar="DIR", help="rank 0 also writes the per-step metrics as TensorBoard "
+                    "scalars to DIR (needs the tensorboard package)")
+    ck.add_argument("--trace", metavar="FILE", help="record per-micro-batch events of a few steps on every rank; "
+                    "rank 0 writes them to FILE ('hexiscale show FILE --plot DIR' draws them)")
+    ck.add_argument("--trace-steps", type=int, default=3, help="steps --trace records, after the run's first")
 
     ops = p.add_argument_group("failure handling")
     ops.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat interval, seconds")
@@ -62,11 +79,29 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
     """The typed config of parsed ``hexiscale train`` arguments."""
+    layout = SeedLayout.from_args(args)
+    seed_steps = layout.steps()
+    if seed_steps is not None and args.steps is not None:
+        raise SpecError("--run-iter", "given together with --steps", "use one of them")
     return TrainConfig(
-        plan=args.plan, cluster=args.cluster, seed_layout=SeedLayout.from_args(args), steps=args.steps,
+        plan=args.plan, cluster=args.cluster, seed_layout=layout,
+        steps=args.steps if args.steps is not None else seed_steps if seed_steps is not None else DEFAULT_STEPS,
         data=args.data, seed=args.seed, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
         weight_decay=args.weight_decay, clip=args.clip, device=args.device, checkpoint_dir=args.checkpoint_dir,
-        save_every=args.save_every,
-        async_save=args.async_save, resume=args.resume, log_jsonl=args.log_jsonl, log_every=args.log_every,
+        save_every=args.save_every, async_save=args.async_save, resume=args.resume, log_jsonl=args.log_jsonl,
+        log_every=args.log_every, tensorboard=args.tensorboard, trace=args.trace, trace_steps=args.trace_steps,
         heartbeat=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after,
         startup_timeout=args.startup_timeout, pg_timeout=args.pg_timeout)
+
+
+def train_argv(config: TrainConfig) -> list[str]:
+    """The ``hexiscale train`` arguments that make ``config`` again, less ``--plan``, ``--device``
+    and the seed layout (for a launcher that adds its own plan file and device)."""
+    out: list[str] = []
+    for name, flag in FLAGS.items():
+        value = getattr(config, name)
+        if isinstance(value, bool):
+            out += [flag] if value else []
+        elif value is not None:
+            out += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return out

@@ -66,8 +66,15 @@ def _errors(log_ratios: np.ndarray) -> dict[str, float]:
 
 def fit_terms(base: CostParams, bounds: dict[str, tuple[float, float]],
               predict: Callable[[CostParams], Sequence[float]], measured: Sequence[float]) -> FitResult:
-    """Fit the terms named in ``bounds`` so ``predict(params)`` matches ``measured`` (relative error)."""
-    names = list(bounds)
+    """Fit the terms named in ``bounds`` so ``predict(params)`` matches ``measured`` (relative error).
+    A term whose bounds leave no room (a measured ceiling below the range) is set to that value."""
+    pinned: dict[str, Any] = {n: float(lo) for n, (lo, hi) in bounds.items() if hi <= lo}
+    base = replace(base, **pinned) if pinned else base
+    names = [n for n in bounds if n not in pinned]
+    if not names:
+        res = np.log(np.maximum(np.asarray(predict(base), dtype=float), 1e-30) / np.asarray(measured, dtype=float))
+        return FitResult(params=base, terms=dict(pinned), error_before=_errors(res), error_after=_errors(res),
+                         observations=len(measured))
     meas = np.asarray(measured, dtype=float)
     if meas.size == 0 or np.any(meas <= 0):
         raise ValueError("measurements must be positive and non-empty")
@@ -95,7 +102,7 @@ def fit_terms(base: CostParams, bounds: dict[str, tuple[float, float]],
     if np.sum(after**2) > np.sum(before**2):  # never return something worse than the start
         sol.x, after = z0, before
     params = make(lo + sol.x * scale)
-    return FitResult(params=params, terms={n: float(getattr(params, n)) for n in names},
+    return FitResult(params=params, terms={n: float(getattr(params, n)) for n in bounds},
                      error_before=_errors(before), error_after=_errors(after), observations=int(meas.size))
 
 

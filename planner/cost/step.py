@@ -47,11 +47,13 @@ from planner.cost.links import allreduce_time, group_allreduce_time, group_broad
 from planner.cost.memory import GIB, MemoryBreakdown, stage_memory, stage_params
 from planner.cost.profile_set import ProfileSet
 from planner.cost.schedule import held_with_grads, in_flight
+from planner.cost.sim_timeline import simulated_timeline, stage_lane
 from planner.cost.simulate import simulate
 from planner.cost.stage import StageTime, activation_bytes, boundary_time, stage_time
 from planner.errors import PlanInfeasible
 from planner.layout import layer_numel, stage_tensors
-from planner.plan import Pipeline, Plan
+from planner.plan import Plan
+from planner.timeline import Lane, Timeline
 from planner.validate import validate
 
 BREAKDOWN_TERMS = ("compute", "tp_comm", "pp_comm", "bubble", "dp_sync", "optimizer")
@@ -92,6 +94,7 @@ class Estimate:
     bottleneck: dict[str, Any]
     pipelines: list[PipelineEstimate]
     sources: dict[str, str] = field(default_factory=dict)
+    timeline: Timeline | None = None  # estimate(..., timeline=True): the simulated step
 
     @property
     def memory_gib(self) -> dict[str, float]:
@@ -134,9 +137,11 @@ class Estimate:
         }
 
 
-def _pipeline(plan: Plan, pipe: Pipeline, cluster: ClusterSpec, profiles: ProfileSet
-              ) -> tuple[PipelineEstimate, list[list[float]]]:
-    """Simulate one pipeline; returns its estimate and per-stage backward times per micro-batch."""
+def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, record: bool = False
+              ) -> tuple[PipelineEstimate, list[list[float]], list[Lane]]:
+    """Simulate pipeline ``pi``; returns its estimate, per-stage backward times per micro-batch and
+    (with ``record``) one timeline lane per stage."""
+    pipe = plan.pipelines[pi]
     m, o, params = plan.model, plan.options, profiles.params
     sizes = pipe.micro_batch_sizes()
     n_st = len(pipe.stages)
@@ -157,7 +162,9 @@ def _pipeline(plan: Plan, pipe: Pipeline, cluster: ClusterSpec, profiles: Profil
                                 if si > 0 else 0.0)
     f = [[times[si, mb].forward_s + send_fwd[si, mb] for mb in sizes] for si in range(n_st)]
     b = [[times[si, mb].backward_s + send_bwd[si, mb] for mb in sizes] for si in range(n_st)]
-    sim = simulate(f, b, len(sizes), pipe.schedule)
+    sim = simulate(f, b, len(sizes), pipe.schedule, record=record)
+    lanes = [stage_lane(pi, si, sim.ops[si], [times[si, mb].forward_s for mb in sizes],
+                        [times[si, mb].backward_s for mb in sizes]) for si in range(n_st)] if record else []
     stages = []
     for si, st in enumerate(pipe.stages):
         ts = [times[si, mb] for mb in sizes]
@@ -170,16 +177,19 @@ def _pipeline(plan: Plan, pipe: Pipeline, cluster: ClusterSpec, profiles: Profil
             last_backward_end_s=sim.last_backward_end[si]))
     k = max(range(n_st), key=lambda i: sim.busy[i])
     bubble = 1.0 - sim.busy[k] / sim.makespan if sim.makespan > 0 else 0.0
-    return PipelineEstimate(sim.makespan, 0.0, k, bubble, stages), b
+    return PipelineEstimate(sim.makespan, 0.0, k, bubble, stages), b, lanes
 
 
 def _gradient_sync(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet, ready_end: dict[str, float],
-                   last_bwd: dict[str, float]) -> tuple[dict[str, float], float]:
+                   last_bwd: dict[str, float], busy: dict[str, list[tuple[float, float]]] | None = None
+                   ) -> tuple[dict[str, float], float]:
     """When each device finishes the cross-pipeline sync, as the executor runs it
     (executor/grad_sync.py): every device walks the sync groups in one global order (sorted by
     rank tuple); a group's all-reduce starts once all its owners are free and ends ``time_g`` later.
     Then every TP stage's leader broadcasts the reduced replicated gradients (norm scales) to its
-    group. Returns ({device: end of its sync}, ZeRO-1 all-gather seconds after the step)."""
+    group. Returns ({device: end of its sync}, ZeRO-1 all-gather seconds after the step); ``busy``
+    (if given) receives each device's (start, end) of every collective it takes part in."""
+    busy = {} if busy is None else busy
     params, o = profiles.params, plan.options
     groups = sync_groups(plan)
     if not groups:
@@ -195,20 +205,25 @@ def _gradient_sync(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet, ready
         end = max(free[d] for d in owners) + t_g
         for d in owners:
             free[d] = end
+            busy.setdefault(d, []).append((end - t_g, end))
     replicated = layer_numel(plan.model)[1]
     final_norm = plan.model.hidden_size
     for pipe in plan.pipelines:
         for si, st in enumerate(pipe.stages):
             if st.tp > 1:
                 nbytes = (replicated * st.num_layers + (final_norm if si == len(pipe.stages) - 1 else 0)) * 4.0
-                end = max(free[d] for d in st.devices) + group_broadcast_time(nbytes, st.devices, cluster, params)
+                t_b = group_broadcast_time(nbytes, st.devices, cluster, params)
+                end = max(free[d] for d in st.devices) + t_b
                 for d in st.devices:
                     free[d] = end
+                    busy.setdefault(d, []).append((end - t_b, end))
     return free, zero_ag
 
 
-def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = None) -> Estimate:
-    """Estimate one training step of ``plan`` on ``cluster`` (see the module docstring).
+def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = None, *,
+             timeline: bool = False) -> Estimate:
+    """Estimate one training step of ``plan`` on ``cluster`` (see the module docstring); with
+    ``timeline``, ``Estimate.timeline`` holds the simulated step stage by stage.
 
     Raises ``SpecError`` when the plan names devices the cluster lacks; running out of memory is
     reported in ``Estimate.oom`` (call ``check_fits()`` to turn it into an error)."""
@@ -226,9 +241,11 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     oom: list[dict[str, Any]] = []
     optimizer: dict[str, float] = {}
     comms = communicators(plan)
+    lanes: list[Lane] = []
     for pi, pipe in enumerate(plan.pipelines):
-        est, b = _pipeline(plan, pipe, cluster, profiles)
+        est, b, pipe_lanes = _pipeline(plan, pi, cluster, profiles, record=timeline)
         pipes.append(est)
+        lanes += pipe_lanes
         mb = max(pipe.micro_batch_sizes())
         for si, st in enumerate(pipe.stages):
             first, last = si == 0, si == len(pipe.stages) - 1
@@ -260,7 +277,8 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
                 lbe[dev_id] = est.stages[si].last_backward_end_s
 
     # ---- cross-pipeline gradient sync (finest common slices) and the ZeRO-1 all-gather
-    sync_end, zero_ag = _gradient_sync(plan, cluster, profiles, lbe, bwd_last)
+    sync_busy: dict[str, list[tuple[float, float]]] = {}
+    sync_end, zero_ag = _gradient_sync(plan, cluster, profiles, lbe, bwd_last, sync_busy)
     t_max = max(p.time_s for p in pipes)
     sync_done = max([t_max, *sync_end.values()])
     devices = plan.devices
@@ -289,6 +307,9 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     tps = tokens / step
     peak = sum(profiles.get(cluster.device(d).gpu).peak_flops(o.dtype) for d in devices)
     sources = {cluster.device(d).gpu: profiles.get(cluster.device(d).gpu).source for d in devices}
+    steps = simulated_timeline(plan, lanes, sync_busy=sync_busy, sync_done=sync_done, grad_norm=grad_norm,
+                               optimizer=optimizer, zero_all_gather=zero_ag) if timeline else None
     return Estimate(step_time_s=step, tokens_per_s=tps, mfu=tps * m.model_flops_per_token() / peak,
                     hfu=tps * m.hardware_flops_per_token(o.recompute) / peak, breakdown=breakdown, memory=memory,
-                    capacity_gib=capacity, oom=oom, bottleneck=bottleneck, pipelines=pipes, sources=sources)
+                    capacity_gib=capacity, oom=oom, bottleneck=bottleneck, pipelines=pipes, sources=sources,
+                    timeline=steps)

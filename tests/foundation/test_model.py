@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from planner.errors import SpecError
-from planner.model import PRESETS, ModelSpec, model_from_dict, model_from_hf_config, resolve_model
+from planner.hf_config import model_from_hf_config, resolve_model
+from planner.model import PRESETS, ModelSpec, model_from_dict
 
 
 @pytest.mark.parametrize("name, params", [
@@ -55,7 +56,7 @@ def test_hf_config(tmp_path: Path) -> None:
     cfg = {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
            "num_key_value_heads": 8, "vocab_size": 128256, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
            "max_position_embeddings": 8192, "tie_word_embeddings": False}
-    m = model_from_hf_config(cfg, name="x")
+    m = model_from_hf_config(cfg)
     assert m.param_count() == PRESETS["llama3-8b"].param_count()
     path = tmp_path / "cfg" / "config.json"
     path.parent.mkdir()

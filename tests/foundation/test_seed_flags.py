@@ -70,6 +70,7 @@ def test_devices_id_local_numbering_in_order_of_appearance() -> None:
     ({"layer_partitions": "[[4], [1, 2]]"}, "--layer_partitions[1]"),
     ({"layer_partitions": "[[3], [1, 2, 1]]"}, "--layer_partitions[0]"),
     ({"global_bsz_size": "four"}, "--global_bsz_size"),
+    ({"global_bsz_size": "5 ²"}, "--global_bsz_size"),  # a Unicode digit int() refuses
     ({"chunks": "[0]"}, "--chunks[0]"),
     ({"devices_id": "[[[0, 0]], [[1], [1, 1], [7]]]"}, "--devices_id[1][2][0]"),
     ({"devices_id": "[[[0, 0]], [[0], [1, 1], [1]]]"}, "--devices_id[1][0][0]"),
@@ -99,7 +100,7 @@ def test_to_flags_refuses_unexpressible_device_order() -> None:
 def test_seed_layout_from_command_line_flags() -> None:
     import argparse
 
-    from planner.seed_flags import SeedLayout, add_seed_flag_arguments
+    from planner.seed_layout import SeedLayout, add_seed_flag_arguments
 
     parser = argparse.ArgumentParser()
     add_seed_flag_arguments(parser)

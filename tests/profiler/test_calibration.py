@@ -122,3 +122,17 @@ def test_committed_measured_profiles_are_picked_up() -> None:
     for e in measured:
         assert ProfileSet(catalog).get(e.key).source == "measured"
         assert e.measured.get("meta", {}).get("gpu_name")  # type: ignore[union-attr]
+
+
+def test_a_term_pinned_by_its_ceiling_stays_there() -> None:
+    """A measured ceiling below a term's range leaves it no room: it is set, not fitted (a zero-width
+    box once let the solver move it anywhere in [lo, lo + 1])."""
+    from planner.calibration.fit import fit_terms
+    from planner.cost.params import DEFAULT_PARAMS
+
+    res = fit_terms(DEFAULT_PARAMS, {"gemm_efficiency": (0.049, 0.049), "memory_efficiency": (0.05, 1.0)},
+                    lambda p: [p.memory_efficiency * 2 + p.gemm_efficiency, p.memory_efficiency * 3], [1.0, 1.5])
+    assert res.params.gemm_efficiency == 0.049 and res.terms["gemm_efficiency"] == 0.049
+    assert 0.05 <= res.params.memory_efficiency <= 1.0
+    only = fit_terms(DEFAULT_PARAMS, {"gemm_efficiency": (0.5, 0.5)}, lambda p: [p.gemm_efficiency], [0.5])
+    assert only.params.gemm_efficiency == 0.5 and only.error_after["max_abs_rel"] < 1e-12

@@ -95,7 +95,7 @@ class DenseLlama(nn.Module):
         self.layers = nn.ModuleList([_Layer(m) for _ in range(m.num_layers)])
         self.final_norm = _Norm(m.hidden_size, m.norm_eps)
         self.lm_head = nn.Linear(m.hidden_size, m.vocab_size, bias=False)
-        cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta)
+        cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta, scaling=m.rope_scaling)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
