@@ -18,7 +18,7 @@ from rich.table import Table
 from benchmarks.planner.common import write_result
 from planner.calibration.local import resolve_profiles
 from planner.cluster import parse_cluster
-from planner.model import resolve_model
+from planner.hf_config import resolve_model
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 from planner.varlen.seq_cost import pipeline_costs
 
