@@ -58,6 +58,7 @@ class StepPlan:
     layout: StepLayout
     solve_s: float  # rank 0's dispatch + packing time for this step
     wait_s: float  # time the training thread waited for it
+    next_cursor: int = 0  # the first sequence of the next step (where a resumed run goes on)
 
 
 class LayoutStream:
@@ -83,7 +84,7 @@ class LayoutStream:
                 indices, cursor = step_sequences(self.source, cursor, step_tokens)
                 lengths = [self.source.length(i) for i in indices]
                 layout = plan_step(lengths, strategies, assign=assign, time_limit_s=time_limit_s, seed=seed)
-                self._queue.put((indices, lengths, layout))
+                self._queue.put((indices, lengths, layout, cursor))
         except BaseException as exc:  # surfaced in the training thread by next()
             self._queue.put(exc)
 
@@ -98,8 +99,8 @@ class LayoutStream:
             payload = [item]
         if self.group is not None:
             dist.broadcast_object_list(payload, src=0, group=self.group)
-        indices, lengths, layout = payload[0]
+        indices, lengths, layout, cursor = payload[0]
         wait = time.perf_counter() - t0
-        plan = StepPlan(self.step, StepDocs(self.source, indices, lengths), layout, layout.solve_s, wait)
+        plan = StepPlan(self.step, StepDocs(self.source, indices, lengths), layout, layout.solve_s, wait, cursor)
         self.step += 1
         return plan

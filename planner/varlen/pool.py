@@ -34,7 +34,7 @@ from planner.cost.ops import DTYPE_BYTES, GRAD_BYTES
 from planner.errors import SpecError
 from planner.fields import check_keys, expect_list, expect_mapping, get_int, get_str, join, read_user_text
 from planner.model import ModelSpec
-from planner.plan import Plan, plan_from_dict, plan_to_dict
+from planner.plan import Plan, load_plan, plan_from_dict, plan_to_dict
 from planner.varlen.seq_cost import pipeline_costs
 from planner.varlen.step_layout import StrategyCost
 
@@ -126,6 +126,19 @@ def load_pool(path: str | Path) -> StrategyPool:
                         str(path)) from None
     except SpecError as exc:
         raise exc.with_file(str(path)) from None
+
+
+def load_plan_or_pool(path: str | Path) -> tuple[Plan, StrategyPool | None]:
+    """A plan file, or a strategy pool by its ``format`` (then its home plan, which numbers the ranks,
+    and the pool): what ``hexiscale train --plan`` and ``hexiscale launch`` read."""
+    try:
+        data = json.loads(read_user_text(Path(path), "plan"))
+    except json.JSONDecodeError:
+        data = None  # load_plan says what is wrong
+    if isinstance(data, dict) and data.get("format") == POOL_FORMAT:
+        pool = load_pool(path)
+        return pool.home_plan, pool
+    return load_plan(path), None
 
 
 def switch_estimate(plan: Plan, cluster: ClusterSpec) -> float:
