@@ -4,15 +4,20 @@
         The documents of a token file cut to sequences of at most C inputs
         (:class:`executor.doc_source.TokenFileDocs`), their length histogram (``hexiscale.lengths/1``,
         what ``hexiscale plan --lengths`` reads) and its summary.
-    hexiscale data packing PATH --pool POOL.json --cluster CLUSTER --step-tokens N [--steps K]
+    hexiscale data packing PATH --pool POOL.json --cluster CLUSTER --step-tokens N [--steps K] [-o OUT.json]
         The first K steps as training lays them out: each step's sequences (a global batch of N
         tokens), its phases (one strategy of the pool each), every pipeline's packed micro-batches,
-        the estimated times and the solver's time (:func:`planner.varlen.step_layout.plan_step`).
+        the estimated times and the solver's time (:func:`planner.varlen.step_layout.plan_step`);
+        ``-o`` writes them (``hexiscale.packing/1``: per step, the sequences' indices in the corpus
+        and lengths, and per phase the strategy and every pipeline's micro-batches as positions in
+        the step's sequence list). Training computes the same layouts one step ahead by itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from hexiscale.cli.output import console
 
@@ -32,6 +37,7 @@ def register(dsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     pk.add_argument("--steps", type=int, default=2, help="how many steps to lay out (default 2)")
     pk.add_argument("--assign", default="cost", choices=("cost", "threshold"), help="sequences to strategies")
     pk.add_argument("--seed", type=int, default=0, help="data order")
+    pk.add_argument("-o", "--output", help="write the layouts (hexiscale.packing/1 JSON)")
     pk.set_defaults(func=run_packing)
 
 
@@ -62,20 +68,30 @@ def run_lengths(args: argparse.Namespace) -> int:
 def run_packing(args: argparse.Namespace) -> int:
     from executor.doc_source import TokenFileDocs, step_sequences
     from planner.cluster import load_cluster
+    from planner.errors import SpecError
     from planner.varlen.pool import load_pool, strategy_costs
     from planner.varlen.step_layout import plan_step
 
     _positive("--step-tokens", args.step_tokens)
     _positive("--steps", args.steps)
     pool = load_pool(args.pool)
+    if args.step_tokens < pool.context:
+        raise SpecError("--step-tokens", f"{args.step_tokens} is fewer than the pool's context {pool.context}",
+                        "give a global batch that holds at least one full-length sequence")
     cluster = load_cluster(args.cluster)
     costs = strategy_costs(pool, cluster)
     docs = TokenFileDocs(args.path, context=pool.context, vocab_size=pool.model.vocab_size, seed=args.seed)
     cursor = 0
+    steps = []
     for k in range(args.steps):
         idx, cursor = step_sequences(docs, cursor, args.step_tokens)
         lengths = [docs.length(i) for i in idx]
         lay = plan_step(lengths, costs, assign=args.assign)
+        steps.append({"step": k, "sequences": idx, "lengths": lengths, "estimate_s": lay.time_s,
+                      "solve_s": lay.solve_s,
+                      "phases": [{"strategy": pool.strategies[ph.strategy].name,
+                                  "pipelines": [[list(mb) for mb in pipe] for pipe in ph.pipelines]}
+                                 for ph in lay.phases]})
         console.print(f"[bold]step {k}[/]: {len(idx)} sequences, {sum(lengths):,} tokens (longest {max(lengths):,}); "
                       f"estimated {lay.time_s:.3f} s, switches {lay.switch_s:.3f} s; dispatch + packing took "
                       f"{lay.solve_s * 1e3:.1f} ms", highlight=False)
@@ -85,4 +101,9 @@ def run_packing(args: argparse.Namespace) -> int:
             for j, pipe in enumerate(ph.pipelines):
                 toks = [sum(lengths[i] for i in mb) for mb in pipe]
                 console.print(f"    pipeline {j}: {len(pipe)} micro-batches, tokens {toks}", highlight=False)
+    if args.output:
+        Path(args.output).write_text(json.dumps({"format": "hexiscale.packing/1", "data": str(args.path),
+                                                 "pool": str(args.pool), "step_tokens": args.step_tokens,
+                                                 "assign": args.assign, "seed": args.seed, "steps": steps}) + "\n")
+        console.print(f"wrote {args.output}", highlight=False)
     return 0

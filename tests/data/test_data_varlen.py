@@ -79,10 +79,19 @@ def test_cli_data_lengths_and_packing(tmp_path, capsys) -> None:
     assert h.sequences == 60 and h.context == 2048
     assert "60 sequences" in capsys.readouterr().out
     pool = ROOT / "tests" / "data" / "pool-tiny-h100x4.json"
-    assert cli(["data", "packing", str(tmp_path / "c"), "--pool", str(pool), "--cluster",
-                str(ROOT / "examples" / "clusters" / "h100x4.yaml"), "--step-tokens", "4096", "--steps", "2"]) == 0
+    cluster = str(ROOT / "examples" / "clusters" / "h100x4.yaml")
+    assert cli(["data", "packing", str(tmp_path / "c"), "--pool", str(pool), "--cluster", cluster,
+                "--step-tokens", "4096", "--steps", "2", "-o", str(tmp_path / "p.json")]) == 0
     out = capsys.readouterr().out
     assert out.count("step ") >= 2 and "micro-batches" in out and "dispatch + packing took" in out
+    written = json.loads((tmp_path / "p.json").read_text())
+    assert written["format"] == "hexiscale.packing/1" and len(written["steps"]) == 2
+    for st in written["steps"]:
+        packed = sorted(j for ph in st["phases"] for pipe in ph["pipelines"] for mb in pipe for j in mb)
+        assert packed == list(range(len(st["sequences"]))) and sum(st["lengths"]) <= 4096
+    assert cli(["data", "packing", str(tmp_path / "c"), "--pool", str(pool), "--cluster", cluster,
+                "--step-tokens", "100"]) == 1
+    assert "fewer than the pool's context 2048" in capsys.readouterr().err
     assert cli(["data", "lengths", str(tmp_path / "c"), "--context", "0"]) == 1
 
 
