@@ -153,12 +153,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default="llama-1.3b")
     ap.add_argument("--contexts", type=int, nargs="+", default=[16384, 32768])
     ap.add_argument("--step-tokens", type=int, default=131072, dest="step_tokens")
-    ap.add_argument("--steps", type=int, default=4, help="timed steps per method")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per method")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per method first")
     ap.add_argument("--dists", nargs="+", default=["code", "web", "uniform"])
     ap.add_argument("--methods", nargs="+", default=["static", "hand", "hot"])
     ap.add_argument("--time-limit", type=float, default=10.0, dest="time_limit", help="planner seconds per proposal")
-    ap.add_argument("--budget-s", type=float, default=270.0, dest="budget_s",
+    ap.add_argument("--budget-s", type=float, default=280.0, dest="budget_s",
                     help="start no method after this many seconds minus the longest method so far "
                     "(the first always runs)")
     ap.add_argument("--no-wire-bf16", action="store_false", dest="wire_bf16",
