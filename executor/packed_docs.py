@@ -24,6 +24,7 @@ Kernels (:func:`packed_attention`, ``q [1, Hq, T, d]``, ``k, v [1, Hkv, T, d]``)
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,12 +81,26 @@ class DocSpans:
 @functools.cache
 def torch_varlen() -> Callable[..., Any] | None:
     """PyTorch's ``varlen_attn`` where this torch has it (imported on first use on a GPU: the
-    module registers a custom op, which CPU jobs do not need)."""
+    module registers a custom op, which CPU jobs do not need), as ``fn(q, k, v, cu, max_len)``:
+    causal, grouped-query. Two signatures exist: the newer ``window_size=(-1, 0), enable_gqa=``
+    keywords, and the first one (``is_causal``, key/value heads equal to the query heads)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:  # torch without the varlen API
         return None
-    return varlen_attn  # type: ignore[no-any-return]
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" in params and "enable_gqa" in params:
+        def newer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, n: int) -> Any:
+            return varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0), enable_gqa=k.shape[1] != q.shape[1])
+        return newer
+    if "is_causal" in params:
+        def first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, n: int) -> Any:
+            rep = q.shape[1] // k.shape[1]
+            if rep > 1:  # [T, Hkv, d] -> [T, Hq, d]
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            return varlen_attn(q, k, v, cu, cu, n, n, is_causal=True)  # type: ignore[call-arg]
+        return first
+    return None
 
 
 FLASH_VARLEN_FUNC = fast_path._load_flash_attn("flash_attn_varlen_func")
@@ -131,8 +146,7 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Do
         else:
             fn = torch_varlen()
             assert fn is not None
-            out = fn(qt, kt, vt, cu, cu, docs.max_len, docs.max_len, window_size=(-1, 0),
-                                    enable_gqa=kt.shape[1] != qt.shape[1])
+            out = fn(qt, kt, vt, cu, docs.max_len)
         return out.transpose(0, 1)[None]
     k, v = _expand_kv(k, v, q.shape[1])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=docs.mask(q.device))
