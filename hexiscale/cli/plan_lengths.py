@@ -3,9 +3,12 @@ strategy pool for mixed-length data (:func:`planner.varlen.propose.propose_pool`
 
 ``HISTOGRAM`` is a ``hexiscale.lengths/1`` file (``hexiscale data lengths`` writes one from a token
 file; ``benchmarks/results/lengths/`` holds the measured code and web ones) or ``synthetic:NAME``
-(``commoncrawl``, ``github``: :mod:`planner.varlen.synthetic`). Prints every strategy's plan, the
-search log and the estimated step time of static training (the best single strategy), HotSPa-style
-length buckets and hot switching; ``-o`` writes the pool (``hexiscale.pool/1``).
+(``commoncrawl``, ``github``: :mod:`planner.varlen.synthetic`). Prints a table of the pool (per
+strategy: its role, pipelines and their stages' TP degrees, the most tokens a micro-batch of it
+holds next to the home layout's state), every strategy's plan, the search log and the estimated
+step time of static training (the best single strategy), HotSPa-style length buckets and hot
+switching; ``-o`` writes the pool (``hexiscale.pool/1``), which ``hexiscale train`` and
+``hexiscale launch`` take as the plan.
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ import argparse
 import json
 import math
 
+from rich.table import Table
+
 from hexiscale.cli.output import console, plan_table
 from planner.cluster import ClusterSpec
 from planner.cost import ProfileSet
 from planner.errors import SpecError
 from planner.model import ModelSpec
 from planner.varlen.histogram import LengthHistogram, load_histogram
+from planner.varlen.pool import StrategyPool, strategy_costs
 from planner.varlen.propose import propose_pool
 from planner.varlen.synthetic import preset
 
@@ -28,6 +34,19 @@ def histogram(arg: str, context: int) -> LengthHistogram:
     if arg.startswith("synthetic:"):
         return preset(arg.split(":", 1)[1]).histogram(context)
     return load_histogram(arg)
+
+
+def pool_table(pool: StrategyPool, cluster: ClusterSpec, profiles: ProfileSet) -> Table:
+    """One row per strategy: role, pipelines (each stage's TP degree) and its micro-batch token cap."""
+    table = Table(title=f"strategy pool: {len(pool.strategies)} strateg{'y' if len(pool.strategies) == 1 else 'ies'}"
+                  f", context {pool.context:,}", title_justify="left")
+    for col in ("strategy", "role", "pipelines", "stages of each pipeline", "micro-batch token cap"):
+        table.add_column(col, justify="right" if col in ("pipelines", "micro-batch token cap") else "left")
+    for k, (st, cost) in enumerate(zip(pool.strategies, strategy_costs(pool, cluster, profiles))):
+        shapes = " | ".join(".".join(f"TP{s.tp}" for s in p.stages) for p in st.plan.pipelines)
+        table.add_row(st.name, "home (master weights, optimizer)" if k == pool.home else "working",
+                      str(len(st.plan.pipelines)), shapes, f"{min(cost.max_len, pool.context):,}")
+    return table
 
 
 def run(args: argparse.Namespace, cluster: ClusterSpec, model: ModelSpec, profiles: ProfileSet) -> int:
@@ -44,6 +63,7 @@ def run(args: argparse.Namespace, cluster: ClusterSpec, model: ModelSpec, profil
         return 0
     console.print(f"lengths: {hist.name} ({hist.sequences:,} sequences, {hist.fraction_below(8192):.1%} under 8K), "
                   f"context {model.seq_len:,}, {args.step_tokens:,} tokens per step", highlight=False)
+    console.print(pool_table(pool, cluster, profiles))
     for k, st in enumerate(pool.strategies):
         home = " (home: master weights and optimizer)" if k == pool.home else ""
         console.print(f"\n[bold]strategy {k}: {st.name}[/]{home}", highlight=False)

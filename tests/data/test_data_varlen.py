@@ -103,6 +103,7 @@ def test_cli_plan_lengths_proposes_a_pool(tmp_path, capsys) -> None:
     assert code == 0
     text = capsys.readouterr().out
     assert "estimated step" in text and "hot switching" in text and "search log" in text
+    assert "strategy pool:" in text and "home (master weights, optimizer)" in text
     assert json.loads(out.read_text())["format"] == "hexiscale.pool/1"
     assert cli(["plan", str(ROOT / "examples" / "clusters" / "h100x4.yaml"), "--model", "tiny"]) == 1
     assert cli(["plan", str(ROOT / "examples" / "clusters" / "h100x4.yaml"), "--model", "tiny",
