@@ -48,6 +48,8 @@ def doc_source(args: TrainConfig, pool: StrategyPool, *, scan: bool) -> DocSourc
                         "give a global batch that holds at least one full-length sequence")
     if args.trace:
         raise SpecError("--trace", "not available with a strategy pool", "trace a single plan")
+    if args.tensorboard:
+        raise SpecError("--tensorboard", "not available with a strategy pool", "use --log-jsonl")
     model = pool.model
     if args.data:
         if args.lengths:
