@@ -318,16 +318,20 @@ def engine_errors_job() -> dict[str, str] | None:
 
 
 def train_hot_switch(plans: list[Plan], home: int, steps: list[list[torch.Tensor]], layouts: list[Any],
-                     optim: OptimConfig = ORACLE_OPTIM, seed: int = 0) -> dict[str, Any] | None:
+                     optim: OptimConfig = ORACLE_OPTIM, seed: int = 0, accelerator: bool = False,
+                     wire_bf16: bool = False) -> dict[str, Any] | None:
     """On every rank: hot-switching steps over a pool (``layouts[k]``: step k's StepLayout); the
-    losses, norms, transfer counts and (rank 0) the gathered home weights."""
+    losses, norms, transfer counts and (rank 0) the gathered home weights. ``accelerator``: on this
+    rank's GPU (NCCL pools); ``wire_bf16``: working weights travel in bf16."""
     from executor.hot_switch import HotSwitchEngine, switch_groups
 
     rank = dist.get_rank()
     groups = switch_groups(plans, home)
     out: dict[str, Any] | None = None
+    device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
     if rank < plans[home].world_size:
-        eng = HotSwitchEngine(plans, home, groups, device=torch.device("cpu"), optim=optim, seed=seed)
+        eng = HotSwitchEngine(plans, home, groups, device=device, optim=optim, seed=seed,
+                              wire_dtype=torch.bfloat16 if wire_bf16 else None)
         stats = [eng.train_step(docs, lay, timed=True) for docs, lay in zip(steps, layouts)]
         state = eng.home.logical_state_dict(to_all=False)
         out = {"losses": [s.step.loss for s in stats], "norms": [s.step.grad_norm for s in stats],
