@@ -35,6 +35,8 @@ def resolve_plan(args: TrainConfig) -> tuple[Plan, ClusterSpec | None, StrategyP
             raise SpecError("--plan", "missing", "pass --plan PLAN.json, or the seed-style flags (with --model "
                             "or --model-size, and --cluster unless every device is on this machine)")
         plan = args.seed_layout.plan(args.cluster)
+    if pool is not None and cluster is None:
+        raise SpecError("--cluster", "missing", "a strategy pool's dispatch needs the cluster file it was planned for")
     if pool is None:
         for flag, value in (("--step-tokens", args.step_tokens), ("--lengths", args.lengths)):
             if value is not None:

@@ -79,10 +79,9 @@ def _log(args: TrainConfig, step: int, rec: dict[str, Any]) -> None:
 
 def train_pool(args: TrainConfig, pool: StrategyPool, cluster: ClusterSpec | None, source: DocSource, *,
                rank: int, device: torch.device, optim: OptimConfig, resume: str | None, wd: Watchdog) -> None:
-    """Steps ``start..args.steps`` of hot switching on this rank (module docstring)."""
-    if cluster is None:
-        raise SpecError("--cluster", "missing", "a strategy pool's dispatch needs the cluster file it was planned for")
-    assert args.step_tokens is not None
+    """Steps ``start..args.steps`` of hot switching on this rank (module docstring); ``cluster`` and
+    ``args.step_tokens`` were checked in pre-flight."""
+    assert cluster is not None and args.step_tokens is not None
     costs = strategy_costs(pool, cluster)
     plans = [s.plan for s in pool.strategies]
     groups = switch_groups(plans, pool.home)

@@ -46,6 +46,8 @@ def test_pool_sources_and_their_errors(tmp_path: Path) -> None:
         with pytest.raises(SpecError, match=words) as err:
             _source(**kw)
         assert str(err.value).count("\n") == 0 and (not flag or err.value.path == flag)
+    with pytest.raises(SpecError, match="--cluster: missing"):
+        resolve_plan(TrainConfig(plan=str(POOL), step_tokens=4096))
     with pytest.raises(SpecError, match="not a strategy pool"):
         resolve_plan(TrainConfig(plan=str(PLAN), step_tokens=4096))
     with pytest.raises(SpecError, match="--assign"):
