@@ -29,7 +29,8 @@ def register(dsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     ln.add_argument("--vocab-size", type=int, default=1 << 31, dest="vocab_size", help="check ids are below this")
     ln.add_argument("-o", "--output", help="write the histogram (hexiscale.lengths/1 JSON)")
     ln.set_defaults(func=run_lengths)
-    pk = dsub.add_parser("packing", help="lay out the first steps of a variable-length corpus on a strategy pool")
+    pk = dsub.add_parser("packing", help="pack a variable-length corpus: its first steps' sequences to a "
+                         "strategy pool's pipelines and micro-batches (-o writes them)")
     pk.add_argument("path", help="token file stem, or its .bin/.idx")
     pk.add_argument("--pool", required=True, help="strategy pool (hexiscale plan --lengths -o POOL.json)")
     pk.add_argument("--cluster", required=True, help="cluster file the pool was planned for")

@@ -26,7 +26,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     layout.add_argument("--plan", help="plan file (JSON), or a strategy pool ('hexiscale plan --lengths -o'): "
                         "mixed-length data with hot switching")
     layout.add_argument("--cluster", help="cluster file: checks the plan's devices, gives MFU peaks; "
-                        "needed with seed-style flags")
+                        "needed with seed-style flags and with a strategy pool")
     layout.add_argument("--model", help="model preset or config.json (seed-style flags)")
     layout.add_argument("--seq-len", type=int, dest="seq_len", help="sequence length (seed-style flags)")
     layout.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
