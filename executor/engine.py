@@ -149,23 +149,42 @@ class Engine:
             raise ValueError(f"pipeline {self.stage.pipeline} expects tokens [{bs}, <= {self.plan.model.seq_len + 1}]"
                              f", got {list(tokens.shape)}")
         seq = tokens.shape[1] - 1
-        global_tokens = self.plan.global_batch_size * seq
         tokens = tokens.to(self.device, non_blocking=True)
-        for p in self.params.values():
-            p.grad = None
-        micro = self.micro_batches(tokens)
+        return self.train_micro_batches(self.micro_batches(tokens), self.plan.global_batch_size * seq)
+
+    def train_micro_batches(self, micro: list[MicroBatch], global_tokens: int) -> StepStats:
+        """One optimizer step on this pipeline's micro-batches (any shapes, packed ones included:
+        every rank of the pipeline passes the same list); ``global_tokens`` counts the labels of
+        the whole global batch, every pipeline's."""
+        self.zero_grads()
         # each parameter's gradient is final after its len(micro)-th accumulation: from then on its
         # cross-pipeline reduction can run during the rest of backward (GradSync.arm)
-        if self.zero is None:  # (ZeRO-1 reduce-scatters after the schedule instead)
+        if self.zero is None and micro:  # (ZeRO-1 reduce-scatters after the schedule instead)
             self.grad_sync.arm(len(micro))
-        loss = run_schedule(self.pipeline.schedule, module=self.module, comm=self.comm,
+        loss = self.accumulate(micro, global_tokens)
+        return self.apply_gradients(loss, global_tokens)
+
+    def zero_grads(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+    def accumulate(self, micro: list[MicroBatch], global_tokens: int) -> torch.Tensor | None:
+        """Forward and backward of ``micro`` through this pipeline, adding to the gradients; the
+        summed loss ``Σ CE / global_tokens`` on the last stage (None elsewhere)."""
+        return run_schedule(self.pipeline.schedule, module=self.module, comm=self.comm,
                             micro=micro, loss_scale=1.0 / global_tokens,
                             n_stages=len(self.pipeline.stages), autocast=self._autocast(), trace=self.trace)
+
+    def apply_gradients(self, loss: torch.Tensor | None, global_tokens: int, *,
+                        count_loss: bool | None = None) -> StepStats:
+        """Steps 2-4 of the module docstring on the accumulated gradients: synchronise them across
+        pipelines, global norm (and ``loss``, this rank's part of it, counted by the stage's TP
+        leader unless ``count_loss`` says otherwise) over the plan, clip, AdamW."""
         for p in self.params.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         with self.trace.span("grad_sync"):
-            stats = self._sync_grads(loss)
+            stats = self._sync_grads(loss, count_loss)
         with self.trace.span("optimizer"):
             norm = stats[1].sqrt()
             coef = clip_coefficient(norm, self.optim_cfg.grad_clip)
@@ -178,7 +197,7 @@ class Engine:
         host = to_host(stats)
         return StepStats(loss=host[0], grad_norm=host[1] ** 0.5, lr=lr, tokens=global_tokens)
 
-    def _sync_grads(self, loss: torch.Tensor | None) -> torch.Tensor:
+    def _sync_grads(self, loss: torch.Tensor | None, count_loss: bool | None = None) -> torch.Tensor:
         """Steps 2-3 of the module docstring: gradients reduced across pipelines, then
         ``[loss, ‖g‖²]`` summed over the plan's ranks."""
         if self.zero is not None:  # ZeRO-1: each owner gets the summed gradient of its part only
@@ -186,7 +205,7 @@ class Engine:
         else:
             self.grad_sync.sync()
         stats = torch.zeros(2, dtype=torch.float32, device=self.device)
-        if loss is not None and self.tp_rank == 0:
+        if loss is not None and (self.tp_rank == 0 if count_loss is None else count_loss):
             stats[0] = loss.float()
         if self.zero is not None:  # every logical element's gradient lies in one rank's parts
             stats[1] = self.zero.grad_sq_norm()

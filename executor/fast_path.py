@@ -37,6 +37,7 @@ unless asked; a no-op on CPU unless ``force=True``.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import logging
 from collections.abc import Callable
@@ -60,12 +61,12 @@ Backends = tuple[Any, ...]
 # ------------------------------------------------------------------------------ attention
 
 
-def _load_flash_attn() -> Callable[..., torch.Tensor] | None:
-    """``flash_attn.flash_attn_func`` when the optional package is installed and importable."""
+def _load_flash_attn(name: str = "flash_attn_func") -> Callable[..., torch.Tensor] | None:
+    """``flash_attn.<name>`` when the optional package is installed and importable."""
     if importlib.util.find_spec("flash_attn") is None:
         return None
     try:
-        from flash_attn import flash_attn_func as fn  # type: ignore[import-not-found]
+        fn = getattr(importlib.import_module("flash_attn"), name)
     except Exception as exc:  # noqa: BLE001 - a broken optional install must not stop training
         log.warning("flash-attn is installed but does not import (%s); using SDPA", exc)
         return None

@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from executor import fast_path
+from executor.packed_docs import DocSpans, packed_attention
 from executor.tp_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -103,10 +104,13 @@ class Attention(nn.Module):
         self.wv = ColumnParallelLinear(h, m.kv_dim, tp=tp, group=group, device=device)
         self.wo = RowParallelLinear(h, h, tp=tp, group=group, device=device)
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSpans | None = None) -> torch.Tensor:
+        if docs is not None:
+            return packed_attention(q, k, v, docs, self.attn_backends)
         return fast_path.causal_attention(q, k, v, self.attn_backends)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                docs: DocSpans | None = None) -> torch.Tensor:
         b, s, _ = x.shape
         x = copy_to_tp(x, self.group)
         q = self.wq(x, input_is_copied=True).view(b, s, self.heads, self.head_dim).transpose(1, 2)
@@ -114,9 +118,9 @@ class Attention(nn.Module):
         v = self.wv(x, input_is_copied=True).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.recompute_core and torch.is_grad_enabled():
-            o = checkpoint(self._core, q, k, v, use_reentrant=False)
+            o = checkpoint(self._core, q, k, v, docs, use_reentrant=False)
         else:
-            o = self._core(q, k, v)
+            o = self._core(q, k, v, docs)
         return self.wo(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
 
 
@@ -143,14 +147,16 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(m.hidden_size, m.norm_eps, device)
         self.mlp = MLP(m, tp=tp, group=group, device=device)
 
-    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 docs: DocSpans | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, docs)
         return x + self.mlp(self.mlp_norm(x))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                docs: DocSpans | None = None) -> torch.Tensor:
         if self.full_recompute and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
-        return self._forward(x, cos, sin)
+            return checkpoint(self._forward, x, cos, sin, docs, use_reentrant=False)
+        return self._forward(x, cos, sin, docs)
 
 
 # ------------------------------------------------------------------------------ stage
@@ -185,11 +191,18 @@ class StageModule(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, docs: DocSpans | None = None) -> torch.Tensor:
+        """``docs``: the documents packed into the one row of ``x`` (positions restart in each, and
+        attention stays inside each; see :mod:`executor.packed_docs`)."""
         if self.embed is not None:
             x = self.embed(x)
+        cos: torch.Tensor = self.rope_cos  # type: ignore[assignment]
+        sin: torch.Tensor = self.rope_sin  # type: ignore[assignment]
+        if docs is not None:  # per-token tables: [T, d], which apply_rope takes like a cut table
+            pos = docs.positions(cos.device)
+            cos, sin = cos[pos], sin[pos]
         for block in self.layers.values():
-            x = block(x, self.rope_cos, self.rope_sin)
+            x = block(x, cos, sin, docs)
         return x
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Every pipeline runs its own schedule with its own micro-batch count ``M`` and micro-batch sizes
 (``Pipeline.micro_batch_sizes()``, possibly uneven); pipelines never wait for each other until the
 gradient sync. Micro-batch ``j`` carries ``[mb_j, s]`` tokens, so every boundary tensor has the
-known shape ``[mb_j, s, h]``.
+known shape ``[mb_j, s, h]``. A packed micro-batch (documents back to back in one row, ``docs``
+set) is ``[1, T_j]``; every rank of the pipeline holds the same packing, so shapes stay known.
 
 * **GPipe**: all ``M`` forwards, then all ``M`` backwards (in reverse order).
 * **1F1B** (non-interleaved, as in PipeDream-Flush/Megatron): stage ``i`` of ``S`` runs
@@ -27,6 +28,7 @@ import torch
 
 from executor.model import StageModule
 from executor.p2p import StageComm
+from executor.packed_docs import DocSpans
 from executor.trace import NO_TRACE, NullTrace, StepTrace
 
 
@@ -34,6 +36,7 @@ from executor.trace import NO_TRACE, NullTrace, StepTrace
 class MicroBatch:
     inputs: torch.Tensor  # [mb, s] token ids
     labels: torch.Tensor  # [mb, s]
+    docs: DocSpans | None = None  # packed documents of the one row (mb == 1), see executor.packed_docs
 
 
 class _Runner:
@@ -61,7 +64,7 @@ class _Runner:
             inp = x.requires_grad_(True)
             src = inp
         with self.trace.span("forward", j), self.autocast():
-            out = self.module(src)
+            out = self.module(src, mb.docs) if mb.docs is not None else self.module(src)
             if self.module.last:
                 out = self.module.loss(out, mb.labels).sum() * self.loss_scale
         if self.module.last:

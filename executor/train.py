@@ -5,7 +5,8 @@ connect to the job's TCPStore -> local pre-flight (device, data, checkpoint) -> 
 store (any failure: every rank exits 1 with the same message, nothing trained) -> process group ->
 heartbeat watchdog -> engine (+ resume) -> steps (log, checkpoint) -> clean finish. From the process
 group on, any failure is turned into one job-wide verdict and exit code by the watchdog (see
-:mod:`executor.launch.watchdog` for the codes and the time bound).
+:mod:`executor.launch.watchdog` for the codes and the time bound). A strategy pool as the plan
+trains mixed-length data with hot switching (:mod:`executor.train_varlen`) in place of the plan's steps.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import time
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 import torch.distributed as dist
 
@@ -27,7 +29,8 @@ from executor.launch.env import RankEnv, connect_store, rank_env
 from executor.launch.faults import maybe_inject, parse_fault
 from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog, log_error
 from executor.metrics import StepLogger
-from executor.preflight import agree, local_checks, wait_all_seen
+from executor.optim import OptimConfig
+from executor.preflight import Prepared, agree, local_checks, wait_all_seen
 from executor.saving import Saver
 from executor.tensorboard_sink import TensorBoardSink
 from executor.trace import StepTrace, trace_window
@@ -40,8 +43,11 @@ from executor.train_setup import (
     pg_timeout,
     resolve_plan,
 )
+from executor.train_varlen import doc_source, train_pool
+from planner.cluster import ClusterSpec
 from planner.errors import SpecError
 from planner.layout import build_topology
+from planner.plan import Plan
 
 
 def run_training(args: TrainConfig) -> int:
@@ -50,7 +56,7 @@ def run_training(args: TrainConfig) -> int:
     store = None
     try:
         renv = rank_env()
-        plan, cluster = resolve_plan(args)
+        plan, cluster, pool = resolve_plan(args)
         check_world(plan, renv)
         opt = optim_config(args)
         timeout_s = pg_timeout(args)
@@ -58,10 +64,11 @@ def run_training(args: TrainConfig) -> int:
         store = connect_store(renv, args.startup_timeout)
         if renv.master_port == 0:
             renv = replace(renv, master_port=store.port)
-        error, prep = None, None
+        error, prep, docs = None, None, None
         try:
-            prep = local_checks(plan, renv, device=args.device, data=args.data, seed=args.seed, resume=args.resume,
-                                tensorboard=args.tensorboard)
+            prep = local_checks(plan, renv, device=args.device, data=None if pool else args.data, seed=args.seed,
+                                resume=args.resume, tensorboard=args.tensorboard)
+            docs = doc_source(args, pool, scan=renv.rank == 0) if pool is not None else None
         except SpecError as exc:
             error = exc
         agree(store, renv, error, args.startup_timeout)
@@ -80,50 +87,12 @@ def run_training(args: TrainConfig) -> int:
         flight.enable()
         backend = init_process_group(renv, store, prep.device, timeout_s)
         wd.start(store)
-        topology = build_topology(plan)
-        groups = ProcessGroups.create(topology, backend)
-        if renv.rank == 0:
-            print(f"hexiscale train: rank 0 connected {groups.members()} communicators in {groups.setup_s:.2f} s"
-                  + (f" ({groups.device_mib:.0f} MiB of device memory)" if backend == "nccl" else ""), flush=True)
-        engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed)
-        position = DataPosition()
-        if prep.resume is not None:
-            extra = checkpoint.load(engine, prep.resume.path)
-            gbs = plan.global_batch_size
-            position = DataPosition.from_dict(extra["data"], str(prep.resume.path)) if "data" in extra \
-                else DataPosition(engine.step, engine.step * gbs)
-        pipeline = engine.stage.pipeline
-        stream = BatchStream(prep.source, global_batch_size=plan.global_batch_size,
-                             rows=pipeline_rows(plan, pipeline), position=position, device=prep.device)
-        logger = StepLogger(plan, renv.rank, pipeline, leader=engine.stage.is_first and engine.tp_rank == 0,
-                            device=prep.device, cluster=cluster, jsonl=args.log_jsonl, every=args.log_every,
-                            tensorboard=TensorBoardSink(args.tensorboard) if args.tensorboard and renv.rank == 0
-                            else None)
-        saver = Saver(engine, args.checkpoint_dir, args.save_every, args.async_save)
-        start = engine.step
-        trace = StepTrace(path=args.trace, plan=plan, device=prep.device, rank=renv.rank, world=groups.world,
-                          window=trace_window(start, args.steps, args.trace_steps)) if args.trace else None
-        if trace is not None:
-            engine.set_trace(trace)
-        if renv.rank == 0:
-            print(f"hexiscale train: {plan.world_size} ranks, {len(plan.pipelines)} pipelines, model "
-                  f"{plan.model.name}, {prep.device.type} ({backend}), data {args.data or 'synthetic'}, steps "
-                  f"{start}..{args.steps}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
-        for k in range(start, args.steps):
-            wd.begin_step(k + 1)
-            maybe_inject(fault, renv.rank, k)
-            if trace is not None:
-                trace.begin_step(k)
-            t0 = time.perf_counter()
-            stats = engine.train_step(stream.next())
-            logger.step(k, args.steps, stats, time.perf_counter() - t0)
-            if trace is not None:
-                trace.end_step(k)
-            state = {"data": stream.position.to_dict(), "plan_world_size": plan.world_size}
-            saver.after_step(k + 1, k + 1 == args.steps, state,
-                             partial(maybe_inject, fault, renv.rank, k, in_save=True))
-        saver.finish()
-        logger.summary(start, plan.global_batch_size * plan.model.seq_len)
+        if pool is not None:
+            assert docs is not None
+            train_pool(args, pool, cluster, docs, rank=renv.rank, device=prep.device, optim=opt,
+                       resume=str(prep.resume.path) if prep.resume else None, wd=wd)
+        else:
+            _train_plan(args, plan, cluster, renv, prep, opt, wd, backend, fault)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one job-wide verdict
@@ -134,3 +103,52 @@ def run_training(args: TrainConfig) -> int:
     if renv.rank == 0 and not renv.store_hosted:
         wait_all_seen(store, renv, "wd/done", args.startup_timeout)
     return 0
+
+
+def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv: RankEnv, prep: Prepared,
+                opt: OptimConfig, wd: Watchdog, backend: str, fault: Any) -> None:
+    """Steps of one plan on this rank (groups, engine, resume, data, logs, checkpoints, trace)."""
+    topology = build_topology(plan)
+    groups = ProcessGroups.create(topology, backend)
+    if renv.rank == 0:
+        print(f"hexiscale train: rank 0 connected {groups.members()} communicators in {groups.setup_s:.2f} s"
+              + (f" ({groups.device_mib:.0f} MiB of device memory)" if backend == "nccl" else ""), flush=True)
+    engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed)
+    position = DataPosition()
+    if prep.resume is not None:
+        extra = checkpoint.load(engine, prep.resume.path)
+        gbs = plan.global_batch_size
+        position = DataPosition.from_dict(extra["data"], str(prep.resume.path)) if "data" in extra \
+            else DataPosition(engine.step, engine.step * gbs)
+    pipeline = engine.stage.pipeline
+    stream = BatchStream(prep.source, global_batch_size=plan.global_batch_size,
+                         rows=pipeline_rows(plan, pipeline), position=position, device=prep.device)
+    logger = StepLogger(plan, renv.rank, pipeline, leader=engine.stage.is_first and engine.tp_rank == 0,
+                        device=prep.device, cluster=cluster, jsonl=args.log_jsonl, every=args.log_every,
+                        tensorboard=TensorBoardSink(args.tensorboard) if args.tensorboard and renv.rank == 0
+                        else None)
+    saver = Saver(engine, args.checkpoint_dir, args.save_every, args.async_save)
+    start = engine.step
+    trace = StepTrace(path=args.trace, plan=plan, device=prep.device, rank=renv.rank, world=groups.world,
+                      window=trace_window(start, args.steps, args.trace_steps)) if args.trace else None
+    if trace is not None:
+        engine.set_trace(trace)
+    if renv.rank == 0:
+        print(f"hexiscale train: {plan.world_size} ranks, {len(plan.pipelines)} pipelines, model "
+              f"{plan.model.name}, {prep.device.type} ({backend}), data {args.data or 'synthetic'}, steps "
+              f"{start}..{args.steps}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
+    for k in range(start, args.steps):
+        wd.begin_step(k + 1)
+        maybe_inject(fault, renv.rank, k)
+        if trace is not None:
+            trace.begin_step(k)
+        t0 = time.perf_counter()
+        stats = engine.train_step(stream.next())
+        logger.step(k, args.steps, stats, time.perf_counter() - t0)
+        if trace is not None:
+            trace.end_step(k)
+        state = {"data": stream.position.to_dict(), "plan_world_size": plan.world_size}
+        saver.after_step(k + 1, k + 1 == args.steps, state,
+                         partial(maybe_inject, fault, renv.rank, k, in_save=True))
+    saver.finish()
+    logger.summary(start, plan.global_batch_size * plan.model.seq_len)

@@ -13,11 +13,12 @@ from planner.errors import SpecError
 from planner.seed_layout import SeedLayout
 
 DEVICES = ("auto", "cpu", "cuda")
+ASSIGN = ("cost", "threshold")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    plan: str | None = None  # plan file (JSON); else seed_layout
+    plan: str | None = None  # plan file (JSON), or a strategy pool (mixed-length data, hot switching); else seed_layout
     cluster: str | None = None  # cluster file: checks the plan's devices, gives MFU peaks
     seed_layout: SeedLayout = field(default_factory=SeedLayout)
     steps: int = 10  # train until this many optimizer steps are done (counting those before a resume)
@@ -43,6 +44,10 @@ class TrainConfig:
     hang_after: float = 1800.0  # no step finished this long: the job is hung
     startup_timeout: float = 600.0
     pg_timeout: float | None = None  # None: hang_after + 300 (executor.train_setup.pg_timeout)
+    # mixed-length data (plan = a strategy pool; executor.train_varlen)
+    step_tokens: int | None = None  # tokens of a step's global batch
+    lengths: str | None = None  # synthetic sequence lengths (hexiscale.lengths/1 file or synthetic:NAME) without data
+    assign: str = "cost"  # sequences to strategies: by estimated cost, or by the strategies' length buckets
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -50,6 +55,10 @@ class TrainConfig:
         for flag, value in (("--steps", self.steps), ("--save-every", self.save_every)):
             if value < 0:
                 raise SpecError(flag, f"must be >= 0, got {value}", "pass a count of steps")
+        if self.step_tokens is not None and self.step_tokens < 1:
+            raise SpecError("--step-tokens", f"must be >= 1, got {self.step_tokens}", "give a step's tokens")
+        if self.assign not in ASSIGN:
+            raise SpecError("--assign", f"{self.assign!r} is not one of {', '.join(ASSIGN)}", "pass --assign cost")
         if self.log_every < 1:
             raise SpecError("--log-every", f"must be >= 1, got {self.log_every}", "pass e.g. --log-every 10")
         if self.trace_steps < 1:

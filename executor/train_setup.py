@@ -15,26 +15,42 @@ from executor.optim import OptimConfig
 from executor.train_config import TrainConfig
 from planner.cluster import ClusterSpec, load_cluster
 from planner.errors import SpecError
-from planner.plan import Plan, load_plan
+from planner.plan import Plan
 from planner.validate import validate
+from planner.varlen.pool import StrategyPool, load_plan_or_pool
 
 
-def resolve_plan(args: TrainConfig) -> tuple[Plan, ClusterSpec | None]:
-    """``--plan`` (checked against ``--cluster`` when given) or the seed-style flags."""
+def resolve_plan(args: TrainConfig) -> tuple[Plan, ClusterSpec | None, StrategyPool | None]:
+    """``--plan`` (checked against ``--cluster`` when given) or the seed-style flags; a strategy
+    pool as ``--plan`` gives its home plan (which numbers the ranks) and the pool."""
     cluster = load_cluster(args.cluster) if args.cluster else None
     seed_given = args.seed_layout.given()
+    pool = None
     if args.plan:
         if seed_given:
             raise SpecError(f"--{seed_given[0]}", "given together with --plan", "use either --plan or the seed flags")
-        plan = load_plan(args.plan)
+        plan, pool = load_plan_or_pool(args.plan)
     else:
         if args.seed_layout.hetero_configs is None:
             raise SpecError("--plan", "missing", "pass --plan PLAN.json, or the seed-style flags (with --model "
                             "or --model-size, and --cluster unless every device is on this machine)")
         plan = args.seed_layout.plan(args.cluster)
+    if pool is not None and cluster is None:
+        raise SpecError("--cluster", "missing", "a strategy pool's dispatch needs the cluster file it was planned for")
+    if pool is None:
+        for flag, value in (("--step-tokens", args.step_tokens), ("--lengths", args.lengths)):
+            if value is not None:
+                raise SpecError(flag, "is for mixed-length data, but --plan is not a strategy pool",
+                                "pass the pool of 'hexiscale plan --lengths ... -o POOL.json' as --plan")
     if cluster is not None:
+        for i, st in enumerate(pool.strategies if pool is not None else ()):
+            try:
+                validate(st.plan, cluster)
+            except SpecError as exc:
+                raise SpecError(f"strategies[{i}].plan" + (f".{exc.path}" if exc.path else ""), exc.message,
+                                exc.hint, args.plan) from None
         validate(plan, cluster)
-    return plan, cluster
+    return plan, cluster, pool
 
 
 def check_world(plan: Plan, renv: RankEnv) -> None:

@@ -1,4 +1,6 @@
-"""``hexiscale data prep|pack|info``: write and inspect token files (``hexiscale.tokens/1``).
+"""``hexiscale data prep|pack|info|lengths|packing``: write and inspect token files (``hexiscale.tokens/1``);
+``lengths`` and ``packing`` show a variable-length corpus as mixed-length training sees it
+(:mod:`hexiscale.cli.data_varlen`).
 
     hexiscale data prep INPUT... -o OUT --tokenizer TOK [--format auto|text|jsonl|parquet]
                         [--field text] [--text-docs line|paragraph|file] [--eos auto|none|TOKEN]
@@ -23,6 +25,7 @@ import os
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from executor.dataprep.corpus import FORMATS, TEXT_DOCS
+from hexiscale.cli import data_varlen
 from hexiscale.cli.output import console, err_console
 
 
@@ -56,6 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     inf.add_argument("--seq-len", type=int, help="count samples of seq_len + 1 tokens")
     inf.add_argument("--no-scan", action="store_true", help="trust the header's max_token (skip reading the .bin)")
     inf.set_defaults(func=run)
+    data_varlen.register(dsub)
 
 
 def run(args: argparse.Namespace) -> int:

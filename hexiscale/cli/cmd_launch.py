@@ -5,6 +5,10 @@
     hexiscale launch PLAN --cluster CLUSTER --slurm [-o job.sbatch]             an sbatch script
     hexiscale launch PLAN --local [-- TRAIN ARGS]                               every rank here
 
+PLAN may be a strategy pool (``hexiscale plan --lengths ... -o POOL.json``): its home plan places
+the ranks, and ``hexiscale train`` trains mixed-length data with hot switching (e.g. ``-- --cluster
+CLUSTER --step-tokens 131072 --data corpus``).
+
 Everything after ``--`` goes to ``hexiscale train`` (e.g. ``-- --steps 100 --data corpus``).
 Nodes running equal process counts get torchrun lines (c10d rendezvous); every layout gets one
 bash script per node. Exit codes: 0 ok, 1 user error, 3 rank failure, 4 out of memory.
@@ -45,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                            "1 user error, 3 rank failure, 4 out of memory, 130 interrupted.")
     finally:
         sub._parser_class = saved
-    p.add_argument("plan", help="plan file (the same path must exist on every node)")
+    p.add_argument("plan", help="plan file, or strategy pool (the same path must exist on every node)")
     p.add_argument("--cluster", help="cluster file (required except with --local)")
     p.add_argument("--master", help="ADDR:PORT of the rendezvous (default: first plan node's name, port 29500)")
     p.add_argument("--node", help="run this node's ranks now (torchrun or its script)")
@@ -93,9 +97,9 @@ def _master(text: str | None, default_host: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.plan import load_plan
+    from planner.varlen.pool import load_plan_or_pool
 
-    plan = load_plan(args.plan)
+    plan, _ = load_plan_or_pool(args.plan)  # a strategy pool: its home plan places the ranks
     run_id = args.run_id or f"hexiscale-{Path(args.plan).stem}"
     if args.local:
         return _run_local(args, plan, run_id)

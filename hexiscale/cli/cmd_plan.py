@@ -4,7 +4,8 @@ Prints the plan table, the cost model's estimate (step time, tokens/s, MFU, brea
 bottleneck) and the seed-style flags of the plan; ``-o`` writes the plan (estimate embedded);
 ``--explain`` adds the search log (structures, settings, local-search steps, finalists) and the
 estimate's per-stage tables; ``--plot DIR`` writes the plan map and the simulated step as PNGs.
-The search is :func:`planner.search.planner.search`.
+The search is :func:`planner.search.planner.search`. With ``--lengths HISTOGRAM --step-tokens N``
+it proposes a strategy pool for mixed-length data instead (:mod:`hexiscale.cli.plan_lengths`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("plan", help="search the best plan for a model on a cluster")
     p.add_argument("cluster", help="cluster file (YAML)")
     p.add_argument("--model", required=True, help="model preset name or a Hugging Face config.json")
-    p.add_argument("--global-batch", type=int, required=True, dest="global_batch", help="samples per step")
+    p.add_argument("--global-batch", type=int, dest="global_batch", help="samples per step")
     p.add_argument("--seq-len", type=int, dest="seq_len", help="sequence length (default: the model's)")
     p.add_argument("-o", "--output", help="write the plan (with its estimate) to this JSON file")
     p.add_argument("--objective", default="throughput", choices=("throughput",), help="what to optimise")
@@ -37,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--explain", action="store_true", help="print the search log and per-stage estimate")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
     p.add_argument("--plot", metavar="DIR", help=f"write {PLAN_MAP} and {SIMULATED} (the simulated step) to DIR")
+    p.add_argument("--lengths", help="mixed-length data: a length histogram (hexiscale.lengths/1 JSON) or "
+                   "synthetic:NAME; proposes a strategy pool per length bucket (-o writes the pool)")
+    p.add_argument("--step-tokens", type=int, dest="step_tokens", help="with --lengths: tokens per step")
     p.set_defaults(func=run)
 
 
@@ -49,9 +53,15 @@ def run(args: argparse.Namespace) -> int:
 
     cluster = load_cluster(args.cluster)
     model = resolve_model(args.model, args.seq_len)
-    config = PlannerConfig(time_limit_s=args.time_limit, seed=args.seed, objective=args.objective)
     resolved = resolve_profiles(cluster)
     print(resolved.line, file=sys.stderr if args.json else sys.stdout, flush=True)
+    if args.lengths:
+        from hexiscale.cli import plan_lengths
+
+        return plan_lengths.run(args, cluster, model, resolved.profiles)
+    if args.global_batch is None:
+        raise SpecError("--global-batch", "missing", "give the samples per step (or --lengths and --step-tokens)")
+    config = PlannerConfig(time_limit_s=args.time_limit, seed=args.seed, objective=args.objective)
     result = search(cluster, model, args.global_batch, config=config, profiles=resolved.profiles)
     plan, est = result.plan, result.estimate
     if args.output:

@@ -16,15 +16,17 @@ FLAGS = {"cluster": "--cluster", "steps": "--steps", "data": "--data", "seed": "
          "resume": "--resume",
          "log_jsonl": "--log-jsonl", "log_every": "--log-every", "tensorboard": "--tensorboard", "trace": "--trace",
          "trace_steps": "--trace-steps", "heartbeat": "--heartbeat", "dead_after": "--dead-after",
-         "hang_after": "--hang-after", "startup_timeout": "--startup-timeout", "pg_timeout": "--pg-timeout"}
+         "hang_after": "--hang-after", "startup_timeout": "--startup-timeout", "pg_timeout": "--pg-timeout",
+         "step_tokens": "--step-tokens", "lengths": "--lengths", "assign": "--assign"}
 NOT_FLAGS = ("plan", "device", "seed_layout")
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     layout = p.add_argument_group("layout (a plan file, or the seed-style flags with --cluster and --model)")
-    layout.add_argument("--plan", help="plan file (JSON)")
+    layout.add_argument("--plan", help="plan file (JSON), or a strategy pool ('hexiscale plan --lengths -o'): "
+                        "mixed-length data with hot switching")
     layout.add_argument("--cluster", help="cluster file: checks the plan's devices, gives MFU peaks; "
-                        "needed with seed-style flags")
+                        "needed with seed-style flags and with a strategy pool")
     layout.add_argument("--model", help="model preset or config.json (seed-style flags)")
     layout.add_argument("--seq-len", type=int, dest="seq_len", help="sequence length (seed-style flags)")
     layout.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
@@ -47,6 +49,14 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     run.add_argument("--clip", type=float, default=1.0, help="max global gradient norm (<= 0: no clipping)")
     run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                      help="auto: cuda:LOCAL_RANK when CUDA is available (NCCL), else CPU (gloo)")
+
+    mixed = p.add_argument_group("mixed-length data (--plan is a strategy pool; --data: documents cut to the "
+                                 "context)")
+    mixed.add_argument("--step-tokens", type=int, dest="step_tokens", help="tokens of a step's global batch")
+    mixed.add_argument("--lengths", metavar="HISTOGRAM", help="without --data: synthetic sequences with these "
+                       "lengths (hexiscale.lengths/1 file, or synthetic:commoncrawl|github)")
+    mixed.add_argument("--assign", default="cost", choices=("cost", "threshold"),
+                       help="sequences to strategies: by estimated cost, or by the strategies' length buckets")
 
     ck = p.add_argument_group("checkpoints and logs")
     ck.add_argument("--checkpoint-dir", help="write checkpoints here (DIR/step-NNNNNN, DIR/latest)")
@@ -91,7 +101,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         save_every=args.save_every, async_save=args.async_save, resume=args.resume, log_jsonl=args.log_jsonl,
         log_every=args.log_every, tensorboard=args.tensorboard, trace=args.trace, trace_steps=args.trace_steps,
         heartbeat=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after,
-        startup_timeout=args.startup_timeout, pg_timeout=args.pg_timeout)
+        startup_timeout=args.startup_timeout, pg_timeout=args.pg_timeout, step_tokens=args.step_tokens,
+        lengths=args.lengths, assign=args.assign)
 
 
 def train_argv(config: TrainConfig) -> list[str]:

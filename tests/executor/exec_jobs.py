@@ -77,6 +77,43 @@ def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: Opt
     return out
 
 
+def global_docs(model: ModelSpec, steps: int, docs_per_step: int, seed: int = 4321, min_len: int = 2
+                ) -> list[list[torch.Tensor]]:
+    """Per step, ``docs_per_step`` documents of random lengths in ``[min_len, seq_len + 1]`` tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        lens = torch.randint(min_len, model.seq_len + 2, (docs_per_step,), generator=gen).tolist()
+        out.append([torch.randint(0, model.vocab_size, (n,), generator=gen) for n in lens])
+    return out
+
+
+def train_packed(plan: Plan, steps: list[list[torch.Tensor]], layouts: list[list[list[list[int]]]],
+                 optim: OptimConfig = ORACLE_OPTIM, seed: int = 0) -> dict[str, Any] | None:
+    """On every rank: train ``plan`` on packed documents; ``layouts[k][p]`` lists pipeline ``p``'s
+    micro-batches of step ``k``, each a list of indices into ``steps[k]``."""
+    from executor.packed_batch import label_tokens, pack_micro_batches
+
+    rank = dist.get_rank()
+    topo = build_topology(plan)
+    groups = ProcessGroups.create(topo)
+    if rank >= topo.world_size:
+        groups.close()
+        return None
+    eng = Engine(plan, topo, groups, device=torch.device("cpu"), optim=optim, seed=seed)
+    stats = []
+    for docs, layout in zip(steps, layouts):
+        micro = pack_micro_batches(docs, layout[eng.stage.pipeline])
+        stats.append(eng.train_micro_batches(micro, label_tokens(docs)))
+    state = eng.logical_state_dict(to_all=False)
+    out = {"losses": [s.loss for s in stats], "norms": [s.grad_norm for s in stats], "lrs": [s.lr for s in stats],
+           "state": state if rank == 0 else None,
+           "shards": {n: p.detach().cpu().clone() for n, p in eng.params.items()}}
+    del eng
+    groups.close()
+    return out
+
+
 def assemble_pipeline(plan: Plan, results: list[dict[str, Any] | None], pipeline: int) -> dict[str, torch.Tensor]:
     """Logical tensors of ``pipeline`` rebuilt from the per-rank shards returned by :func:`train_plans`."""
     from planner.layout import logical_params
@@ -277,4 +314,30 @@ def engine_errors_job() -> dict[str, str] | None:
             eng.train_step(torch.zeros(shape, dtype=torch.long))
         except ValueError as exc:
             out[str(shape)] = str(exc)
+    return out
+
+
+def train_hot_switch(plans: list[Plan], home: int, steps: list[list[torch.Tensor]], layouts: list[Any],
+                     optim: OptimConfig = ORACLE_OPTIM, seed: int = 0, accelerator: bool = False,
+                     wire_bf16: bool = False) -> dict[str, Any] | None:
+    """On every rank: hot-switching steps over a pool (``layouts[k]``: step k's StepLayout); the
+    losses, norms, transfer counts and (rank 0) the gathered home weights. ``accelerator``: on this
+    rank's GPU (NCCL pools); ``wire_bf16``: working weights travel in bf16."""
+    from executor.hot_switch import HotSwitchEngine, switch_groups
+
+    rank = dist.get_rank()
+    groups = switch_groups(plans, home)
+    out: dict[str, Any] | None = None
+    device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
+    if rank < plans[home].world_size:
+        eng = HotSwitchEngine(plans, home, groups, device=device, optim=optim, seed=seed,
+                              wire_dtype=torch.bfloat16 if wire_bf16 else None)
+        stats = [eng.train_step(docs, lay, timed=True) for docs, lay in zip(steps, layouts)]
+        state = eng.home.logical_state_dict(to_all=False)
+        out = {"losses": [s.step.loss for s in stats], "norms": [s.step.grad_norm for s in stats],
+               "sent": [s.sent_elements for s in stats], "switch_s": [s.switch_s for s in stats],
+               "phases": [len(s.phase_s) for s in stats], "state": state if rank == 0 else None,
+               "released": all(p.numel() == 0 for w in eng.layouts.values() for p in w.params.values())}
+        del eng
+    groups.close()
     return out

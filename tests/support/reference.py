@@ -105,8 +105,13 @@ class DenseLlama(nn.Module):
             x = layer(x, self.cos, self.sin)
         return self.lm_head(self.final_norm(x))
 
-    def loss(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Mean token cross-entropy of ``tokens [b, s+1]`` (inputs ``[:, :-1]``, labels ``[:, 1:]``)."""
+    def loss(self, tokens: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+        """Mean token cross-entropy of ``tokens [b, s+1]`` (inputs ``[:, :-1]``, labels ``[:, 1:]``),
+        or of a list of 1-D documents, each run through the model on its own (no packing, no mask:
+        the per-document training that packed training must equal)."""
+        if isinstance(tokens, list):
+            total = sum(self.loss(d[None]) * (len(d) - 1) for d in tokens)
+            return total / sum(len(d) - 1 for d in tokens)
         logits = self(tokens[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
@@ -127,10 +132,12 @@ def reference_model(m: ModelSpec, seed: int) -> DenseLlama:
     return model
 
 
-def reference_train(m: ModelSpec, batches: list[torch.Tensor], *, optim: OptimConfig, seed: int = 0,
+def reference_train(m: ModelSpec, batches: list[torch.Tensor] | list[list[torch.Tensor]], *, optim: OptimConfig,
+                    seed: int = 0,
                     model: DenseLlama | None = None, optimizer: torch.optim.Optimizer | None = None,
                     start_step: int = 0) -> ReferenceRun:
-    """Train the dense model on ``batches`` (one global batch per step) from the logical init."""
+    """Train the dense model on ``batches`` (one global batch per step: ``[B, s+1]`` tokens or a list
+    of documents) from the logical init."""
     model = model or reference_model(m, seed)
     opt = optimizer or build_optimizer(list(model.named_parameters()), optim)
     losses, norms, lrs = [], [], []

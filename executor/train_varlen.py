@@ -1,0 +1,127 @@
+"""``hexiscale train --plan POOL.json``: mixed-length data with hot switching, on every rank.
+
+The pool (``hexiscale plan --lengths ... -o POOL.json``) numbers the ranks by its home plan (what
+``hexiscale launch`` and pre-flight see). :func:`doc_source` is checked in pre-flight like a token
+file: ``--data`` gives the documents of a token file cut to the pool's context
+(:class:`~executor.doc_source.TokenFileDocs`), else ``--lengths`` gives synthetic sequences of a
+length histogram. :func:`train_pool` then runs the steps: each is ``--step-tokens`` tokens of
+whole sequences, laid out one step ahead on rank 0 (:class:`~executor.step_prefetch.LayoutStream`:
+sequences to strategies and pipelines, packed micro-batches) and trained by the
+:class:`~executor.hot_switch.HotSwitchEngine` (one optimizer step over every strategy's phase).
+Checkpoints are the home engine's (any plan of the model resumes from them); their ``extra``
+holds the next sequence (``varlen.cursor``), where a resumed run goes on.
+
+Per step, rank 0 prints the loss, the tokens and sequences, the phases (strategies used), the
+switch time, the dispatch + packing time and what training waited for it; ``--log-jsonl`` gets
+the same as one record.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import torch
+
+from executor import checkpoint
+from executor.doc_source import DocSource, SyntheticDocs, TokenFileDocs
+from executor.hot_switch import HotSwitchEngine, switch_groups
+from executor.launch.watchdog import Watchdog
+from executor.metrics import memory_gib
+from executor.optim import OptimConfig
+from executor.saving import Saver
+from executor.step_prefetch import LayoutStream
+from executor.train_config import TrainConfig
+from planner.cluster import ClusterSpec
+from planner.errors import SpecError
+from planner.varlen.pool import StrategyPool, strategy_costs
+
+
+def doc_source(args: TrainConfig, pool: StrategyPool, *, scan: bool) -> DocSource:
+    """The sequences training reads (module docstring); a ``SpecError`` on bad input."""
+    if args.step_tokens is None:
+        raise SpecError("--step-tokens", "missing", "give the tokens of a step's global batch, e.g. "
+                        f"--step-tokens {4 * pool.context}")
+    if args.step_tokens < pool.context:
+        raise SpecError("--step-tokens", f"{args.step_tokens} is fewer than the pool's context {pool.context}",
+                        "give a global batch that holds at least one full-length sequence")
+    if args.trace:
+        raise SpecError("--trace", "not available with a strategy pool", "trace a single plan")
+    if args.tensorboard:
+        raise SpecError("--tensorboard", "not available with a strategy pool", "use --log-jsonl")
+    model = pool.model
+    if args.data:
+        if args.lengths:
+            raise SpecError("--lengths", "given together with --data", "the token file's documents have lengths")
+        return TokenFileDocs(args.data, context=pool.context, vocab_size=model.vocab_size, seed=args.seed, scan=scan)
+    if not args.lengths:
+        raise SpecError("--lengths", "missing", "pass --data TOKENS, or synthetic lengths: --lengths HISTOGRAM.json "
+                        "or --lengths synthetic:commoncrawl")
+    from planner.varlen.histogram import load_histogram
+    from planner.varlen.synthetic import preset
+
+    hist = preset(args.lengths.split(":", 1)[1]).histogram(pool.context) if args.lengths.startswith("synthetic:") \
+        else load_histogram(args.lengths)
+    return SyntheticDocs(hist, pool.context, model.vocab_size, seed=args.seed)
+
+
+def _log(args: TrainConfig, step: int, rec: dict[str, Any]) -> None:
+    print(f"step {step}/{args.steps} | loss {rec['loss']:.4f} | grad-norm {rec['grad_norm']:.3f} | lr {rec['lr']:.2e} "
+          f"| {rec['tokens']:,} tokens in {rec['sequences']} sequences (longest {rec['longest']:,}) | "
+          f"{rec['tokens_per_s']:,.0f} tok/s | phases {'+'.join(rec['phases'])} | switch {rec['switch_s']:.3f} s | "
+          f"dispatch {rec['dispatch_s'] * 1e3:.1f} ms (waited {rec['wait_s'] * 1e3:.1f} ms) | "
+          f"mem {rec['memory_gib_rank0']:.2f} GiB", flush=True)
+    if args.log_jsonl:
+        with open(args.log_jsonl, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+def train_pool(args: TrainConfig, pool: StrategyPool, cluster: ClusterSpec | None, source: DocSource, *,
+               rank: int, device: torch.device, optim: OptimConfig, resume: str | None, wd: Watchdog) -> None:
+    """Steps ``start..args.steps`` of hot switching on this rank (module docstring); ``cluster`` and
+    ``args.step_tokens`` were checked in pre-flight."""
+    assert cluster is not None and args.step_tokens is not None
+    costs = strategy_costs(pool, cluster)
+    plans = [s.plan for s in pool.strategies]
+    groups = switch_groups(plans, pool.home)
+    wire = torch.bfloat16 if device.type == "cuda" and pool.home_plan.options.dtype == "bf16" else None
+    eng = HotSwitchEngine(plans, pool.home, groups, device=device, optim=optim, seed=args.seed, wire_dtype=wire)
+    cursor = 0
+    if resume is not None:
+        extra = checkpoint.load(eng.home, resume)
+        cursor = int(extra.get("varlen", {}).get("cursor", 0))
+    stream = LayoutStream(source, costs, step_tokens=args.step_tokens, cursor=cursor, group=groups.layouts,
+                          assign=args.assign, seed=args.seed)
+    saver = Saver(eng.home, args.checkpoint_dir, args.save_every, args.async_save)
+    start = eng.home.step
+    if rank == 0:
+        print(f"hexiscale train: strategy pool of {len(plans)} ({', '.join(s.name for s in pool.strategies)}; home "
+              f"{pool.strategies[pool.home].name}), {pool.home_plan.world_size} ranks, model {pool.model.name}, "
+              f"context {pool.context:,}, {args.step_tokens:,} tokens per step, data {args.data or args.lengths}, "
+              f"{device.type}, steps {start}..{args.steps}" + (f", resumed from {resume}" if resume else ""),
+              flush=True)
+    t_all, tokens_all = 0.0, 0
+    for k in range(start, args.steps):
+        wd.begin_step(k + 1)
+        step = stream.next()
+        t0 = time.perf_counter()
+        st = eng.train_step(step.docs, step.layout, global_tokens=step.docs.label_tokens)
+        seconds = time.perf_counter() - t0
+        if k > start:  # the first step includes warm-up
+            t_all, tokens_all = t_all + seconds, tokens_all + step.docs.label_tokens
+        if rank == 0 and ((k + 1) % args.log_every == 0 or k + 1 == args.steps):
+            _log(args, k + 1, {"step": k + 1, "loss": st.step.loss, "grad_norm": st.step.grad_norm, "lr": st.step.lr,
+                               "tokens": st.step.tokens, "sequences": len(step.docs),
+                               "longest": max(step.docs.lengths), "step_time_s": seconds,
+                               "tokens_per_s": st.step.tokens / seconds,
+                               "phases": [pool.strategies[ph.strategy].name for ph in step.layout.phases],
+                               "switch_s": st.switch_s, "dispatch_s": step.solve_s, "wait_s": step.wait_s,
+                               "estimate_s": step.layout.time_s, "memory_gib_rank0": memory_gib(device),
+                               "time": time.time()})
+        saver.after_step(k + 1, k + 1 == args.steps, {"varlen": {"cursor": step.next_cursor},
+                                                      "plan_world_size": pool.home_plan.world_size}, lambda: None)
+    saver.finish()
+    if rank == 0 and t_all > 0:
+        print(f"summary: steps {start + 1}..{args.steps}, {tokens_all / t_all:,.0f} tok/s after the first step",
+              flush=True)

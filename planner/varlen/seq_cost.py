@@ -1,0 +1,195 @@
+"""Cost and memory of sequences of any length on the stages and pipelines of a plan.
+
+**Per stage, per micro-batch** (forward + backward, TP all-reduces and the p2p sends included)::
+
+    t(mb) = a·Σ s_d²  +  b·Σ s_d  +  c          documents of lengths s_d packed into one micro-batch
+
+``a`` is attention's score and value work (quadratic in each document's length: packed documents
+never attend across boundaries), ``b`` everything per token (GEMMs, norms, all-reduce and p2p
+bytes), ``c`` what a micro-batch costs whatever its size (launch latencies, weight casts, the
+link's latency). :func:`stage_cost` fits ``(a, b, c)`` by non-negative least squares on relative
+errors to the cost model's own figures for one sequence of ``s`` tokens (``s`` on a geometric
+grid up to the context): the spec roofline, or the measured profile of a GPU type where
+``planner/profiles/devices/<type>-measured.json`` exists (timed by ``hexiscale profile``, which
+runs the executor's layers). The worst relative error of the fit is kept with it.
+
+**Memory**: a stage's peak grows linearly with the tokens of the micro-batches it holds (flash and
+varlen attention keep no ``s²`` term), so ``token_cap`` is the largest micro-batch, in tokens,
+that fits every device of the stage while 1F1B keeps ``S - i`` micro-batches in flight (GPipe
+pipelines hold all of them: ``share_cap`` bounds the pipeline's tokens of one step instead).
+
+**Per pipeline** (:class:`PipelineCost`), micro-batches ``j`` of stage times ``t_i(j)``: the
+schedule's closed form, generalised to unequal micro-batches::
+
+    T = Σ_j max_i t_i(j)  +  Σ_i t_i(ĵ) − max_i t_i(ĵ)        ĵ = the largest micro-batch
+
+(the steady state paced by the bottleneck stage, plus one fill and drain of the pipeline; with
+equal micro-batches it is :func:`planner.cost.schedule.one_f_one_b_time`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from planner.cluster import ClusterSpec
+from planner.cost import ProfileSet, activation_bytes, boundary_time, stage_memory, stage_time
+from planner.cost.memory import GIB
+from planner.model import ModelSpec
+from planner.plan import Pipeline, Plan
+
+MIN_FIT_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class SeqCost:
+    """``t = a·Σs² + b·Σs + c`` seconds per micro-batch; ``fit_error``: worst relative error."""
+
+    a: float
+    b: float
+    c: float
+    fit_error: float = 0.0
+
+    def sequence_s(self, s: float) -> float:
+        """One sequence of ``s`` tokens, without the per-micro-batch constant."""
+        return self.a * s * s + self.b * s
+
+    def micro_batch_s(self, lengths: Sequence[int]) -> float:
+        return self.a * sum(x * x for x in lengths) + self.b * sum(lengths) + self.c
+
+
+def fit_seq_cost(lengths: Sequence[int], seconds: Sequence[float]) -> SeqCost:
+    """Non-negative ``(a, b, c)`` minimising the relative squared error over the samples."""
+    s = np.asarray(lengths, float)
+    t = np.asarray(seconds, float)
+    rows = np.stack([s * s, s, np.ones_like(s)], axis=1) / t[:, None]
+    scale = rows.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(rows / scale, np.ones_like(s))
+    a, b, c = (float(x) for x in coef / scale)
+    err = float(np.max(np.abs((a * s * s + b * s + c) / t - 1.0)))
+    return SeqCost(a, b, c, err)
+
+
+def fit_grid(context: int, points: int = 12) -> list[int]:
+    lo = min(MIN_FIT_TOKENS, context)
+    return sorted({int(round(lo * (context / lo) ** (i / (points - 1)))) for i in range(points)})
+
+
+def stage_cost(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, *, context: int, dtype: str,
+               recompute: str, profiles: ProfileSet) -> SeqCost:
+    """The fitted per-micro-batch cost of stage ``si`` of ``pipe`` (module docstring)."""
+    st = pipe.stages[si]
+    n = len(pipe.stages)
+    devs = [cluster.device(d) for d in st.devices]
+    times = []
+    grid = fit_grid(context)
+    for s in grid:
+        tt = stage_time(model, layers=st.num_layers, first=si == 0, last=si == n - 1, micro_batch=1, tp=st.tp,
+                        devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
+                        tp_link=cluster.slowest_link(st.devices), dtype=dtype, recompute=recompute,
+                        params=profiles.params, seq_len=s)
+        nbytes = activation_bytes(model, 1, dtype, seq_len=s, params=profiles.params)
+        p2p = 0.0
+        if si < n - 1:
+            p2p += boundary_time(nbytes, st.devices, pipe.stages[si + 1].devices, cluster, profiles.params)
+        if si > 0:
+            p2p += boundary_time(nbytes, st.devices, pipe.stages[si - 1].devices, cluster, profiles.params)
+        times.append(tt.forward_s + tt.backward_s + p2p)
+    return fit_seq_cost(grid, times)
+
+
+def stage_token_cap(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, *, in_flight: int, dtype: str,
+                    recompute: str, zero_shards: int, profiles: ProfileSet,
+                    resident: dict[str, float] | None = None) -> int:
+    """Largest micro-batch (tokens) whose ``in_flight`` copies fit every device of the stage.
+
+    ``resident`` (bytes per device): memory another layout keeps there — a working layout of hot
+    switching holds no optimizer state of its own, its devices hold the home layout's weights,
+    gradients and optimizer state (:func:`resident_bytes`)."""
+    st = pipe.stages[si]
+    n = len(pipe.stages)
+    frag = 1 + profiles.params.fragmentation
+
+    def need(tokens: int) -> float:
+        mem = stage_memory(model, layers=st.num_layers, tp=st.tp, first=si == 0, last=si == n - 1, micro_batch=1,
+                           in_flight=in_flight, dtype=dtype, recompute=recompute, zero_shards=zero_shards,
+                           params=profiles.params, seq_len=tokens)
+        own = mem.total - (mem.optimizer * frag if resident is not None else 0.0)
+        return own + profiles.params.comm_gib * GIB
+    base, step = need(1), 4096
+    slope = (need(1 + step) - base) / step
+    room = min(cluster.device(d).memory_gib * GIB - (resident or {}).get(d, 0.0) for d in st.devices) - base
+    if room < 0:
+        return 0
+    return 1 + int(room / slope) if slope > 0 else 1 << 40
+
+
+@dataclass(frozen=True)
+class PipelineCost:
+    """Cost model of one pipeline for packed micro-batches (module docstring)."""
+
+    stages: tuple[SeqCost, ...]
+    token_cap: int  # tokens per micro-batch (memory)
+    share_cap: float  # tokens of one step (GPipe holds every micro-batch; 1F1B: unbounded)
+    schedule: str = "1f1b"
+
+    def stage_times(self, lengths: Sequence[int]) -> list[float]:
+        return [c.micro_batch_s(lengths) for c in self.stages]
+
+    def bottleneck(self) -> SeqCost:
+        """The stage with the largest per-token cost (what paces the steady state)."""
+        return max(self.stages, key=lambda c: (c.b, c.a, c.c))
+
+    def time(self, micro_batches: Sequence[Sequence[int]]) -> float:
+        """Closed-form schedule time of these micro-batches (lists of sequence lengths)."""
+        mbs = [m for m in micro_batches if m]
+        if not mbs:
+            return 0.0
+        per = [self.stage_times(m) for m in mbs]
+        big = max(range(len(mbs)), key=lambda j: sum(mbs[j]))
+        return sum(max(t) for t in per) + sum(per[big]) - max(per[big])
+
+
+def resident_bytes(plan: Plan, profiles: ProfileSet) -> dict[str, float]:
+    """Per device of ``plan``: its fp32 weights, gradients and optimizer state (with ZeRO-1's
+    sharding and the allocator's fragmentation) — what the home layout keeps during a step."""
+    frag = 1 + profiles.params.fragmentation
+    shards = len(plan.pipelines) if plan.options.zero == 1 else 1
+    out = {}
+    for pipe in plan.pipelines:
+        for si, st in enumerate(pipe.stages):
+            mem = stage_memory(plan.model, layers=st.num_layers, tp=st.tp, first=si == 0,
+                               last=si == len(pipe.stages) - 1, micro_batch=1, in_flight=0, dtype=plan.options.dtype,
+                               recompute=plan.options.recompute, zero_shards=shards, params=profiles.params, seq_len=1)
+            for d in st.devices:
+                out[d] = (mem.weights + mem.gradients + mem.optimizer) * frag
+    return out
+
+
+def pipeline_costs(plan: Plan, cluster: ClusterSpec, *, context: int | None = None,
+                   profiles: ProfileSet | None = None, home: Plan | None = None) -> list[PipelineCost]:
+    """The :class:`PipelineCost` of every pipeline of ``plan`` for sequences up to ``context``
+    (default: the plan's ``seq_len``). With ``home`` (another plan of the pool), ``plan`` is a
+    working layout: its token caps leave room for the home layout's resident state."""
+    profiles = profiles or ProfileSet(cluster.catalog)
+    o = plan.options
+    ctx = context or plan.model.seq_len
+    zero_shards = len(plan.pipelines) if o.zero == 1 else 1
+    resident = resident_bytes(home, profiles) if home is not None and home != plan else None
+    out = []
+    for pipe in plan.pipelines:
+        n = len(pipe.stages)
+        costs = tuple(stage_cost(plan.model, cluster, pipe, si, context=ctx, dtype=o.dtype, recompute=o.recompute,
+                                 profiles=profiles) for si in range(n))
+        gpipe = pipe.schedule == "gpipe"
+        caps = [stage_token_cap(plan.model, cluster, pipe, si, in_flight=1 if gpipe else n - si, dtype=o.dtype,
+                                recompute=o.recompute, zero_shards=zero_shards, profiles=profiles, resident=resident)
+                for si in range(n)]
+        cap = min(caps)
+        out.append(PipelineCost(costs, cap, cap if gpipe else math.inf, pipe.schedule))
+    return out
