@@ -44,11 +44,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.executor import mfu  # sets the NCCL multicast variables before torch loads
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from benchmarks.executor import mfu  # also sets the NCCL multicast variables (read when NCCL starts)
 from executor.spawn import free_port, spawn  # noqa: E402
 from planner.model import PRESETS, ModelSpec  # noqa: E402
 from planner.plan import Plan, load_plan  # noqa: E402
@@ -265,7 +264,8 @@ def print_table(results: list[dict[str, Any]], extra: dict[str, float]) -> None:
             continue
         mem = "/".join(f"{x:.1f}" for x in r["peak_mem_gib"])
         print(f"{r['config']:<18}{r['gpus']:>5}{r['tokens_per_s']:>10.0f}{r['tflops_per_gpu']:>13.1f}"
-              f"{100 * r['mfu']:>7.1f}%{mem:>22}{r['step_time_s']:>9.3f}{r['loss_first']:>8.3f}->{r['loss_last']:<7.3f}")
+              f"{100 * r['mfu']:>7.1f}%{mem:>22}{r['step_time_s']:>9.3f}"
+              f"{r['loss_first']:>8.3f}->{r['loss_last']:<7.3f}")
     for k, v in extra.items():
         print(f"  {k}: {v}")
 
@@ -325,9 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             res = {"config": name, "gpus": gpus, "error": traceback.format_exc()[-2500:]}
         res["wall_s"] = round(time.monotonic() - t0, 1)
         results.append(res)
-        print(f"[{name}] " + (res["error"] if "error" in res else
-                              f"{res['tokens_per_s']:.0f} tok/s, MFU {100 * res['mfu']:.1f}%") + f" ({res['wall_s']} s)",
-              flush=True)
+        status = res["error"] if "error" in res else f"{res['tokens_per_s']:.0f} tok/s, MFU {100 * res['mfu']:.1f}%"
+        print(f"[{name}] {status} ({res['wall_s']} s)", flush=True)
         json_path.write_text(json.dumps({**meta, "results": results, "ratios": ratios(results)}, indent=1))
     for r in results:
         if r.get("profile"):
