@@ -44,6 +44,10 @@ from planner.layout import build_topology
 
 def run_training(args: TrainConfig) -> int:
     """Train per ``args`` on this rank; returns the exit code (never hangs; see module docstring)."""
+    if os.environ.get("HEXISCALE_ELASTIC") == "1":  # started by an elastic supervisor
+        from executor.elastic_train import run_elastic
+
+        return run_elastic(args)
     renv: RankEnv | None = None
     store = None
     try:
