@@ -57,6 +57,8 @@ class World:
         if self.me not in members:
             return False
         t0 = time.perf_counter()
+        if self.device.type == "cuda":  # a joining process never ran init_process_group's set-up
+            torch.cuda.set_device(self.device)
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"{self.prefix}/{tag}", self.store),
                                 rank=members.index(self.me), world_size=len(members),
                                 timeout=timedelta(seconds=self.timeout_s),
