@@ -103,15 +103,15 @@ def run_training(args: TrainConfig) -> int:
         if renv.rank == 0:
             print(f"hexiscale train: {plan.world_size} ranks, {len(plan.pipelines)} pipelines, model "
                   f"{plan.model.name}, {prep.device.type} ({backend}), data {args.data or 'synthetic'}, steps "
-                  f"{start}..{args.steps}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
-        for k in range(start, args.steps):
+                  f"{start}..{args.end}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
+        for k in range(start, args.end):
             wd.begin_step(k + 1)
             maybe_inject(fault, renv.rank, k)
             t0 = time.perf_counter()
             stats = engine.train_step(stream.next())
             logger.step(k, args.steps, stats, time.perf_counter() - t0)
             state = {"data": stream.position.to_dict(), "plan_world_size": plan.world_size}
-            saver.after_step(k + 1, k + 1 == args.steps, state,
+            saver.after_step(k + 1, k + 1 == args.end, state,
                              partial(maybe_inject, fault, renv.rank, k, in_save=True))
         saver.finish()
         logger.summary(start, plan.global_batch_size * plan.model.seq_len)

@@ -24,6 +24,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     run = p.add_argument_group("training")
     run.add_argument("--steps", type=int, default=10, help="train until this many optimizer steps are done "
                      "(counting steps before a resume)")
+    run.add_argument("--stop-at", type=int, default=None, dest="stop_at", help="stop (and save) after this step; "
+                     "the learning-rate schedule still spans --steps (a job run in parts, e.g. a restart)")
     data = run.add_mutually_exclusive_group()
     data.add_argument("--data", help="token file (PATH, PATH.bin or PATH.idx; see 'hexiscale data')")
     data.add_argument("--synthetic", action="store_true", help="synthetic tokens (the default)")
@@ -64,6 +66,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     """The typed config of parsed ``hexiscale train`` arguments."""
     return TrainConfig(
         plan=args.plan, cluster=args.cluster, seed_layout=SeedLayout.from_args(args), steps=args.steps,
+        stop_at=args.stop_at,
         data=args.data, seed=args.seed, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
         weight_decay=args.weight_decay, clip=args.clip, device=args.device, checkpoint_dir=args.checkpoint_dir,
         save_every=args.save_every,
