@@ -1,5 +1,5 @@
 """Elastic jobs end to end on CPU/gloo (``hexiscale launch --local --elastic``): leave and join
-commands against a running job, and an unplanned failure recovered from the newest checkpoint.
+commands against a running job, then an unplanned failure recovered from the newest checkpoint.
 Every loss equals the dense single-process reference (the oracle). A 4 -> 3 -> 4 trace runs in
 test_elastic_bench.py (the benchmark's CPU smoke mode)."""
 
@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from test_train_jobs import CLUSTER, JOB_TIMEOUT, PLAN4, hexiscale
 
 from executor.data import DataPosition, SyntheticSource, global_batch
@@ -77,15 +76,34 @@ class Job:
         return self.proc.wait(timeout=60)
 
 
-def test_leave_and_join_commands_switch_a_running_job(tmp_path: Path) -> None:
-    """``hexiscale elastic leave`` then ``join`` against a long job: each re-plans with the planner
-    (warm-started), switches after the next step (or keeps the running plan when it stays best: the
-    planner may leave a device of a tiny model idle) and answers ok; a bad request is refused with a
-    reason while the job trains on; the losses up to a few steps past the switch equal the reference
-    (a long window would also measure how far fp32 reduction orders drift apart in 100+ steps)."""
-    jsonl = tmp_path / "steps.jsonl"
-    job = Job("launch", str(PLAN4), "--local", "--elastic", "--cluster", str(CLUSTER), "--run-id", "cmdtest", "--",
-              "--steps", "100000", "--log-jsonl", str(jsonl), *TRAIN, "--lr", "1e-3")
+def rank_processes(parent: int) -> dict[str, int]:
+    """Device -> pid of the live ``hexiscale train`` processes the supervisor ``parent`` started."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            env = (stat.parent / "environ").read_bytes().split(b"\0") if ppid == parent else []
+        except (OSError, ValueError, IndexError):
+            continue
+        device = next((e[len(b"HEXISCALE_DEVICE="):].decode() for e in env if e.startswith(b"HEXISCALE_DEVICE=")), None)
+        if device:
+            out[device] = int(stat.parent.name)
+    return out
+
+
+def test_leave_join_commands_then_a_killed_rank_on_a_running_job(tmp_path: Path) -> None:
+    """One long job (checkpoints every 10 steps). ``hexiscale elastic leave`` then ``join``: each
+    re-plans with the planner (warm-started), switches after the next step (or keeps the running plan
+    when it stays best: the planner may leave a device of a tiny model idle) and answers ok; a bad
+    request is refused with a reason while the job trains on. Then a rank is killed: the supervisor
+    drops its device, re-plans on the survivors, resumes from the newest checkpoint and says how many
+    completed steps were lost. Losses up to a few steps past the first switch equal the reference (a
+    long window would also measure how far fp32 reduction orders drift apart in 100+ steps); the
+    steps redone after the recovery equal their first run."""
+    jsonl, report, ck = tmp_path / "steps.jsonl", tmp_path / "events.jsonl", tmp_path / "ck"
+    job = Job("launch", str(PLAN4), "--local", "--elastic", "--cluster", str(CLUSTER), "--run-id", "cmdtest",
+              "--elastic-log", str(report), "--", "--steps", "100000", "--log-jsonl", str(jsonl),
+              "--checkpoint-dir", str(ck), "--save-every", "10", *TRAIN, "--lr", "1e-3", "--dead-after", "8")
     try:
         line = job.wait_for("--store 127.0.0.1:")
         store = line.split("--store ")[1].split()[0]
@@ -98,9 +116,12 @@ def test_leave_and_join_commands_switch_a_running_job(tmp_path: Path) -> None:
         join = hexiscale("elastic", "join", "r4090:2", *common)
         assert join.returncode == 0 and re.search(r"ok: (switched after step|the running plan stays best)",
                                                   join.stdout), join.stdout + join.stderr
-        again = hexiscale("elastic", "join", "r4090:2", *common)
-        assert again.returncode == 1 and "r4090:2 is already one of the job's devices" in again.stdout
         job.wait_for(f"step {max(logged(jsonl)) + 2}/100000")  # trains on after the last change
+        victim, pid = sorted(rank_processes(job.proc.pid).items())[-1]
+        os.kill(pid, signal.SIGKILL)
+        job.wait_for("resumed from")
+        done = max(logged(jsonl))
+        job.wait_for(f"step {done + 2}/100000")  # trains on after the recovery
     finally:
         code = job.stop()
     out = "".join(job.lines)
@@ -110,28 +131,17 @@ def test_leave_and_join_commands_switch_a_running_job(tmp_path: Path) -> None:
     assert "[r4090:2] handed its state over at step" in out
     if "switched after step" in join.stdout:  # the planner uses r4090:2 again: a new process receives state
         assert re.search(r"epoch 2 after step \d+: \d -> \d ranks \([^)]*join r4090:2", out), out
+    [(failed, step, resume, lost)] = re.findall(r"(\S+) failed at step (\d+) .*; resuming from \S+ \(step (\d+)\); "
+                                                r"(\d+) completed steps? lost", out)
+    assert failed == victim and int(lost) == int(step) - 1 - int(resume) and int(resume) % 10 == 0, out
+    [event] = [e for e in map(json.loads, report.read_text().splitlines()) if e["event"] == "recovery"]
+    assert (event["failed"], event["lost_steps"], event["resume_step"]) == (victim, int(lost), int(resume))
+    records = [json.loads(x) for x in jsonl.read_text().splitlines()]
     got = logged(jsonl)
     assert sorted(got) == list(range(1, max(got) + 1))
     n = int(at) + 5
     assert [got[k] for k in range(1, n + 1)] == pytest.approx(reference_losses(n, 100000, lr=1e-3), rel=1e-5)
-
-
-def test_unplanned_failure_replans_on_the_survivors_and_resumes_from_the_checkpoint(tmp_path: Path) -> None:
-    """Rank 1 is killed as step 4 starts (checkpoints every 2 steps): the supervisor drops its device,
-    re-plans on the other three, resumes from step 2 and says one completed step was lost; the job
-    ends at step 5 with the reference's losses."""
-    ck, jsonl, report = tmp_path / "ck", tmp_path / "steps.jsonl", tmp_path / "events.jsonl"
-    run = hexiscale("launch", str(PLAN4), "--local", "--elastic", "--cluster", str(CLUSTER), "--elastic-log",
-                    str(report), "--", "--steps", "5", "--checkpoint-dir", str(ck), "--save-every", "2",
-                    "--log-jsonl", str(jsonl), *TRAIN[:4], "--dead-after", "8", "--heartbeat", "0.5",
-                    env={"HEXISCALE_FAULT": "1:3:kill"})
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out
-    assert "r4090:0 failed at step 4" in out and f"resuming from {ck / 'step-000002'} (step 2)" in out, out
-    assert "; 1 completed step lost" in out
-    [event] = [json.loads(x) for x in report.read_text().splitlines()]
-    assert event["failed"] == "r4090:0" and event["lost_steps"] == 1 and event["resume_step"] == 2
-    got = logged(jsonl)
-    assert sorted(got) == [1, 2, 3, 4, 5]
-    assert [got[k] for k in range(1, 6)] == pytest.approx(reference_losses(5, 5), rel=1e-5)
-    assert torch.isfinite(torch.tensor(list(got.values()))).all()
+    first: dict[int, float] = {}
+    for r in records:  # a step logged twice was redone after the recovery: the same loss
+        assert r["loss"] == pytest.approx(first.setdefault(r["step"], r["loss"]), rel=1e-5), r
+    assert len(records) > len(got)
