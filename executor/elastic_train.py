@@ -6,8 +6,10 @@ A rank is a *device* (``HEXISCALE_DEVICE``) more than a rank number: its rank ch
 epoch's plan. Order of events on a rank of the launch plan: the pre-flight of :mod:`executor.train`
 (plan, store, local checks, agreement) -> epoch 0's process group, engine, resume -> steps; after
 each step :meth:`executor.elastic_channel.Channel.switch_due` says whether the next epoch starts
-now. Then: complete any checkpoint in flight, stop the epoch's watchdog, read the new plan, move
-the state (:func:`executor.switch.switch`), and either leave (a device that is not in the new plan
+now; once the next epoch is published, each rank plans its state move between two steps (the
+reshard plan of a 1.3B model takes ~0.1 s of Python), so the switch itself does not pay for it.
+Then: complete any checkpoint in flight, stop the epoch's watchdog, read the new plan, move the
+state (:func:`executor.switch.switch`), and either leave (a device that is not in the new plan
 exits 0 once its state is handed over) or build the new epoch — groups, ``Engine(init=False)``, the
 installed state, the same data position, a watchdog under the epoch's own store prefix — and go on
 with the next step.
@@ -55,7 +57,7 @@ from planner.cluster import ClusterSpec
 from planner.errors import SpecError
 from planner.layout import build_topology
 from planner.plan import Plan
-from planner.reshard import reshard_plan
+from planner.reshard import ReshardPlan, reshard_plan
 
 
 @dataclass
@@ -73,6 +75,20 @@ class _Job:
     cluster: ClusterSpec | None
     fault: tuple[int, int, str] | None
     wd: Watchdog
+    move: _Move | None = None  # the next epoch's move, planned as soon as it was published
+
+
+@dataclass(frozen=True)
+class _Move:
+    """Epoch ``e``'s plans and the state move between them (:func:`planner.reshard.reshard_plan`,
+    the same on every rank), computed between two steps once the epoch is published, so that the
+    switch itself does not pay for it."""
+
+    e: int
+    old: Plan
+    new: Plan
+    rp: ReshardPlan
+    plan_s: float
 
 
 @dataclass
@@ -202,6 +218,8 @@ def _train(job: _Job, ep: _Epoch) -> bool:
         state = {"data": ep.stream.position.to_dict(), "plan_world_size": ep.plan.world_size}
         ep.saver.after_step(k + 1, k + 1 == args.steps, state, partial(maybe_inject, job.fault, rank, k, in_save=True))
         k += 1
+        if k < args.steps and job.channel.published(ep.index + 1):
+            _plan_move(job, ep.index + 1, 0.0)
         if k < args.steps and job.channel.switch_due(ep.index + 1, k, rank0=rank == 0):
             return False
     ep.saver.finish()
@@ -215,34 +233,46 @@ def _next(job: _Job, ep: _Epoch) -> _Epoch | None:
     ep.saver.finish()
     job.wd.finish()
     e = ep.index + 1
+    ahead = job.move is not None and job.move.e == e
     t0 = time.perf_counter()
-    old, new = job.channel.epoch(e, job.args.hang_after)
-    wait_s = time.perf_counter() - t0
-    if (old.pipelines, old.options) != (ep.plan.pipelines, ep.plan.options):
+    move = _plan_move(job, e, job.args.hang_after)
+    wait_s = time.perf_counter() - t0 - (0.0 if ahead else move.plan_s)
+    if (move.old.pipelines, move.old.options) != (ep.plan.pipelines, ep.plan.options):
         raise RuntimeError(f"epoch {e} switches from another plan than the running one")
     position = ep.stream.position
     if ep.renv.rank == 0:
         job.channel.set_state(e, position.step, position.samples)
-    return _switch_into(job, e, old, new, ep.engine, position, wait_s)
+    return _switch_into(job, move, ahead, ep.engine, position, wait_s)
+
+
+def _plan_move(job: _Job, e: int, timeout_s: float) -> _Move:
+    """Epoch ``e``'s :class:`_Move` (computed once; waits up to ``timeout_s`` for the go)."""
+    if job.move is None or job.move.e != e:
+        old, new = job.channel.epoch(e, timeout_s)
+        t0 = time.perf_counter()
+        rp = reshard_plan(old, new, job.cluster)
+        job.move = _Move(e, old, new, rp, time.perf_counter() - t0)
+    return job.move
 
 
 def _join(job: _Job, e: int, plan: Plan) -> _Epoch | None:
     """A joining device: wait for epoch ``e``, receive its state, start training."""
-    old, new = job.channel.epoch(e, job.args.hang_after)
-    if new != plan:
+    move = _plan_move(job, e, job.args.hang_after)
+    if move.new != plan:
         raise SpecError("--plan", f"the joining process was started with another plan than epoch {e}'s",
                         "let the supervisor start joining devices")
     step, samples = job.channel.state(e, job.args.hang_after)
-    return _switch_into(job, e, old, new, None, DataPosition(step, samples), 0.0)
+    return _switch_into(job, move, True, None, DataPosition(step, samples), 0.0)
 
 
-def _switch_into(job: _Job, e: int, old: Plan, new: Plan, engine: Engine | None, position: DataPosition,
+def _switch_into(job: _Job, move: _Move, ahead: bool, engine: Engine | None, position: DataPosition,
                  wait_s: float) -> _Epoch | None:
     """The switch proper, timed from here (``wait_s``: how long this rank waited for the epoch to be
-    published, reported apart: a trace boundary reached before the joiners were ready)."""
-    t0 = time.perf_counter()
-    rp = reshard_plan(old, new, job.cluster)
-    plan_s = time.perf_counter() - t0
+    published, reported apart: a trace boundary reached before the joiners were ready; the move's
+    planning counts in the switch unless it was done ``ahead``, between two steps)."""
+    t0 = time.perf_counter() - (0.0 if ahead else move.plan_s)
+    e, new, rp, plan_s = move.e, move.new, move.rp, move.plan_s
+    job.move = None
     res = switch(rp, me=job.me, world=job.world, engine=engine, tag=f"e{e}")
     del engine
     if res.state is None:
@@ -257,7 +287,8 @@ def _switch_into(job: _Job, e: int, old: Plan, new: Plan, engine: Engine | None,
     switch_s = time.perf_counter() - t0
     comm_s = res.stats.world_setup_s + res.stats.pair_setup_s + new_engine.groups.setup_s
     stats = dict(res.stats.to_dict(), plan_s=plan_s, groups_s=new_engine.groups.setup_s, build_s=groups_s,
-                 switch_s=switch_s, comm_s=comm_s, switch_excl_comm_s=switch_s - comm_s, wait_s=wait_s)
+                 switch_s=switch_s, comm_s=comm_s, switch_excl_comm_s=switch_s - comm_s, wait_s=wait_s,
+                 planned_ahead=ahead)
     every = [None] * new.world_size
     dist.all_gather_object(every, stats, group=new_engine.groups.world)
     if new_engine.rank == 0:
@@ -271,7 +302,8 @@ def _report(rp: Any, every: list[Any], step: int, cluster: ClusterSpec | None) -
     bound from the cluster file's link bandwidth."""
     keys = ("switch_s", "transfer_s", "pair_setup_s", "world_setup_s", "groups_s", "build_s", "plan_s", "wait_s",
             "comm_s", "switch_excl_comm_s")
-    worst = {k: max(s[k] for s in every) for k in keys}
+    worst: dict[str, Any] = {k: max(s[k] for s in every) for k in keys}
+    worst["planned_ahead"] = all(s["planned_ahead"] for s in every)
     out = dict(worst, step=step, moved_bytes=rp.moved_bytes, local_bytes=rp.local_bytes,
                leave=list(rp.leaving), join=list(rp.joining), old_ranks=rp.old.world_size,
                new_ranks=rp.new.world_size, max_rank_bytes=max((max(rp.bytes_in(d), rp.bytes_out(d))
