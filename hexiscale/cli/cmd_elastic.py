@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import time
 from datetime import timedelta
 
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     host, sep, port = args.store.rpartition(":")
     if not sep or not port.isdigit():
         raise SpecError("--store", f"{args.store!r} is not ADDR:PORT", "copy it from the job's first lines")
-    try:
+    try:  # a plain connect first: an unreachable store is one line, not c10d's retries and stack traces
+        socket.create_connection((host, int(port)), timeout=5).close()
         store = TCPStore(host, int(port), world_size=None, is_master=False, timeout=timedelta(seconds=10),
                          wait_for_workers=False)
     except Exception as exc:  # DistNetworkError / RuntimeError
