@@ -1,4 +1,4 @@
-"""What each rank writes to, and reads from, a checkpoint: rectangles (:class:`executor.chunks.Chunk`)
+"""What each rank writes to, and reads from, a checkpoint: rectangles (:class:`planner.chunks.Chunk`)
 of the logical tensors, each with the local tensor that holds its values.
 
 Logical tensors (the layout-independent contract): ``model/<param>`` (fp32 weights) and
@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from executor.chunks import Chunk, flat_chunks, shard_chunk, view_chunk
 from executor.engine import Engine
 from executor.zero import MOMENTS
+from planner.chunks import Chunk, flat_chunks, shard_chunk, view_chunk
 from planner.layout import ParamInfo, stage_params
 
 

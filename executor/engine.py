@@ -66,7 +66,7 @@ class StepStats:
 
 class Engine:
     def __init__(self, plan: Plan, topology: Topology, groups: ProcessGroups, *, device: torch.device,
-                 optim: OptimConfig = OptimConfig(), seed: int = 0):
+                 optim: OptimConfig = OptimConfig(), seed: int = 0, init: bool = True):
         check_supported(plan)
         if not groups.in_plan:
             raise ValueError(f"rank {groups.rank} is not part of the plan ({topology.world_size} ranks)")
@@ -95,7 +95,8 @@ class Engine:
         if list(self.params) != [p.name for p in infos]:
             raise RuntimeError("stage parameters do not match the logical layout: "
                                f"{list(self.params)} vs {[p.name for p in infos]}")
-        self.module.load_logical(logical_init(model, seed, self.shard_dims), self.shard_dims)
+        if init:  # (init=False: the caller installs the state, e.g. a layout switch, executor.switch)
+            self.module.load_logical(logical_init(model, seed, self.shard_dims), self.shard_dims)
         # ZeRO-1 (executor.zero): Adam state split across each slice's owners, one per pipeline
         self.zero = ZeroOptimizer(groups, self.params, optim) if plan.options.zero and len(plan.pipelines) > 1 else None
         self.optimizer = self.zero.optimizer if self.zero else build_optimizer(list(self.params.items()), optim)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from planner.layout import decays
+
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -49,11 +51,6 @@ def lr_at(step: int, cfg: OptimConfig) -> float:
     span = max(1, cfg.total_steps - cfg.warmup_steps)
     t = min(1.0, (step - cfg.warmup_steps) / span)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * t))
-
-
-def decays(name: str) -> bool:
-    """Whether weight decay applies to logical parameter ``name`` (not to norm scales)."""
-    return not name.endswith("norm.weight")
 
 
 def build_optimizer(named_params: list[tuple[str, torch.nn.Parameter]], cfg: OptimConfig) -> torch.optim.AdamW:

@@ -52,6 +52,10 @@ from planner.plan import Plan
 
 def run_training(args: TrainConfig) -> int:
     """Train per ``args`` on this rank; returns the exit code (never hangs; see module docstring)."""
+    if os.environ.get("HEXISCALE_ELASTIC") == "1":  # started by an elastic supervisor
+        from executor.elastic_train import run_elastic
+
+        return run_elastic(args)
     renv: RankEnv | None = None
     store = None
     try:
@@ -136,8 +140,8 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
     if renv.rank == 0:
         print(f"hexiscale train: {plan.world_size} ranks, {len(plan.pipelines)} pipelines, model "
               f"{plan.model.name}, {prep.device.type} ({backend}), data {args.data or 'synthetic'}, steps "
-              f"{start}..{args.steps}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
-    for k in range(start, args.steps):
+              f"{start}..{args.end}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
+    for k in range(start, args.end):
         wd.begin_step(k + 1)
         maybe_inject(fault, renv.rank, k)
         if trace is not None:
@@ -148,7 +152,7 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
         if trace is not None:
             trace.end_step(k)
         state = {"data": stream.position.to_dict(), "plan_world_size": plan.world_size}
-        saver.after_step(k + 1, k + 1 == args.steps, state,
+        saver.after_step(k + 1, k + 1 == args.end, state,
                          partial(maybe_inject, fault, renv.rank, k, in_save=True))
     saver.finish()
     logger.summary(start, plan.global_batch_size * plan.model.seq_len)

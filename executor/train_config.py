@@ -22,6 +22,7 @@ class TrainConfig:
     cluster: str | None = None  # cluster file: checks the plan's devices, gives MFU peaks
     seed_layout: SeedLayout = field(default_factory=SeedLayout)
     steps: int = 10  # train until this many optimizer steps are done (counting those before a resume)
+    stop_at: int | None = None  # stop (and save) after this step; the schedule still spans ``steps``
     data: str | None = None  # token file; None: synthetic tokens
     seed: int = 0  # model init and data order
     lr: float = 3e-4
@@ -49,11 +50,16 @@ class TrainConfig:
     lengths: str | None = None  # synthetic sequence lengths (hexiscale.lengths/1 file or synthetic:NAME) without data
     assign: str = "cost"  # sequences to strategies: by estimated cost, or by the strategies' length buckets
 
+    @property
+    def end(self) -> int:
+        """The last step this run trains."""
+        return self.steps if self.stop_at is None else min(self.steps, self.stop_at)
+
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise SpecError("--device", f"{self.device!r} is not one of {', '.join(DEVICES)}", "pass --device cpu")
-        for flag, value in (("--steps", self.steps), ("--save-every", self.save_every)):
-            if value < 0:
+        for flag, value in (("--steps", self.steps), ("--save-every", self.save_every), ("--stop-at", self.stop_at)):
+            if value is not None and value < 0:
                 raise SpecError(flag, f"must be >= 0, got {value}", "pass a count of steps")
         if self.step_tokens is not None and self.step_tokens < 1:
             raise SpecError("--step-tokens", f"must be >= 1, got {self.step_tokens}", "give a step's tokens")

@@ -114,6 +114,12 @@ def stage_params(model: ModelSpec, layers: tuple[int, int], first: bool, last: b
     return out + (head_params(model) if last else [])
 
 
+def decays(name: str) -> bool:
+    """Whether AdamW's weight decay applies to logical parameter ``name`` (not to norm scales): the
+    optimizer's two parameter groups, and the two flat parts of a ZeRO-1 sync group."""
+    return not name.endswith("norm.weight")
+
+
 def layer_numel(model: ModelSpec) -> tuple[int, int]:
     """Elements of one layer: (TP-sharded weights, replicated norm scales)."""
     infos = layer_params(model, 0)

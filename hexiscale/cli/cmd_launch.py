@@ -71,6 +71,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--sm-percent", action="append", default=[], metavar="NODE=PCT",
                    help="--local on GPUs: ranks on plan node NODE run with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=PCT "
                         "(emulates slower GPUs; needs the MPS daemon: nvidia-cuda-mps-control -d)")
+    p.add_argument("--elastic", action="store_true", help="--local: devices may leave and join while it trains "
+                   "('hexiscale elastic leave|join'); a failed rank is dropped and the job resumes from the newest "
+                   "checkpoint (needs --cluster)")
+    p.add_argument("--trace", help="--local: an elastic trace (hexiscale.trace/1 YAML): the device set phase by "
+                   "phase; implies --elastic")
+    p.add_argument("--max-restarts", type=int, default=3, help="--elastic: recoveries from failed ranks")
+    p.add_argument("--elastic-log", help="--elastic: append one JSON line per switch and recovery to this file")
     p.epilog = "Arguments after -- go to 'hexiscale train', e.g. -- --steps 100 --data corpus"
     p.set_defaults(func=run)
 
@@ -101,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
 
     plan, _ = load_plan_or_pool(args.plan)  # a strategy pool: its home plan places the ranks
     run_id = args.run_id or f"hexiscale-{Path(args.plan).stem}"
+    if args.elastic or args.trace:
+        from hexiscale.launch.elastic_cli import launch_elastic
+
+        return launch_elastic(args, plan, run_id, env=dict(_env(args)))
     if args.local:
         return _run_local(args, plan, run_id)
     if not args.cluster:
@@ -164,17 +175,11 @@ def _print_plan_launch(args: argparse.Namespace, layout, opts, scripts: dict[str
 
 def sm_shares(items: list[str], plan) -> dict[int, dict[str, str]]:  # type: ignore[no-untyped-def]
     """``--sm-percent NODE=PCT`` -> the MPS share of every rank on plan node NODE."""
+    from hexiscale.launch.elastic_cli import parse_sm_percent
+
     nodes = [dev.partition(":")[0] for dev in plan.devices]
     out: dict[int, dict[str, str]] = {}
-    for i, item in enumerate(items):
-        node, sep, pct = item.partition("=")
-        try:
-            value = float(pct)
-        except ValueError:
-            value = -1.0
-        if not sep or not 0 < value <= 100:
-            raise SpecError(f"--sm-percent[{i}]", f"{item!r} is not NODE=PCT with 0 < PCT <= 100",
-                            "write e.g. --sm-percent slow=50")
+    for i, (node, value) in enumerate(parse_sm_percent(items)):
         if node not in nodes:
             raise SpecError(f"--sm-percent[{i}]", f"node {node!r} holds no device of the plan",
                             f"use one of: {', '.join(dict.fromkeys(nodes))}")

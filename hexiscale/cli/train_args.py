@@ -17,7 +17,7 @@ FLAGS = {"cluster": "--cluster", "steps": "--steps", "data": "--data", "seed": "
          "log_jsonl": "--log-jsonl", "log_every": "--log-every", "tensorboard": "--tensorboard", "trace": "--trace",
          "trace_steps": "--trace-steps", "heartbeat": "--heartbeat", "dead_after": "--dead-after",
          "hang_after": "--hang-after", "startup_timeout": "--startup-timeout", "pg_timeout": "--pg-timeout",
-         "step_tokens": "--step-tokens", "lengths": "--lengths", "assign": "--assign"}
+         "step_tokens": "--step-tokens", "lengths": "--lengths", "assign": "--assign", "stop_at": "--stop-at"}
 NOT_FLAGS = ("plan", "device", "seed_layout")
 
 
@@ -38,6 +38,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     run = p.add_argument_group("training")
     run.add_argument("--steps", type=int, help="train until this many optimizer steps are done (counting steps "
                      "before a resume; default 10, or the seed's --run-iter // --accum-iter)")
+    run.add_argument("--stop-at", type=int, default=None, dest="stop_at", help="stop (and save) after this step; "
+                     "the learning-rate schedule still spans --steps (a job run in parts, e.g. a restart)")
     data = run.add_mutually_exclusive_group()
     data.add_argument("--data", help="token file (PATH, PATH.bin or PATH.idx; see 'hexiscale data')")
     data.add_argument("--synthetic", action="store_true", help="synthetic tokens (the default)")
@@ -96,6 +98,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         plan=args.plan, cluster=args.cluster, seed_layout=layout,
         steps=args.steps if args.steps is not None else seed_steps if seed_steps is not None else DEFAULT_STEPS,
+        stop_at=args.stop_at,
         data=args.data, seed=args.seed, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
         weight_decay=args.weight_decay, clip=args.clip, device=args.device, checkpoint_dir=args.checkpoint_dir,
         save_every=args.save_every, async_save=args.async_save, resume=args.resume, log_jsonl=args.log_jsonl,

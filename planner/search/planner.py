@@ -239,8 +239,17 @@ class Search:
                 self.log.append(f"{label} {name} k={len(pipes)}: {cand.step_s:.4f} s ({cand.setting.label()})")
 
     # ------------------------------------------------------------------ the run
-    def run(self) -> SearchResult:
+    def run(self, start: Sequence[Sequence[Unit]] | None = None) -> SearchResult:
+        """The search; ``start`` (pipelines of units, e.g. the running plan's structure on a changed
+        device set) is scored first and stays in the pool, so the result is never worse than it
+        under the search's surrogate (a warm start, :mod:`planner.replan`)."""
         pool: list[Candidate] = []
+        if start:
+            cand = self.score_structure([order_units(self.cluster, p) for p in start])
+            cand.origin = ("warm", _template_of(cand))
+            if cand.feasible:
+                pool.append(cand)
+                self.log.append(f"warm start {len(start)} pipelines: {cand.step_s:.4f} s ({cand.setting.label()})")
         try:
             # A: every uniform TP template, every partitioner, a coarse grid of pipeline counts
             for template in tp_templates(self.cluster, self.model, uniform_only=True):
@@ -384,9 +393,9 @@ def make_plan(cluster: ClusterSpec, model: ModelSpec, global_batch: int, *, conf
 
 
 def search(cluster: ClusterSpec, model: ModelSpec, global_batch: int, *, config: PlannerConfig | None = None,
-           profiles: ProfileSet | None = None) -> SearchResult:
-    """:func:`make_plan` with the search's log, candidate and counters."""
-    return Search(cluster, model, global_batch, config or PlannerConfig(), profiles).run()
+           profiles: ProfileSet | None = None, start: Sequence[Sequence[Unit]] | None = None) -> SearchResult:
+    """:func:`make_plan` with the search's log, candidate and counters (``start``: see :meth:`Search.run`)."""
+    return Search(cluster, model, global_batch, config or PlannerConfig(), profiles).run(start)
 
 
 __all__ = ["PlanInfeasible", "PlannerConfig", "Search", "SearchResult", "make_plan", "search"]

@@ -1,5 +1,6 @@
 """Rectangles of logical tensors (torch-free): what a rank's shard or optimizer part covers, in the
-coordinates of the full logical tensor, as a checkpoint stores it.
+coordinates of the full logical tensor, as a checkpoint stores it and a layout switch moves it
+(:mod:`planner.state_layout`, :mod:`planner.reshard`).
 
 A :class:`Chunk` is ``offsets`` + ``sizes`` inside the logical tensor ``name``. A TP shard is one
 chunk (:func:`shard_chunk`). A ZeRO-1 part (:mod:`executor.zero`) is a range ``[lo, hi)`` of the
@@ -79,3 +80,18 @@ def flat_chunks(view: Chunk, lo: int, hi: int) -> list[tuple[int, Chunk]]:
     add(r0, 0, r1 - r0, cols)
     add(r1, 0, 1, c1)
     return out
+
+
+def intersect(a: Chunk, b: Chunk) -> Chunk | None:
+    """The common rectangle of ``a`` and ``b`` (same tensor), or None when they do not overlap."""
+    lo = [max(x, y) for x, y in zip(a.offsets, b.offsets)]
+    hi = [min(x + m, y + n) for x, m, y, n in zip(a.offsets, a.sizes, b.offsets, b.sizes)]
+    if any(h <= low for low, h in zip(lo, hi)):
+        return None
+    return Chunk(a.name, tuple(lo), tuple(h - low for low, h in zip(lo, hi)))
+
+
+def contains(outer: Chunk, inner: Chunk) -> bool:
+    """Whether rectangle ``inner`` lies inside ``outer``."""
+    return all(o <= i and i + n <= o + m
+               for o, m, i, n in zip(outer.offsets, outer.sizes, inner.offsets, inner.sizes))

@@ -1,11 +1,11 @@
-"""Chunk arithmetic of checkpoints (executor.chunks): shards and ZeRO-1 flat ranges as rectangles."""
+"""Chunk arithmetic of checkpoints (planner.chunks): shards and ZeRO-1 flat ranges as rectangles."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.chunks import Chunk, flat_chunks, shard_chunk, view_chunk
+from planner.chunks import Chunk, flat_chunks, shard_chunk, view_chunk
 from planner.layout import ParamInfo
 
 

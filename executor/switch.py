@@ -1,0 +1,176 @@
+"""Switching a running job to another plan between two steps: the training state moves directly from
+the old layout to the new one (:mod:`planner.reshard`), no checkpoint, no restart of the staying
+processes.
+
+Order of events (one :func:`switch` call on every process of the old or the new plan):
+
+1. Old members take views of their engine's state (:func:`executor.state_pieces.held_tensors`);
+   new members allocate theirs (:class:`executor.state_pieces.NewState`). Old members close the old
+   plan's groups (:meth:`executor.groups.ProcessGroups.close`, collective over the old world).
+2. **The switch world** — a default group holding every process that sends or receives
+   (:mod:`executor.epoch_world`): if no device joins, the old world as it is; if none leaves, the
+   new plan's world (joiners included); else a world of :attr:`ReshardPlan.devices` (the new
+   plan's devices, then the leaving ones).
+3. **Pair groups**: one two-rank group per pair of :meth:`ReshardPlan.pairs`, created by every
+   member in that order and connected in that order (:mod:`executor.groups`, rule 1). This is the
+   communicator set-up, timed apart from the transfer.
+4. **Local copies**, then **the exchange**: for each of its pairs, in the global pair order, a
+   process posts one ``batch_isend_irecv`` on the pair's group holding its message to the peer
+   (one flat fp32 buffer: its pieces for the peer, packed in plan order) and a buffer for the
+   peer's message; it waits for all of them only after posting every pair, then unpacks.
+5. Pair groups destroyed; leaving processes leave the world (their caller exits); the new plan's
+   processes enter the new plan's world (unless the switch world is already it). The caller then
+   builds :class:`~executor.groups.ProcessGroups` and ``Engine(..., init=False)`` and installs the
+   state (:meth:`NewState.install`), and continues at the next step with the same data position.
+
+Why no two processes wait on each other: every posted send has its matching receive posted by the
+peer (both compute the same :class:`ReshardPlan`, and a pair's batch holds exactly that pair's two
+messages); each pair has a communicator used by nothing else (one traffic class); on gloo posting
+never blocks and waiting starts after every operation is posted; on NCCL, even if a device ran the
+pairs one after another in issue order, every process issues them in the same global order, so the
+first unfinished pair always has both its processes at it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.engine import Engine
+from executor.epoch_world import World
+from executor.state_pieces import NewState, held_tensors, narrow
+from planner.reshard import Piece, ReshardPlan
+from planner.state_layout import RankState, rank_states
+
+
+@dataclass
+class SwitchStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    local_bytes: int = 0
+    world_setup_s: float = 0.0  # default groups created for the switch and the new plan
+    pair_setup_s: float = 0.0  # pair communicators created and connected
+    transfer_s: float = 0.0  # local copies + the exchange (packing and unpacking included)
+    peers: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class SwitchResult:
+    state: NewState | None  # None on a process that leaves
+    stats: SwitchStats
+
+
+def switch_members(rp: ReshardPlan) -> tuple[str, ...]:
+    """The switch world's devices in rank order (module docstring, step 2)."""
+    if not rp.joining:
+        return tuple(rp.old.devices)
+    if not rp.leaving:
+        return tuple(rp.new.devices)
+    return rp.devices
+
+
+def _state_of(states: list[RankState], device: str) -> RankState | None:
+    return next((s for s in states if s.device == device), None)
+
+
+def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag: str) -> SwitchResult:
+    """Move this process's part of the state per ``rp`` (module docstring); collective over every
+    process of the old and the new plan. ``engine``: the old plan's engine (None on a joiner)."""
+    stats = SwitchStats()
+    old_state = _state_of(rank_states(rp.old), me)
+    new_state = _state_of(rank_states(rp.new), me)
+    if (engine is None) != (old_state is None):
+        raise ValueError(f"{me}: an engine is given iff the device is in the old plan")
+    held = held_tensors(engine, old_state) if engine is not None and old_state is not None else []
+    new = NewState(new_state, world.device) if new_state is not None else None
+    if engine is not None:
+        engine.groups.close()
+    world.enter(switch_members(rp), f"{tag}/switch")
+    stats.world_setup_s += world.setup_s
+    rank_of = {d: i for i, d in enumerate(world.members)}
+
+    t0 = time.perf_counter()
+    groups = {}
+    for a, b in rp.pairs():
+        groups[(a, b)] = dist.new_group(sorted((rank_of[a], rank_of[b])), backend=world.backend)
+    mine = [(a, b) for a, b in rp.pairs() if me in (a, b)]
+    for a, b in mine:
+        _ping(groups[(a, b)], rank_of[b if a == me else a], world.device)
+    _sync(world.device)
+    stats.pair_setup_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    src = old_state.holdings if old_state is not None else ()
+    dst = new_state.holdings if new_state is not None else ()
+    for p in rp.local(me):
+        assert new is not None
+        narrow(new.tensors[p.dst_slot], dst[p.dst_slot].chunk, p.chunk).copy_(
+            narrow(held[p.src_slot], src[p.src_slot].chunk, p.chunk))
+        stats.local_bytes += p.nbytes
+    inbox: list[tuple[torch.Tensor, tuple[Piece, ...]]] = []
+    requests = []
+    for a, b in mine:
+        peer = b if a == me else a
+        stats.peers.append(peer)
+        ops = []
+        out = rp.messages.get((me, peer), ())
+        if out:
+            buf = _pack([narrow(held[p.src_slot], src[p.src_slot].chunk, p.chunk) for p in out], world.device)
+            ops.append(dist.P2POp(dist.isend, buf, rank_of[peer], group=groups[(a, b)]))
+            stats.bytes_sent += buf.numel() * 4
+        into = rp.messages.get((peer, me), ())
+        if into:
+            buf = torch.empty(sum(p.numel for p in into), dtype=torch.float32, device=world.device)
+            ops.append(dist.P2POp(dist.irecv, buf, rank_of[peer], group=groups[(a, b)]))
+            inbox.append((buf, into))
+            stats.bytes_received += buf.numel() * 4
+        requests += dist.batch_isend_irecv(ops)
+    for req in requests:
+        req.wait()
+    for buf, pieces in inbox:
+        assert new is not None
+        off = 0
+        for p in pieces:
+            view = narrow(new.tensors[p.dst_slot], dst[p.dst_slot].chunk, p.chunk)
+            view.copy_(buf[off:off + p.numel].view(view.shape))
+            off += p.numel
+    _sync(world.device)
+    stats.transfer_s = time.perf_counter() - t0
+
+    for (a, b), g in groups.items():
+        if me in (a, b):
+            dist.destroy_process_group(g)
+    held.clear()
+    if world.enter(rp.new.devices, f"{tag}/plan"):
+        stats.world_setup_s += world.setup_s
+    return SwitchResult(new, stats)
+
+
+def _pack(views: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One flat fp32 buffer holding ``views`` one after another (row-major each)."""
+    buf = torch.empty(sum(v.numel() for v in views), dtype=torch.float32, device=device)
+    off = 0
+    for v in views:
+        buf[off:off + v.numel()].view(v.shape).copy_(v)
+        off += v.numel()
+    return buf
+
+
+def _ping(group: Any, peer: int, device: torch.device) -> None:
+    """Connect a pair group: one element each way in one batch."""
+    out, back = torch.ones(1, device=device), torch.empty(1, device=device)
+    for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, out, peer, group=group),
+                                       dist.P2POp(dist.irecv, back, peer, group=group)]):
+        req.wait()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

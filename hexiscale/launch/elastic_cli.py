@@ -1,0 +1,74 @@
+"""``hexiscale launch PLAN --local --elastic|--trace``: the flags of ``hexiscale launch`` turned into an
+elastic :class:`~hexiscale.launch.elastic.Supervisor` (checked first, one ``SpecError`` line each)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from hexiscale.launch.elastic import ElasticOptions, Supervisor, _flag
+from planner.errors import SpecError
+from planner.plan import Plan
+
+
+def launch_elastic(args: argparse.Namespace, plan: Plan, run_id: str, *, env: dict[str, str]) -> int:
+    from planner.cluster import load_cluster
+    from planner.elastic_trace import load_trace
+    from planner.validate import validate
+
+    if not args.local:
+        raise SpecError("--elastic", "elastic jobs run on one machine for now", "add --local")
+    cluster = load_cluster(args.cluster) if args.cluster else None
+    if cluster is not None:
+        validate(plan, cluster)
+    trace = None
+    train_args = list(args.train_args) + (["--cluster", args.cluster] if args.cluster else [])
+    if args.trace:
+        if cluster is None:
+            raise SpecError("--cluster", "missing", "a trace names devices of a cluster file: pass --cluster")
+        trace = load_trace(args.trace, cluster=cluster, plan=plan)
+        steps = _flag(train_args, "--steps")
+        if steps is None:
+            train_args += ["--steps", str(trace.total_steps)]
+        elif steps != str(trace.total_steps):
+            raise SpecError("--steps", f"{steps}, but the trace's phases last {trace.total_steps} steps",
+                            "drop --steps (the trace sets it) or fix the trace")
+    devices = {d for d in plan.devices} | {d for p in (trace.phases if trace else ()) for d in p.devices}
+    device = args.device
+    if device == "auto":
+        from executor.devices import cuda_device_count
+
+        device = "cuda" if cuda_device_count() >= len(devices) else "cpu"
+    opts = ElasticOptions(train_args, device=device, run_id=run_id, grace_s=args.grace,
+                          max_restarts=args.max_restarts, report_jsonl=args.elastic_log, extra_env=env,
+                          shares=_shares(args.sm_percent, cluster, plan))
+    return Supervisor(plan, cluster, opts, trace).run()
+
+
+def parse_sm_percent(items: list[str]) -> list[tuple[str, float]]:
+    """``--sm-percent NODE=PCT`` items as (node, share), each checked (0 < PCT <= 100)."""
+    out = []
+    for i, item in enumerate(items):
+        node, sep, pct = item.partition("=")
+        try:
+            value = float(pct)
+        except ValueError:
+            value = -1.0
+        if not sep or not 0 < value <= 100:
+            raise SpecError(f"--sm-percent[{i}]", f"{item!r} is not NODE=PCT with 0 < PCT <= 100",
+                            "write e.g. --sm-percent slow=50")
+        out.append((node, value))
+    return out
+
+
+def _shares(items: list[str], cluster: Any, plan: Plan) -> dict[str, float]:
+    """``--sm-percent NODE=PCT``: that share for every device of the node, whenever it runs."""
+    ids = [d.id for d in cluster.devices] if cluster is not None else list(plan.devices)
+    out: dict[str, float] = {}
+    for i, (node, value) in enumerate(parse_sm_percent(items)):
+        mine = [d for d in ids if d.partition(":")[0] == node]
+        if not mine:
+            raise SpecError(f"--sm-percent[{i}]", f"node {node!r} holds no device of the job",
+                            f"use one of: {', '.join(dict.fromkeys(d.partition(':')[0] for d in ids))}")
+        out.update({d: value for d in mine})
+    return out

@@ -1,0 +1,133 @@
+"""Which rectangles of the training state every rank of a plan holds (pure, no torch).
+
+The training state is, per logical parameter ``p``, three logical tensors — the checkpoint's names
+(:mod:`executor.checkpoint_pieces`): ``model/p`` (the fp32 master weights), ``optim/exp_avg/p`` and
+``optim/exp_avg_sq/p`` (the AdamW moments) — plus the step count. Rank ``r`` (stage ``s``, TP rank
+``t`` of ``s.tp``) holds:
+
+* ``model/p`` for every parameter of its stage: its TP shard (:func:`planner.chunks.shard_chunk`),
+  a replicated norm scale whole. Every pipeline holds a full copy of the weights.
+* the moments without ZeRO-1 (``options.zero == 0``, or one pipeline, where the engine runs
+  without it): the same rectangles as the weights.
+* the moments under ZeRO-1: its *flat parts* (:mod:`executor.zero`). Per sync group the rank
+  belongs to (topology order), the rank's local views of the group's slices, decayed matrices
+  first and then the undecayed norm scales (:func:`planner.layout.decays`), each list concatenated
+  row-major into a flat vector of ``N`` elements; the owner at position ``i`` of ``k`` owns
+  ``[i·c, min((i+1)·c, N))`` with ``c = ceil(N / k)``. A part is cut into rectangles with
+  :func:`planner.chunks.flat_chunks`; each keeps the flat offset of its first element in the part
+  (``Holding.at``), where the executor stores it row-major. Every logical moment element is held
+  by exactly one rank of the plan.
+
+A :class:`RankState` lists these holdings in one fixed order (weights in parameter order, then
+each moment's rectangles): the executor builds one local tensor per holding in the same order
+(:mod:`executor.state_pieces`), and :mod:`planner.reshard` names holdings by their index.
+
+Worked example (model ``tiny``: hidden 64, ffn 176, 4 layers; two pipelines ``[a:0 a:1]`` (TP 2)
+and ``[b:0]`` (TP 1), ZeRO-1): ``layers.0.attn.wq.weight`` is ``(64, 64)`` sharded on dim 0;
+``a:0`` holds ``model/…`` rows 0-31 and ``b:0`` rows 0-63. Its finest slices (``lcm(2, 1) = 2``)
+are rows 0-31 (owners ``a:0, b:0``) and rows 32-63 (owners ``a:1, b:0``); in the sync group
+``(a:0, b:0)`` ``a:0`` owns the first half of the flat vector and ``b:0`` the second, so the
+rows 0-31 of wq's moments are split between them by flat position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.chunks import Chunk, flat_chunks, shard_chunk, view_chunk
+from planner.layout import Topology, build_topology, decays, stage_params
+from planner.plan import Plan
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One rectangle of one logical state tensor that a rank holds."""
+
+    tensor: str  # "model/<p>", "optim/exp_avg/<p>" or "optim/exp_avg_sq/<p>"
+    chunk: Chunk  # logical coordinates; chunk.name is the parameter
+    part: int | None = None  # None: the rank's local shard of the parameter; else its ZeRO-1 part
+    at: int = 0  # in a part: the flat offset of the rectangle's first element
+
+    @property
+    def numel(self) -> int:
+        return self.chunk.numel
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What one rank of a plan holds (module docstring)."""
+
+    rank: int
+    device: str
+    holdings: tuple[Holding, ...]
+    part_sizes: tuple[int, ...] = ()  # elements of each ZeRO-1 part (per moment); () without ZeRO-1
+
+    @property
+    def numel(self) -> int:
+        return sum(h.numel for h in self.holdings)
+
+
+def zero_sharded(plan: Plan) -> bool:
+    """Whether the engine shards Adam state (ZeRO-1 with at least two pipelines)."""
+    return plan.options.zero == 1 and len(plan.pipelines) > 1
+
+
+def state_tensor(kind: str, name: str) -> str:
+    """``model/<name>`` for ``kind == "model"``, else ``optim/<kind>/<name>``."""
+    return f"model/{name}" if kind == "model" else f"optim/{kind}/{name}"
+
+
+def rank_states(plan: Plan) -> list[RankState]:
+    """The holdings of every rank of ``plan``, in rank order."""
+    topo = build_topology(plan)
+    devices = plan.devices
+    return [_rank_state(plan, topo, r, devices[r]) for r in range(topo.world_size)]
+
+
+def _rank_state(plan: Plan, topo: Topology, rank: int, device: str) -> RankState:
+    st = topo.stage_of(rank)
+    tp_rank = st.ranks.index(rank)
+    infos = stage_params(plan.model, st.layers, st.is_first, st.is_last)
+    shards = [(i, shard_chunk(i, st.tp, tp_rank)) for i in infos]
+    out = [Holding(state_tensor("model", i.name), c) for i, c in shards]
+    if not zero_sharded(plan):
+        out += [Holding(state_tensor(key, i.name), c) for key in MOMENTS for i, c in shards]
+        return RankState(rank, device, tuple(out))
+    by_name = {i.name: i for i in infos}
+    sizes: list[int] = []
+    parts: list[list[tuple[int, Chunk]]] = []
+    for g in topo.sync_groups:
+        if rank not in g.ranks:
+            continue
+        views = []
+        for ref in g.slices:
+            dim, lo, hi = topo.local_slice(rank, ref)
+            views.append(view_chunk(by_name[ref.name], st.tp, tp_rank, dim, lo, hi - lo))
+        for decayed in (True, False):
+            mine = [v for v in views if decays(v.name) == decayed]
+            if mine:
+                size, rects = _part(mine, len(g.ranks), g.ranks.index(rank))
+                sizes.append(size)
+                parts.append(rects)
+    for key in MOMENTS:
+        out += [Holding(state_tensor(key, c.name), c, j, at) for j, rects in enumerate(parts) for at, c in rects]
+    return RankState(rank, device, tuple(out), tuple(sizes))
+
+
+def _part(views: list[Chunk], k: int, index: int) -> tuple[int, list[tuple[int, Chunk]]]:
+    """Owner ``index`` of ``k``'s part of the flat concatenation of ``views``: its size and its
+    rectangles with their flat offsets inside the part."""
+    total = sum(v.numel for v in views)
+    c = -(-total // k)
+    lo, hi = min(index * c, total), min(index * c + c, total)
+    rects: list[tuple[int, Chunk]] = []
+    off = 0
+    for v in views:
+        a, b = max(lo, off), min(hi, off + v.numel)
+        if a < b:
+            rects += [(off + first - lo, ch) for first, ch in flat_chunks(v, a - off, b - off)]
+        off += v.numel
+    return hi - lo, rects
+

@@ -1,0 +1,100 @@
+"""Jobs of the switch oracle on the shared gloo pool: pool rank ``p`` plays device
+``UNIVERSE[p]``; each epoch re-creates the default group for its plan's devices
+(:class:`executor.epoch_world.World`, as an elastic job does), and the job gives the pool its
+8-rank default group back at the end."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor import checkpoint
+from executor.engine import Engine
+from executor.epoch_world import World
+from executor.groups import ProcessGroups
+from executor.optim import OptimConfig
+from executor.state_pieces import held_tensors
+from executor.switch import switch
+from planner.layout import build_topology
+from planner.plan import Plan
+from planner.reshard import reshard_plan
+from planner.state_layout import rank_states
+from tests.support.random_plans import UNIVERSE
+
+_STORES: list[Any] = []  # the restored default groups use these stores: they live as long as the pool
+
+
+def shared_world(prefix: str, timeout_s: float = 600.0) -> World:
+    """A :class:`World` for this pool process on a store served by pool rank 0 (collective)."""
+    rank = dist.get_rank()
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        info: list[Any] = [store.port, uuid.uuid4().hex]
+    else:
+        info = [None, None]
+    dist.broadcast_object_list(info, src=0)
+    if rank != 0:
+        store = dist.TCPStore("127.0.0.1", info[0], is_master=False, wait_for_workers=False)
+    _STORES.append(store)
+    return World(store, f"{prefix}/{info[1]}", torch.device("cpu"), UNIVERSE[rank], timeout_s=timeout_s)
+
+
+def restore_pool(world: World) -> None:
+    """Give the pool its default group of every rank back (pool rank order)."""
+    world.enter(UNIVERSE[:8], "restore")
+
+
+def holdings(engine: Engine) -> list[tuple[str, Any, torch.Tensor]]:
+    """(state tensor, rectangle, values) of everything ``engine``'s rank holds."""
+    state = rank_states(engine.plan)[engine.rank]
+    return [(h.tensor, h.chunk, t.detach().clone()) for h, t in zip(state.holdings, held_tensors(engine, state))]
+
+
+def _build(plan: Plan, optim: OptimConfig, seed: int = 0, init: bool = True) -> Engine:
+    topo = build_topology(plan)
+    return Engine(plan, topo, ProcessGroups.create(topo), device=torch.device("cpu"), optim=optim, seed=seed,
+                  init=init)
+
+
+def _train(engine: Engine, batches: list[torch.Tensor]) -> list[float]:
+    off = sum(p.batch_size for p in engine.plan.pipelines[:engine.stage.pipeline])
+    rows = engine.pipeline.batch_size
+    return [engine.train_step(b[off:off + rows]).loss for b in batches]
+
+
+def switch_oracle_job(old: Plan, new: Plan, batches: list[torch.Tensor], split: int, ckpt: str,
+                      optim: OptimConfig) -> dict[str, Any]:
+    """Train ``old`` for ``split`` steps, switch to ``new`` in process, train the rest; then the
+    baseline: ``new`` loaded from a checkpoint of ``old`` at ``split`` trains the rest."""
+    world = shared_world("switch-oracle")
+    me = world.me
+    out: dict[str, Any] = {"device": me}
+    engine = None
+    if world.enter(old.devices, "old"):
+        engine = _build(old, optim)
+        out["old_losses"] = _train(engine, batches[:split])
+        checkpoint.save(engine, Path(ckpt), {})
+        out["old_state"] = holdings(engine)
+    if me in old.devices or me in new.devices:
+        res = switch(reshard_plan(old, new), me=me, world=world, engine=engine, tag="switch")
+        engine = None
+        out["stats"] = res.stats.to_dict()
+        if res.state is not None:
+            engine = _build(new, optim, init=False)
+            res.state.install(engine, split)
+            out["after_state"] = holdings(engine)
+            out["new_losses"] = _train(engine, batches[split:])
+            out["final_state"] = holdings(engine)
+            engine.groups.close()
+    if world.enter(new.devices, "restart"):
+        engine = _build(new, optim, seed=99)  # another initialisation: the checkpoint must replace it
+        checkpoint.load(engine, Path(ckpt))
+        out["restart_losses"] = _train(engine, batches[split:])
+        out["restart_state"] = holdings(engine)
+        engine.groups.close()
+    restore_pool(world)
+    return out

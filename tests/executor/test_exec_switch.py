@@ -1,0 +1,120 @@
+"""THE SWITCH ORACLE: after an in-process layout switch (executor.switch), training continues
+exactly as a run that used the new plan from that step with the same state.
+
+Every case trains the old plan for ``SPLIT`` steps, switches (devices leave, join, or both; the
+pipeline count, TP degrees and the ZeRO setting change), trains the new plan to ``STEPS``. Checks:
+
+* right after the switch, every weight and every AdamW moment equals the old layout's (1e-6 rel.);
+* the losses and, at the end, every weight and Adam moment equal those of the baseline — the new
+  plan loaded from a checkpoint of the old one at ``SPLIT`` — to 1e-6 relative;
+* every loss equals the dense single-process reference (the oracle's 1e-5).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from exec_jobs import ORACLE_OPTIM, global_batches
+from hypothesis import HealthCheck, given, settings
+from switch_jobs import switch_oracle_job
+from torch.testing import assert_close
+
+from planner.layout import logical_params
+from planner.model import ModelSpec
+from planner.plan import Plan
+from planner.state_layout import MOMENTS, state_tensor
+from tests.support.random_plans import TINY, TINY8, named_plan, plan_pairs
+from tests.support.reference import ReferenceRun, reference_train
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
+STEPS, SPLIT = 4, 2
+
+
+def _plan(model: ModelSpec, pipes: list[tuple[int, list[tuple[list[str], int]]]], zero: int = 0) -> Plan:
+    return named_plan(model, pipes, zero=zero, micro=2)
+
+
+CASES: dict[str, tuple[Plan, Plan]] = {
+    # a:3 leaves: 4 -> 3 devices, TP 2 <-> 1, stage counts change, ZeRO-1 on both sides
+    "leave-4-to-3-zero1": (_plan(TINY, [(3, [(["a:0", "a:1"], 4)]), (3, [(["a:2"], 2), (["a:3"], 2)])], zero=1),
+                           _plan(TINY, [(2, [(["a:0"], 4)]), (4, [(["a:1", "a:2"], 4)])], zero=1)),
+    # two devices of node b join: 1 -> 3 pipelines, ZeRO 0 -> 1
+    "join-2-to-4-zero0-to-1": (_plan(TINY, [(6, [(["a:0"], 2), (["a:1"], 2)])]),
+                               _plan(TINY, [(2, [(["a:1"], 4)]), (3, [(["b:0", "b:1"], 4)]), (1, [(["a:0"], 4)])],
+                                     zero=1)),
+    # the same five devices in another order: TP 4 -> TP 2, ZeRO 1 -> 0
+    "same-devices-tp4-to-tp2-zero1-to-0": (
+        _plan(TINY8, [(4, [(["a:0", "a:1", "a:2", "a:3"], 8)]), (2, [(["b:0"], 8)])], zero=1),
+        _plan(TINY8, [(3, [(["b:0", "a:0"], 4), (["a:1"], 4)]), (3, [(["a:2", "a:3"], 8)])])),
+    # disjoint device sets: everything moves (leavers and joiners in one switch world)
+    "disjoint-2-to-3": (_plan(TINY, [(4, [(["a:0"], 1), (["a:1"], 3)])]),
+                        _plan(TINY, [(1, [(["b:0"], 4)]), (3, [(["b:1", "b:2"], 4)])], zero=1)),
+}
+
+
+@functools.cache
+def _reference(model: ModelSpec, batch: int) -> tuple[list[torch.Tensor], ReferenceRun]:
+    batches = global_batches(model, batch, STEPS, seed=batch + 7)
+    return batches, reference_train(model, batches, optim=ORACLE_OPTIM)
+
+
+def _assemble(model: ModelSpec, results: list[dict], key: str) -> dict[str, torch.Tensor]:
+    """Logical state tensors rebuilt from every process's holdings under ``key`` (each covered)."""
+    shapes = {state_tensor(k, i.name): i.shape for i in logical_params(model) for k in ("model", *MOMENTS)}
+    out = {t: torch.full(s, float("nan")) for t, s in shapes.items()}
+    for r in results:
+        for tensor, chunk, values in r.get(key, []):
+            out[tensor][tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes))] = values
+    for t, v in out.items():
+        assert not v.isnan().any(), f"{key}: {t} is not fully held"
+    return out
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) -> None:
+    for t in a:
+        assert_close(a[t], b[t], rtol=1e-6, atol=0, msg=lambda m, t=t: f"{what} {t}: {m}")
+
+
+def check_switch(pool, old: Plan, new: Plan, tmp_path) -> list[dict]:  # type: ignore[no-untyped-def]
+    batches, ref = _reference(old.model, old.global_batch_size)
+    res = pool.run(switch_oracle_job, old, new, batches, SPLIT, str(tmp_path / "at-split"), ORACLE_OPTIM)
+    by_dev = {r["device"]: r for r in res}
+    for d in old.devices:
+        assert_close(by_dev[d]["old_losses"], ref.losses[:SPLIT], rtol=1e-5, atol=0, msg=f"old losses on {d}")
+    for d in new.devices:
+        r = by_dev[d]
+        assert_close(r["new_losses"], ref.losses[SPLIT:], rtol=1e-5, atol=0, msg=f"losses after the switch on {d}")
+        assert_close(r["new_losses"], r["restart_losses"], rtol=1e-6, atol=0, msg=f"switch vs restart on {d}")
+    _same(_assemble(old.model, res, "old_state"), _assemble(old.model, res, "after_state"), "moved state")
+    _same(_assemble(old.model, res, "final_state"), _assemble(old.model, res, "restart_state"), "final state")
+    return res
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_switch_oracle(dist_pool, tmp_path, name: str) -> None:
+    old, new = CASES[name]
+    res = check_switch(dist_pool, old, new, tmp_path)
+    stats = {r["device"]: r["stats"] for r in res if "stats" in r}
+    sent = sum(s["bytes_sent"] for s in stats.values())
+    assert sent == sum(s["bytes_received"] for s in stats.values()) > 0
+    assert all(stats[d]["bytes_received"] == 0 for d in old.devices if d not in new.devices)
+
+
+@settings(max_examples=3, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                              HealthCheck.function_scoped_fixture])
+@given(pair=plan_pairs(models=(TINY, TINY8)))
+def test_switch_oracle_random_pairs(dist_pool, tmp_path_factory, pair: tuple[Plan, Plan]) -> None:
+    check_switch(dist_pool, *pair, tmp_path_factory.mktemp("switch"))
+
+
+def test_cases_cover_the_matrix() -> None:
+    pairs = list(CASES.values())
+    assert any(len(a.pipelines) != len(b.pipelines) for a, b in pairs)
+    assert any({s.tp for p in a.pipelines for s in p.stages} != {s.tp for p in b.pipelines for s in p.stages}
+               for a, b in pairs)
+    assert {(a.options.zero, b.options.zero) for a, b in pairs} >= {(0, 1), (1, 0), (1, 1)}
+    assert any(set(b.devices) < set(a.devices) for a, b in pairs)  # pure leave
+    assert any(set(a.devices) < set(b.devices) for a, b in pairs)  # pure join
+    assert any(not set(a.devices) & set(b.devices) for a, b in pairs)

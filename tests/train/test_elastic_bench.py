@@ -1,0 +1,40 @@
+"""The elastic benchmark's CPU smoke mode (benchmarks/executor/elastic.py --smoke): a 4 -> 3 -> 4
+trace end to end as one elastic job (r4090:2 hands its state over and exits after step 2; a new
+process joins after step 4 and receives it; TP 2 -> 1, 1F1B -> GPipe, ZeRO 0 -> 1 -> 0), and the
+same events as checkpoint-restart. Both paths' losses equal the dense single-process reference."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_elastic_jobs import reference_losses
+
+from benchmarks.executor.elastic import main
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs")]
+
+
+def test_smoke_trace_4_to_3_to_4_switches_in_process_and_equals_the_reference(tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture) -> None:
+    assert main(["--smoke", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| 1 after step 2 (-r4090:2) | 4 -> 3 |" in out and "| 2 after step 4 (+r4090:2) | 3 -> 4 |" in out
+    [path] = tmp_path.glob("elastic_cpu_smoke_*.json")
+    res = json.loads(path.read_text())
+    log = (tmp_path / "elastic_work" / "elastic.log").read_text()
+    assert "[r4090:2] handed its state over at step 2; leaving the job" in log
+    assert [(e["after_step"], e["ranks"], e["leave"], e["join"]) for e in res["events"]] == [
+        (2, "4 -> 3", ["r4090:2"], []), (4, "3 -> 4", [], ["r4090:2"])]
+    for e in res["events"]:
+        assert e["moved_bytes"] > 0 and e["local_bytes"] > 0 and e["lower_bound_s"] > 0
+        assert e["transfer_s"] <= e["switch_s"] and e["comm_setup_s"] > 0
+        assert e["elastic_downtime_s"] is not None and e["restart_downtime_s"] > 0
+    assert [s["plain_step_s"] is not None and s["elastic_step_s"] is not None for s in res["steady"]] == [True] * 3
+    ref = reference_losses(6, 6)
+    elastic = {int(k): v for k, v in res["elastic_losses"].items()}
+    assert sorted(elastic) == [1, 2, 3, 4, 5, 6]
+    assert [elastic[k] for k in range(1, 7)] == pytest.approx(ref, rel=1e-5)
+    restarted = {int(k): v for run in res["restart_losses"] for k, v in run.items()}
+    assert [restarted[k] for k in range(1, 7)] == pytest.approx(ref, rel=1e-5)
