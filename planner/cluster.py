@@ -43,6 +43,7 @@ from planner.fields import (
     join,
     read_user_text,
 )
+from planner.names import check_name
 
 MAX_GPUS_PER_NODE = 64
 MAX_NODES = 4096
@@ -190,9 +191,7 @@ def _parse_nodes(raw: Any, catalog: Catalog) -> list[Node]:
         p = join("nodes", i)
         item = expect_mapping(item, p)
         check_keys(item, p, ("name", "gpu", "gpus", "intra_link"), ("count",))
-        name = get_str(item, "name", p)
-        if ":" in name or any(c.isspace() for c in name):
-            raise SpecError(join(p, "name"), f"{name!r} contains ':' or whitespace", "use letters, digits, '-', '_'")
+        name = check_name(get_str(item, "name", p), join(p, "name"), "node name")
         gpu = catalog.get(get_str(item, "gpu", p), join(p, "gpu")).key
         gpus = get_int(item, "gpus", p, minimum=1, maximum=MAX_GPUS_PER_NODE)
         link = parse_link(item["intra_link"], join(p, "intra_link"))

@@ -93,10 +93,13 @@ def _master(text: str | None, default_host: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hexiscale.launch.shell import run_id as checked_run_id
     from planner.plan import load_plan
 
+    if args.grace < 0:
+        raise SpecError("--grace", f"must be >= 0 seconds, got {args.grace}", "pass e.g. --grace 30")
     plan = load_plan(args.plan)
-    run_id = args.run_id or f"hexiscale-{Path(args.plan).stem}"
+    run_id = checked_run_id(args.run_id, args.plan)
     if args.local:
         return _run_local(args, plan, run_id)
     if not args.cluster:
@@ -133,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_plan_launch(args: argparse.Namespace, layout, opts, scripts: dict[str, str]) -> int:  # type: ignore[no-untyped-def]
     from hexiscale.launch.scripts import torchrun_lines
+    from hexiscale.launch.shell import inside, word
 
     out = Path(args.output or f"launch/{opts.run_id}")
     print(f"# {layout.world_size} ranks on {len(layout.nodes)} nodes; rendezvous at {opts.master_addr}:"
@@ -147,14 +151,14 @@ def _print_plan_launch(args: argparse.Namespace, layout, opts, scripts: dict[str
         for name, text in scripts.items():
             print(f"\n# ---- {out / (name + '.sh')} ----\n{text}", end="")
         return 0
+    paths = {name: inside(out, f"{name}.sh") for name in scripts}
     out.mkdir(parents=True, exist_ok=True)
     for name, text in scripts.items():
-        path = out / f"{name}.sh"
-        path.write_text(text)
-        path.chmod(0o755)
+        paths[name].write_text(text)
+        paths[name].chmod(0o755)
     print(f"# per-node scripts written to {out}/; on each node run:")
     for name in scripts:
-        print(f"bash {out / (name + '.sh')}    # on {name}")
+        print(f"bash {word(str(paths[name]))}    # on {name}")
     return 0
 
 
