@@ -145,7 +145,7 @@ def read_index(path: str | Path) -> TokenIndex:
     (n,) = struct.unpack("<I", raw[8:12])
     try:
         header = json.loads(raw[12:12 + n].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # bad JSON, too deep, a huge integer
         raise SpecError("idx.header", f"header is not valid JSON ({exc})", "rewrite the index", f_idx) from None
     if not isinstance(header, dict):
         raise SpecError("idx.header", "header is not a JSON object", "rewrite the index", f_idx)

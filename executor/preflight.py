@@ -1,6 +1,7 @@
 """Checks every rank runs before training, and how the ranks agree on their outcome.
 
-Local checks (:func:`local_checks`): the device the plan gives this rank is visible (on GPU), the
+Local checks (:func:`local_checks`): the device the plan gives this rank is visible (on GPU), its
+step fits the rank's memory (:mod:`executor.preflight_memory`), the
 data file is present and valid for the model (see :func:`executor.data_format.check_token_file`;
 global rank 0 also scans every token),
 the checkpoint to resume is complete and holds the same model. World size and plan/cluster
@@ -25,6 +26,7 @@ import torch
 
 from executor.checkpoint import read_meta
 from executor.launch.env import RankEnv
+from executor.preflight_memory import check_memory
 from planner.errors import SpecError
 from planner.plan import Plan
 
@@ -133,6 +135,7 @@ def local_checks(plan: Plan, renv: RankEnv, *, device: str, data: str | None, se
     from executor.data import make_source
 
     dev = pick_device(device, renv, plan)
+    check_memory(plan, renv.rank, dev)
     # Every rank checks the index and file size; only rank 0 reads the whole file for ids >= vocab_size
     # (the same file on every node: 56 full scans of a large corpus would cost minutes for nothing).
     source = make_source(plan, data=data, seed=seed, scan=renv.rank == 0)

@@ -21,9 +21,10 @@ from executor.data import BatchStream, DataPosition, pipeline_rows
 from executor.engine import Engine
 from executor.groups import ProcessGroups
 from executor.launch import flight
+from executor.launch.bounded_store import BoundedStore, StoreTimeout
 from executor.launch.env import RankEnv, connect_store, rank_env
 from executor.launch.faults import maybe_inject, parse_fault
-from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog, log_error
+from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_RANK_FAILURE, EXIT_USER_ERROR, Watchdog, log_error
 from executor.metrics import StepLogger
 from executor.preflight import agree, local_checks, wait_all_seen
 from executor.topology import build_topology
@@ -60,8 +61,16 @@ def run_training(args: TrainConfig) -> int:
             prep = local_checks(plan, renv, device=args.device, data=args.data, seed=args.seed, resume=args.resume)
         except SpecError as exc:
             error = exc
-        agree(store, renv, error, args.startup_timeout)
+        # bounded: a store host that froze during start-up must not block this rank forever
+        agree(BoundedStore.around(store, args.startup_timeout + 30.0, what="the rendezvous store"), renv, error,
+              args.startup_timeout)
         assert prep is not None
+    except StoreTimeout as exc:  # the store's host froze before the watchdog runs: a rank failure
+        where = "the launcher that hosts it" if renv and renv.store_hosted else "rank 0, which hosts it,"
+        text = f"stopping during set-up: {exc}: {where} froze or its host is unreachable"
+        if renv is not None:
+            log_error(renv, text)
+        return EXIT_RANK_FAILURE
     except SpecError as exc:
         if renv is not None:
             log_error(renv, str(exc))
@@ -74,8 +83,8 @@ def run_training(args: TrainConfig) -> int:
     wd = Watchdog(renv, interval=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after)
     try:
         flight.enable()
+        wd.start(store)  # before the process group: a peer or store host that freezes in set-up is named too
         backend = init_process_group(renv, store, prep.device, timeout_s)
-        wd.start(store)
         topology = build_topology(plan)
         groups = ProcessGroups.create(topology, backend)
         if renv.rank == 0:

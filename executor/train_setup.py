@@ -95,12 +95,23 @@ def mark_latest(directory: str, step: int) -> None:
     os.replace(tmp, Path(directory) / "latest")
 
 
+def is_host_oom(exc: BaseException) -> bool:
+    """CPU allocation failures: Python's/numpy's ``MemoryError`` and torch's CPU allocator error
+    (a ``RuntimeError``, not ``torch.OutOfMemoryError``, which is CUDA's)."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("DefaultCPUAllocator" in text or "can't allocate memory" in text)
+
+
 def classify(exc: BaseException) -> tuple[str, int, bool]:
     """(reason, exit code, may be a symptom of another rank's failure)."""
     if isinstance(exc, SpecError):
         return str(exc), EXIT_USER_ERROR, False
     if isinstance(exc, torch.OutOfMemoryError):
         return f"out of memory: {exc}".splitlines()[0], EXIT_OOM, False
+    if is_host_oom(exc):
+        return f"out of host memory: {type(exc).__name__}: {exc}".splitlines()[0][:300], EXIT_OOM, False
     text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     comm_words = ("gloo", "nccl", "connection", "socket", "timed out", "timeout", "peer", "broken pipe")
     comm = isinstance(exc, dist.DistError) or any(w in str(exc).lower() for w in comm_words)

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from planner.catalog import Catalog, default_catalog
+from planner.documents import MAX_YAML_BYTES, line_of, load_yaml_document, read_user_text
 from planner.errors import SpecError
 from planner.fields import (
     check_keys,
@@ -41,7 +40,6 @@ from planner.fields import (
     get_int,
     get_str,
     join,
-    read_user_text,
 )
 from planner.names import check_name
 
@@ -267,60 +265,14 @@ def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
     )
 
 
-def load_yaml_text(text: str, file: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError("", f"not valid YAML{where}: {getattr(exc, 'problem', exc)}", "fix the syntax",
-                        file) from None
-
-
 def load_cluster(path: str | Path, catalog: Catalog | None = None) -> ClusterSpec:
-    """Read and validate a cluster file; errors carry the file name."""
+    """Read and validate a cluster file; errors carry the file name and line."""
     path = Path(path)
-    text = read_user_text(path, "cluster")
+    data, lines = load_yaml_document(read_user_text(path, "cluster", MAX_YAML_BYTES), str(path))
     try:
-        return parse_cluster(load_yaml_text(text, str(path)), catalog)
+        return parse_cluster(data, catalog)
     except SpecError as exc:
-        raise exc.with_file(str(path), line_of(yaml_field_lines(text), exc.path)) from None
-
-
-def yaml_field_lines(text: str) -> dict[str, int]:
-    """Field path (as in ``SpecError.path``: ``nodes[0].intra_link.kind``) -> 1-based line in ``text``."""
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
-        return {}
-    lines: dict[str, int] = {}
-
-    def walk(node: yaml.Node, path: str) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode):
-                    sub = join(path, str(key.value))
-                    lines[sub] = key.start_mark.line + 1
-                    walk(value, sub)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                sub = join(path, i)
-                lines[sub] = item.start_mark.line + 1
-                walk(item, sub)
-
-    if root is not None:
-        walk(root, "")
-    return lines
-
-
-def line_of(lines: dict[str, int], path: str) -> int | None:
-    """The line of ``path`` or of its nearest enclosing field that the file has."""
-    while path:
-        if path in lines:
-            return lines[path]
-        cut = max(path.rfind("."), path.rfind("["))
-        path = path[:cut] if cut > 0 else ""
-    return None
+        raise exc.with_file(str(path), line_of(lines, exc.path)) from None
 
 
 def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:

@@ -14,15 +14,19 @@ selective recompute the attention core's forward (``4Lhs``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.fields import check_keys, expect_mapping, get_bool, get_float, get_int, get_str
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+# Upper bounds far beyond any real model: they keep absurd values (10**30 layers) out of the
+# cost model's arithmetic and the executor's allocations.
+MODEL_LIMITS = {"num_layers": 10_000, "hidden_size": 1 << 20, "ffn_hidden_size": 1 << 22, "num_heads": 1 << 16,
+                "num_kv_heads": 1 << 16, "vocab_size": 1 << 24, "seq_len": 1 << 24}
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,14 @@ class ModelSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpecError(f"model.{name}", f"must be a positive integer, got {value!r}", "fix the model config")
+            if value > MODEL_LIMITS[name]:
+                raise SpecError(f"model.{name}", f"{value} is more than {MODEL_LIMITS[name]:,}",
+                                "fix the model config (no Llama-style model comes near this)")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise SpecError(f"model.{name}", f"must be a finite positive number, got {value!r}",
+                                "fix the model config")
         if self.hidden_size % self.num_heads:
             raise SpecError("model.hidden_size", f"{self.hidden_size} is not divisible by num_heads={self.num_heads}",
                             "hidden_size must be num_heads * head_dim")
@@ -183,10 +195,7 @@ def resolve_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
     if not path.exists():
         raise SpecError("--model", f"{name_or_path!r} is neither a preset nor a file",
                         f"presets: {', '.join(PRESETS)}; or pass a config.json path")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError("--model", f"cannot read {path}: {exc}", "pass a valid config.json") from None
+    data = load_json_file(path, "model config")
     try:
         return model_from_hf_config(data, name=path.parent.name or path.stem, seq_len=seq_len)
     except SpecError as exc:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.fields import (
     check_keys,
@@ -27,7 +28,6 @@ from planner.fields import (
     get_int,
     get_str,
     join,
-    read_user_text,
 )
 from planner.model import RECOMPUTE_MODES, ModelSpec, model_from_dict
 
@@ -35,6 +35,7 @@ PLAN_FORMAT = "hexiscale.plan/1"
 SCHEDULES = ("1f1b", "gpipe")
 DTYPES = ("fp32", "bf16", "fp16")
 MAX_MICRO_BATCHES = 100_000
+MAX_GLOBAL_BATCH = 1 << 24  # samples per step; far beyond any real run
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,9 @@ class Plan:
 def check_structure(plan: Plan) -> None:
     """Invariants that need only the plan (not the cluster)."""
     m = plan.model
-    if plan.global_batch_size < 1:
-        raise SpecError("global_batch_size", f"must be >= 1, got {plan.global_batch_size}", "use a positive batch")
+    if not 1 <= plan.global_batch_size <= MAX_GLOBAL_BATCH:
+        raise SpecError("global_batch_size", f"must be in [1, {MAX_GLOBAL_BATCH:,}], got {plan.global_batch_size}",
+                        "use a realistic batch of samples")
     if not plan.pipelines:
         raise SpecError("pipelines", "a plan needs at least one pipeline", "add a pipeline")
     o = plan.options
@@ -268,13 +270,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def load_plan(path: str | Path) -> Plan:
-    path = Path(path)
-    text = read_user_text(path, "plan")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError("", f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}", "fix the JSON",
-                        str(path)) from None
+    data = load_json_file(path, "plan")
     try:
         return plan_from_dict(data)
     except SpecError as exc:

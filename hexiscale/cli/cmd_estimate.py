@@ -19,6 +19,7 @@ from rich.table import Table
 from hexiscale.cli.output import _ranges, console
 from planner.cluster import ClusterSpec, load_cluster
 from planner.cost import BREAKDOWN_TERMS, CostParams, Estimate, ProfileSet, estimate
+from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.plan import Plan, load_plan, save_plan
 
@@ -55,17 +56,17 @@ def find_cluster(plan: Plan, plan_path: str, cluster_arg: str | None) -> Cluster
 def load_params(path: str | None) -> CostParams:
     if not path:
         return CostParams()
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError("--params", f"cannot read {path}: {exc}", "pass a JSON object of CostParams fields") from None
+    data = load_json_file(path, "--params")
     if not isinstance(data, dict):
-        raise SpecError("--params", "expected a JSON object", "write {\"gemm_efficiency\": 0.7, ...}")
+        raise SpecError("--params", "expected a JSON object", "write {\"gemm_efficiency\": 0.7, ...}", path)
     known = set(CostParams.__dataclass_fields__)
     for key in data:
         if key not in known:
-            raise SpecError(f"--params.{key}", "unknown cost parameter", f"known: {', '.join(sorted(known))}")
-    return CostParams(**data)
+            raise SpecError(f"--params.{key}", "unknown cost parameter", f"known: {', '.join(sorted(known))}", path)
+    try:
+        return CostParams(**data)
+    except SpecError as exc:
+        raise exc.with_file(path) from None
 
 
 def profiles_for(args: argparse.Namespace, cluster: ClusterSpec) -> ProfileSet:

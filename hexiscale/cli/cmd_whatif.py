@@ -29,8 +29,9 @@ from rich.table import Table
 
 from hexiscale.cli.cmd_estimate import _s, add_common_arguments, find_cluster, profiles_for, render
 from hexiscale.cli.output import console
-from planner.cluster import ClusterSpec, cluster_to_dict, load_yaml_text, parse_cluster
+from planner.cluster import ClusterSpec, cluster_to_dict, parse_cluster
 from planner.cost import BREAKDOWN_TERMS, Estimate, estimate
+from planner.documents import MAX_YAML_BYTES, load_yaml_text, read_user_text
 from planner.errors import PlanInfeasible, SpecError
 from planner.plan import Plan, load_plan
 
@@ -63,7 +64,7 @@ def _kv(text: str, flag: str) -> tuple[str, float]:
 
 def _node_from_spec(text: str) -> list[dict[str, Any]]:
     if Path(text).exists():
-        data = load_yaml_text(Path(text).read_text(), text)
+        data = load_yaml_text(read_user_text(Path(text), "--add-node", MAX_YAML_BYTES), text)
         return list(data) if isinstance(data, list) else [data]
     fields: dict[str, str] = {}
     for part in text.split(","):

@@ -11,7 +11,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.cluster import line_of, load_yaml_text, parse_cluster, yaml_field_lines
+from planner.cluster import parse_cluster
+from planner.documents import line_of, load_yaml_text, yaml_field_lines
 from planner.errors import SpecError
 from planner.model import PRESETS
 from planner.plan import plan_from_dict

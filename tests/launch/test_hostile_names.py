@@ -16,7 +16,8 @@ import pytest
 from hexiscale.cli.main import main
 from hexiscale.launch.layout import build_layout
 from hexiscale.launch.scripts import LaunchOptions, node_script, slurm_script, torchrun_lines
-from planner.cluster import load_cluster, load_yaml_text, parse_cluster
+from planner.cluster import load_cluster, parse_cluster
+from planner.documents import load_yaml_text
 from planner.errors import SpecError
 from planner.plan import Plan, load_plan, plan_from_dict
 
