@@ -1,11 +1,11 @@
 """Checks every rank runs before training, and how the ranks agree on their outcome.
 
 Local checks (:func:`local_checks`): the device the plan gives this rank is visible (on GPU), its
-step fits the rank's memory (:mod:`executor.preflight_memory`), the
-data file is present and valid for the model (see :func:`executor.data_format.check_token_file`;
-global rank 0 also scans every token),
-the checkpoint to resume is complete and holds the same model. World size and plan/cluster
-mismatches are found earlier, identically on every rank, from the environment.
+step fits the rank's memory (:mod:`executor.preflight_memory`), the data file is present and valid
+for the model (see :func:`executor.data_format.check_token_file`; global rank 0 also scans every
+token), the output paths are writable (:mod:`executor.preflight_paths`), the checkpoint to resume
+is complete, holds the same model and is not already past ``--steps``. World size and
+plan/cluster mismatches are found earlier, identically on every rank, from the environment.
 
 Agreement (:func:`agree`) goes through the TCPStore, not a collective, so it works before the
 process group exists and whatever the backend: every rank publishes ``ok`` or its error, then waits
@@ -27,6 +27,8 @@ import torch
 from executor.checkpoint import read_meta
 from executor.launch.env import RankEnv
 from executor.preflight_memory import check_memory
+from executor.preflight_paths import check_output_dir, check_output_file
+from executor.train_config import TrainConfig
 from planner.errors import SpecError
 from planner.plan import Plan
 
@@ -129,15 +131,22 @@ class Prepared:
     resume: ResumePoint | None
 
 
-def local_checks(plan: Plan, renv: RankEnv, *, device: str, data: str | None, seed: int,
-                 resume: str | None) -> Prepared:
-    """This rank's checks (device, data, checkpoint); the first problem is a ``SpecError``."""
+def local_checks(plan: Plan, renv: RankEnv, args: TrainConfig) -> Prepared:
+    """This rank's checks (device, memory, data, output paths, checkpoint); the first problem is a
+    ``SpecError``."""
     from executor.data import make_source
 
-    dev = pick_device(device, renv, plan)
+    dev = pick_device(args.device, renv, plan)
     check_memory(plan, renv.rank, dev)
     # Every rank checks the index and file size; only rank 0 reads the whole file for ids >= vocab_size
     # (the same file on every node: 56 full scans of a large corpus would cost minutes for nothing).
-    source = make_source(plan, data=data, seed=seed, scan=renv.rank == 0)
-    point = check_checkpoint(resume, plan) if resume else None
+    source = make_source(plan, data=args.data, seed=args.seed, scan=renv.rank == 0)
+    if args.checkpoint_dir:
+        check_output_dir(args.checkpoint_dir, "--checkpoint-dir")
+    if args.log_jsonl and renv.rank == 0:
+        check_output_file(args.log_jsonl, "--log-jsonl")
+    point = check_checkpoint(args.resume, plan) if args.resume else None
+    if point is not None and point.step >= args.steps:
+        raise SpecError("--steps", f"{args.steps}, but the checkpoint {point.path} is already at step {point.step}: "
+                        "nothing to train", f"pass --steps above {point.step} (steps count from the first run)")
     return Prepared(dev, source, point)

@@ -58,7 +58,7 @@ def run_training(args: TrainConfig) -> int:
             renv = replace(renv, master_port=store.port)
         error, prep = None, None
         try:
-            prep = local_checks(plan, renv, device=args.device, data=args.data, seed=args.seed, resume=args.resume)
+            prep = local_checks(plan, renv, args)
         except SpecError as exc:
             error = exc
         # bounded: a store host that froze during start-up must not block this rank forever
@@ -90,7 +90,8 @@ def run_training(args: TrainConfig) -> int:
         if renv.rank == 0:
             print(f"hexiscale train: rank 0 connected {groups.members()} communicators in {groups.setup_s:.2f} s"
                   + (f" ({groups.device_mib:.0f} MiB of device memory)" if backend == "nccl" else ""), flush=True)
-        engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed)
+        engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed,
+                        on_nonfinite=args.on_nonfinite)
         position = DataPosition()
         if prep.resume is not None:
             extra = engine.load_checkpoint(prep.resume.path)

@@ -3,16 +3,25 @@
 The CLI builds it from its flags (``hexiscale.cli.train_args``); tests and programs may build it
 directly. The layout is a plan file (``plan``) or the seed systems' flags (``seed_layout``), resolved
 on the rank itself so that a bad plan is reported like every other pre-flight error.
+
+Every value is checked here, before any process group or step, and a bad one is a ``SpecError``
+naming the flag: counts in range, numbers finite, seconds positive and consistent (a rank is
+declared dead only after several missed heartbeats). What needs the file system or the
+checkpoint (writable folders, ``--resume`` past ``--steps``) is checked in pre-flight.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from executor.nonfinite import POLICIES
 from planner.errors import SpecError
 from planner.seed_flags import SeedLayout
 
 DEVICES = ("auto", "cpu", "cuda")
+MAX_STEPS = 10**9
+MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,7 @@ class TrainConfig:
     resume: str | None = None  # a checkpoint, or a checkpoint_dir (its latest)
     log_jsonl: str | None = None
     log_every: int = 1
+    on_nonfinite: str = "stop"  # a NaN/Inf loss or gradient: stop the job, or skip the step
     heartbeat: float = 1.0  # seconds between heartbeats
     dead_after: float = 30.0  # a rank silent this long is dead
     hang_after: float = 1800.0  # no step finished this long: the job is hung
@@ -41,15 +51,46 @@ class TrainConfig:
     pg_timeout: float | None = None  # None: hang_after + 300 (executor.train_setup.pg_timeout)
 
     def __post_init__(self) -> None:
-        if self.device not in DEVICES:
-            raise SpecError("--device", f"{self.device!r} is not one of {', '.join(DEVICES)}", "pass --device cpu")
-        for flag, value in (("--steps", self.steps), ("--save-every", self.save_every)):
-            if value < 0:
-                raise SpecError(flag, f"must be >= 0, got {value}", "pass a count of steps")
-        if self.log_every < 1:
-            raise SpecError("--log-every", f"must be >= 1, got {self.log_every}", "pass e.g. --log-every 10")
+        _choice("--device", self.device, DEVICES)
+        _choice("--on-nonfinite", self.on_nonfinite, POLICIES)
+        _count("--steps", self.steps, 1, MAX_STEPS, "pass the number of optimizer steps to reach, e.g. --steps 100")
+        _count("--save-every", self.save_every, 0, MAX_STEPS, "pass a number of steps (0: save at the end)")
+        _count("--log-every", self.log_every, 1, MAX_STEPS, "pass e.g. --log-every 10")
+        _count("--seed", self.seed, 0, MAX_SEED, "pass a non-negative seed")
+        if self.warmup is not None:
+            _count("--warmup", self.warmup, 0, MAX_STEPS, "pass a number of steps")
+        _number("--lr", self.lr, low=0.0, strict=True)
+        if self.min_lr is not None:
+            _number("--min-lr", self.min_lr, low=0.0)
+            if self.min_lr > self.lr:
+                raise SpecError("--min-lr", f"{self.min_lr:g} is above --lr {self.lr:g}", "pass a smaller --min-lr")
+        _number("--weight-decay", self.weight_decay, low=0.0)
+        _number("--clip", self.clip)
         for flag, secs in (("--heartbeat", self.heartbeat), ("--dead-after", self.dead_after),
                            ("--hang-after", self.hang_after), ("--startup-timeout", self.startup_timeout),
                            ("--pg-timeout", self.pg_timeout)):
-            if secs is not None and not secs > 0:
-                raise SpecError(flag, f"must be > 0 seconds, got {secs}", "pass a positive number of seconds")
+            if secs is not None:
+                _number(flag, secs, low=0.0, strict=True, unit=" seconds")
+        for flag, secs in (("--dead-after", self.dead_after), ("--hang-after", self.hang_after)):
+            if secs < 2 * self.heartbeat:
+                raise SpecError(flag, f"{secs:g} s is less than two heartbeats (--heartbeat {self.heartbeat:g} s)",
+                                f"raise {flag} or lower --heartbeat")
+
+
+def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SpecError(flag, f"{value!r} is not one of {', '.join(choices)}", f"pass {flag} {choices[0]}")
+
+
+def _count(flag: str, value: int, low: int, high: int, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SpecError(flag, f"must be an integer in [{low}, {high:,}], got {value!r}", hint)
+
+
+def _number(flag: str, value: float, *, low: float | None = None, strict: bool = False, unit: str = "") -> None:
+    """A finite number, > ``low`` (``strict``) or >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SpecError(flag, f"must be a finite number{unit}, got {value!r}", "pass a number")
+    if low is not None and (value <= low if strict else value < low):
+        sign = ">" if strict else ">="
+        raise SpecError(flag, f"must be {sign} {low:g}{unit}, got {value:g}", f"pass a value {sign} {low:g}")

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from executor.launch.env import RankEnv
 from executor.launch.watchdog import EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
+from executor.nonfinite import NonFiniteStep
 from executor.optim import OptimConfig
 from executor.train_config import TrainConfig
 from planner.cluster import ClusterSpec, load_cluster
@@ -108,6 +109,8 @@ def classify(exc: BaseException) -> tuple[str, int, bool]:
     """(reason, exit code, may be a symptom of another rank's failure)."""
     if isinstance(exc, SpecError):
         return str(exc), EXIT_USER_ERROR, False
+    if isinstance(exc, NonFiniteStep):
+        return str(exc), EXIT_RANK_FAILURE, False
     if isinstance(exc, torch.OutOfMemoryError):
         return f"out of memory: {exc}".splitlines()[0], EXIT_OOM, False
     if is_host_oom(exc):

@@ -256,6 +256,9 @@ def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
         check_keys(o, p, (), ("memory_gib", "slowdown"))
         mem = get_float(o, "memory_gib", p, positive=True) if "memory_gib" in o else None
         slow = get_float(o, "slowdown", p, positive=True, default=1.0)
+        if slow < 1:
+            raise SpecError(join(p, "slowdown"), f"must be >= 1, got {slow:g}",
+                            "slowdown divides the GPU's speed: 1.3 means 30 % slower; a faster GPU is another gpu type")
         overrides.append((dev_id, DeviceOverride(mem, slow)))
 
     return ClusterSpec(

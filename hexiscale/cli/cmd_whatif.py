@@ -134,6 +134,10 @@ def changed_cluster(cluster: ClusterSpec, args: argparse.Namespace) -> tuple[Clu
     for flag, key, items in (("--cap", "memory_gib", args.cap), ("--slowdown", "slowdown", args.slowdown)):
         for text in items:
             dev, value = _kv(text, flag)
+            if not cluster.has_device(dev) or dev.partition(":")[0] not in names:
+                raise SpecError(flag, f"no device {dev!r} in the cluster", "device ids look like 'node:index'")
+            if flag == "--slowdown" and value < 1:
+                raise SpecError(flag, f"{text!r}: the factor must be >= 1", "1.3 means 30 % slower")
             devices.setdefault(dev, {})[key] = value
             notes.append(f"{dev} {key.replace('_gib', '')} {value:g}")
     data["devices"] = devices

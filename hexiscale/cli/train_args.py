@@ -43,6 +43,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                     "any plan of the same model")
     ck.add_argument("--log-jsonl", help="rank 0 appends one JSON record per step here")
     ck.add_argument("--log-every", type=int, default=1, help="print every N steps")
+    run.add_argument("--on-nonfinite", default="stop", choices=("stop", "skip"), dest="on_nonfinite",
+                     help="a NaN/Inf loss or gradient norm: stop the job before the update (default), or skip "
+                          "the step (weights unchanged; 10 in a row stop the job)")
 
     ops = p.add_argument_group("failure handling")
     ops.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat interval, seconds")
@@ -64,5 +67,6 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         data=args.data, seed=args.seed, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
         weight_decay=args.weight_decay, clip=args.clip, device=args.device, checkpoint_dir=args.checkpoint_dir,
         save_every=args.save_every, resume=args.resume, log_jsonl=args.log_jsonl, log_every=args.log_every,
+        on_nonfinite=args.on_nonfinite,
         heartbeat=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after,
         startup_timeout=args.startup_timeout, pg_timeout=args.pg_timeout)
