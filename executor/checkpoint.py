@@ -1,93 +1,53 @@
-"""Layout-independent checkpoints and gathering of sharded tensors to the logical layout.
+"""Layout-independent, sharded checkpoints: ``save(engine, path, extra)`` and ``load(engine, path)``.
 
 A checkpoint is a directory::
 
-    model.pt    {name: full fp32 logical tensor}
-    optim.pt    {"exp_avg": {name: tensor}, "exp_avg_sq": {name: tensor}}
-    meta.json   {"format": "hexiscale.ckpt/1", "model": ModelSpec dict, "step": k, "extra": {...}}
+    meta.json      {"format": "hexiscale.ckpt/2", "model": ModelSpec dict, "step": k, "extra": {...},
+                    "tensors": {logical name: full shape}, "checksums": {file: {offset: [length, crc32]}}}
+                   (``.metadata`` has one checksum of the whole file)
+    .metadata      DCP's index: which rectangle of which logical tensor is stored where
+    __R_0.distcp   the rectangles rank R wrote
 
-Nothing in it depends on the plan, so a checkpoint written under one plan loads under any other
-plan of the same model: every rank reads the logical tensors (memory-mapped) and copies out its own
-shards. ``meta.json`` is written last, so a directory without it is an incomplete checkpoint.
+The logical contract does not depend on the plan: tensors are named by logical parameter
+(``model/<param>``, ``optim/exp_avg/<param>``, ``optim/exp_avg_sq/<param>``) with full logical
+shapes, so a checkpoint written under one plan (and ZeRO-0 or ZeRO-1) loads under any plan of the
+same model. Each rank writes only what it holds and nothing passes through one host
+(:mod:`executor.checkpoint_pieces`, :mod:`executor.checkpoint_io`).
 
-Gathering (:func:`gather_logical`) uses pipeline 0, which holds every parameter: per stage, the TP
-ranks all-gather their shards (one flat buffer), the stage leader assembles the full tensors and
-either broadcasts them over the plan's ranks or sends them to global rank 0.
+Atomicity: ranks write into ``<path>.tmp``; global rank 0 adds ``meta.json`` last and then renames
+the folder to ``<path>``, so a folder named like a checkpoint is complete, and a save killed
+half-way leaves only ``<path>.tmp``. ``DIR/latest`` moves after that (``executor.train_setup``).
+
+Nothing is saved when any value is NaN or infinite. Pre-flight verifies a checkpoint before the
+process group exists (:mod:`executor.checkpoint_verify`: every checksum, shape and value, with
+fallback to the newest intact checkpoint). Loading checks again, each failing with one
+``SpecError`` line on every rank: ``meta.json`` (format,
+model), every tensor present with its full shape, the length and CRC32 of every stored item read,
+and every loaded value finite (a destination no stored rectangle covers stays NaN).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from executor.checkpoint_io import read_pieces, write_pieces
+from executor.checkpoint_pieces import Piece, load_targets, save_pieces
+from executor.checkpoint_verify import CKPT_FORMAT, METADATA, expected_tensors
+from executor.engine import Engine
 from executor.groups import ProcessGroups
-from executor.model import shard_of
-from executor.topology import stage_params
+from executor.nonfinite import NonFiniteStep
 from planner.errors import SpecError
 
-if TYPE_CHECKING:
-    from executor.engine import Engine
-
-CKPT_FORMAT = "hexiscale.ckpt/1"
-
-
-def gather_logical(groups: ProcessGroups, local: dict[str, torch.Tensor], *, to_all: bool) -> dict[str, torch.Tensor]:
-    """Collective over the plan's ranks: full logical CPU tensors from every rank's shards
-    (``local``: this rank's shard per name). ``to_all=False`` delivers to global rank 0 only."""
-    topo = groups.topology
-    rank = groups.rank
-    model = topo.model
-    out: dict[str, torch.Tensor] = {}
-    device = next(iter(local.values())).device
-    for st in topo.pipelines[0]:
-        infos = stage_params(model, st.layers, st.is_first, st.is_last)
-        total = sum(i.numel for i in infos)
-        full: torch.Tensor | None = None
-        if rank in st.ranks:
-            shards = [local[i.name].detach().float().reshape(-1) for i in infos if i.shard_dim is not None]
-            flat = torch.cat(shards)
-            if st.tp > 1:
-                parts = [torch.empty_like(flat) for _ in range(st.tp)]
-                dist.all_gather(parts, flat, group=groups.group(st.ranks))
-            else:
-                parts = [flat]
-            if rank == st.leader:
-                tensors, off = [], 0
-                for i in infos:
-                    if i.shard_dim is None:
-                        tensors.append(local[i.name].detach().float().reshape(-1))
-                        continue
-                    shape = list(i.shape)
-                    shape[i.shard_dim] //= st.tp
-                    n = i.numel // st.tp
-                    pieces = [p[off:off + n].view(shape) for p in parts]
-                    tensors.append(torch.cat(pieces, dim=i.shard_dim).reshape(-1))
-                    off += n
-                full = torch.cat(tensors)
-        if to_all:
-            if full is None:
-                full = torch.empty(total, dtype=torch.float32, device=device)
-            if topo.world_size > 1:
-                dist.broadcast(full, src=st.leader, group=groups.world)
-        elif st.leader != 0:
-            if rank == st.leader:
-                assert full is not None
-                dist.send(full, dst=0)
-            elif rank == 0:
-                full = torch.empty(total, dtype=torch.float32, device=device)
-                dist.recv(full, src=st.leader)
-        if full is not None:
-            flat_cpu = full.cpu()
-            off = 0
-            for i in infos:
-                out[i.name] = flat_cpu[off:off + i.numel].view(i.shape).clone()
-                off += i.numel
-    return out
+DAMAGED = "the checkpoint is damaged: resume from an earlier one"
 
 
 def _barrier(groups: ProcessGroups, device: torch.device) -> None:
@@ -97,66 +57,104 @@ def _barrier(groups: ProcessGroups, device: torch.device) -> None:
         dist.all_reduce(torch.zeros(1, device=device), group=groups.world)
 
 
-def save(engine: Engine, path: Path, extra: dict[str, Any]) -> None:
-    """Collective: gather model and optimizer state to rank 0, which writes ``path``."""
-    model = engine.logical_state_dict(to_all=False)
-    moments = engine.optimizer_moments()
-    m1 = gather_logical(engine.groups, moments["exp_avg"], to_all=False)
-    m2 = gather_logical(engine.groups, moments["exp_avg_sq"], to_all=False)
-    if engine.rank == 0:
-        path.mkdir(parents=True, exist_ok=True)
-        meta_path = path / "meta.json"
-        if meta_path.exists():
-            meta_path.unlink()
-        _atomic_save(model, path / "model.pt")
-        _atomic_save({"exp_avg": m1, "exp_avg_sq": m2}, path / "optim.pt")
-        meta = {"format": CKPT_FORMAT, "model": engine.plan.model.to_dict(), "step": engine.step,
-                "extra": extra}
-        tmp = path / "meta.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=2) + "\n")
-        os.replace(tmp, meta_path)
-    _barrier(engine.groups, engine.device)
+def _gather(groups: ProcessGroups, obj: Any) -> list[Any]:
+    """Every plan rank's ``obj`` (in rank order), on every plan rank."""
+    if groups.topology.world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * groups.topology.world_size
+    dist.all_gather_object(out, obj, group=groups.world)
+    return out
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
+def save(engine: Engine, path: str | Path, extra: dict[str, Any], *,
+         on_written: Callable[[], None] | None = None) -> None:
+    """Collective over the plan's ranks: write a checkpoint of ``engine`` to ``path`` (module
+    docstring). ``on_written`` runs once this rank's pieces are on disk (fault injection)."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    groups = engine.groups
+    if engine.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier(groups, engine.device)
+    pieces = save_pieces(engine)
+    _refuse_nonfinite(engine, pieces, path)
+    sums = write_pieces(tmp, pieces, groups.world, single=engine.topology.world_size == 1)
+    if on_written is not None:
+        on_written()
+    every = _gather(groups, sums)
+    if engine.rank == 0:
+        model = engine.plan.model
+        checksums = {f: s for part in every for f, s in part.items()}
+        index = (tmp / METADATA).read_bytes()  # DCP's index (a pickle): checked before anything reads it
+        checksums[METADATA] = {"0": [len(index), zlib.crc32(index)]}
+        meta = {"format": CKPT_FORMAT, "model": model.to_dict(), "step": engine.step, "extra": extra,
+                "tensors": expected_tensors(model), "checksums": checksums}
+        (tmp / "meta.json.tmp").write_text(json.dumps(meta, indent=1) + "\n")
+        os.replace(tmp / "meta.json.tmp", tmp / "meta.json")
+        if path.exists():  # saved again at the same step: the new one replaces it
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    _barrier(groups, engine.device)
 
 
-def read_meta(path: str | Path) -> dict[str, Any]:
-    """``{"format", "model", "step", "extra"}`` of a checkpoint directory (SpecError if invalid)."""
-    meta_path = Path(path) / "meta.json"
+def _refuse_nonfinite(engine: Engine, pieces: list[Piece], path: Path) -> None:
+    """Collective: nothing is written when any rank holds a NaN or infinite value (the NaN guard of
+    :mod:`executor.nonfinite` should make this unreachable; a diverged checkpoint must never exist)."""
+    bad = next((p.chunk.name for p in pieces if not bool(torch.isfinite(p.tensor).all())), None)
+    found = [(r, name) for r, name in enumerate(_gather(engine.groups, bad)) if name is not None]
+    if found:
+        rank, name = found[0]
+        raise NonFiniteStep(f"refusing to save {path}: {name} holds NaN or infinite values on rank {rank}")
+
+
+def _meta(path: Path) -> dict[str, Any]:
+    meta_path = path / "meta.json"
     try:
         meta = json.loads(meta_path.read_text())
     except FileNotFoundError:
         raise SpecError("checkpoint", f"{path} has no meta.json (not a checkpoint, or an incomplete one)",
-                        "pass a directory written by save_checkpoint") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError("checkpoint", f"cannot read {meta_path}: {exc}", "the checkpoint is damaged") from None
+                        "pass a directory written by hexiscale train --checkpoint-dir") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError("checkpoint", f"cannot read {meta_path}: {exc}", DAMAGED) from None
     if not isinstance(meta, dict) or meta.get("format") != CKPT_FORMAT:
         raise SpecError("checkpoint", f"{meta_path} is not a {CKPT_FORMAT} checkpoint",
-                        "pass a directory written by save_checkpoint")
+                        "pass a directory written by hexiscale train --checkpoint-dir")
+    return meta
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """``{"format", "model", "step", "extra"}`` of a checkpoint directory (SpecError if invalid)."""
+    meta = _meta(Path(path))
     return {k: meta.get(k) for k in ("format", "model", "step", "extra")}
 
 
-def load(engine: Engine, path: Path) -> dict[str, Any]:
-    """Collective: every rank reads the logical tensors and keeps its shards. Returns ``extra``."""
-    meta = read_meta(path)
+def _check_finite(engine: Engine, pieces: list[Piece], path: Path) -> None:
+    """Collective: every rank's loaded values are finite, or every rank raises the same error."""
+    bad = next((p.chunk.name for p in pieces if not bool(torch.isfinite(p.tensor).all())), None)
+    found = [(r, name) for r, name in enumerate(_gather(engine.groups, bad)) if name is not None]
+    if found:
+        rank, name = found[0]
+        raise SpecError("checkpoint", f"{path}: {name} holds NaN or infinite values after loading (rank {rank}): "
+                        "a part of it was never written, or it was saved from a diverged run", DAMAGED)
+
+
+def load(engine: Engine, path: str | Path) -> dict[str, Any]:
+    """Collective over the plan's ranks: load a checkpoint written under any plan of the same model
+    into ``engine``; returns its ``extra``."""
+    path = Path(path)
+    meta = _meta(path)
     want = engine.plan.model.to_dict()
-    if meta["model"] != want:
-        diff = sorted(k for k in set(want) | set(meta["model"] or {})
-                      if (meta["model"] or {}).get(k) != want.get(k))
+    got = meta.get("model") or {}
+    if got != want:
+        diff = sorted(k for k in set(want) | set(got) if got.get(k) != want.get(k))
         raise SpecError("checkpoint", f"{path} holds another model (differs in {', '.join(diff)})",
                         f"load a checkpoint of model {want.get('name')!r} or train from scratch")
-    tensors = torch.load(path / "model.pt", map_location="cpu", mmap=True, weights_only=True)
-    optim = torch.load(path / "optim.pt", map_location="cpu", mmap=True, weights_only=True)
-    tp, r = engine.stage.tp, engine.tp_rank
-    with torch.no_grad():
-        for name, p in engine.params.items():
-            p.copy_(shard_of(tensors[name], engine.shard_dims[name], tp, r))
-    moments = {key: {n: shard_of(optim[key][n], engine.shard_dims[n], tp, r) for n in engine.params}
-               for key in ("exp_avg", "exp_avg_sq")}
-    engine.set_optimizer_state(moments, int(meta["step"]))
+    if not isinstance(meta.get("checksums"), dict):
+        raise SpecError("checkpoint", f"{path}/meta.json has no checksums", DAMAGED)
+    pieces, install = load_targets(engine)
+    read_pieces(path, pieces, meta["checksums"], engine.groups.world, single=engine.topology.world_size == 1)
+    _check_finite(engine, pieces, path)
+    install(int(meta["step"]))
     _barrier(engine.groups, engine.device)
-    return dict(meta["extra"] or {})
+    return dict(meta.get("extra") or {})

@@ -33,13 +33,11 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from executor import checkpoint as ckpt
+from executor.gather import gather_logical
 from executor.grad_sync import GradSync
 from executor.groups import ProcessGroups
 from executor.host_sync import to_host
@@ -203,7 +201,7 @@ class Engine:
         """Collective: full fp32 logical tensors (CPU). With ``to_all=False`` only global rank 0
         receives them (other ranks get an empty dict)."""
         local = {n: p.detach() for n, p in self.params.items()}
-        return ckpt.gather_logical(self.groups, local, to_all=to_all)
+        return gather_logical(self.groups, local, to_all=to_all)
 
     def optimizer_moments(self) -> dict[str, dict[str, torch.Tensor]]:
         """This rank's AdamW moments per parameter name (zeros before the first step); under ZeRO-1
@@ -240,11 +238,3 @@ class Engine:
             if q is p:
                 return n
         raise KeyError("parameter not in this stage")
-
-    def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
-        """Collective: write a layout-independent checkpoint (global rank 0 writes)."""
-        ckpt.save(self, Path(path), extra)
-
-    def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        """Collective: load a checkpoint written under any plan of the same model; returns ``extra``."""
-        return ckpt.load(self, Path(path))

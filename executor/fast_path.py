@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -187,7 +187,3 @@ def synchronize(device: torch.device) -> None:
     """Wait for ``device``'s queued work (nothing to wait for on CPU)."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def backends_names(backends: Sequence[Any]) -> list[str]:
-    return [b.name.lower() for b in backends]

@@ -3,8 +3,8 @@
 Local checks (:func:`local_checks`): the device the plan gives this rank is visible (on GPU), its
 step fits the rank's memory (:mod:`executor.preflight_memory`), the data file is present and valid
 for the model (see :func:`executor.data_format.check_token_file`; global rank 0 also scans every
-token), the output paths are writable (:mod:`executor.preflight_paths`), the checkpoint to resume
-is complete, holds the same model and is not already past ``--steps``. World size and
+token), the output paths are writable (:mod:`executor.preflight_paths`). Then the checkpoint to
+resume is chosen and verified by all ranks together (:mod:`executor.resume`). World size and
 plan/cluster mismatches are found earlier, identically on every rank, from the environment.
 
 Agreement (:func:`agree`) goes through the TCPStore, not a collective, so it works before the
@@ -19,56 +19,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from executor.checkpoint import read_meta
 from executor.launch.env import RankEnv
 from executor.preflight_memory import check_memory
 from executor.preflight_paths import check_output_dir, check_output_file
 from executor.train_config import TrainConfig
 from planner.errors import SpecError
 from planner.plan import Plan
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    path: Path
-    step: int
-
-
-def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory itself, or the latest complete one under a ``--checkpoint-dir``."""
-    p = Path(path)
-    if (p / "meta.json").exists():
-        return p
-    if not p.is_dir():
-        raise SpecError("--resume", f"{p} does not exist", "pass a checkpoint or a --checkpoint-dir")
-    latest = p / "latest"
-    if latest.exists() and (p / latest.read_text().strip() / "meta.json").exists():
-        return p / latest.read_text().strip()
-    done = sorted(d for d in p.glob("step-*") if (d / "meta.json").exists())
-    if not done:
-        raise SpecError("--resume", f"{p} holds no complete checkpoint (no */meta.json)",
-                        "train with --checkpoint-dir first, or drop --resume")
-    return done[-1]
-
-
-def check_checkpoint(path: str | Path, plan: Plan) -> ResumePoint:
-    ck = find_checkpoint(path)
-    meta = read_meta(ck)
-    want = plan.model.to_dict()
-    got = meta.get("model") or {}
-    if got != want:
-        diff = sorted(k for k in set(want) | set(got) if got.get(k) != want.get(k))
-        raise SpecError("--resume", f"{ck} holds model {got.get('name')!r}, the plan trains {want['name']!r} "
-                        f"(they differ in {', '.join(diff)})", "resume with a plan of the same model")
-    step = meta.get("step")
-    if not isinstance(step, int) or step < 0:
-        raise SpecError("--resume", f"{ck}/meta.json has no valid step", "the checkpoint is damaged")
-    return ResumePoint(ck, step)
 
 
 def pick_device(choice: str, renv: RankEnv, plan: Plan) -> torch.device:
@@ -88,9 +48,12 @@ def pick_device(choice: str, renv: RankEnv, plan: Plan) -> torch.device:
     return torch.device("cuda", renv.local_rank)
 
 
-def agree(store: Any, renv: RankEnv, error: SpecError | None, timeout_s: float) -> None:
-    """Publish this rank's verdict, wait for everyone's; raise the job's error if any rank failed."""
-    key = f"{renv.prefix}/preflight"
+def exchange(store: Any, renv: RankEnv, name: str, error: SpecError | None,
+             timeout_s: float) -> list[tuple[int, dict[str, Any]]]:
+    """Publish this rank's verdict under ``name``, wait for everyone's; the failed ranks' verdicts
+    (``{"msg", "host"}``, in rank order). Every rank returns only after reading all verdicts, and
+    rank 0 hosting the store waits until every rank has read them (it may exit right after)."""
+    key = f"{renv.prefix}/{name}"
     verdict = {"ok": error is None, "msg": str(error) if error else "", "host": renv.host}
     store.set(f"{key}/{renv.rank}", json.dumps(verdict))
     keys = [f"{key}/{r}" for r in range(renv.world_size)]
@@ -101,12 +64,17 @@ def agree(store: Any, renv: RankEnv, error: SpecError | None, timeout_s: float) 
         raise SpecError("startup", f"rank(s) {missing[:8]} did not start within {timeout_s:.0f} s",
                         "start every node's command (same plan, same WORLD_SIZE), or raise "
                         "--startup-timeout") from None
-    bad = []
-    for r, k in enumerate(keys):
-        v = json.loads(store.get(k))
-        if not v["ok"]:
-            bad.append((r, v))
+    bad = [(r, v) for r, v in enumerate(json.loads(store.get(k)) for k in keys) if not v["ok"]]
     store.set(f"{key}-seen/{renv.rank}", "1")
+    if renv.rank == 0 and not renv.store_hosted:
+        wait_all_seen(store, renv, f"{name}-seen", timeout_s)
+    return bad
+
+
+def agree(store: Any, renv: RankEnv, error: SpecError | None, timeout_s: float) -> None:
+    """Publish this rank's pre-flight verdict, wait for everyone's; raise the job's error if any
+    rank failed (the lowest failing rank's, with a count of the others)."""
+    bad = exchange(store, renv, "preflight", error, timeout_s)
     if bad:
         r, v = bad[0]
         more = f" (and {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
@@ -128,12 +96,11 @@ class Prepared:
 
     device: torch.device
     source: Any  # executor.data.SampleSource
-    resume: ResumePoint | None
 
 
 def local_checks(plan: Plan, renv: RankEnv, args: TrainConfig) -> Prepared:
-    """This rank's checks (device, memory, data, output paths, checkpoint); the first problem is a
-    ``SpecError``."""
+    """This rank's checks (device, memory, data, output paths); the first problem is a
+    ``SpecError``. The checkpoint to resume is chosen after these pass (:mod:`executor.resume`)."""
     from executor.data import make_source
 
     dev = pick_device(args.device, renv, plan)
@@ -145,8 +112,4 @@ def local_checks(plan: Plan, renv: RankEnv, args: TrainConfig) -> Prepared:
         check_output_dir(args.checkpoint_dir, "--checkpoint-dir")
     if args.log_jsonl and renv.rank == 0:
         check_output_file(args.log_jsonl, "--log-jsonl")
-    point = check_checkpoint(args.resume, plan) if args.resume else None
-    if point is not None and point.step >= args.steps:
-        raise SpecError("--steps", f"{args.steps}, but the checkpoint {point.path} is already at step {point.step}: "
-                        "nothing to train", f"pass --steps above {point.step} (steps count from the first run)")
-    return Prepared(dev, source, point)
+    return Prepared(dev, source)

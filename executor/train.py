@@ -14,19 +14,22 @@ import os
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 
 import torch.distributed as dist
 
+from executor import checkpoint
 from executor.data import BatchStream, DataPosition, pipeline_rows
 from executor.engine import Engine
 from executor.groups import ProcessGroups
 from executor.launch import flight
-from executor.launch.bounded_store import BoundedStore, StoreTimeout
+from executor.launch.bounded_store import BoundedStore, StoreError, StoreTimeout
 from executor.launch.env import RankEnv, connect_store, rank_env
 from executor.launch.faults import maybe_inject, parse_fault
 from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_RANK_FAILURE, EXIT_USER_ERROR, Watchdog, log_error
 from executor.metrics import StepLogger
 from executor.preflight import agree, local_checks, wait_all_seen
+from executor.resume import choose_checkpoint
 from executor.topology import build_topology
 from executor.train_config import TrainConfig
 from executor.train_setup import (
@@ -62,12 +65,15 @@ def run_training(args: TrainConfig) -> int:
         except SpecError as exc:
             error = exc
         # bounded: a store host that froze during start-up must not block this rank forever
-        agree(BoundedStore.around(store, args.startup_timeout + 30.0, what="the rendezvous store"), renv, error,
-              args.startup_timeout)
+        bounded = BoundedStore.around(store, args.startup_timeout + 30.0, what="the rendezvous store")
+        agree(bounded, renv, error, args.startup_timeout)
         assert prep is not None
-    except StoreTimeout as exc:  # the store's host froze before the watchdog runs: a rank failure
+        resume = choose_checkpoint(bounded, renv, plan, args.resume, args.steps, args.startup_timeout) \
+            if args.resume else None
+    except StoreError as exc:  # the store's host froze or died before the watchdog runs: a rank failure
         where = "the launcher that hosts it" if renv and renv.store_hosted else "rank 0, which hosts it,"
-        text = f"stopping during set-up: {exc}: {where} froze or its host is unreachable"
+        how = "froze or its host is unreachable" if isinstance(exc, StoreTimeout) else "died"
+        text = f"stopping during set-up: {exc}: {where} {how}"
         if renv is not None:
             log_error(renv, text)
         return EXIT_RANK_FAILURE
@@ -93,10 +99,10 @@ def run_training(args: TrainConfig) -> int:
         engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed,
                         on_nonfinite=args.on_nonfinite)
         position = DataPosition()
-        if prep.resume is not None:
-            extra = engine.load_checkpoint(prep.resume.path)
+        if resume is not None:
+            extra = checkpoint.load(engine, resume.path)
             gbs = plan.global_batch_size
-            position = DataPosition.from_dict(extra["data"], str(prep.resume.path)) if "data" in extra \
+            position = DataPosition.from_dict(extra["data"], str(resume.path)) if "data" in extra \
                 else DataPosition(engine.step, engine.step * gbs)
         pipeline = engine.stage.pipeline
         stream = BatchStream(prep.source, global_batch_size=plan.global_batch_size,
@@ -107,7 +113,7 @@ def run_training(args: TrainConfig) -> int:
         if renv.rank == 0:
             print(f"hexiscale train: {plan.world_size} ranks, {len(plan.pipelines)} pipelines, model "
                   f"{plan.model.name}, {prep.device.type} ({backend}), data {args.data or 'synthetic'}, steps "
-                  f"{start}..{args.steps}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
+                  f"{start}..{args.steps}" + (f", resumed from {resume.path}" if resume else ""), flush=True)
         for k in range(start, args.steps):
             wd.begin_step(k + 1)
             maybe_inject(fault, renv.rank, k)
@@ -116,8 +122,9 @@ def run_training(args: TrainConfig) -> int:
             logger.step(k, args.steps, stats, time.perf_counter() - t0)
             last = k + 1 == args.steps
             if args.checkpoint_dir and (last or (args.save_every and (k + 1) % args.save_every == 0)):
-                engine.save_checkpoint(checkpoint_path(args.checkpoint_dir, k + 1),
-                                       extra={"data": stream.position.to_dict(), "plan_world_size": plan.world_size})
+                checkpoint.save(engine, checkpoint_path(args.checkpoint_dir, k + 1),
+                                extra={"data": stream.position.to_dict(), "plan_world_size": plan.world_size},
+                                on_written=partial(maybe_inject, fault, renv.rank, k, in_save=True))
                 if renv.rank == 0:
                     mark_latest(args.checkpoint_dir, k + 1)
         logger.summary(start, plan.global_batch_size * plan.model.seq_len)

@@ -37,9 +37,11 @@ Sums run in another order than the all-reduce's, so results differ from ``zero =
 rounding only (the oracle's tolerances). With one pipeline there is nothing to shard (``k = 1``)
 and the engine runs without ZeRO.
 
-Checkpoints: :meth:`ZeroOptimizer.full_moments` (collective) all-gathers the moment parts into
-full local-shard tensors, so :mod:`executor.checkpoint` writes the same logical moments as without
-ZeRO; :meth:`ZeroOptimizer.load_moments` cuts a rank's parts out of its local-shard moments.
+Checkpoints: every owner writes and reads its own parts (:meth:`ZeroOptimizer.part_moments`,
+:meth:`ZeroOptimizer.set_part_moments`) as rectangles of the logical moments
+(:mod:`executor.checkpoint_pieces`), so a checkpoint is the same under ZeRO-0 and ZeRO-1.
+:meth:`ZeroOptimizer.full_moments` (collective) all-gathers the parts into local-shard tensors;
+:meth:`ZeroOptimizer.load_moments` cuts a rank's parts out of local-shard moments.
 """
 
 from __future__ import annotations
@@ -247,18 +249,35 @@ class ZeroOptimizer:
             out[key] = full
         return out
 
-    def load_moments(self, moments: dict[str, dict[str, torch.Tensor]], step: int) -> None:
-        """Install this rank's parts of ``moments`` (per local shard name) and the step count."""
+    def part_moments(self) -> list[dict[str, torch.Tensor]]:
+        """This rank's Adam moments, one flat fp32 tensor per part and moment (zeros before the first
+        step); part ``i`` covers elements ``[lo, hi)`` of ``parts[i]``'s flat vector."""
+        out = []
+        for part in self.parts:
+            st = self.optimizer.state.get(part.master, {})
+            out.append({key: st[key] if key in st else torch.zeros(part.hi - part.lo, device=part.device)
+                        for key in MOMENTS})
+        return out
+
+    def set_part_moments(self, values: list[dict[str, torch.Tensor]], step: int) -> None:
+        """Install per-part moments (as :meth:`part_moments` returns them) and the step count."""
         for group in self.optimizer.param_groups:
             on_device = bool(group.get("fused") or group.get("capturable"))
-            for part in self.parts:
+            for part, moments in zip(self.parts, values, strict=True):
                 if not any(part.master is p for p in group["params"]):
                     continue
-                dev = part.device
                 st: dict[str, torch.Tensor] = {
                     "step": torch.tensor(float(step), dtype=torch.float32,
-                                         device=dev if on_device else torch.device("cpu"))}
+                                         device=part.device if on_device else torch.device("cpu"))}
                 for key in MOMENTS:
-                    src = {n: moments[key][n].to(dev, torch.float32) for n, *_ in part.views}
-                    st[key] = read_flat(_tensors(src, part.views), part.lo, part.hi).clone()
+                    st[key] = moments[key].to(part.device, torch.float32).reshape(-1).clone()
                 self.optimizer.state[part.master] = st
+
+    def load_moments(self, moments: dict[str, dict[str, torch.Tensor]], step: int) -> None:
+        """Install this rank's parts of ``moments`` (per local shard name) and the step count."""
+        values = []
+        for part in self.parts:
+            src = {key: {n: moments[key][n].to(part.device, torch.float32) for n, *_ in part.views}
+                   for key in MOMENTS}
+            values.append({key: read_flat(_tensors(src[key], part.views), part.lo, part.hi) for key in MOMENTS})
+        self.set_part_moments(values, step)

@@ -128,11 +128,27 @@ def load_catalog_dir(directory: Path) -> Catalog:
     return Catalog(entries)
 
 
+def calibration_home() -> Path:
+    """This host's measured profiles and calibrations (``hexiscale calibrate`` writes them):
+    ``$HEXISCALE_HOME``, else ``~/.hexiscale``."""
+    return Path(os.environ.get("HEXISCALE_HOME") or Path.home() / ".hexiscale")
+
+
+def with_host_entries(base: Catalog, folder: Path) -> Catalog:
+    """``base`` with the entries under ``folder`` in place of same-key ones (and new keys added)."""
+    if not folder.is_dir() or not any(folder.glob("*.json")):
+        return base
+    mine = load_catalog_dir(folder).entries
+    keys = {e.key for e in mine}
+    return Catalog([e for e in base.entries if e.key not in keys] + mine)
+
+
 @lru_cache(maxsize=4)
-def _cached(directory: str) -> Catalog:
-    return load_catalog_dir(Path(directory))
+def _cached(directory: str, host: str) -> Catalog:
+    return with_host_entries(load_catalog_dir(Path(directory)), Path(host))
 
 
 def default_catalog() -> Catalog:
-    """The catalog under ``planner/profiles/devices`` (cached per directory)."""
-    return _cached(str(profiles_dir() / "devices"))
+    """The packaged catalog (``planner/profiles/devices``) with this host's measured entries
+    (``calibration_home()/devices``) in place of same-key ones; cached per pair of directories."""
+    return _cached(str(profiles_dir() / "devices"), str(calibration_home() / "devices"))

@@ -27,6 +27,10 @@ class SpecError(ValueError):
             text += f" (hint: {self.hint})"
         return text
 
+    def __reduce__(self) -> tuple[type[SpecError], tuple[str, str, str, str | None, int | None]]:
+        """Pickles whole (ranks exchange errors, e.g. a checkpoint load's, through collectives)."""
+        return type(self), (self.path, self.message, self.hint, self.file, self.line)
+
     def with_file(self, file: str, line: int | None = None) -> SpecError:
         """The same error, annotated with the file (and line) it came from."""
         return SpecError(self.path, self.message, self.hint, file, line or self.line)

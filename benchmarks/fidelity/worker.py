@@ -96,9 +96,7 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
                        max_reserved_gib=torch.cuda.max_memory_reserved(device) / GIB,
                        in_use_gib=_device_in_use(device))
         del engine
-        for ranks, g in groups.by_ranks.items():
-            if g is not None and g is not dist.group.WORLD and len(ranks) > 1:
-                dist.destroy_process_group(g)
+        groups.close()
     except Exception:  # noqa: BLE001 - an OOM or a failing plan is a result, not the end of the launch
         rec["error"] = traceback.format_exc()[-2000:]
     finally:

@@ -21,7 +21,11 @@ from typing import Any
 _METHODS = ("set", "get", "check", "add", "multi_get", "compare_set", "wait", "delete_key")
 
 
-class StoreTimeout(RuntimeError):
+class StoreError(RuntimeError):
+    """A store call failed (its host died: connection refused or reset)."""
+
+
+class StoreTimeout(StoreError):
     """The store did not answer within the bound (its host froze or became unreachable)."""
 
 
@@ -83,7 +87,11 @@ class BoundedStore:
             self.broken = f"{self.what} did not answer within {bound:.0f} s"
             raise StoreTimeout(self.broken)
         if "error" in box:
-            raise box["error"]
+            exc = box["error"]
+            if isinstance(exc, Exception) and not isinstance(exc, StoreError | KeyError | ValueError):
+                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+                raise StoreError(f"{self.what} failed ({type(exc).__name__}: {first})") from exc
+            raise exc
         return box["value"]
 
     def __getattr__(self, name: str) -> Callable[..., Any]:

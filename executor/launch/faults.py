@@ -7,7 +7,9 @@ ranks are entering that step's collectives. ``KIND``:
 * ``hang``  — stop making progress forever (its heartbeat thread keeps running);
 * ``freeze`` — SIGSTOP itself: every thread stops, the TCPStore it may host included;
 * ``raise`` — raise a RuntimeError (a bug in one rank);
-* ``oom``   — raise ``torch.OutOfMemoryError`` (as the allocator would).
+* ``oom``   — raise ``torch.OutOfMemoryError`` (as the allocator would);
+* ``kill-in-save`` — SIGKILL itself while writing the checkpoint saved after step ``STEP`` (its own
+  shards written, the checkpoint not yet complete).
 
 Unset (the normal case) it does nothing.
 """
@@ -20,7 +22,7 @@ import time
 
 from planner.errors import SpecError
 
-KINDS = ("kill", "hang", "freeze", "raise", "oom")
+KINDS = ("kill", "hang", "freeze", "raise", "oom", "kill-in-save")
 
 
 def parse_fault(text: str | None) -> tuple[int, int, str] | None:
@@ -32,12 +34,14 @@ def parse_fault(text: str | None) -> tuple[int, int, str] | None:
     return int(parts[0]), int(parts[1]), parts[2]
 
 
-def maybe_inject(fault: tuple[int, int, str] | None, rank: int, step: int) -> None:
-    if fault is None or fault[0] != rank or fault[1] != step:
+def maybe_inject(fault: tuple[int, int, str] | None, rank: int, step: int, *, in_save: bool = False) -> None:
+    """Misbehave if ``fault`` names this rank and step (``in_save``: called from inside a checkpoint
+    save, where only ``kill-in-save`` fires)."""
+    if fault is None or fault[0] != rank or fault[1] != step or (fault[2] == "kill-in-save") != in_save:
         return
     kind = fault[2]
     print(f"[rank {rank}] HEXISCALE_FAULT: injecting '{kind}' at step {step}", flush=True)
-    if kind == "kill":
+    if kind in ("kill", "kill-in-save"):
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "freeze":
         os.kill(os.getpid(), signal.SIGSTOP)

@@ -105,6 +105,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._hosts: dict[int, str] = {}
         self._main_ident = threading.main_thread().ident
+        self._exiting = threading.Lock()  # held by the thread that ends the process (see _exit)
 
     def _key(self, name: str) -> str:
         return f"{self.renv.prefix}/wd/{name}"
@@ -165,6 +166,12 @@ class Watchdog:
             return verdict
 
     def _exit(self, verdict: Verdict) -> None:
+        """Print the verdict once and end the process. The training thread (a failure of its own)
+        and the watchdog thread (a verdict seen in the store) may both get here: the second waits
+        for the first's ``os._exit`` instead of printing the verdict again."""
+        if not self._exiting.acquire(blocking=False):
+            while True:
+                time.sleep(3600)
         log_error(self.renv, f"stopping: {verdict.message()}")
         sys.stderr.flush()
         sys.stdout.flush()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,16 @@ def load_params(path: str | None) -> CostParams:
         raise exc.with_file(path) from None
 
 
-def profiles_for(args: argparse.Namespace, cluster: ClusterSpec) -> ProfileSet:
-    return ProfileSet(cluster.catalog, load_params(args.params), prefer_measured=not args.spec_only)
+def profiles_for(args: argparse.Namespace, cluster: ClusterSpec, *, say: bool = True) -> ProfileSet:
+    """This host's profiles and calibration when present (planner.calibration.local), ``--params``
+    overriding the terms; says which in one line (on stderr under ``--json``)."""
+    from planner.calibration.local import resolve_profiles
+
+    resolved = resolve_profiles(cluster, params=load_params(args.params) if args.params else None,
+                                spec_only=args.spec_only)
+    if say:
+        print(resolved.line, file=sys.stderr if getattr(args, "json", False) else sys.stdout, flush=True)
+    return resolved.profiles
 
 
 def _s(x: float) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from hexiscale.cli.output import console, plan_table
 from planner.cluster import load_cluster
@@ -40,10 +41,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seq_len is not None and args.seq_len < 1:
         raise SpecError("--seq-len", f"must be >= 1, got {args.seq_len}", "give a positive sequence length")
+    from planner.calibration.local import resolve_profiles
+
     cluster = load_cluster(args.cluster)
     model = resolve_model(args.model, args.seq_len)
     config = PlannerConfig(time_limit_s=args.time_limit, seed=args.seed, objective=args.objective)
-    result = search(cluster, model, args.global_batch, config=config)
+    resolved = resolve_profiles(cluster)
+    print(resolved.line, file=sys.stderr if args.json else sys.stdout, flush=True)
+    result = search(cluster, model, args.global_batch, config=config, profiles=resolved.profiles)
     plan, est = result.plan, result.estimate
     if args.output:
         save_plan(plan, args.output)

@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("whatif", "no change given", "add --remove-node, --add-node, --inter-bw, --link, --cap, "
                         "--slowdown or --global-batch")
     try:
-        after = estimate(new_plan, new_cluster, profiles_for(args, new_cluster))
+        after = estimate(new_plan, new_cluster, profiles_for(args, new_cluster, say=False))
     except SpecError as exc:
         raise SpecError(exc.path, f"the plan no longer fits the changed cluster: {exc.message}",
                         "re-plan for the new cluster (hexiscale plan)") from None

@@ -97,14 +97,20 @@ def fit_terms(base: CostParams, bounds: dict[str, tuple[float, float]],
 
 
 def compute_observations(device: DeviceType) -> list[tuple[str, ModelSpec, dict[str, Any], str, float]]:
-    """``(table, model, row, 'forward_s'|'backward_s', seconds)`` for every measured compute time."""
+    """``(table, model, row, 'forward_s'|'backward_s', seconds)`` for every measured compute time:
+    the tables, plus the layer timings of other model widths (``measured.widths``, written by
+    ``hexiscale calibrate``) that make the GEMM and attention shape terms identifiable — a fit to
+    one width cannot tell a small-GEMM penalty from a lower peak."""
     m = device.measured or {}
-    model = model_from_dict(m["model"])
+    sources = [(model_from_dict(m["model"]), {t: m.get(t) or [] for t in ("layer", "embedding", "head")})]
+    for i, w in enumerate(m.get("widths") or []):
+        sources.append((model_from_dict(w["model"], f"measured.widths[{i}].model"), {"layer": w.get("layer") or []}))
     out = []
-    for table in ("layer", "embedding", "head"):
-        for row in m.get(table) or []:
-            for phase in ("forward_s", "backward_s"):
-                out.append((table, model, row, phase, float(row[phase])))
+    for model, tables in sources:
+        for table, rows in tables.items():
+            for row in rows:
+                for phase in ("forward_s", "backward_s"):
+                    out.append((table, model, row, phase, float(row[phase])))
     return out
 
 

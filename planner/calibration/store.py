@@ -1,6 +1,6 @@
 """The calibrated-parameters file: ``planner/profiles/calibration/<name>.json``.
 
-    {"format": "hexiscale.calibration/1", "params": {every CostParams field},
+    {"format": "hexiscale.calibration/1", "applies_to": [catalog keys], "params": {every CostParams field},
      "fitted": {term: value}, "fits": {what each group of terms was fitted to, errors before/after},
      "provenance": {"devices": [...], "date": ..., "gpu": ...}}
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from planner.catalog import Catalog, profiles_dir
 from planner.cost.params import DEFAULT_PARAMS, CostParams
-from planner.cost.profile import ProfileSet
+from planner.cost.profile_set import ProfileSet
 from planner.documents import load_json_file
 from planner.errors import SpecError
 
@@ -30,10 +30,13 @@ def default_calibration_path(name: str = "h100") -> Path:
 
 
 def save_calibration(path: Path, params: CostParams, *, fitted: dict[str, float], fits: dict[str, Any],
-                     provenance: dict[str, Any]) -> None:
+                     provenance: dict[str, Any], applies_to: list[str] | None = None) -> None:
+    """``applies_to``: the catalog keys the terms were measured for (planner.calibration.local)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"format": CALIBRATION_FORMAT, "params": params.to_dict(), "fitted": fitted, "fits": fits,
-            "provenance": provenance}
+    data: dict[str, Any] = {"format": CALIBRATION_FORMAT}
+    if applies_to is not None:
+        data["applies_to"] = applies_to
+    data.update({"params": params.to_dict(), "fitted": fitted, "fits": fits, "provenance": provenance})
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 

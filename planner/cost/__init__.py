@@ -79,7 +79,8 @@ from planner.cost.links import (
 from planner.cost.measured import MEASURED_FORMAT, MeasuredProfile, parse_measured
 from planner.cost.memory import GIB, MemoryBreakdown, layer_activation_bytes, stage_memory, stage_params
 from planner.cost.params import DEFAULT_PARAMS, CostParams
-from planner.cost.profile import DeviceProfile, PassTime, ProfileSet, SpecProfile
+from planner.cost.profile import DeviceProfile, PassTime, SpecProfile
+from planner.cost.profile_set import ProfileSet
 from planner.cost.schedule import (
     bubble_fraction,
     gpipe_time,

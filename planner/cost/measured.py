@@ -21,13 +21,18 @@ Lookup of (model, micro_batch, tp, dtype, recompute, seq_len):
    Otherwise the spec roofline answers.
 2. Rows with the same ``tp``, ``seq_len`` and ``recompute`` form a curve over ``micro_batch``;
    inside its range the value is interpolated linearly.
-3. Otherwise (another tp, sequence length or micro-batch outside the range) the nearest measured
-   point (same tp first, then nearest sequence length, nearest tp, nearest micro-batch) is scaled
-   by the spec roofline's ratio between the requested and the measured configuration: the table
-   sets the level, the roofline the shape of the curve.
+3. Otherwise (another tp, sequence length or micro-batch outside the range) the nearest curve
+   (same tp first, then nearest sequence length, nearest tp) is carried to the requested tp and
+   sequence length point by point (each by the spec roofline's ratio at that micro-batch), made
+   non-decreasing again, interpolated, and beyond its micro-batch range extended by the roofline's
+   ratio from its nearest end: the table sets the level, the roofline the shape of the curve.
 4. A recompute mode without rows of its own is derived from ``none``: ``full`` adds the part of
    the forward it repeats (the spec roofline's share, ``recompute_fraction``); ``selective``
    adds the spec attention-core time scaled by measured/spec.
+5. Physics over noise: within one (tp, recompute) the tables are made non-decreasing in tokens
+   per micro-batch (:func:`monotone_in_tokens`, an isotonic fit), and a recompute mode's forward
+   and backward are never below the next lighter mode's (none <= selective <= full: the forward
+   does the same work, the backward more).
 
 Activation bytes (``activation_bytes`` column) are first brought to what the memory model counts
 per layer (:func:`_stage_bytes`: the input in, the weight casts out, the ``chain`` undone), then
@@ -53,6 +58,7 @@ from planner.errors import SpecError
 from planner.model import ModelSpec, model_from_dict
 
 MEASURED_FORMAT = "hexiscale.measured/1"
+LIGHTER = {"selective": "none", "full": "selective"}  # the recompute mode that does less work
 KINDS = ("layer", "embedding", "head")
 SHAPE_KEYS = {"layer": ("hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads"),
               "embedding": ("hidden_size", "vocab_size"), "head": ("hidden_size", "vocab_size")}
@@ -143,12 +149,47 @@ def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
                 isinstance(r.get("activation_bytes"), int | float) and r["activation_bytes"] >= 0 for r in rs) else None
             out.append(Curve(tp, seq, rc, tuple(r["micro_batch"] for r in rs),
                              tuple(float(r["forward_s"]) for r in rs), tuple(float(r["backward_s"]) for r in rs), acts))
-        curves[kind] = out
+        curves[kind] = monotone_in_tokens(out)
     opt_rows = data.get("optimizer", [])
     if not isinstance(opt_rows, list):
         raise SpecError(f"{path}.optimizer", "expected a list of rows", "re-run the profiler")
     return MeasuredTables(str(dtype), {k: int(model[k]) for k in keys}, curves,
                           _fit_optimizer(opt_rows, f"{path}.optimizer"))
+
+
+def isotonic(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, n2 = blocks.pop()
+            m1, n1 = blocks[-1]
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    return [m for m, n in blocks for _ in range(int(n))]
+
+
+def monotone_in_tokens(curves: list[Curve]) -> list[Curve]:
+    """Measured times obey physics before anything reads them: within one (tp, recompute), more
+    tokens per micro-batch never take less time (points ordered by tokens, then by sequence length,
+    so at equal tokens the longer sequence is not cheaper). Timing noise (a larger micro-batch
+    measured faster) is replaced by the isotonic fit of its neighbours, so noise cannot decide a plan."""
+    out: dict[tuple[int, int, str], Curve] = {}
+    by_mode: dict[tuple[int, str], list[Curve]] = {}
+    for c in curves:
+        by_mode.setdefault((c.tp, c.recompute), []).append(c)
+    for group in by_mode.values():
+        points = sorted((mb * c.seq_len, c.seq_len, ci, j) for ci, c in enumerate(group)
+                        for j, mb in enumerate(c.mbs))
+        fwd = isotonic([group[ci].fwd[j] for _, _, ci, j in points])
+        bwd = isotonic([group[ci].bwd[j] for _, _, ci, j in points])
+        new = {ci: (list(c.fwd), list(c.bwd)) for ci, c in enumerate(group)}
+        for (_, _, ci, j), f, b in zip(points, fwd, bwd):
+            new[ci][0][j], new[ci][1][j] = f, b
+        for ci, c in enumerate(group):
+            out[(c.tp, c.seq_len, c.recompute)] = Curve(c.tp, c.seq_len, c.recompute, c.mbs, tuple(new[ci][0]),
+                                                        tuple(new[ci][1]), c.act)
+    return [out[(c.tp, c.seq_len, c.recompute)] for c in curves]
 
 
 def _stage_bytes(kind: str, row: Mapping[str, Any], model: ModelSpec, dtype: str) -> float:
@@ -215,9 +256,19 @@ class MeasuredProfile(DeviceProfile):
                 return _interp(c.mbs, ys0, mb), _interp(c.mbs, ys1, mb)
         c, (ys0, ys1) = min(cands, key=lambda cv: (cv[0].tp != tp, abs(math.log(cv[0].seq_len / seq)),
                                                    abs(math.log(cv[0].tp / tp))))
-        j = min(range(len(c.mbs)), key=lambda i: abs(math.log(c.mbs[i] / mb)))
-        want, have = spec(mb, tp, seq), spec(c.mbs[j], c.tp, c.seq_len)
-        return ys0[j] * want[0] / have[0], ys1[j] * want[1] / have[1]
+        # the curve's points carried to the wanted (tp, seq), each by the roofline's ratio at its own
+        # micro-batch, and kept non-decreasing; beyond its micro-batch range the roofline extends it
+        moved0, moved1 = [], []
+        for j, m in enumerate(c.mbs):
+            want, have = spec(m, tp, seq), spec(m, c.tp, c.seq_len)
+            moved0.append(ys0[j] * want[0] / have[0])
+            moved1.append(ys1[j] * want[1] / have[1])
+        moved0, moved1 = isotonic(moved0), isotonic(moved1)
+        if c.mbs[0] <= mb <= c.mbs[-1]:
+            return _interp(c.mbs, tuple(moved0), mb), _interp(c.mbs, tuple(moved1), mb)
+        j = 0 if mb < c.mbs[0] else len(c.mbs) - 1
+        want, have = spec(mb, tp, seq), spec(c.mbs[j], tp, seq)
+        return moved0[j] * want[0] / have[0], moved1[j] * want[1] / have[1]
 
     def _times(self, kind: str, model: ModelSpec, mb: int, tp: int, dtype: str, recompute: str, seq: int,
                spec_fn: Callable[..., PassTime]) -> PassTime | None:
@@ -234,8 +285,9 @@ class MeasuredProfile(DeviceProfile):
             return self._spec_layer(model, micro_batch, tp, dtype, recompute, seq_len)
         if recompute != "none":
             own = self._times("layer", model, micro_batch, tp, dtype, recompute, seq_len, self._spec_layer)
-            if own is not None:
-                return own
+            if own is not None:  # more recompute is never faster: not below the next lighter mode
+                lighter = self._layer(model, micro_batch, tp, dtype, LIGHTER[recompute], seq_len)
+                return PassTime(max(own.forward_s, lighter.forward_s), max(own.backward_s, lighter.backward_s))
         got = self._times("layer", model, micro_batch, tp, dtype, "none", seq_len, self._spec_layer)
         if got is None:
             return self._spec_layer(model, micro_batch, tp, dtype, recompute, seq_len)

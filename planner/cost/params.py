@@ -78,7 +78,7 @@ class CostParams:
     # Device memory of one NCCL communicator a device belongs to (buffers outside PyTorch's allocator;
     # executor.groups creates and connects them all before the first step), GiB. Measured on 4 x H200
     # (NV18, torch 2.11, NCCL 2.28.9, 2026-11-26): 482-559 MiB per communicator over 6 ranks' sets
-    # of 2-4 communicators (benchmarks/hetero_e2e.py), mean 519 MiB.
+    # of 2-4 communicators (benchmarks/executor/hetero_e2e.py), mean 519 MiB.
     comm_gib: float = 0.52
     # Fraction of the tensors' bytes lost to allocator fragmentation (0 = none).
     fragmentation: float = 0.05

@@ -22,6 +22,8 @@ step) takes on one device type. Two sources behind one interface (:class:`Device
   catalog entry's ``measured`` section (format in that module), interpolated, falling back to the
   spec roofline where the table has no entry.
 
+:class:`planner.cost.profile_set.ProfileSet` picks one of the two per device type.
+
 Times are for ONE device at nominal speed; a per-device ``slowdown`` (cluster overrides) is
 applied by the caller (``planner.cost.stage``), as is TP communication.
 """
@@ -31,7 +33,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from planner.catalog import Catalog, DeviceType, default_catalog
+from planner.catalog import DeviceType
 from planner.cost.ops import (
     ATTN,
     DTYPE_BYTES,
@@ -229,47 +231,3 @@ class SpecProfile(DeviceProfile):
     _layer = DeviceProfile._spec_layer
     _embedding = DeviceProfile._spec_embedding
     _head = DeviceProfile._spec_head
-
-
-class ProfileSet:
-    """Profiles of every device type, built on demand from a catalog.
-
-    A catalog entry with a usable ``measured`` section gets a ``MeasuredProfile`` (unless
-    ``prefer_measured=False``); every other entry a ``SpecProfile``."""
-
-    def __init__(self, catalog: Catalog | None = None, params: CostParams = DEFAULT_PARAMS,
-                 prefer_measured: bool = True):
-        self.catalog = catalog or default_catalog()
-        self.params = params
-        self.prefer_measured = prefer_measured
-        self._profiles: dict[str, DeviceProfile] = {}
-
-    def _measured_entry(self, device: DeviceType) -> DeviceType | None:
-        """The measured entry to use for ``device``: its own ``measured`` section, else the profiler's
-        full-SM profile of that type, named ``<key>-measured`` by convention (so a cluster that says
-        ``gpu: h100-sxm`` is planned with the measured H100 tables once they exist)."""
-        if not self.prefer_measured:
-            return None
-        if device.measured:
-            return device
-        twin_key = f"{device.key}-measured"
-        if twin_key in self.catalog:
-            twin = self.catalog.get(twin_key)
-            if twin.measured and twin.base == device.key and twin.sm_percent in (None, 100.0):
-                return twin
-        return None
-
-    def get(self, gpu: str) -> DeviceProfile:
-        """Profile of a device type (catalog key or alias)."""
-        prof = self._profiles.get(gpu)
-        if prof is None:
-            device = self.catalog.get(gpu)
-            measured = self._measured_entry(device)
-            if measured is not None:
-                from planner.cost.measured import MeasuredProfile
-
-                prof = MeasuredProfile(measured, self.params)
-            else:
-                prof = SpecProfile(device, self.params)
-            self._profiles[gpu] = self._profiles[device.key] = prof
-        return prof

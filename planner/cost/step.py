@@ -45,7 +45,7 @@ from planner.cost.communicators import communicators
 from planner.cost.gradsync import sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
 from planner.cost.memory import GIB, MemoryBreakdown, stage_memory, stage_params
-from planner.cost.profile import ProfileSet
+from planner.cost.profile_set import ProfileSet
 from planner.cost.schedule import held_with_grads, in_flight
 from planner.cost.simulate import simulate
 from planner.cost.stage import StageTime, activation_bytes, boundary_time, stage_time

@@ -1,6 +1,6 @@
 """One candidate structure (pipelines of ordered stage units + a setting), refined and priced.
 
-:func:`evaluate` runs the refinement of :mod:`.refine` on a structure:
+:func:`evaluate` runs the refinement (:mod:`.layer_split`, :mod:`.batch_split`) on a structure:
 
 1. Pipelines with the same stage signatures (units and the links between consecutive stages)
    form one *type*; each type is split once.
@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from planner.cluster import Link
 from planner.cost.schedule import in_flight
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
+from planner.search.batch_split import BatchSplit, PipeType, allocate_batch
 from planner.search.graph import Unit
+from planner.search.layer_split import LayerSplit, StageCost, split_layers
 from planner.search.oracle import Oracle, Setting
-from planner.search.refine import BatchSplit, LayerSplit, PipeType, StageCost, allocate_batch, split_layers
 
 MAX_ROUNDS = 4
 
@@ -84,7 +85,7 @@ def explain_split(oracle: Oracle, units: Sequence[Unit], costs: Sequence[StageCo
 def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, global_batch: int,
              use_ilp: bool = False, explain: bool = True) -> Candidate:
     """Refine and price one structure (module docstring). The rounds split the batch by bisection
-    (:func:`.refine.waterfill`); ``use_ilp`` then solves the best round's batch split as the ILP
+    (:func:`.batch_split.waterfill`); ``use_ilp`` then solves the best round's batch split as the ILP
     (the same min-max; kept when it is not worse)."""
     cand = Candidate([list(p) for p in pipelines], s)
     L = oracle.model.num_layers

@@ -12,8 +12,9 @@ The space (the one :mod:`.planner` searches heuristically):
   each generated once;
 * stages in the phase-2 order (:func:`planner.search.stages.order_stages`);
 * every setting: micro-batch size, recompute, ZeRO, schedule (``PlannerConfig``);
-* for each of those, the exact layer split and batch split (:mod:`.refine`: the layer split is
-  exact and the batch split is the ILP's min-max), so no layer or batch split needs enumerating.
+* for each of those, the exact layer split and batch split (:mod:`.layer_split` and
+  :mod:`.batch_split`: the layer split is exact and the batch split is the ILP's min-max), so no
+  layer or batch split needs enumerating.
 
 Every point is scored with the planner's surrogate; the best ``finalists`` by surrogate are then
 scored with the full :func:`planner.cost.estimate` and the fastest that fits is the optimum.
@@ -131,9 +132,7 @@ def enumerate_plans(cluster: ClusterSpec, model: ModelSpec, global_batch: int, *
                     elif item > heap[0]:
                         heapq.heapreplace(heap, item)
     if not heap:
-        from planner.search.explain import infeasible
-
-        raise infeasible(search)
+        raise search.infeasible()
     pool = [c for _, _, c in heap]
     best = search.finish(pool)
     return EnumerationResult(best, search.evaluations, structures, time.perf_counter() - start)

@@ -12,18 +12,17 @@ of the cluster's roomiest GPU type would hold the missing layers.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
+from planner.cluster import ClusterSpec
 from planner.errors import PlanInfeasible
-from planner.model import RECOMPUTE_MODES
+from planner.model import RECOMPUTE_MODES, ModelSpec
 from planner.search.candidate import explain_split, stage_costs
+from planner.search.config import PlannerConfig
 from planner.search.graph import make_units
-from planner.search.oracle import Setting
+from planner.search.oracle import Oracle, Setting
 from planner.search.stages import order_units
-
-if TYPE_CHECKING:
-    from planner.search.planner import PlannerConfig, Search
 
 GIB = float(1 << 30)
 RELAXED_BUDGET = 150  # evaluations of each "would it fit with ...?" search
@@ -48,30 +47,31 @@ def _relaxations(cfg: PlannerConfig) -> list[tuple[str, PlannerConfig]]:
     return out
 
 
-def infeasible(search: Search) -> PlanInfeasible:
-    """The error to raise when ``search`` found nothing that fits (module docstring)."""
-    cluster, model, cfg = search.cluster, search.model, search.config
-    where = f"{model.name} (global batch {search.B}) on {cluster.name} ({cluster.num_devices} devices)"
+def infeasible(*, cluster: ClusterSpec, model: ModelSpec, global_batch: int, config: PlannerConfig, oracle: Oracle,
+               problems: list[str], solve: Callable[[PlannerConfig], float]) -> PlanInfeasible:
+    """The error to raise when a search found nothing that fits (module docstring). ``problems``: the
+    search's first reasons; ``solve(config)``: the step time of the plan a search under ``config``
+    finds (raises :class:`PlanInfeasible` when none fits)."""
+    cfg = config
+    where = f"{model.name} (global batch {global_batch}) on {cluster.name} ({cluster.num_devices} devices)"
     tried = (f"recompute {'/'.join(cfg.recompute)}, ZeRO {'/'.join(map(str, cfg.zero))}, "
              f"micro-batch sizes {'/'.join(map(str, cfg.micro_batch_sizes))}")
     for label, relaxed in _relaxations(cfg):
-        from planner.search.planner import Search
-
         try:
-            found = Search(cluster, model, search.B, relaxed, search.profiles).run()
+            step_s = solve(relaxed)
         except PlanInfeasible:
             continue
-        first = search.problems[0] if search.problems else "no candidate fits in memory"
+        first = problems[0] if problems else "no candidate fits in memory"
         return PlanInfeasible("options", f"no plan for {where} fits with {tried}: {first}",
-                              f"allow {label}: then a plan fits ({found.estimate.step_time_s:.3f} s per step)")
+                              f"allow {label}: then a plan fits ({step_s:.3f} s per step)")
     L = model.num_layers
     units = make_units(cluster, {n.name: 1 for n in cluster.nodes}, cfg.dtype)
     k = max(1, math.ceil(len(units) / L))
     pipes = [order_units(cluster, units[p::k]) for p in range(k)]
     roomy = Setting(1, "full", 1, "1f1b", cfg.dtype)
-    m = max(1, math.ceil(search.B / k))
-    costs = stage_costs(search.oracle, pipes[0], m, roomy, k)
-    detail = explain_split(search.oracle, pipes[0], costs, L)
+    m = max(1, math.ceil(global_batch / k))
+    costs = stage_costs(oracle, pipes[0], m, roomy, k)
+    detail = explain_split(oracle, pipes[0], costs, L)
     held = sum(min(c.max_layers(), L) for c in costs)
     short = max(1, L - held)
     roomiest = max(cluster.devices, key=lambda d: d.memory_gib)

@@ -13,7 +13,7 @@ Changed pipelines are put back in the phase-2 stage order (:func:`.stages.order_
 the local search stays inside the space the enumerator (:mod:`.enumerate`) covers.
 
 Layers are not moved one by one here: the refinement already places them optimally for the
-surrogate (:func:`planner.search.refine.split_layers` is exact), so every move is scored with
+surrogate (:func:`planner.search.layer_split.split_layers` is exact), so every move is scored with
 its best layer and batch split. A deterministic pass (:func:`_grow_pass`) first, and again
 whenever the random moves stall, grows each used stage's TP group with idle GPUs of its node.
 :func:`polish_layers` then moves single layers of the chosen
@@ -29,18 +29,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from planner.cluster import ClusterSpec
-from planner.cost import Estimate, estimate
+from planner.cost import Estimate, ProfileSet, estimate
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, Stage
+from planner.search.budget import BudgetSpent
 from planner.search.candidate import Candidate
 from planner.search.graph import Unit, merge_units, split_unit
+from planner.search.oracle import Setting
 from planner.search.stages import order_units, tp_choices
-
-if TYPE_CHECKING:
-    from planner.search.planner import Search
 
 MOVES_PER_ROUND = 24
 PATIENCE = 3
@@ -53,24 +52,36 @@ SMALL_CLUSTER = 64
 Pipes = list[list[Unit]]
 
 
-def improve(search: Search, start: Candidate) -> Candidate:
-    """Hill-climb from ``start`` (module docstring); returns the best candidate seen."""
-    from planner.search.planner import _Budget
+@dataclass(frozen=True)
+class Climb:
+    """What the local search takes from the search: the cluster and model, the seed of its moves,
+    how to score pipelines under a setting (raises :class:`BudgetSpent` when the search's budget is
+    spent), how many evaluations the search has spent so far, and the log to write to."""
 
+    cluster: ClusterSpec
+    model: ModelSpec
+    seed: int
+    evaluate: Callable[[Pipes, Setting], Candidate]
+    spent: Callable[[], int]
+    log: list[str]
+
+
+def improve(search: Climb, start: Candidate) -> Candidate:
+    """Hill-climb from ``start`` (module docstring); returns the best candidate seen."""
     if len(start.pipelines) > MAX_PIPELINES:
         search.log.append(f"local search skipped: {len(start.pipelines)} pipelines > {MAX_PIPELINES}")
         return start
-    rng = random.Random(search.config.seed)
+    rng = random.Random(search.seed)
     moves = _Moves(search.cluster, search.model)
     kinds: list[Callable[[Pipes, random.Random], Pipes | None]] = [
         moves.move, moves.swap, moves.merge, moves.split, moves.tp_split, moves.tp_merge, moves.tp_grow]
     best = start
     stale = rounds = 0
     budget = MAX_EVALUATIONS if search.cluster.num_devices <= SMALL_CLUSTER else LARGE_EVALUATIONS
-    stop_at = search.evaluations + budget
+    stop_at = search.spent() + budget
     try:
         best = _grow_pass(search, best, moves, stop_at)
-        while rounds < MAX_ROUNDS and search.evaluations < stop_at:
+        while rounds < MAX_ROUNDS and search.spent() < stop_at:
             if stale >= PATIENCE:  # stuck: one deterministic grow pass, then stop if it finds nothing
                 grown = _grow_pass(search, best, moves, stop_at)
                 if grown is best:
@@ -93,7 +104,7 @@ def improve(search: Search, start: Candidate) -> Candidate:
                 stale = 0
             else:
                 stale += 1
-    except _Budget:
+    except BudgetSpent:
         search.log.append("local search stopped by the budget")
     return best
 
@@ -102,7 +113,7 @@ def _copy(pipes: Pipes) -> Pipes:
     return [list(p) for p in pipes]
 
 
-def _valid(search: Search, pipes: Pipes) -> bool:
+def _valid(search: Climb, pipes: Pipes) -> bool:
     """No empty pipeline, no more stages than layers, only TP degrees the model allows."""
     L = search.model.num_layers
     return all(p and len(p) <= L and all(u.tp in tp_choices(search.model, u.tp) for u in p) for p in pipes)
@@ -218,14 +229,14 @@ class _Moves:
         return self.grow_to(pipes, a, i, target, set())
 
 
-def _grow_pass(search: Search, start: Candidate, moves: _Moves, stop_at: int) -> Candidate:
+def _grow_pass(search: Climb, start: Candidate, moves: _Moves, stop_at: int) -> Candidate:
     """Deterministic first step: grow each used stage's TP degree with GPUs its node has idle in
     dropped pipelines (or in other stages), keeping the best improvement, until none improves. It
     reaches what single random moves cannot when the intermediate degree is worse (TP 1 -> 4).
     Counts against the local search's evaluation budget (``stop_at``)."""
     best = start
     improved = True
-    while improved and search.evaluations < stop_at:
+    while improved and search.spent() < stop_at:
         improved = False
         used = {id(lay.units[0]) for lay in best.layouts}
         idle = {b for b, p in enumerate(best.pipelines) if id(p[0]) not in used}
@@ -237,7 +248,7 @@ def _grow_pass(search: Search, start: Candidate, moves: _Moves, stop_at: int) ->
                 for target in tp_choices(search.model, search.cluster.node(u.node).gpus):
                     if target <= u.tp:
                         continue
-                    if search.evaluations >= stop_at:
+                    if search.spent() >= stop_at:
                         break
                     pipes = moves.grow_to(_copy(best.pipelines), a, i, target, idle)
                     if pipes is None:
@@ -258,7 +269,8 @@ POLISH_DEVICES = 64  # clusters up to this size get the layer polish under the f
 POLISH_ESTIMATES = 12
 
 
-def polish_layers(search: Search, plan: Plan, est: Estimate) -> tuple[Plan, Estimate]:
+def polish_layers(plan: Plan, est: Estimate, *, cluster: ClusterSpec, profiles: ProfileSet,
+                  log: list[str]) -> tuple[Plan, Estimate]:
     """Move single layers between stages while the full cost-model estimate improves.
 
     The refinement's layer split is exact for the closed-form schedule; the estimate simulates
@@ -267,7 +279,7 @@ def polish_layers(search: Search, plan: Plan, est: Estimate) -> tuple[Plan, Esti
     identical and their gradient-sync groups stay aligned); a layer moves from one of the two
     busiest stages to one of the two least busy, or to a neighbour. At most ``POLISH_ESTIMATES`` estimates,
     clusters of at most ``POLISH_DEVICES`` devices; moves that run out of memory are rejected."""
-    if search.cluster.num_devices > POLISH_DEVICES:
+    if cluster.num_devices > POLISH_DEVICES:
         return plan, est
     calls = 0
     improved = True
@@ -275,7 +287,7 @@ def polish_layers(search: Search, plan: Plan, est: Estimate) -> tuple[Plan, Esti
         improved = False
         groups: dict[tuple[object, ...], list[int]] = {}
         for pi, p in enumerate(plan.pipelines):
-            key = (tuple((search.cluster.device(s.devices[0]).gpu, s.tp) for s in p.stages),
+            key = (tuple((cluster.device(s.devices[0]).gpu, s.tp) for s in p.stages),
                    tuple(s.num_layers for s in p.stages))
             groups.setdefault(key, []).append(pi)
         for members in groups.values():
@@ -293,9 +305,9 @@ def polish_layers(search: Search, plan: Plan, est: Estimate) -> tuple[Plan, Esti
                     continue
                 trial = _with_counts(plan, members, counts)
                 calls += 1
-                trial_est = estimate(trial, search.fast, search.profiles)
+                trial_est = estimate(trial, cluster, profiles)
                 if trial_est.fits and trial_est.step_time_s < est.step_time_s * (1 - 1e-6):
-                    search.log.append(f"layer polish: {est.step_time_s:.4f} -> {trial_est.step_time_s:.4f} s")
+                    log.append(f"layer polish: {est.step_time_s:.4f} -> {trial_est.step_time_s:.4f} s")
                     plan, est, improved = trial, trial_est, True
                     break
             if improved:

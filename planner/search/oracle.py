@@ -26,11 +26,11 @@ from planner.cost.communicators import stage_communicators
 from planner.cost.links import allreduce_time
 from planner.cost.memory import GIB, stage_memory
 from planner.cost.params import CostParams
-from planner.cost.profile import ProfileSet
+from planner.cost.profile_set import ProfileSet
 from planner.cost.stage import activation_bytes, boundary_time, stage_time
 from planner.model import ModelSpec
 from planner.search.graph import Unit, slowest_link_among
-from planner.search.refine import StageCost
+from planner.search.layer_split import StageCost
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ Two deterministic partitioners, both tried by the planner:
   proportional to link bandwidth, so the cut (the links between pipelines) falls on the slow links and each pipeline's
   stage-to-stage traffic stays on fast ones. METIS runs with a fixed seed, so the result is a
   function of the inputs and ``seed`` only.
-* :func:`class_pipelines` — the hierarchical partition used for large clusters: units are grouped
-  into *classes* of interchangeable units (same signature, same node group), and each class is cut
-  into pipelines of ``n`` consecutive units. Identical pipelines then cost the same, so the
-  planner evaluates one pipeline per (class, n) instead of one per pipeline.
+* the hierarchical partition used for large clusters: :func:`unit_classes` groups the units into
+  *classes* of interchangeable units (same signature, same node group), and the planner cuts each
+  class into pipelines of consecutive units (:func:`chunk`). Identical pipelines then cost the
+  same, so the planner evaluates one pipeline per (class, size) instead of one per pipeline.
 
 Pipelines are lists of unit indices; their stage order is phase 2's job (:mod:`.stages`).
 """
@@ -97,13 +97,4 @@ def chunk(members: Sequence[int], size: int) -> list[list[int]]:
     out = [list(members[i:i + size]) for i in range(0, len(members), size)]
     if len(out) > 1 and len(out[-1]) < size:
         out[-2].extend(out.pop())
-    return out
-
-
-def class_pipelines(classes: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[list[int]]:
-    """Each class cut into pipelines of ``sizes[j]`` units (0 = leave the class unused)."""
-    out: list[list[int]] = []
-    for members, size in zip(classes, sizes):
-        if size > 0 and len(members) >= size:
-            out.extend(chunk(members, size))
     return out

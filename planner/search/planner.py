@@ -14,12 +14,13 @@ Algorithm (every step deterministic for a fixed ``seed``):
    proportion to the classes' compute) — the hierarchical partition that keeps 8,192-GPU
    clusters cheap: identical pipelines are refined once.
 3. **Phase 2 — stages** (:mod:`.stages`): stage order inside each pipeline.
-4. **Refinement** (:mod:`.refine` via :mod:`.candidate`): exact layer split per pipeline type
-   and batch / micro-batch split (bisection in the search loop, the ILP for the finalists).
-   Structures are first scored at micro-batch size 1, ZeRO-1 if allowed and the lightest
-   recompute that fits; the best ``TOP_STRUCTURES`` (one above 64 devices) are then re-scored under every allowed
-   setting (micro-batch size, recompute none/selective/full, ZeRO-0/1, 1F1B/GPipe — GPipe on
-   the best only: its closed-form time and its memory are never below 1F1B's).
+4. **Refinement** (:mod:`.layer_split` and :mod:`.batch_split` via :mod:`.candidate`): exact
+   layer split per pipeline type and batch / micro-batch split (bisection in the search loop,
+   the ILP for the finalists). Structures are first scored at micro-batch size 1, ZeRO-1 if
+   allowed and the lightest recompute that fits; the best ``TOP_STRUCTURES`` (one above 64
+   devices) are then re-scored under every allowed setting (micro-batch size, recompute
+   none/selective/full, ZeRO-0/1, 1F1B/GPipe — GPipe on the best only: its closed-form time and
+   its memory are never below 1F1B's).
 5. **TP templates**: uniform templates first, then, around the best one, one node kind's TP
    degree changed at a time, at the best pipeline count (above 64 devices with the best
    partitioner only). On small clusters (``ARC_UNITS``) the
@@ -50,10 +51,14 @@ from dataclasses import dataclass, field
 from planner.cluster import ClusterSpec
 from planner.cost import Estimate, ProfileSet, estimate
 from planner.errors import PlanInfeasible, SpecError
-from planner.model import RECOMPUTE_MODES, ModelSpec
-from planner.plan import SCHEDULES, Plan
+from planner.model import ModelSpec
+from planner.plan import Plan
+from planner.search.budget import BudgetSpent
 from planner.search.candidate import Candidate, evaluate, to_plan
+from planner.search.config import PlannerConfig
+from planner.search.explain import infeasible
 from planner.search.graph import Unit, fast_cluster, make_units, unit_graph
+from planner.search.local_search import Climb, improve, polish_layers
 from planner.search.oracle import Oracle, Setting
 from planner.search.partition import MetisGraph, chunk, unit_classes
 from planner.search.stages import node_kinds, order_stages, order_units, seed_numbering, tp_choices, tp_templates
@@ -66,35 +71,6 @@ ARC3_UNITS = 12  # and into 3 up to this many
 FULL_ESTIMATE_DEVICES = 256  # above this only the best finalist that fits gets the full estimate
 
 
-@dataclass(frozen=True)
-class PlannerConfig:
-    """Knobs of the search (the CLI exposes time limit, seed and objective)."""
-
-    time_limit_s: float = 30.0
-    seed: int = 0
-    objective: str = "throughput"
-    micro_batch_sizes: tuple[int, ...] = (1, 2, 4)
-    recompute: tuple[str, ...] = RECOMPUTE_MODES
-    zero: tuple[int, ...] = (0, 1)
-    schedules: tuple[str, ...] = SCHEDULES
-    dtype: str = "bf16"
-    local_search: bool = True
-    polish: bool = True  # move single layers under the full estimate at the end (small clusters)
-    max_evaluations: int = 2000
-    finalists: int = 3
-
-    def check(self) -> None:
-        if self.objective != "throughput":
-            raise SpecError("--objective", f"{self.objective!r} is not supported", "use throughput")
-        if self.time_limit_s <= 0:
-            raise SpecError("--time-limit", f"must be > 0, got {self.time_limit_s}", "give seconds, e.g. 10")
-        for r in self.recompute:
-            if r not in RECOMPUTE_MODES:
-                raise SpecError("recompute", f"{r!r} is not one of {list(RECOMPUTE_MODES)}", "none, selective, full")
-        if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:
-            raise SpecError("micro_batch_sizes", "need positive micro-batch sizes", "e.g. (1, 2, 4)")
-
-
 @dataclass
 class SearchResult:
     plan: Plan
@@ -104,10 +80,6 @@ class SearchResult:
     evaluations: int = 0
     elapsed_s: float = 0.0
     cut_short: bool = False
-
-
-class _Budget(Exception):
-    """Raised inside the search when the evaluation budget or the time limit is spent."""
 
 
 class Search:
@@ -136,10 +108,10 @@ class Search:
     # ------------------------------------------------------------------ evaluation
     def check_budget(self) -> None:
         if self.evaluations >= self.config.max_evaluations:
-            raise _Budget
+            raise BudgetSpent
         if time.perf_counter() > self.deadline:
             self.cut_short = True
-            raise _Budget
+            raise BudgetSpent
 
     def evaluate(self, pipelines: Sequence[Sequence[Unit]], s: Setting) -> Candidate:
         key = (tuple(tuple(u.devices for u in p) for p in pipelines), s)
@@ -292,12 +264,10 @@ class Search:
                 only = name if self.cluster.num_devices > 64 else None  # large: the best partitioner only
                 for variant in _variations(self.cluster, self.model, template):
                     self.sweep(variant, [k_best], pool, f"tp={_template_label(self.cluster, variant)}", only)
-        except _Budget:
+        except BudgetSpent:
             self.log.append("structure search stopped by the budget")
         if not pool:
-            from planner.search.explain import infeasible
-
-            raise infeasible(self)
+            raise self.infeasible()
         # D: every setting for the best structures
         top = _distinct(sorted(pool, key=_rank), TOP_STRUCTURES if self.cluster.num_devices <= 64 else 1)
         try:
@@ -308,18 +278,26 @@ class Search:
                     c = self.evaluate(cand.pipelines, st)
                     if c.feasible:
                         pool.append(c)
-        except _Budget:
+        except BudgetSpent:
             self.log.append("setting sweep stopped by the budget")
         best = min(pool, key=_rank)
         self.log.append(f"best before local search: {len(best.pipelines)} pipelines, {best.setting.label()}, "
                         f"{best.step_s:.4f} s")
         # E: local search
         if self.config.local_search:
-            from planner.search.local_search import improve
-
-            best = improve(self, best)
+            climb = Climb(self.cluster, self.model, self.config.seed, self.evaluate, lambda: self.evaluations,
+                          self.log)
+            best = improve(climb, best)
             pool.append(best)
         return self.finish(pool)
+
+    def infeasible(self) -> PlanInfeasible:
+        """Nothing fits: the error naming the smallest change that would (:mod:`.explain`)."""
+        def step_time_with(config: PlannerConfig) -> float:
+            return Search(self.cluster, self.model, self.B, config, self.profiles).run().estimate.step_time_s
+
+        return infeasible(cluster=self.cluster, model=self.model, global_batch=self.B, config=self.config,
+                          oracle=self.oracle, problems=self.problems, solve=step_time_with)
 
     def finish(self, pool: list[Candidate]) -> SearchResult:
         """ILP batch split for the finalists, then the full estimate, best surrogate first, until
@@ -344,14 +322,10 @@ class Search:
             if best is not None and not small:
                 break
         if best is None:
-            from planner.search.explain import infeasible
-
-            raise infeasible(self)
+            raise self.infeasible()
         _, plan, est, cand = best
         if self.config.polish:
-            from planner.search.local_search import polish_layers
-
-            plan, est = polish_layers(self, plan, est)
+            plan, est = polish_layers(plan, est, cluster=self.fast, profiles=self.profiles, log=self.log)
         elapsed = time.perf_counter() - self.start
         if self.cut_short:
             self.log.append(f"time limit {self.config.time_limit_s:g} s reached: the result may depend on speed")

@@ -216,7 +216,7 @@ def checkpoint_job(plan_x: Plan, plan_y: Plan, other_model_plan: Plan, batches: 
     train the remaining steps. Also try loading the checkpoint under another model."""
     from pathlib import Path
 
-    from executor.checkpoint import read_meta
+    from executor.checkpoint import load, read_meta, save
     from planner.errors import SpecError
 
     rank = dist.get_rank()
@@ -229,14 +229,14 @@ def checkpoint_job(plan_x: Plan, plan_y: Plan, other_model_plan: Plan, batches: 
         eng = Engine(plan_x, topo, groups, device=device, optim=ORACLE_OPTIM, seed=0)
         for t in batches[:split]:
             out["losses_x"].append(eng.train_step(pipeline_rows(plan_x, eng.stage.pipeline, t)).loss)
-        eng.save_checkpoint(ck, {"data_position": split, "note": "x"})
+        save(eng, ck, {"data_position": split, "note": "x"})
     dist.barrier()
     out["meta"] = read_meta(ck)
     topo = build_topology(plan_y)
     groups = ProcessGroups.create(topo)
     if rank < topo.world_size:
         eng = Engine(plan_y, topo, groups, device=device, optim=ORACLE_OPTIM, seed=99)
-        out["extra"] = eng.load_checkpoint(ck)
+        out["extra"] = load(eng, ck)
         out["step_after_load"] = eng.step
         for t in batches[split:]:
             out["losses_y"].append(eng.train_step(pipeline_rows(plan_y, eng.stage.pipeline, t)).loss)
@@ -246,7 +246,7 @@ def checkpoint_job(plan_x: Plan, plan_y: Plan, other_model_plan: Plan, batches: 
     if rank < topo.world_size:
         eng = Engine(other_model_plan, topo, groups, device=device, optim=ORACLE_OPTIM)
         try:
-            eng.load_checkpoint(ck)
+            load(eng, ck)
             out["other_model_error"] = None
         except SpecError as exc:
             out["other_model_error"] = str(exc)

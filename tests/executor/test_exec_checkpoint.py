@@ -3,6 +3,8 @@ and final weights equal uninterrupted (dense reference) training."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from exec_jobs import ORACLE_OPTIM, TINY, TINY8, checkpoint_job, global_batches, make_plan
 from torch.testing import assert_close
@@ -34,7 +36,7 @@ def test_save_under_x_load_under_y_continues_exactly(dist_pool, tmp_path) -> Non
         assert_close(res[0]["state"][name], want, rtol=1e-5, atol=2e-6, msg=lambda m, n=name: f"{n}: {m}")
     meta = read_meta(ck)
     assert meta == res[0]["meta"]
-    assert meta["step"] == split and meta["model"] == TINY.to_dict() and meta["format"] == "hexiscale.ckpt/1"
+    assert meta["step"] == split and meta["model"] == TINY.to_dict() and meta["format"] == "hexiscale.ckpt/2"
     assert "differs in" in res[0]["other_model_error"] and "num_layers" in res[0]["other_model_error"]
 
 
@@ -42,9 +44,34 @@ def test_read_meta_errors(tmp_path) -> None:
     with pytest.raises(SpecError, match="no meta.json"):
         read_meta(tmp_path)
     (tmp_path / "meta.json").write_text('{"format": "something-else"}')
-    with pytest.raises(SpecError, match="not a hexiscale.ckpt/1"):
+    with pytest.raises(SpecError, match="not a hexiscale.ckpt/2"):
         read_meta(tmp_path)
     (tmp_path / "meta.json").write_text("{broken")
     with pytest.raises(SpecError, match="cannot read"):
         read_meta(tmp_path)
 
+
+
+def test_damaged_checkpoints_fail_with_one_line_on_every_rank(dist_pool, tmp_path) -> None:
+    """Saved under a 2-pipeline plan, loaded under another layout: each damage is named, with the
+    same single line on every rank of the loading plan."""
+    from damage_jobs import damaged_checkpoints_job
+
+    x = make_plan(TINY, [(2, 1, "1f1b", [(2, 2), (1, 2)]), (2, 1, "1f1b", [(1, 4)])])
+    y = make_plan(TINY, [(4, 2, "1f1b", [(1, 1), (2, 3)])])
+    wide = replace(TINY, hidden_size=TINY.hidden_size * 2)
+    other = make_plan(wide, [(4, 2, "1f1b", [(1, 4)])])
+    res = dist_pool.run(damaged_checkpoints_job, x, y, other, str(tmp_path))
+    expect = {"good": "loaded", "truncated": "is truncated", "missing": "is missing",
+              "flipped": "does not match its checksum", "shape": "has shape", "model": "differs in num_layers",
+              "nan": "holds NaN or infinite values"}
+    for kind, words in expect.items():
+        n = other.world_size if kind == "shape" else y.world_size
+        seen = {res[r][kind] for r in range(n)}
+        assert len(seen) == 1, (kind, seen)
+        line = seen.pop()
+        assert words in line and "\n" not in line, (kind, line)
+        assert kind == "good" or line.startswith(f"checkpoint: {tmp_path / kind}"), line
+    refused = {res[r]["refused"] for r in range(x.world_size)}
+    assert len(refused) == 1 and "refusing to save" in refused.pop()
+    assert not (tmp_path / "refused").exists()

@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+from executor.checkpoint_verify import verify_files, verify_meta
+from planner.model import PRESETS
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +37,7 @@ def test_nan_stops_before_anything_is_saved(tmp_path: Path) -> None:
     assert "failed at step 2: not finite (loss" in run.stderr and "nothing of it was applied or saved" in run.stderr
     assert (ck / "latest").read_text().strip() == "step-000001"
     assert sorted(p.name for p in ck.glob("step-*")) == ["step-000001"]
-    weights = torch.load(ck / "step-000001" / "model.pt", weights_only=True)
-    assert all(torch.isfinite(t).all() for t in weights.values())
+    verify_files(ck / "step-000001", verify_meta(ck / "step-000001", PRESETS["tiny"]))  # intact and finite
     assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1]
 
 

@@ -4,7 +4,6 @@ numbers, inconsistent seconds and unusable output paths are one error line namin
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ import pytest
 from executor.preflight_paths import check_output_dir, check_output_file
 from hexiscale.cli.main import main
 from planner.errors import SpecError
-from planner.model import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = str(ROOT / "examples" / "plans" / "demo-cpu-4-tiny.json")
@@ -54,8 +52,8 @@ def test_output_paths(tmp_path: Path) -> None:
             check_output_file(bad, "--log-jsonl")
 
 
-def test_bad_paths_and_resume_past_steps_fail_in_preflight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_output_paths_fail_in_preflight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "HEXISCALE_FAULT"):
         monkeypatch.delenv(key, raising=False)
     blocker = tmp_path / "file"
@@ -64,10 +62,3 @@ def test_bad_paths_and_resume_past_steps_fail_in_preflight(tmp_path: Path, monke
     assert "pre-flight: rank 0" in capsys.readouterr().err
     assert main(["train", *SEED_FLAGS, "--steps", "2", "--log-jsonl", str(tmp_path / "no" / "m.jsonl")]) == 1
     assert "--log-jsonl" in capsys.readouterr().err
-    ck = tmp_path / "ck" / "step-000005"
-    ck.mkdir(parents=True)
-    ck.joinpath("meta.json").write_text(json.dumps({"format": "hexiscale.ckpt/1", "model": PRESETS["tiny"].to_dict(),
-                                                    "step": 5, "extra": {}}))
-    assert main(["train", *SEED_FLAGS, "--steps", "4", "--resume", str(tmp_path / "ck")]) == 1
-    err = capsys.readouterr().err
-    assert "--steps: 4, but the checkpoint" in err and "already at step 5: nothing to train" in err

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.imports import imported_names
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # package -> top-level modules it must never import
@@ -19,27 +21,6 @@ FORBIDDEN = {
     "planner": ("torch", "executor", "hexiscale"),
     "executor": ("hexiscale",),
 }
-
-
-def imported_names(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, dotted module name) of every import in ``tree``; relative imports are returned with
-    their leading dots."""
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            found.append((node.lineno, "." * node.level + (node.module or "")))
-        elif isinstance(node, ast.Call) and node.args:
-            fn = node.func
-            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
-            if name in ("import_module", "__import__"):
-                arg = node.args[0]
-                if isinstance(arg, ast.JoinedStr) and arg.values:  # f"pkg.{x}": its literal prefix
-                    arg = arg.values[0]
-                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                    found.append((node.lineno, arg.value))
-    return found
 
 
 def violations(package: str, banned: tuple[str, ...]) -> list[str]:
@@ -62,4 +43,4 @@ def test_scanner_sees_lazy_and_dynamic_imports() -> None:
     code = ("def f():\n    import torch.nn\n    from executor import model\n"
             "import importlib\nimportlib.import_module(f'hexiscale.cli.{x}')\n__import__('torch')\n")
     assert sorted(n for _, n in imported_names(ast.parse(code))) == sorted([
-        "importlib", "torch.nn", "executor", "hexiscale.cli.", "torch"])
+        "importlib", "torch.nn", "executor.model", "hexiscale.cli.", "torch"])

@@ -39,8 +39,6 @@ def example_plan(name: str) -> Plan:
         return _flags_plan(cluster, "[[4, 4], [4, 4]]", "[[16, 16], [16, 16]]", "64", "16")
     if name == "a100-pcie-4x8-tcp":
         return _flags_plan(cluster, "[[8, 8], [8, 8]]", "[[16, 16], [16, 16]]", "128", "32")
-    if name.endswith("x4-mps-100-100-50-50"):  # one 4-GPU host, TP 2 x PP 2 (fast pair, then slow pair)
-        return _flags_plan(cluster, "[[2, 2]]", "[[16, 16]]", "8", "4")
     if name == "seed-40gpu-3types":
         return _flags_plan(cluster, "[[4, 4], [8, 8], [8, 8]]", "[[16, 16], [16, 16], [16, 16]]", "32 48 48",
                            "8 12 12")

@@ -11,6 +11,7 @@ import pytest
 from planner.catalog import Catalog, parse_device_entry
 from planner.cluster import parse_cluster
 from planner.cost import MeasuredProfile, ProfileSet, estimate
+from planner.cost.measured import LIGHTER, isotonic
 from planner.model import PRESETS
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 
@@ -34,10 +35,19 @@ def test_profiler_output_drives_the_cost_model(tmp_path: Path) -> None:
     assert isinstance(prof, MeasuredProfile)
 
     rows = {(r["micro_batch"], r["tp"], r["recompute"]): r for r in entry.measured["layer"]}  # type: ignore[index]
-    for (mb, tp, rc), row in rows.items():
+    # the tables are the rows made monotone in tokens (isotonic: the rows themselves where they already are)
+    fitted = {(mb, c.tp, c.recompute): (c.fwd[j], c.bwd[j]) for c in prof.tables.curves["layer"]
+              for j, mb in enumerate(c.mbs)}
+    for (tp, rc) in {(tp, rc) for _, tp, rc in rows}:
+        mbs = sorted(mb for mb, t, r in rows if (t, r) == (tp, rc))
+        raw = [(rows[(mb, tp, rc)]["forward_s"], rows[(mb, tp, rc)]["backward_s"]) for mb in mbs]
+        assert [fitted[(mb, tp, rc)] for mb in mbs] == [
+            tuple(isotonic([r[k] for r in raw])[i] for k in (0, 1)) for i in range(len(mbs))]
+    for (mb, tp, rc) in rows:
         got = prof.layer_time(model, mb, tp, "fp32", rc)
-        assert got.forward_s == pytest.approx(row["forward_s"])
-        assert got.backward_s == pytest.approx(row["backward_s"])
+        lighter = prof.layer_time(model, mb, tp, "fp32", LIGHTER[rc]) if rc != "none" else None
+        assert got.forward_s == pytest.approx(max(fitted[(mb, tp, rc)][0], lighter.forward_s if lighter else 0.0))
+        assert got.backward_s == pytest.approx(max(fitted[(mb, tp, rc)][1], lighter.backward_s if lighter else 0.0))
     assert prof.tables.optimizer_fit is not None
 
     cluster = parse_cluster({"nodes": [{"name": "c", "gpu": "cpu-test", "gpus": 3,

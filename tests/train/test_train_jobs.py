@@ -65,6 +65,28 @@ def test_local_job_then_resume_under_another_plan(tmp_path: Path) -> None:
     assert got == pytest.approx(ref[2:], rel=1e-5)
 
 
+def test_kill_during_save_keeps_the_last_checkpoint(tmp_path: Path) -> None:
+    """Rank 1 dies while the step-4 checkpoint is being written (its shards on disk, the checkpoint
+    not complete): the job stops, ``latest`` still names step 2, the partial save is no checkpoint,
+    and resuming the folder under another layout repeats steps 3 and 4 exactly."""
+    ck, logged = tmp_path / "ck", tmp_path / "killed.jsonl"
+    run = hexiscale("launch", str(PLAN4), "--local", "--grace", "60", "--", "--steps", "4", "--checkpoint-dir",
+                    str(ck), "--save-every", "2", "--log-jsonl", str(logged), "--lr", "3e-3", "--warmup", "1",
+                    "--dead-after", "5", "--heartbeat", "0.5", env={"HEXISCALE_FAULT": "1:3:kill-in-save"})
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "injecting 'kill-in-save' at step 3" in run.stdout
+    assert (ck / "latest").read_text().strip() == "step-000002"
+    assert not (ck / "step-000004").exists() and (ck / "step-000004.tmp").is_dir()
+    ref = losses(logged)  # step 4 finished (and was logged) before its save
+    assert len(ref) == 4
+    part = tmp_path / "part.jsonl"
+    run = hexiscale("launch", str(two_rank_plan(tmp_path)), "--local", "--", "--steps", "4", "--resume", str(ck),
+                    "--log-jsonl", str(part), "--lr", "3e-3", "--warmup", "1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"resumed from {ck / 'step-000002'}" in run.stdout
+    assert losses(part) == pytest.approx(ref[2:], rel=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["kill", "hang", "oom"])
 def test_failed_rank_stops_the_job(kind: str) -> None:
     """Rank 2 dies (SIGKILL), hangs or runs out of memory as step 3 starts, while the others enter
@@ -121,7 +143,7 @@ def test_resume_from_a_checkpoint_of_another_model(tmp_path: Path) -> None:
     ck = tmp_path / "ck" / "step-000003"
     ck.mkdir(parents=True)
     other = {**PRESETS["tiny"].to_dict(), "num_layers": 8}
-    ck.joinpath("meta.json").write_text(json.dumps({"format": "hexiscale.ckpt/1", "model": other, "step": 3,
+    ck.joinpath("meta.json").write_text(json.dumps({"format": "hexiscale.ckpt/2", "model": other, "step": 3,
                                                     "extra": {}}))
     run = hexiscale("train", *SEED_FLAGS, "--steps", "4", "--resume", str(tmp_path / "ck"), env={"WORLD_SIZE": "1"})
     assert run.returncode == 1

@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from planner.search.refine import PipeType, StageCost, allocate_batch, split_layers, waterfill
+from planner.search.batch_split import PipeType, allocate_batch, waterfill
+from planner.search.layer_split import StageCost, split_layers
 
 BIG = 1e18
 

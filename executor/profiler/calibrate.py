@@ -1,0 +1,147 @@
+"""``hexiscale calibrate``: measure the few figures that set most of the cost model on this host, in
+minutes, and write a measured device entry and a calibration that ``plan``, ``estimate`` and
+``whatif`` then use by default (:mod:`planner.calibration.local`).
+
+What is measured (one GPU; the link sweep over every local GPU):
+
+* the model's layer, embedding and head at the planner's points: micro-batches 1, 2, 4 at the
+  model's sequence length, every TP shard shape up to 4, selective and full recompute at two
+  points; the optimizer step; the large-GEMM and device-copy ceilings (the tables the planner
+  reads, chained layers as inside a stage);
+* the layer of two more model widths (``WIDTHS``), micro-batches 1 and 2: the GEMM and attention
+  shape terms of the roofline are only identifiable across widths, and the roofline is what
+  answers for any model other than the profiled one;
+* the p2p / all-reduce sweep between local GPUs (``link_efficiency`` against the NVLink nominal).
+
+Then the roofline's compute terms are fitted to all of it (:func:`planner.calibration.fit.fit_compute`),
+the link efficiency to the sweep, ``framework_gib`` is this process's CUDA context, and the
+memory terms start from the packaged calibration of the same GPU when there is one.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import platform
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executor.profiler import compute
+from executor.profiler.runner import ProfileConfig, detect_base, machine_meta, run_profile
+from planner.calibration.fit import fit_compute, fit_link_efficiency
+from planner.calibration.local import calibrations
+from planner.calibration.store import load_params, save_calibration
+from planner.catalog import default_catalog, parse_device_entry
+from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.model import PRESETS, ModelSpec
+
+WIDTHS = ("llama2-7b", "llama2-13b")  # besides the model: layers timed for the shape terms only
+CPU_WIDTHS = (ModelSpec("cpu-w96", 1, 96, 256, 4, 2, 256, 32), ModelSpec("cpu-w128", 1, 128, 352, 4, 2, 256, 32))
+NVLINK_NOMINAL_GBPS = 450.0  # H100/H200 SXM NVLink 4 per direction: the nominal the cluster files use
+MEASURED_KEY_BY_NAME = (("h200", "h200-measured"), ("h100", "h100-sxm-measured"))
+
+
+def measured_key(gpu_name: str, base: str | None) -> str:
+    """The catalog key this host's measured entry replaces (the twin a cluster's GPU type is planned with)."""
+    low = gpu_name.lower()
+    for part, key in MEASURED_KEY_BY_NAME:
+        if part in low:
+            return key
+    return f"{base}-measured" if base else "local-measured"
+
+
+def host_fingerprint() -> str:
+    """Host name and the GPUs' UUIDs, hashed: tells a calibration of this machine from another's."""
+    uuids = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            uuids.append(str(getattr(torch.cuda.get_device_properties(i), "uuid", i)))
+    raw = "|".join([platform.node(), *uuids])
+    return f"{platform.node()}:{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
+
+
+def quick_config(model: ModelSpec, *, cpu: bool, comm_world: int) -> ProfileConfig:
+    if cpu:
+        return ProfileConfig(model=model, dtype="fp32", micro_batches=[1, 2], seq_lens=[model.seq_len], tps=[1, 2],
+                             recompute_points=[(1, 1)], optimizer_layers=[1, 2], warmup=1, repeats=2,
+                             comm_world=comm_world, comm_sizes=[2**10, 2**14], cpu=True, gemm_dim=128, copy_mib=4)
+    return ProfileConfig(model=model, micro_batches=[1, 2, 4], seq_lens=[model.seq_len], tps=[1, 2, 4],
+                         recompute_points=[(1, 1), (2, 1)], optimizer_layers=[1, 4], warmup=2, repeats=5,
+                         comm_world=comm_world, comm_sizes=[4**k for k in range(8, 15)], layer_chain=4)
+
+
+def _widths(cfg: ProfileConfig, device: torch.device, cpu: bool) -> list[dict[str, Any]]:
+    models = CPU_WIDTHS if cpu else tuple(PRESETS[n] for n in WIDTHS)
+    out = []
+    for m in models:
+        if m.hidden_size == cfg.model.hidden_size:
+            continue
+        m = replace(m, seq_len=cfg.model.seq_len)
+        rows = []
+        for mb in (1, 2):
+            res = compute.measure_layer(m, micro_batch=mb, seq_len=m.seq_len, tp=1, recompute="none", dtype=cfg.dtype,
+                                        device=device, warmup=cfg.warmup, repeats=cfg.repeats, chain=cfg.layer_chain)
+            rows.append({"micro_batch": mb, "seq_len": m.seq_len, "tp": 1, "recompute": "none", **res})
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        out.append({"model": m.to_dict(), "layer": rows})
+    return out
+
+
+def _start_params(key: str) -> tuple[CostParams, str | None]:
+    """The packaged calibration of this GPU type (its memory and link terms), else the defaults."""
+    for cal in calibrations():
+        if not cal.host and key in cal.applies_to:
+            return load_params(cal.path), str(cal.path)
+    return DEFAULT_PARAMS, None
+
+
+def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, progress: bool = True
+                  ) -> dict[str, Any]:
+    """Measure, fit and write ``home/devices/<key>.json`` and ``home/calibration/<key>.json``; returns a summary."""
+    t0 = time.perf_counter()
+    device = torch.device("cpu") if cpu else torch.device("cuda", 0)
+    context_gib = 0.0
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.zeros(1, device=device)
+        free, total = torch.cuda.mem_get_info(device)
+        context_gib = (total - free) / 2**30
+    cfg = quick_config(model, cpu=cpu, comm_world=comm_world)
+    meta = machine_meta(cfg)
+    base = None if cpu else detect_base(meta["gpu_name"], default_catalog())
+    key = "cpu-measured" if cpu else measured_key(meta["gpu_name"], base.key if base else None)
+    out = home / "devices" / f"{key}.json"
+    pf = run_profile(cfg, out, key=key, base=base.key if base else None, resume=False, progress=progress)
+    pf.set("widths", _widths(cfg, device, cpu))
+    entry = parse_device_entry(json.loads(out.read_text()), str(out))
+    start, started_from = _start_params(key)
+    res = fit_compute(entry, start)
+    params = res.params
+    fits: dict[str, Any] = {"compute": {**res.to_dict(), "device": key, "widths": [w["model"]["name"] for w in
+                                                                                  pf.measured["widths"]]}}
+    comm = pf.measured.get("comm")
+    if comm and comm.get("fit"):
+        link = fit_link_efficiency(comm, NVLINK_NOMINAL_GBPS)
+        params = replace(params, link_efficiency=link["link_efficiency"])
+        fits["link"] = {**link, "nominal_GBps": NVLINK_NOMINAL_GBPS}
+    if context_gib > 0:
+        params = replace(params, framework_gib=context_gib)
+        fits["framework_gib"] = {"measured_context_gib": context_gib}
+    elapsed = time.perf_counter() - t0
+    provenance = {**{k: meta[k] for k in ("gpu_name", "driver", "torch", "cuda", "device_count")},
+                  "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  "host_fingerprint": host_fingerprint(), "model": model.name, "seconds": round(elapsed, 1),
+                  "started_from": started_from}
+    cal_path = home / "calibration" / f"{key}.json"
+    applies = [key] + ([base.key] if base is not None and key == f"{base.key}-measured" else [])
+    save_calibration(cal_path, params, fitted={**res.terms, **({"link_efficiency": params.link_efficiency}
+                                                                if "link" in fits else {})},
+                     fits=fits, provenance=provenance, applies_to=applies)
+    return {"key": key, "profile": str(out), "calibration": str(cal_path), "seconds": elapsed, "fits": fits,
+            "provenance": provenance}

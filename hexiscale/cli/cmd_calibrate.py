@@ -1,0 +1,55 @@
+"""``hexiscale calibrate``: measure this host in a few minutes (the model's layer at the planner's
+points, two more widths, ceilings, the link sweep) and write a measured profile and a calibration
+under ``$HEXISCALE_HOME`` (default ``~/.hexiscale``) that ``plan``, ``estimate`` and ``whatif``
+then use by default (:mod:`executor.profiler.calibrate`, :mod:`planner.calibration.local`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from planner.errors import SpecError
+from planner.model import resolve_model
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("calibrate", help="measure this host (minutes) and calibrate the cost model for it")
+    p.add_argument("--model", default="llama-1.3b", help="model preset or config.json whose layer is timed "
+                   "(default llama-1.3b)")
+    p.add_argument("--seq-len", type=int, dest="seq_len", help="sequence length (default: the model's)")
+    p.add_argument("--home", help="where to write (default $HEXISCALE_HOME, else ~/.hexiscale)")
+    p.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU (tests/CI)")
+    p.add_argument("--comm-ranks", type=int, dest="comm_ranks", help="ranks for the link sweep "
+                   "(default: every local GPU; CPU: 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.calibration.local import calibration_home
+
+    if args.seq_len is not None and args.seq_len < 1:
+        raise SpecError("--seq-len", f"must be >= 1, got {args.seq_len}", "give a positive sequence length")
+    if args.comm_ranks is not None and args.comm_ranks < 0:
+        raise SpecError("--comm-ranks", f"must be >= 0, got {args.comm_ranks}", "pass 0 to skip the link sweep")
+    model = resolve_model("tiny" if args.cpu and args.model == "llama-1.3b" else args.model, args.seq_len)
+    home = Path(args.home) if args.home else calibration_home()
+    from executor.devices import cuda_device_count
+    from executor.profiler.calibrate import run_calibrate
+
+    if not args.cpu and cuda_device_count() == 0:
+        raise SpecError("--cpu", "no CUDA device is visible", "run on a GPU host, or pass --cpu for the CPU rehearsal")
+    comm = args.comm_ranks if args.comm_ranks is not None else (0 if args.cpu else cuda_device_count())
+    summary = run_calibrate(model, home, cpu=args.cpu, comm_world=comm if comm >= 2 else 0, progress=not args.quiet)
+    comp = summary["fits"]["compute"]
+    print(f"calibrated {summary['key']} on {summary['provenance']['gpu_name']} in {summary['seconds']:.0f} s "
+          f"(host {summary['provenance']['host_fingerprint']})")
+    print(f"compute terms fitted to {comp['observations']} timings (model {model.name} + widths "
+          f"{', '.join(comp['widths']) or '-'}): mean error {comp['error_before']['mean_abs_rel'] * 100:.1f} % -> "
+          f"{comp['error_after']['mean_abs_rel'] * 100:.1f} %, worst {comp['error_after']['max_abs_rel'] * 100:.1f} %")
+    if "link" in summary["fits"]:
+        link = summary["fits"]["link"]
+        print(f"links: {link['measured_bandwidth_GBps']:.0f} GB/s measured, efficiency {link['link_efficiency']:.2f} "
+              f"of {link['nominal_GBps']:.0f} GB/s nominal")
+    print(f"wrote {summary['profile']} and {summary['calibration']}; plan, estimate and whatif use them from now on")
+    return 0

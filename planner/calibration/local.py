@@ -1,0 +1,128 @@
+"""This host's calibration, found by default: what ``hexiscale calibrate`` writes and what ``plan``,
+``estimate`` and ``whatif`` read.
+
+Layout under :func:`planner.catalog.calibration_home` (``$HEXISCALE_HOME``, else ``~/.hexiscale``)::
+
+    devices/<key>.json        measured device entries (the profiler's format); an entry here
+                              replaces the packaged entry of the same key, e.g. ``h100-sxm-measured``,
+                              the measured twin a cluster's ``gpu: h100-sxm`` is planned with
+    calibration/<key>.json    fitted CostParams terms (``hexiscale.calibration/1``) with
+                              ``applies_to``: the catalog keys they were measured for
+
+Choice of the cost-model terms for a cluster (one set per estimate): a calibration of this host
+that applies to any of the cluster's devices (their type, or the measured entry planning it)
+beats a packaged one; among those, the one covering most devices, then the newer; none
+matching: the defaults. :func:`describe` says in one line per estimate which profiles and calibration were used
+and which GPU types have datasheet figures only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.catalog import calibration_home, profiles_dir
+from planner.cluster import ClusterSpec
+from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.cost.profile_set import ProfileSet
+
+
+@dataclass(frozen=True)
+class Calibration:
+    path: Path
+    applies_to: tuple[str, ...]
+    host: bool  # written by ``hexiscale calibrate`` on this host (not packaged)
+    date: str
+    fingerprint: str
+
+
+def _read(path: Path, host: bool) -> Calibration | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("applies_to"), list):
+        return None
+    prov = data.get("provenance") or {}
+    return Calibration(path, tuple(str(k) for k in data["applies_to"]), host, str(prov.get("date", "")),
+                       str(prov.get("host_fingerprint", "")))
+
+
+def calibrations() -> list[Calibration]:
+    """Every calibration with an ``applies_to`` list: this host's, then the packaged ones."""
+    out = []
+    for folder, host in ((calibration_home() / "calibration", True), (profiles_dir() / "calibration", False)):
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            cal = _read(path, host)
+            if cal is not None:
+                out.append(cal)
+    return out
+
+
+def _planned_as(profiles: ProfileSet, gpu: str) -> str:
+    """The catalog key whose figures plan ``gpu``: its measured twin when there is one."""
+    return profiles.get(gpu).device.key
+
+
+def choose(cluster: ClusterSpec, profiles: ProfileSet) -> Calibration | None:
+    counts = Counter(d.gpu for d in cluster.devices)
+    best: tuple[bool, int, str] | None = None
+    chosen = None
+    for cal in calibrations():
+        covered = sum(n for gpu, n in counts.items() if gpu in cal.applies_to
+                      or _planned_as(profiles, gpu) in cal.applies_to)
+        if covered == 0:
+            continue
+        score = (cal.host, covered, cal.date)
+        if best is None or score > best:
+            best, chosen = score, cal
+    return chosen
+
+
+@dataclass(frozen=True)
+class ResolvedProfiles:
+    profiles: ProfileSet
+    calibration: Calibration | None
+    line: str  # what was used, for the user (one line)
+
+
+def resolve_profiles(cluster: ClusterSpec, *, params: CostParams | None = None, spec_only: bool = False
+                     ) -> ResolvedProfiles:
+    """Profiles and cost-model terms for ``cluster``: this host's measured entries and calibration
+    when present (module docstring); ``params`` (``--params``) overrides the calibration."""
+    from planner.calibration.store import load_params
+
+    catalog = cluster.catalog  # the packaged catalog with this host's entries (planner.catalog.default_catalog)
+    probe = ProfileSet(catalog, DEFAULT_PARAMS, prefer_measured=not spec_only)
+    cal = None if params is not None else choose(cluster, probe)
+    chosen = params or (load_params(cal.path) if cal is not None else DEFAULT_PARAMS)
+    profiles = ProfileSet(catalog, chosen, prefer_measured=not spec_only)
+    return ResolvedProfiles(profiles, cal, describe(cluster, profiles, cal, params is not None))
+
+
+def describe(cluster: ClusterSpec, profiles: ProfileSet, cal: Calibration | None, overridden: bool) -> str:
+    parts = []
+    spec_only = []
+    for gpu in sorted({d.gpu for d in cluster.devices}):
+        prof = profiles.get(gpu)
+        if prof.source == "measured":
+            meta: dict[str, Any] = (prof.device.measured or {}).get("meta") or {}
+            where = f"measured {str(meta.get('date', ''))[:10]} on {meta.get('gpu_name', '?')}"
+            parts.append(f"{gpu} ({prof.device.key}: {where})")
+        else:
+            parts.append(f"{gpu} (datasheet)")
+            spec_only.append(gpu)
+    if overridden:
+        terms = "--params file"
+    elif cal is None:
+        terms = "default terms (no calibration matches; run 'hexiscale calibrate' on such a host)"
+    else:
+        terms = f"host calibration {cal.path}" if cal.host else f"packaged calibration '{cal.path.stem}'"
+    line = f"profiles: {', '.join(parts)}; cost terms: {terms}"
+    if spec_only:
+        line += (f". Warning: {', '.join(spec_only)}: datasheet figures only; run 'hexiscale calibrate' on such a "
+                 "GPU for measured ones")
+    return line

@@ -1,0 +1,38 @@
+"""The knobs of one planning run (:class:`PlannerConfig`), checked before the search starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import SpecError
+from planner.model import RECOMPUTE_MODES
+from planner.plan import SCHEDULES
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Knobs of the search (the CLI exposes time limit, seed and objective)."""
+
+    time_limit_s: float = 30.0
+    seed: int = 0
+    objective: str = "throughput"
+    micro_batch_sizes: tuple[int, ...] = (1, 2, 4)
+    recompute: tuple[str, ...] = RECOMPUTE_MODES
+    zero: tuple[int, ...] = (0, 1)
+    schedules: tuple[str, ...] = SCHEDULES
+    dtype: str = "bf16"
+    local_search: bool = True
+    polish: bool = True  # move single layers under the full estimate at the end (small clusters)
+    max_evaluations: int = 2000
+    finalists: int = 3
+
+    def check(self) -> None:
+        if self.objective != "throughput":
+            raise SpecError("--objective", f"{self.objective!r} is not supported", "use throughput")
+        if self.time_limit_s <= 0:
+            raise SpecError("--time-limit", f"must be > 0, got {self.time_limit_s}", "give seconds, e.g. 10")
+        for r in self.recompute:
+            if r not in RECOMPUTE_MODES:
+                raise SpecError("recompute", f"{r!r} is not one of {list(RECOMPUTE_MODES)}", "none, selective, full")
+        if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:
+            raise SpecError("micro_batch_sizes", "need positive micro-batch sizes", "e.g. (1, 2, 4)")

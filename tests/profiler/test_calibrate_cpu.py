@@ -1,0 +1,60 @@
+"""``hexiscale calibrate --cpu``: the whole path on tiny CPU shapes (the GPU run measures the real
+host). It writes a measured entry and a calibration under HEXISCALE_HOME; ``estimate`` and ``plan``
+then use them by default and say so in one line; a GPU type without measurements is named as
+datasheet-only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def hexiscale(*argv: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HEXISCALE_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "hexiscale", *argv], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+
+
+def test_calibrate_then_plan_and_estimate_use_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run = hexiscale("calibrate", "--cpu", "--quiet", home=home)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "calibrated cpu-measured" in run.stdout and "widths cpu-w96, cpu-w128" in run.stdout
+    entry = json.loads((home / "devices" / "cpu-measured.json").read_text())
+    cal = json.loads((home / "calibration" / "cpu-measured.json").read_text())
+    assert {r["tp"] for r in entry["measured"]["layer"]} == {1, 2} and len(entry["measured"]["widths"]) == 2
+    assert cal["applies_to"] == ["cpu-measured"] and cal["format"] == "hexiscale.calibration/1"
+    prov = cal["provenance"]
+    assert prov["host_fingerprint"] and prov["torch"] and prov["date"] and prov["gpu_name"].startswith("cpu")
+    assert set(cal["fits"]["compute"]["terms"]) >= {"gemm_efficiency", "gemm_half_dim", "memory_efficiency"}
+
+    cluster = tmp_path / "cpu.yaml"
+    cluster.write_text("name: cpu-host\nnodes:\n  - {name: c, gpu: cpu-measured, gpus: 2, "
+                       "intra_link: {kind: other, bandwidth_GBps: 5, latency_us: 20}}\n"
+                       "  - {name: r, gpu: rtx4090, gpus: 1, intra_link: {kind: pcie, bandwidth_GBps: 20}}\n"
+                       "inter_node: {bandwidth_GBps: 1, latency_us: 50}\n")
+    plan = tmp_path / "plan.json"
+    run = hexiscale("plan", str(cluster), "--model", "tiny", "--global-batch", "8", "-o", str(plan), home=home)
+    assert run.returncode == 0, run.stdout + run.stderr
+    line = run.stdout.splitlines()[0]
+    assert line.startswith("profiles: cpu-measured (cpu-measured: measured ") and "rtx4090 (datasheet)" in line
+    assert f"host calibration {home / 'calibration' / 'cpu-measured.json'}" in line
+    assert "Warning: rtx4090: datasheet figures only" in line
+    run = hexiscale("estimate", str(plan), "--cluster", str(cluster), "--json", home=home)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "host calibration" in run.stderr and json.loads(run.stdout)["step_time_s"] > 0
+
+
+def test_without_a_host_calibration_the_packaged_one_of_that_gpu_is_used(tmp_path: Path) -> None:
+    run = hexiscale("estimate", str(ROOT / "examples" / "plans" / "h100x4-mps-llama2-13b.json"), "--cluster",
+                    str(ROOT / "examples" / "clusters" / "h100x4-mps-100-100-50-50.yaml"), home=tmp_path / "empty")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "cost terms: packaged calibration 'h100'" in run.stdout.splitlines()[0]
