@@ -118,7 +118,10 @@ def verify_meta(ck: Path, model: ModelSpec) -> dict[str, Any]:
     if not isinstance(extra, dict):
         raise _damaged(ck, "meta.json has no valid extra")
     if "data" in extra:
-        position = DataPosition.from_dict(extra["data"], str(ck / "meta.json"))
+        try:
+            position = DataPosition.from_dict(extra["data"])
+        except SpecError as exc:
+            raise _damaged(ck, f"meta.json {exc.path}: {exc.message}") from None
         if position.step != step:
             raise _damaged(ck, f"its data position is at step {position.step}, the weights at step {step}")
     if meta.get("tensors") != expected_tensors(model):

@@ -12,16 +12,17 @@ checkpoint (writable folders, ``--resume`` past ``--steps``) is checked in pre-f
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from executor.nonfinite import POLICIES
 from planner.errors import SpecError
+from planner.ranges import check_int, check_number
 from planner.seed_flags import SeedLayout
 
 DEVICES = ("auto", "cpu", "cuda")
 MAX_STEPS = 10**9
 MAX_SEED = 2**63 - 1
+MAX_SECONDS = 365 * 86400.0  # a year: anything longer is a typo (and overflows timedelta arithmetic)
 
 
 @dataclass(frozen=True)
@@ -51,46 +52,31 @@ class TrainConfig:
     pg_timeout: float | None = None  # None: hang_after + 300 (executor.train_setup.pg_timeout)
 
     def __post_init__(self) -> None:
-        _choice("--device", self.device, DEVICES)
-        _choice("--on-nonfinite", self.on_nonfinite, POLICIES)
-        _count("--steps", self.steps, 1, MAX_STEPS, "pass the number of optimizer steps to reach, e.g. --steps 100")
-        _count("--save-every", self.save_every, 0, MAX_STEPS, "pass a number of steps (0: save at the end)")
-        _count("--log-every", self.log_every, 1, MAX_STEPS, "pass e.g. --log-every 10")
-        _count("--seed", self.seed, 0, MAX_SEED, "pass a non-negative seed")
+        for flag, value, choices in (("--device", self.device, DEVICES),
+                                     ("--on-nonfinite", self.on_nonfinite, POLICIES)):
+            if value not in choices:
+                raise SpecError(flag, f"{value!r} is not one of {', '.join(choices)}", f"pass {flag} {choices[0]}")
+        check_int("--steps", self.steps, 1, MAX_STEPS, "pass the number of optimizer steps to reach, e.g. --steps 100")
+        check_int("--save-every", self.save_every, 0, MAX_STEPS, "pass a number of steps (0: save at the end)")
+        check_int("--log-every", self.log_every, 1, MAX_STEPS, "pass e.g. --log-every 10")
+        check_int("--seed", self.seed, 0, MAX_SEED, "pass a non-negative seed")
         if self.warmup is not None:
-            _count("--warmup", self.warmup, 0, MAX_STEPS, "pass a number of steps")
-        _number("--lr", self.lr, low=0.0, strict=True)
+            check_int("--warmup", self.warmup, 0, MAX_STEPS)
+        check_number("--lr", self.lr, 0.0, above=True)
         if self.min_lr is not None:
-            _number("--min-lr", self.min_lr, low=0.0)
-            if self.min_lr > self.lr:
-                raise SpecError("--min-lr", f"{self.min_lr:g} is above --lr {self.lr:g}", "pass a smaller --min-lr")
-        _number("--weight-decay", self.weight_decay, low=0.0)
-        _number("--clip", self.clip)
+            check_number("--min-lr", self.min_lr, 0.0, self.lr, hint="pass a value from 0 to --lr")
+        check_number("--weight-decay", self.weight_decay, 0.0)
+        check_number("--clip", self.clip)
         for flag, secs in (("--heartbeat", self.heartbeat), ("--dead-after", self.dead_after),
                            ("--hang-after", self.hang_after), ("--startup-timeout", self.startup_timeout),
                            ("--pg-timeout", self.pg_timeout)):
             if secs is not None:
-                _number(flag, secs, low=0.0, strict=True, unit=" seconds")
+                check_number(flag, secs, 0.0, MAX_SECONDS, above=True, unit=" seconds")
         for flag, secs in (("--dead-after", self.dead_after), ("--hang-after", self.hang_after)):
             if secs < 2 * self.heartbeat:
                 raise SpecError(flag, f"{secs:g} s is less than two heartbeats (--heartbeat {self.heartbeat:g} s)",
                                 f"raise {flag} or lower --heartbeat")
-
-
-def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise SpecError(flag, f"{value!r} is not one of {', '.join(choices)}", f"pass {flag} {choices[0]}")
-
-
-def _count(flag: str, value: int, low: int, high: int, hint: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise SpecError(flag, f"must be an integer in [{low}, {high:,}], got {value!r}", hint)
-
-
-def _number(flag: str, value: float, *, low: float | None = None, strict: bool = False, unit: str = "") -> None:
-    """A finite number, > ``low`` (``strict``) or >= ``low``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SpecError(flag, f"must be a finite number{unit}, got {value!r}", "pass a number")
-    if low is not None and (value <= low if strict else value < low):
-        sign = ">" if strict else ">="
-        raise SpecError(flag, f"must be {sign} {low:g}{unit}, got {value:g}", f"pass a value {sign} {low:g}")
+        if self.pg_timeout is not None and self.pg_timeout <= self.hang_after:
+            raise SpecError("--pg-timeout", f"{self.pg_timeout:g} s is not longer than --hang-after "
+                            f"{self.hang_after:g} s: NCCL would abort a rank that waits for a stuck peer before the "
+                            "watchdog names the stuck one", "raise --pg-timeout or lower --hang-after")

@@ -42,10 +42,17 @@ from planner.fields import (
     join,
 )
 from planner.names import check_name
+from planner.ranges import check_number
 
 MAX_GPUS_PER_NODE = 64
 MAX_NODES = 4096
 LINK_KINDS = ("nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet", "tcp", "other")
+# Ranges far beyond real hardware (1 KB/s .. 1 PB/s, up to 1000 s of latency, 1 PiB of memory): values
+# outside are typos (a unit mix-up) and would make the cost model's arithmetic meaningless.
+BANDWIDTH_GBPS = (1e-6, 1e6)
+MAX_LATENCY_US = 1e9
+MAX_MEMORY_GIB = 1e6
+MAX_SLOWDOWN = 1e6
 
 
 @dataclass(frozen=True)
@@ -173,10 +180,13 @@ class ClusterSpec:
 def parse_link(data: Any, path: str) -> Link:
     data = expect_mapping(data, path)
     check_keys(data, path, ("bandwidth_GBps",), ("kind", "latency_us"))
+    low, high = BANDWIDTH_GBPS
     return Link(
         kind=get_str(data, "kind", path, default="other", choices=LINK_KINDS),
-        bandwidth_GBps=get_float(data, "bandwidth_GBps", path, positive=True),
-        latency_us=get_float(data, "latency_us", path, nonnegative=True, default=0.0),
+        bandwidth_GBps=check_number(join(path, "bandwidth_GBps"), get_float(data, "bandwidth_GBps", path,
+                                    positive=True), low, high, unit=" GB/s"),
+        latency_us=check_number(join(path, "latency_us"), get_float(data, "latency_us", path, nonnegative=True,
+                                default=0.0), 0.0, MAX_LATENCY_US, unit=" us"),
     )
 
 
@@ -254,11 +264,10 @@ def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
             raise SpecError(p, f"no device {dev_id!r} in this cluster", "use 'node-name:local-index'")
         o = expect_mapping(o, p)
         check_keys(o, p, (), ("memory_gib", "slowdown"))
-        mem = get_float(o, "memory_gib", p, positive=True) if "memory_gib" in o else None
-        slow = get_float(o, "slowdown", p, positive=True, default=1.0)
-        if slow < 1:
-            raise SpecError(join(p, "slowdown"), f"must be >= 1, got {slow:g}",
-                            "slowdown divides the GPU's speed: 1.3 means 30 % slower; a faster GPU is another gpu type")
+        mem = check_number(join(p, "memory_gib"), get_float(o, "memory_gib", p, positive=True), 0.0, MAX_MEMORY_GIB,
+                           above=True, unit=" GiB") if "memory_gib" in o else None
+        slow = check_number(join(p, "slowdown"), get_float(o, "slowdown", p, positive=True, default=1.0), 1.0,
+                            MAX_SLOWDOWN, hint="slowdown divides the GPU's speed: 1.3 means 30 % slower")
         overrides.append((dev_id, DeviceOverride(mem, slow)))
 
     return ClusterSpec(

@@ -46,15 +46,24 @@ def _unreadable(exc: Exception, file: str) -> SpecError:
     return SpecError("", f"a value cannot be read ({type(exc).__name__})", "fix the value", file)
 
 
+def check_regular_file(path: str | Path, what: str) -> None:
+    """A ``SpecError`` naming the file unless it is an existing regular file (a FIFO or a device
+    would block or never end)."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise SpecError("", f"cannot read {what} file: {exc.strerror}", "check the path", str(path)) from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise SpecError("", f"the {what} file is {kind}", f"pass a {what} file", str(path))
+
+
 def read_user_text(path: Path, what: str, max_bytes: int = MAX_JSON_BYTES) -> str:
     """A user's text file; anything but a readable regular UTF-8 file within ``max_bytes`` is a
     ``SpecError`` naming the file."""
     file = str(path)
+    check_regular_file(path, what)
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-            raise SpecError("", f"the {what} file is {kind}", f"pass a {what} file", file)
         with open(path, "rb") as f:
             raw = f.read(max_bytes + 1)
     except OSError as exc:
@@ -192,8 +201,8 @@ def load_yaml_document(text: str, file: str) -> tuple[Any, dict[str, int]]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError("", f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}", "fix the syntax",
-                        file) from None
+        what = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+        raise SpecError("", f"not valid YAML{where}: {what}", "fix the syntax", file) from None
     except (ValueError, OverflowError) as exc:  # e.g. an integer of more than 4,300 digits
         raise _unreadable(exc, file) from None
 

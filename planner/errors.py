@@ -25,7 +25,7 @@ class SpecError(ValueError):
         text = f"{where}{field}: {self.message}"
         if self.hint:
             text += f" (hint: {self.hint})"
-        return text
+        return " ".join(text.splitlines())  # one line, whatever a parser's message held
 
     def __reduce__(self) -> tuple[type[SpecError], tuple[str, str, str, str | None, int | None]]:
         """Pickles whole (ranks exchange errors, e.g. a checkpoint load's, through collectives)."""

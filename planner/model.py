@@ -21,6 +21,7 @@ from typing import Any
 from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.fields import check_keys, expect_mapping, get_bool, get_float, get_int, get_str
+from planner.ranges import check_int
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 # Upper bounds far beyond any real model: they keep absurd values (10**30 layers) out of the
@@ -187,7 +188,10 @@ def model_from_hf_config(data: Any, name: str = "hf-model", seq_len: int | None 
 
 
 def resolve_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
-    """A preset name or a path to a Hugging Face ``config.json``; ``seq_len`` overrides the length."""
+    """A preset name or a path to a Hugging Face ``config.json``; ``seq_len`` (``--seq-len``) overrides
+    the length."""
+    if seq_len is not None:
+        check_int("--seq-len", seq_len, 1, MODEL_LIMITS["seq_len"], "pass a sequence length in tokens")
     if name_or_path in PRESETS:
         model = PRESETS[name_or_path]
         return replace(model, seq_len=seq_len) if seq_len else model
