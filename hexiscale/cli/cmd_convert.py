@@ -6,6 +6,7 @@ import argparse
 import json
 
 from hexiscale.cli.output import console
+from hexiscale.cli.writing import writing
 from planner.cluster import load_cluster
 from planner.plan import load_plan, plan_to_dict, save_plan
 from planner.seed_flags import SeedLayout, add_seed_flag_arguments, plan_to_flags
@@ -35,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     plan = SeedLayout.from_args(args).plan(args.cluster)
     if args.output:
-        save_plan(plan, args.output)
+        with writing("-o", args.output):
+            save_plan(plan, args.output)
         console.print(f"wrote {args.output}", highlight=False)
     else:
         print(json.dumps(plan_to_dict(plan), indent=2))

@@ -13,6 +13,9 @@ from __future__ import annotations
 import argparse
 
 from hexiscale.cli.output import console
+from hexiscale.cli.writing import writing
+from planner.model import MODEL_LIMITS
+from planner.ranges import check_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -40,8 +43,15 @@ def run(args: argparse.Namespace) -> int:
         write_token_file,
     )
 
+    if args.data_command == "info":
+        if args.vocab_size is not None:
+            check_int("--vocab-size", args.vocab_size, 1, MODEL_LIMITS["vocab_size"], "pass the model's vocab_size")
+        if args.seq_len is not None:
+            check_int("--seq-len", args.seq_len, 1, MODEL_LIMITS["seq_len"], "pass the model's seq_len")
     if args.data_command == "pack":
-        index = write_token_file(args.output, load_token_list(args.input), args.dtype)
+        tokens = load_token_list(args.input)
+        with writing("-o", args.output):
+            index = write_token_file(args.output, tokens, args.dtype)
         console.print(f"wrote {index.bin_path} and {index.idx_path}: {index.num_tokens} {index.dtype} tokens, "
                       f"{index.num_docs} documents, max id {index.max_token}", highlight=False)
         return 0

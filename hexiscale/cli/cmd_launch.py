@@ -17,7 +17,9 @@ import subprocess
 from pathlib import Path
 
 from hexiscale.cli.output import console
+from hexiscale.cli.writing import writing
 from planner.errors import SpecError
+from planner.ranges import check_int
 
 
 class _SplitParser(argparse.ArgumentParser):
@@ -96,8 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from hexiscale.launch.shell import run_id as checked_run_id
     from planner.plan import load_plan
 
-    if args.grace < 0:
-        raise SpecError("--grace", f"must be >= 0 seconds, got {args.grace}", "pass e.g. --grace 30")
+    check_int("--grace", args.grace, 0, 86400, "pass seconds, e.g. --grace 30")
     plan = load_plan(args.plan)
     run_id = checked_run_id(args.run_id, args.plan)
     if args.local:
@@ -116,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     if args.slurm:
         text = slurm_script(layout, opts)
         if args.output and not args.dry_run:
-            Path(args.output).write_text(text)
+            with writing("-o", args.output):
+                Path(args.output).write_text(text)
             console.print(f"wrote {args.output}; submit it with: sbatch {args.output}", highlight=False)
         else:
             print(text, end="")
@@ -152,10 +154,11 @@ def _print_plan_launch(args: argparse.Namespace, layout, opts, scripts: dict[str
             print(f"\n# ---- {out / (name + '.sh')} ----\n{text}", end="")
         return 0
     paths = {name: inside(out, f"{name}.sh") for name in scripts}
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in scripts.items():
-        paths[name].write_text(text)
-        paths[name].chmod(0o755)
+    with writing("-o", out):
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in scripts.items():
+            paths[name].write_text(text)
+            paths[name].chmod(0o755)
     print(f"# per-node scripts written to {out}/; on each node run:")
     for name in scripts:
         print(f"bash {word(str(paths[name]))}    # on {name}")
