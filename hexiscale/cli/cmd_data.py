@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         load_token_list,
         read_index,
         scan_max_token,
+        token_paths,
         write_token_file,
     )
 
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             check_int("--seq-len", args.seq_len, 1, MODEL_LIMITS["seq_len"], "pass the model's seq_len")
     if args.data_command == "pack":
         tokens = load_token_list(args.input)
-        with writing("-o", args.output):
+        with writing("-o", *token_paths(args.output)):
             index = write_token_file(args.output, tokens, args.dtype)
         console.print(f"wrote {index.bin_path} and {index.idx_path}: {index.num_tokens} {index.dtype} tokens, "
                       f"{index.num_docs} documents, max id {index.max_token}", highlight=False)

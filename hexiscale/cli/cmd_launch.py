@@ -74,9 +74,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _env(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
-    env = [(k, v) for k, v in (("NCCL_SOCKET_IFNAME", args.nccl_socket_ifname),
-                               ("GLOO_SOCKET_IFNAME", args.gloo_socket_ifname),
-                               ("NCCL_IB_HCA", args.nccl_ib_hca)) if v]
+    """The variables to export on every node; a value a script cannot carry names the flag it came from."""
+    from hexiscale.launch.shell import printable
+
+    env = [(k, printable(v, flag)) for k, flag, v in (
+        ("NCCL_SOCKET_IFNAME", "--nccl-socket-ifname", args.nccl_socket_ifname),
+        ("GLOO_SOCKET_IFNAME", "--gloo-socket-ifname", args.gloo_socket_ifname),
+        ("NCCL_IB_HCA", "--nccl-ib-hca", args.nccl_ib_hca)) if v]
     for i, item in enumerate(args.env):
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
@@ -154,7 +158,7 @@ def _print_plan_launch(args: argparse.Namespace, layout, opts, scripts: dict[str
             print(f"\n# ---- {out / (name + '.sh')} ----\n{text}", end="")
         return 0
     paths = {name: inside(out, f"{name}.sh") for name in scripts}
-    with writing("-o", out):
+    with writing("-o", out, folder=True):
         out.mkdir(parents=True, exist_ok=True)
         for name, text in scripts.items():
             paths[name].write_text(text)

@@ -10,6 +10,7 @@ from pathlib import Path
 from hexiscale.cli.writing import check_writable, writing
 from planner.errors import SpecError
 from planner.model import MODEL_LIMITS, resolve_model
+from planner.names import check_name
 from planner.ranges import check_int, check_number
 
 
@@ -60,7 +61,10 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 
 def check_flags(args: argparse.Namespace) -> None:
-    """Every numeric flag in range before anything is measured."""
+    """Every numeric flag in range, and the catalog key a plain name (it names the default output
+    file: ``--key ../../x`` must not write outside the catalog), before anything is measured."""
+    if args.key is not None:
+        check_name(args.key, "--key", "catalog key")
     if args.layers is not None:
         check_int("--layers", args.layers, 1, MODEL_LIMITS["num_layers"])
     if args.repeats is not None:

@@ -40,6 +40,7 @@ from planner.cluster import (
 from planner.cost import BREAKDOWN_TERMS, Estimate, estimate
 from planner.documents import MAX_YAML_BYTES, load_yaml_text, read_user_text
 from planner.errors import PlanInfeasible, SpecError
+from planner.fields import expect_mapping
 from planner.plan import MAX_GLOBAL_BATCH, Plan, load_plan
 from planner.ranges import check_int, check_number
 
@@ -83,7 +84,11 @@ def _kv(text: str, flag: str) -> tuple[str, float]:
 def _node_from_spec(text: str) -> list[dict[str, Any]]:
     if Path(text).exists():
         data = load_yaml_text(read_user_text(Path(text), "--add-node", MAX_YAML_BYTES), text)
-        return list(data) if isinstance(data, list) else [data]
+        nodes = list(data) if isinstance(data, list) else [data]
+        try:
+            return [dict(expect_mapping(n, f"--add-node[{i}]")) for i, n in enumerate(nodes)]
+        except SpecError as exc:
+            raise exc.with_file(text) from None
     fields: dict[str, str] = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")

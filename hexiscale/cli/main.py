@@ -44,8 +44,26 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def unusable_argument(argv: Sequence[str]) -> str | None:
+    """Why an argument can be no value of any flag, naming the flag; ``None`` when every argument is
+    usable. Refused: an empty value, a NUL byte (no path or name may hold one), and ``--flag=--``
+    (argparse turns that value into an empty list, which no command expects)."""
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("-") and eq and value in ("", "--"):
+            return f"the value of {flag} is {'empty' if value == '' else repr(value)}"
+        if arg == "" or "\0" in arg:
+            where = f"the value of {argv[i - 1]}" if i and argv[i - 1].startswith("-") else f"argument {i + 1}"
+            return f"{where} is {'empty' if arg == '' else 'not text (it holds a NUL byte)'}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    problem = unusable_argument(argv)
+    if problem:
+        parser.error(problem)  # exit 2, as for any other usage error
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
