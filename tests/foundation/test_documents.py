@@ -14,13 +14,11 @@ from planner.documents import MAX_YAML_BYTES, load_json_text, load_yaml_text
 from planner.errors import SpecError
 from planner.plan import load_plan
 from tests.support.deadline import deadline
+from tests.support.hostile_documents import ALIAS_BOMB
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_TEXT = (ROOT / "examples" / "clusters" / "demo-cpu-6.yaml").read_text()
 PLAN_TEXT = (ROOT / "examples" / "plans" / "demo-cpu-6-tiny.json").read_text()
-# "billion laughs": 9 levels of 9 aliases each, ~300 bytes that expand to 9**9 values
-ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True))
 
 
 def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
