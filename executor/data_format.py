@@ -34,6 +34,7 @@ import numpy as np
 
 from planner.documents import check_regular_file
 from planner.errors import SpecError
+from planner.ranges import shown_int
 
 TOKEN_FORMAT = "hexiscale.tokens/1"
 MAGIC = b"HXTOKIDX"
@@ -242,9 +243,8 @@ def read_text_tokens(path: str | Path) -> list[list[int]]:
                             "one document per line, token ids separated by spaces", str(p)) from None
         bad = next((t for t in doc if not 0 <= t <= MAX_TOKEN_ID), None)
         if bad is not None:
-            shown = bad if abs(bad) < 10**12 else f"{bad:.3g}"
-            raise SpecError(f"line {ln}", f"token id {shown} is out of range", f"token ids are 0 .. {MAX_TOKEN_ID}",
-                            str(p))
+            raise SpecError(f"line {ln}", f"token id {shown_int(bad)} is out of range",
+                            f"token ids are 0 .. {MAX_TOKEN_ID}", str(p))
         docs.append(doc)
     return docs
 
