@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +22,14 @@ from hypothesis import strategies as st
 from executor.checkpoint_verify import verify_files, verify_meta
 from planner.errors import SpecError
 from planner.model import PRESETS
+from tests.support.cli_run import CASE_TIMEOUT_S
 from tests.support.deadline import deadline
 from tests.support.fuzz_settings import fuzz
 from tests.support.fuzz_strategies import mutated
 
 pytestmark = pytest.mark.slow  # the fixture trains two steps in a subprocess
 ROOT = Path(__file__).resolve().parents[2]
-FUZZ = fuzz(400)
+FUZZ = fuzz(250)
 TINY = PRESETS["tiny"]
 
 
@@ -45,62 +48,66 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("work") / "step-000002"
+def work(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ck = tmp_path_factory.mktemp("work") / "step-000002"
+    shutil.copytree(checkpoint, ck)
+    return ck
 
 
 def _verify(ck: Path) -> None:
-    with deadline(20, f"verify {ck}"):
+    with deadline(CASE_TIMEOUT_S, f"verify {ck}"):
         meta = verify_meta(ck, TINY)
         verify_files(ck, meta, 0, 1)
 
 
-def _fresh(checkpoint: Path, work: Path) -> Path:
-    shutil.rmtree(work, ignore_errors=True)
-    shutil.copytree(checkpoint, work)
-    return work
+@contextmanager
+def damaged(checkpoint: Path, work: Path, name: str) -> Iterator[Path]:
+    """``work``'s file ``name`` to damage; put back from ``checkpoint`` afterwards."""
+    try:
+        yield work / name
+    finally:
+        shutil.copyfile(checkpoint / name, work / name)
 
 
 @FUZZ
 @given(data=st.data())
 def test_mutated_meta_json(checkpoint: Path, work: Path, data: st.DataObject) -> None:
-    ck = _fresh(checkpoint, work)
-    meta: Any = data.draw(mutated(json.loads((ck / "meta.json").read_text())))
-    try:
-        (ck / "meta.json").write_text(json.dumps(meta))
-    except (ValueError, OverflowError):
-        return
-    try:
-        _verify(ck)
-    except SpecError as exc:
-        assert exc.path == "--resume" and exc.message
+    meta: Any = data.draw(mutated(json.loads((work / "meta.json").read_text())))
+    with damaged(checkpoint, work, "meta.json") as path:
+        try:
+            path.write_text(json.dumps(meta))
+        except (ValueError, OverflowError):
+            return
+        try:
+            _verify(work)
+        except SpecError as exc:
+            assert exc.path == "--resume" and exc.message
 
 
 @FUZZ
 @given(data=st.data())
 def test_every_flipped_byte_is_caught(checkpoint: Path, work: Path, data: st.DataObject) -> None:
-    ck = _fresh(checkpoint, work)
-    meta = json.loads((ck / "meta.json").read_text())
+    meta = json.loads((work / "meta.json").read_text())
     name = data.draw(st.sampled_from(sorted(meta["checksums"])))
     ranges = [(int(off), int(off) + v[0]) for off, v in meta["checksums"][name].items()]
     start, end = data.draw(st.sampled_from(ranges))
     at = data.draw(st.integers(start, end - 1))
-    raw = bytearray((ck / name).read_bytes())
-    raw[at] ^= data.draw(st.integers(1, 255))
-    (ck / name).write_bytes(bytes(raw))
-    with pytest.raises(SpecError) as err:
-        _verify(ck)
+    with damaged(checkpoint, work, name) as path:
+        raw = bytearray(path.read_bytes())
+        raw[at] ^= data.draw(st.integers(1, 255))
+        path.write_bytes(bytes(raw))
+        with pytest.raises(SpecError) as err:
+            _verify(work)
     assert err.value.path == "--resume"
 
 
 @FUZZ
 @given(data=st.data())
 def test_every_truncation_is_caught(checkpoint: Path, work: Path, data: st.DataObject) -> None:
-    ck = _fresh(checkpoint, work)
-    name = data.draw(st.sampled_from(sorted(p.name for p in ck.iterdir() if p.name != "meta.json")))
-    size = (ck / name).stat().st_size
-    with open(ck / name, "r+b") as f:
-        f.truncate(data.draw(st.integers(0, size - 1)))
-    with pytest.raises(SpecError) as err:
-        _verify(ck)
+    name = data.draw(st.sampled_from(sorted(p.name for p in work.iterdir() if p.name != "meta.json")))
+    with damaged(checkpoint, work, name) as path:
+        with open(path, "r+b") as f:
+            f.truncate(data.draw(st.integers(0, path.stat().st_size - 1)))
+        with pytest.raises(SpecError) as err:
+            _verify(work)
     assert err.value.path == "--resume"

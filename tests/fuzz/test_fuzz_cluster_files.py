@@ -23,7 +23,7 @@ TEXTS = {name: (ROOT / "examples" / "clusters" / f"{name}.yaml").read_text()
          for name in ("demo-cpu-6", "seed-uneven-nodes")}
 DEMO = load_yaml_text(TEXTS["demo-cpu-6"], "demo")
 PLAN = str(ROOT / "examples" / "plans" / "demo-cpu-6-tiny.json")
-FUZZ = fuzz(600)
+FUZZ = fuzz(1500)
 
 # field -> (values outside its range); every one must be refused with the field's path named
 OUT_OF_RANGE: dict[tuple[Any, ...], list[Any]] = {

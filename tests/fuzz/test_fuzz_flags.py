@@ -109,7 +109,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.mark.parametrize(("prefix", "flag", "kind", "valid", "run_valid", "template"), FLAGS,
                          ids=[f"{f[0][0]} {f[1]}" for f in FLAGS])
-@fuzz(70)
+@fuzz(120)
 @given(text=typed)
 def test_flag_values(corpus: str, monkeypatch: pytest.MonkeyPatch, prefix: list[str], flag: str, kind: type,
                      valid: Callable[[Any], bool], run_valid: bool, template: str, text: str) -> None:

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = str(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml")
 PLAN_TEXT = (ROOT / "examples" / "plans" / "demo-cpu-6-tiny.json").read_text()
 PLAN = json.loads(PLAN_TEXT)
-FUZZ = fuzz(500)
+FUZZ = fuzz(1000)
 COMMANDS = {
     "validate": ["validate", "P", "--cluster", CLUSTER], "show": ["show", "P", "--cluster", CLUSTER],
     "estimate": ["estimate", "P", "--cluster", CLUSTER], "whatif": ["whatif", "P", "--cluster", CLUSTER,
@@ -62,7 +62,7 @@ def test_edited_plan_text(folder: Path, monkeypatch: pytest.MonkeyPatch, text: s
     _run(folder, text, command)
 
 
-@fuzz(1200)
+@fuzz(2500)
 @given(doc=mutated(PLAN), command=st.sampled_from(sorted(COMMANDS)))
 def test_mutated_plan_structure(folder: Path, monkeypatch: pytest.MonkeyPatch, doc: Any, command: str) -> None:
     monkeypatch.setenv("WORLD_SIZE", "999")

@@ -91,3 +91,20 @@ def test_mutated_hf_config(home: Path, config: Any) -> None:
         run_cli(["convert", "--from-flags", "--cluster", DEMO_CLUSTER, "--model", str(path), "--hetero_configs",
                  "[[2], [1, 2, 1]]", "--layer_partitions", "[[4], [1, 2, 1]]", "--global_bsz_size", "5", "3",
                  "--chunks", "2", "3"])
+
+
+# a measured row's field -> values outside its range; each is refused naming the row's field
+ROW_OUT_OF_RANGE: dict[str, list[Any]] = {
+    "micro_batch": [0, -1, 1 << 25, 10**400, 1.5, True], "seq_len": [0, 1 << 25], "tp": [0, 1 << 17],
+    "chain": [0, 1001, 2.0], "recompute": ["some", 1],
+}
+
+
+@pytest.mark.parametrize("field", sorted(ROW_OUT_OF_RANGE))
+def test_out_of_range_measured_rows_are_refused(home: Path, field: str) -> None:
+    for value in ROW_OUT_OF_RANGE[field]:
+        entry = json.loads(json.dumps(MEASURED))
+        entry["measured"]["layer"][1][field] = value
+        assert _write(home / "devices" / "h100-sxm-measured.json", entry)
+        outcome = run_cli(["estimate", PLAN, "--cluster", CLUSTER])
+        assert outcome.code == 1 and f"measured.layer[1].{field}" in outcome.error, (value, outcome.err)
