@@ -80,3 +80,23 @@ def test_out_of_range_cluster_fields_are_refused(tmp_path: Path, field: tuple[An
         outcome = run_cli(["validate", path])
         want = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in field).lstrip(".")
         assert outcome.code == 1 and names(outcome, want), (value, outcome.err)
+
+
+@FUZZ
+@given(levels=st.integers(1, 14), width=st.integers(1, 14), merge=st.booleans(), where=st.sampled_from(
+    ["top", "nodes", "devices"]))
+def test_alias_structures_end_at_once(folder: Path, levels: int, width: int, merge: bool, where: str) -> None:
+    """Anchors of anchors (``width`` aliases per level, ``levels`` deep: up to 14**14 values once
+    expanded), as lists or merge keys, anywhere in a cluster file: refused or read within the case's
+    bound, never expanded."""
+    lines = ["a0: &a0 {x: 1}" if merge else "a0: &a0 [1, 2]"]
+    for i in range(1, levels + 1):
+        refs = ", ".join([f"*a{i - 1}"] * width)
+        lines.append(f"a{i}: &a{i} {{<<: [{refs}], y: {i}}}" if merge else f"a{i}: &a{i} [{refs}]")
+    body = "\n".join(lines) + "\n"
+    last = f"*a{levels}"
+    text = {"top": f"{body}nodes: {last}\n",
+            "nodes": f"{TEXTS['demo-cpu-6']}\nextra:\n" + "".join(f"  {ln}\n" for ln in lines),
+            "devices": f"{body}{TEXTS['demo-cpu-6']}\ndevices: {{'a100:0': {last}}}\n"}[where]
+    outcome = run_cli(["validate", _write(folder, "alias.yaml", text)])
+    assert outcome.code == 1, outcome.out

@@ -63,7 +63,8 @@ def test_random_bytes_as_token_files(folder: Path, idx: bytes, data: bytes) -> N
     run_cli(["data", "info", str(folder / "r"), "--vocab-size", "100", "--seq-len", "4"])
 
 
-token = st.one_of(st.integers(0, 70), st.integers(-(10**30), 10**30), st.sampled_from([2**32 - 1, 2**32, 2**64, -1]))
+token = st.one_of(st.integers(0, 70), st.integers(-(10**30), 10**30),
+                  st.sampled_from([2**32 - 1, 2**32, 2**64, -1, 10**400]))
 line = st.one_of(st.lists(token, max_size=6).map(lambda ts: " ".join(map(str, ts))), st.text(max_size=12))
 
 
