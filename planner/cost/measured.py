@@ -56,7 +56,7 @@ from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, PassTime
 from planner.errors import SpecError
 from planner.model import MODEL_LIMITS, RECOMPUTE_MODES, ModelSpec, model_from_dict
-from planner.ranges import check_int
+from planner.ranges import check_int, shown
 
 MEASURED_FORMAT = "hexiscale.measured/1"
 LIGHTER = {"selective": "none", "full": "selective"}  # the recompute mode that does less work
@@ -123,12 +123,14 @@ def _fit_optimizer(rows: list[Mapping[str, Any]], path: str) -> tuple[float, flo
 
 def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
     """Validate a ``measured`` section (see the module docstring)."""
+    if not isinstance(data, Mapping):
+        raise SpecError(path, f"expected a mapping, got {type(data).__name__}", "re-run the profiler")
     if data.get("format") != MEASURED_FORMAT:
-        raise SpecError(f"{path}.format", f"expected {MEASURED_FORMAT!r}, got {data.get('format')!r}",
+        raise SpecError(f"{path}.format", f"expected {MEASURED_FORMAT!r}, got {shown(data.get('format'))}",
                         "re-run the profiler")
     dtype = data.get("dtype")
-    if dtype not in DTYPE_BYTES:
-        raise SpecError(f"{path}.dtype", f"{dtype!r} is not bf16, fp16 or fp32", "record the compute dtype")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        raise SpecError(f"{path}.dtype", f"{shown(dtype)} is not bf16, fp16 or fp32", "record the compute dtype")
     model = data.get("model")
     keys = {k for v in SHAPE_KEYS.values() for k in v}
     if not isinstance(model, Mapping) or any(not isinstance(model.get(k), int) for k in keys):
