@@ -4,6 +4,7 @@ A checkpoint is a directory::
 
     meta.json      {"format": "hexiscale.ckpt/2", "model": ModelSpec dict, "step": k, "extra": {...},
                     "tensors": {logical name: full shape}, "checksums": {file: {offset: [length, crc32]}}}
+                   (``.metadata`` has one checksum of the whole file)
     .metadata      DCP's index: which rectangle of which logical tensor is stored where
     __R_0.distcp   the rectangles rank R wrote
 
@@ -22,7 +23,10 @@ half-way leaves only ``<path>.tmp``. ``DIR/latest`` moves after that (``executor
 :func:`start_save` can write in the background (``--async-save``): the pieces are copied to host
 memory, training goes on, and :meth:`PendingSave.finish` completes the checkpoint later.
 
-Loading checks, each failing with one ``SpecError`` line on every rank: ``meta.json`` (format,
+Nothing is saved when any value is NaN or infinite. Pre-flight verifies a checkpoint before the
+process group exists (:mod:`executor.checkpoint_verify`: every checksum, shape and value, with
+fallback to the newest intact checkpoint). Loading checks again, each failing with one
+``SpecError`` line on every rank: ``meta.json`` (format,
 model), every tensor present with its full shape, the length and CRC32 of every stored item read,
 and every loaded value finite (a destination no stored rectangle covers stays NaN).
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -42,15 +47,16 @@ import torch.distributed as dist
 
 from executor.checkpoint_io import Writing, read_pieces, write_pieces
 from executor.checkpoint_pieces import Piece, load_targets, save_pieces
-from executor.chunks import Chunk
+from executor.checkpoint_verify import CKPT_FORMAT, METADATA, expected_tensors
 from executor.engine import Engine
 from executor.groups import ProcessGroups
+from executor.nonfinite import NonFiniteStep
 from executor.zero import MOMENTS
+from planner.chunks import Chunk
 from planner.errors import SpecError
 from planner.layout import logical_params
 from planner.model import ModelSpec, model_from_dict
 
-CKPT_FORMAT = "hexiscale.ckpt/2"
 DAMAGED = "the checkpoint is damaged: resume from an earlier one"
 
 
@@ -93,10 +99,11 @@ class PendingSave:
 
 def _finish(tmp: Path, path: Path, model: ModelSpec, step: int, extra: dict[str, Any], sums: list[Any]) -> None:
     """Rank 0, after every rank wrote into ``tmp``: ``meta.json`` last, then ``tmp`` becomes ``path``."""
-    shapes = {f"model/{i.name}": list(i.shape) for i in logical_params(model)}
-    shapes |= {f"optim/{k}/{i.name}": list(i.shape) for k in MOMENTS for i in logical_params(model)}
+    checksums = {f: s for part in sums for f, s in part.items()}
+    index = (tmp / METADATA).read_bytes()  # DCP's index (a pickle): checked before anything reads it
+    checksums[METADATA] = {"0": [len(index), zlib.crc32(index)]}
     meta = {"format": CKPT_FORMAT, "model": model.to_dict(), "step": step, "extra": extra,
-            "tensors": shapes, "checksums": {f: s for part in sums for f, s in part.items()}}
+            "tensors": expected_tensors(model), "checksums": checksums}
     (tmp / "meta.json.tmp").write_text(json.dumps(meta, indent=1) + "\n")
     os.replace(tmp / "meta.json.tmp", tmp / "meta.json")
     if path.exists():  # saved again at the same step: the new one replaces it
@@ -117,7 +124,9 @@ def start_save(engine: Engine, path: str | Path, extra: dict[str, Any], *, backg
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier(groups, engine.device)
-    writing = write_pieces(tmp, save_pieces(engine), background if background is not None else groups.world,
+    pieces = save_pieces(engine)
+    _refuse_nonfinite(engine, pieces, path)
+    writing = write_pieces(tmp, pieces, background if background is not None else groups.world,
                            single=engine.topology.world_size == 1, background=background is not None)
     return PendingSave(engine, path, dict(extra), writing, on_written)
 
@@ -126,6 +135,16 @@ def save(engine: Engine, path: str | Path, extra: dict[str, Any], *,
          on_written: Callable[[], None] | None = None) -> None:
     """Collective over the plan's ranks: write a complete checkpoint of ``engine`` to ``path``."""
     start_save(engine, path, extra, on_written=on_written).finish()
+
+
+def _refuse_nonfinite(engine: Engine, pieces: list[Piece], path: Path) -> None:
+    """Collective: nothing is written when any rank holds a NaN or infinite value (the NaN guard of
+    :mod:`executor.nonfinite` should make this unreachable; a diverged checkpoint must never exist)."""
+    bad = next((p.chunk.name for p in pieces if not bool(torch.isfinite(p.tensor).all())), None)
+    found = [(r, name) for r, name in enumerate(_gather(engine.groups, bad)) if name is not None]
+    if found:
+        rank, name = found[0]
+        raise NonFiniteStep(f"refusing to save {path}: {name} holds NaN or infinite values on rank {rank}")
 
 
 def _meta(path: Path) -> dict[str, Any]:

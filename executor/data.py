@@ -118,8 +118,8 @@ class DataPosition:
 
     @classmethod
     def from_dict(cls, data: Any, file: str | None = None) -> DataPosition:
-        if not isinstance(data, dict) or not all(isinstance(data.get(k), int) and data[k] >= 0
-                                                 for k in ("step", "samples")):
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), int) and not isinstance(data[k], bool)
+                                                 and data[k] >= 0 for k in ("step", "samples")):
             raise SpecError("extra.data", f"expected {{'step': int, 'samples': int}}, got {data!r}",
                             "the checkpoint was not written by 'hexiscale train'", file)
         return cls(data["step"], data["samples"])

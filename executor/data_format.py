@@ -33,12 +33,15 @@ from typing import Any
 
 import numpy as np
 
+from planner.documents import check_regular_file
 from planner.errors import SpecError
+from planner.ranges import shown_int
 
 TOKEN_FORMAT = "hexiscale.tokens/1"
 MAGIC = b"HXTOKIDX"
 TOKEN_DTYPES: dict[str, Any] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 HEADER_KEYS = ("format", "dtype", "num_tokens", "num_docs", "max_token", "offsets_at")
+MAX_TOKEN_ID = (1 << 32) - 1  # the largest id a uint32 token file holds
 _SCAN_CHUNK = 1 << 24  # tokens per chunk when scanning a file for its largest id
 
 
@@ -162,9 +165,10 @@ def _int_field(header: dict[str, Any], key: str, file: str, minimum: int = 0) ->
 def read_index(path: str | Path) -> TokenIndex:
     """Parse and check the ``.idx`` (and the ``.bin`` size) of a token file."""
     bin_path, idx_path = token_paths(path)
-    for p in (idx_path, bin_path):
+    for p, what in ((idx_path, "token index"), (bin_path, "token")):
         if not p.exists():
             raise SpecError("", "no such file", "write token files with 'hexiscale data pack'", str(p))
+        check_regular_file(p, what)
     f_idx = str(idx_path)
     raw = idx_path.read_bytes()
     if raw[:8] != MAGIC or len(raw) < 12:
@@ -173,7 +177,7 @@ def read_index(path: str | Path) -> TokenIndex:
     (n,) = struct.unpack("<I", raw[8:12])
     try:
         header = json.loads(raw[12:12 + n].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # bad JSON, too deep, a huge integer
         raise SpecError("idx.header", f"header is not valid JSON ({exc})", "rewrite the index", f_idx) from None
     if not isinstance(header, dict):
         raise SpecError("idx.header", "header is not a JSON object", "rewrite the index", f_idx)
@@ -185,7 +189,7 @@ def read_index(path: str | Path) -> TokenIndex:
         raise SpecError(f"idx.{unknown[0]}", "unknown header field", f"this HexiScale reads {TOKEN_FORMAT}", f_idx)
     if header["format"] != TOKEN_FORMAT:
         raise SpecError("idx.format", f"unsupported format {header['format']!r}", f"expected {TOKEN_FORMAT!r}", f_idx)
-    if header["dtype"] not in TOKEN_DTYPES:
+    if not isinstance(header["dtype"], str) or header["dtype"] not in TOKEN_DTYPES:
         raise SpecError("idx.dtype", f"{header['dtype']!r} is not uint16 or uint32", "rewrite the index", f_idx)
     num_tokens = _int_field(header, "num_tokens", f_idx)
     num_docs = _int_field(header, "num_docs", f_idx)
@@ -250,6 +254,7 @@ def check_token_file(path: str | Path, *, vocab_size: int, seq_len: int, scan: b
 def read_text_tokens(path: str | Path) -> list[list[int]]:
     """Documents from a text file of whitespace- or comma-separated integers, one document a line."""
     p = Path(path)
+    check_regular_file(p, "token list")
     try:
         lines = p.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -260,10 +265,15 @@ def read_text_tokens(path: str | Path) -> list[list[int]]:
         if not parts:
             continue
         try:
-            docs.append([int(x) for x in parts])
+            doc = [int(x) for x in parts]
         except ValueError:
             raise SpecError(f"line {ln}", f"not a list of integers: {line[:60]!r}",
                             "one document per line, token ids separated by spaces", str(p)) from None
+        bad = next((t for t in doc if not 0 <= t <= MAX_TOKEN_ID), None)
+        if bad is not None:
+            raise SpecError(f"line {ln}", f"token id {shown_int(bad)} is out of range",
+                            f"token ids are 0 .. {MAX_TOKEN_ID}", str(p))
+        docs.append(doc)
     return docs
 
 
@@ -271,11 +281,15 @@ def load_token_list(path: str | Path) -> Sequence[Any]:
     """A ``.npy`` array (1-D: one document; 2-D: one document per row) or a text token list."""
     p = Path(path)
     if p.suffix == ".npy":
+        check_regular_file(p, "token array")
         try:
             arr = np.load(p, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise SpecError("", f"cannot read .npy: {exc}", "pass a 1-D or 2-D integer array", str(p)) from None
         if arr.dtype.kind not in "iu":
             raise SpecError("", f"array dtype {arr.dtype} is not an integer type", "store token ids", str(p))
+        if arr.size and not (0 <= int(arr.min()) and int(arr.max()) <= MAX_TOKEN_ID):
+            bad = int(arr.min()) if int(arr.min()) < 0 else int(arr.max())
+            raise SpecError("", f"token id {bad} is out of range", f"token ids are 0 .. {MAX_TOKEN_ID}", str(p))
         return _as_docs(arr)
     return read_text_tokens(p)

@@ -49,6 +49,7 @@ from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog
 from executor.metrics import StepLogger
 from executor.optim import OptimConfig
 from executor.preflight import Prepared, agree, local_checks
+from executor.resume import choose_checkpoint
 from executor.saving import Saver
 from executor.switch import switch
 from executor.train_config import TrainConfig
@@ -112,7 +113,10 @@ def run_elastic(args: TrainConfig) -> int:
         if not renv.store_hosted:
             raise SpecError("HEXISCALE_ELASTIC", "elastic training needs the store of a supervisor",
                             "start it with 'hexiscale launch PLAN --local --elastic' (or --trace)")
-        plan, cluster = resolve_plan(args)
+        plan, cluster, pool = resolve_plan(args)
+        if pool is not None:
+            raise SpecError("--plan", "is a strategy pool; an elastic job trains one plan at a time",
+                            "pass a plan file (hexiscale plan -o PLAN.json)")
         check_world(plan, renv)
         if plan.devices[renv.rank] != me:
             raise SpecError("HEXISCALE_DEVICE", f"{me!r} is not rank {renv.rank}'s device of the plan "
@@ -122,8 +126,7 @@ def run_elastic(args: TrainConfig) -> int:
         channel = Channel(store, renv.prefix)
         error, prep = None, None
         try:
-            prep = local_checks(plan, renv, device=args.device, data=args.data, seed=args.seed,
-                                resume=None if joining else args.resume)
+            prep = local_checks(plan, renv, args)
         except SpecError as exc:
             error = exc
         if joining:
@@ -133,6 +136,8 @@ def run_elastic(args: TrainConfig) -> int:
         else:
             agree(store, renv, error, args.startup_timeout)
         assert prep is not None
+        if args.resume and not joining:  # chosen and verified by the starting ranks together
+            prep.resume = choose_checkpoint(store, renv, plan, args.resume, args.steps, args.startup_timeout)
     except SpecError as exc:
         if renv is not None:
             log_error(renv, str(exc))
@@ -169,7 +174,8 @@ def _epoch_env(job: _Job, index: int, plan: Plan) -> RankEnv:
 def _build(job: _Job, plan: Plan, *, init: bool) -> Engine:
     topology = build_topology(plan)
     groups = ProcessGroups.create(topology)
-    return Engine(plan, topology, groups, device=job.prep.device, optim=job.opt, seed=job.args.seed, init=init)
+    return Engine(plan, topology, groups, device=job.prep.device, optim=job.opt, seed=job.args.seed, init=init,
+                  on_nonfinite=job.args.on_nonfinite)
 
 
 def _start(job: _Job, index: int, plan: Plan, engine: Engine, position: DataPosition) -> _Epoch:

@@ -17,8 +17,9 @@ all-reduce and full AdamW: a reduce-scatter gives each slice owner its part of t
 norm adds up the parts, AdamW updates the owned parts only (1/k of the state) and the parts are
 all-gathered back.
 
-The only host synchronisation is the final :func:`executor.host_sync.to_host` that produces the
-returned floats (on NCCL the watchdog looks there for ranks waiting on peers).
+The only host synchronisation is :func:`executor.host_sync.to_host` of step 3's values, before the
+update: a non-finite loss or gradient norm is caught there and never reaches the weights
+(:mod:`executor.nonfinite`); on NCCL the watchdog looks there for ranks waiting on peers.
 
 Precision: parameters, gradients, reduction and optimizer state are fp32 (the parameters *are* the
 fp32 master weights). ``plan.options.dtype == "bf16"`` runs the forward/backward under
@@ -42,6 +43,7 @@ from executor.groups import ProcessGroups
 from executor.host_sync import to_host
 from executor.init import logical_init
 from executor.model import StageModule, check_supported
+from executor.nonfinite import should_skip
 from executor.optim import OptimConfig, build_optimizer, clip_coefficient, lr_at, set_lr
 from executor.p2p import StageComm
 from executor.schedules import MicroBatch, run_schedule
@@ -62,11 +64,12 @@ class StepStats:
     grad_norm: float  # global L2 norm of the logical gradient, before clipping
     lr: float
     tokens: int  # tokens of the global batch this step
+    skipped: bool = False  # not finite and skipped (executor.nonfinite): nothing was applied
 
 
 class Engine:
     def __init__(self, plan: Plan, topology: Topology, groups: ProcessGroups, *, device: torch.device,
-                 optim: OptimConfig = OptimConfig(), seed: int = 0, init: bool = True):
+                 optim: OptimConfig = OptimConfig(), seed: int = 0, init: bool = True, on_nonfinite: str = "stop"):
         check_supported(plan)
         if not groups.in_plan:
             raise ValueError(f"rank {groups.rank} is not part of the plan ({topology.world_size} ranks)")
@@ -78,6 +81,8 @@ class Engine:
             optim = replace(optim, fused=True)  # fused AdamW: a few kernels for the whole step
         self.optim_cfg = optim
         self.seed = seed
+        self.on_nonfinite = on_nonfinite
+        self.skipped_in_a_row = 0
         self.rank = groups.rank
         self.stage = topology.stage_of(self.rank)
         self.tp_rank = self.stage.ranks.index(self.rank)
@@ -186,16 +191,25 @@ class Engine:
                 p.grad = torch.zeros_like(p)
         with self.trace.span("grad_sync"):
             stats = self._sync_grads(loss, count_loss)
+        # the step's one device synchronisation, before the update: the NaN/Inf guard needs the values
+        # (executor.nonfinite; every rank holds the same all-reduced values, so all decide alike)
+        host = to_host(stats)
+        lr = lr_at(self.step, self.optim_cfg)
+        if should_skip(host[0], host[1], step=self.step + 1, policy=self.on_nonfinite,
+                       skipped_in_a_row=self.skipped_in_a_row):
+            self.zero_grads()
+            self.skipped_in_a_row += 1
+            self.step += 1
+            return StepStats(loss=host[0], grad_norm=float("nan"), lr=lr, tokens=global_tokens, skipped=True)
+        self.skipped_in_a_row = 0
         with self.trace.span("optimizer"):
             norm = stats[1].sqrt()
             coef = clip_coefficient(norm, self.optim_cfg.grad_clip)
             grads = self.zero.grads() if self.zero is not None else [p.grad for p in self.params.values()]
             torch._foreach_mul_(grads, coef)  # type: ignore[arg-type]
-            lr = lr_at(self.step, self.optim_cfg)
             set_lr(self.optimizer, lr)
             (self.zero or self.optimizer).step()
         self.step += 1
-        host = to_host(stats)
         return StepStats(loss=host[0], grad_norm=host[1] ** 0.5, lr=lr, tokens=global_tokens)
 
     def _sync_grads(self, loss: torch.Tensor | None, count_loss: bool | None = None) -> torch.Tensor:

@@ -11,6 +11,7 @@ memory on GPU and the process's peak resident set on CPU.
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 import time
@@ -29,6 +30,11 @@ def peak_tflops(plan: Plan, cluster: ClusterSpec | None, devices: list[str]) -> 
     if cluster is None:
         return None
     return sum(cluster.catalog.get(cluster.device(d).gpu).peak(plan.options.dtype) for d in devices)
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN/Infinity: a non-finite value is written as null."""
+    return x if math.isfinite(x) else None
 
 
 def memory_gib(device: torch.device) -> float:
@@ -67,16 +73,18 @@ class StepLogger:
         pipe_tps = pipe.batch_size * seq / seconds
         mfu = self._mfu(pipe_tps, pipe.devices)
         mem = memory_gib(self.device)
-        if self.leader and (step % self.every == 0 or step + 1 == total):
+        skipped = getattr(stats, "skipped", False)
+        if self.leader and (step % self.every == 0 or step + 1 == total or skipped):
+            tail = " | SKIPPED: not finite, weights unchanged" if skipped else ""
             print(f"step {step + 1}/{total} pipeline {self.pipeline} rank {self.rank} | loss {stats.loss:.4f} | "
                   f"grad-norm {stats.grad_norm:.3f} | lr {stats.lr:.2e} | {pipe_tps:,.0f} tok/s | "
-                  f"MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} | mem {mem:.2f} GiB", flush=True)
+                  f"MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} | mem {mem:.2f} GiB{tail}", flush=True)
         if self.rank == 0 and (self.jsonl or self.tensorboard):
             tps = stats.tokens / seconds
             gmfu = self._mfu(tps, self.plan.devices)
-            rec = {"step": step + 1, "loss": stats.loss, "grad_norm": stats.grad_norm, "lr": stats.lr,
-                   "tokens": stats.tokens, "step_time_s": seconds, "tokens_per_s": tps, "mfu": gmfu,
-                   "memory_gib_rank0": mem, "time": time.time()}
+            rec = {"step": step + 1, "loss": _finite(stats.loss), "grad_norm": _finite(stats.grad_norm),
+                   "lr": stats.lr, "tokens": stats.tokens, "step_time_s": seconds, "tokens_per_s": tps, "mfu": gmfu,
+                   "memory_gib_rank0": mem, "time": time.time(), "skipped": skipped}
             if self.jsonl:
                 with open(self.jsonl, "a") as f:
                     f.write(json.dumps(rec) + "\n")

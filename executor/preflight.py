@@ -1,10 +1,12 @@
 """Checks every rank runs before training, and how the ranks agree on their outcome.
 
-Local checks (:func:`local_checks`): the device the plan gives this rank is visible (on GPU), the
-data file is present and valid for the model (see :func:`executor.data_format.check_token_file`;
-global rank 0 also scans every token), the checkpoint to resume is complete and holds the same
-model, and rank 0 can write TensorBoard files if asked to. World size and plan/cluster mismatches
-are found earlier, identically on every rank, from the environment.
+Local checks (:func:`local_checks`): the device the plan gives this rank is visible (on GPU), its
+step fits the rank's memory (:mod:`executor.preflight_memory`), the data file is present and valid
+for the model (see :func:`executor.data_format.check_token_file`; global rank 0 also scans every
+token), the output paths are writable (:mod:`executor.preflight_paths`), and rank 0 can write
+TensorBoard files if asked to. Then the checkpoint to resume is chosen and verified by all ranks
+together (:mod:`executor.resume`). World size and plan/cluster mismatches are found earlier,
+identically on every rank, from the environment.
 
 Agreement (:func:`agree`) goes through the TCPStore, not a collective, so it works before the
 process group exists and whatever the backend: every rank publishes ``ok`` or its error, then waits
@@ -16,57 +18,20 @@ one clear message. A rank that never reports is named after the timeout.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from executor.checkpoint import model_differences, read_meta
 from executor.launch.env import RankEnv
 from executor.model import check_supported
+from executor.preflight_memory import check_memory
+from executor.preflight_paths import check_output_dir, check_output_file
 from executor.tensorboard_sink import summary_writer_class
+from executor.train_config import TrainConfig
 from planner.errors import SpecError
 from planner.plan import Plan
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    path: Path
-    step: int
-
-
-def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory itself, or the latest complete one under a ``--checkpoint-dir``."""
-    p = Path(path)
-    if (p / "meta.json").exists():
-        return p
-    if not p.is_dir():
-        raise SpecError("--resume", f"{p} does not exist", "pass a checkpoint or a --checkpoint-dir")
-    latest = p / "latest"
-    if latest.exists() and (p / latest.read_text().strip() / "meta.json").exists():
-        return p / latest.read_text().strip()
-    done = sorted(d for d in p.glob("step-*") if re.fullmatch(r"step-\d+", d.name) and (d / "meta.json").exists())
-    if not done:
-        raise SpecError("--resume", f"{p} holds no complete checkpoint (no */meta.json)",
-                        "train with --checkpoint-dir first, or drop --resume")
-    return done[-1]
-
-
-def check_checkpoint(path: str | Path, plan: Plan) -> ResumePoint:
-    ck = find_checkpoint(path)
-    meta = read_meta(ck)
-    got = meta.get("model") or {}
-    diff = model_differences(got, plan.model)
-    if diff:
-        raise SpecError("--resume", f"{ck} holds model {got.get('name')!r}, the plan trains {plan.model.name!r} "
-                        f"(they differ in {', '.join(diff)})", "resume with a plan of the same model")
-    step = meta.get("step")
-    if not isinstance(step, int) or step < 0:
-        raise SpecError("--resume", f"{ck}/meta.json has no valid step", "the checkpoint is damaged")
-    return ResumePoint(ck, step)
 
 
 def pick_device(choice: str, renv: RankEnv, plan: Plan) -> torch.device:
@@ -86,9 +51,12 @@ def pick_device(choice: str, renv: RankEnv, plan: Plan) -> torch.device:
     return torch.device("cuda", renv.local_rank)
 
 
-def agree(store: Any, renv: RankEnv, error: SpecError | None, timeout_s: float) -> None:
-    """Publish this rank's verdict, wait for everyone's; raise the job's error if any rank failed."""
-    key = f"{renv.prefix}/preflight"
+def exchange(store: Any, renv: RankEnv, name: str, error: SpecError | None,
+             timeout_s: float) -> list[tuple[int, dict[str, Any]]]:
+    """Publish this rank's verdict under ``name``, wait for everyone's; the failed ranks' verdicts
+    (``{"msg", "host"}``, in rank order). Every rank returns only after reading all verdicts, and
+    rank 0 hosting the store waits until every rank has read them (it may exit right after)."""
+    key = f"{renv.prefix}/{name}"
     verdict = {"ok": error is None, "msg": str(error) if error else "", "host": renv.host}
     store.set(f"{key}/{renv.rank}", json.dumps(verdict))
     keys = [f"{key}/{r}" for r in range(renv.world_size)]
@@ -99,12 +67,17 @@ def agree(store: Any, renv: RankEnv, error: SpecError | None, timeout_s: float) 
         raise SpecError("startup", f"rank(s) {missing[:8]} did not start within {timeout_s:.0f} s",
                         "start every node's command (same plan, same WORLD_SIZE), or raise "
                         "--startup-timeout") from None
-    bad = []
-    for r, k in enumerate(keys):
-        v = json.loads(store.get(k))
-        if not v["ok"]:
-            bad.append((r, v))
+    bad = [(r, v) for r, v in enumerate(json.loads(store.get(k)) for k in keys) if not v["ok"]]
     store.set(f"{key}-seen/{renv.rank}", "1")
+    if renv.rank == 0 and not renv.store_hosted:
+        wait_all_seen(store, renv, f"{name}-seen", timeout_s)
+    return bad
+
+
+def agree(store: Any, renv: RankEnv, error: SpecError | None, timeout_s: float) -> None:
+    """Publish this rank's pre-flight verdict, wait for everyone's; raise the job's error if any
+    rank failed (the lowest failing rank's, with a count of the others)."""
+    bad = exchange(store, renv, "preflight", error, timeout_s)
     if bad:
         r, v = bad[0]
         more = f" (and {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
@@ -126,21 +99,26 @@ class Prepared:
 
     device: torch.device
     source: Any  # executor.data.SampleSource
-    resume: ResumePoint | None
+    resume: Any = None  # executor.resume.ResumePoint, once chosen by all ranks together
 
 
-def local_checks(plan: Plan, renv: RankEnv, *, device: str, data: str | None, seed: int,
-                 resume: str | None, tensorboard: str | None = None) -> Prepared:
-    """This rank's checks (device, data, checkpoint, and on rank 0 the TensorBoard package when a
-    ``tensorboard`` folder is asked for); the first problem is a ``SpecError``."""
+def local_checks(plan: Plan, renv: RankEnv, args: TrainConfig, *, pool: bool = False) -> Prepared:
+    """This rank's checks (device, memory, data, output paths, and on rank 0 the TensorBoard package
+    when a ``--tensorboard`` folder is asked for); the first problem is a ``SpecError``. The
+    checkpoint to resume is chosen after these pass (:mod:`executor.resume`). ``pool``: the plan is
+    a strategy pool's home plan and ``--data`` holds documents (read by :mod:`executor.train_varlen`)."""
     from executor.data import make_source
 
     check_supported(plan)
-    if tensorboard and renv.rank == 0:
+    if args.tensorboard and renv.rank == 0:
         summary_writer_class()
-    dev = pick_device(device, renv, plan)
+    dev = pick_device(args.device, renv, plan)
+    check_memory(plan, renv.rank, dev)
     # Every rank checks the index and file size; only rank 0 reads the whole file for ids >= vocab_size
     # (the same file on every node: 56 full scans of a large corpus would cost minutes for nothing).
-    source = make_source(plan, data=data, seed=seed, scan=renv.rank == 0)
-    point = check_checkpoint(resume, plan) if resume else None
-    return Prepared(dev, source, point)
+    source = make_source(plan, data=None if pool else args.data, seed=args.seed, scan=renv.rank == 0)
+    if args.checkpoint_dir:
+        check_output_dir(args.checkpoint_dir, "--checkpoint-dir")
+    if args.log_jsonl and renv.rank == 0:
+        check_output_file(args.log_jsonl, "--log-jsonl")
+    return Prepared(dev, source)

@@ -25,12 +25,14 @@ from executor.data import BatchStream, DataPosition, pipeline_rows
 from executor.engine import Engine
 from executor.groups import ProcessGroups
 from executor.launch import flight
+from executor.launch.bounded_store import BoundedStore, StoreError, StoreTimeout
 from executor.launch.env import RankEnv, connect_store, rank_env
 from executor.launch.faults import maybe_inject, parse_fault
-from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog, log_error
+from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_RANK_FAILURE, EXIT_USER_ERROR, Watchdog, log_error
 from executor.metrics import StepLogger
 from executor.optim import OptimConfig
 from executor.preflight import Prepared, agree, local_checks, wait_all_seen
+from executor.resume import choose_checkpoint
 from executor.saving import Saver
 from executor.tensorboard_sink import TensorBoardSink
 from executor.trace import StepTrace, trace_window
@@ -70,13 +72,23 @@ def run_training(args: TrainConfig) -> int:
             renv = replace(renv, master_port=store.port)
         error, prep, docs = None, None, None
         try:
-            prep = local_checks(plan, renv, device=args.device, data=None if pool else args.data, seed=args.seed,
-                                resume=args.resume, tensorboard=args.tensorboard)
+            prep = local_checks(plan, renv, args, pool=pool is not None)
             docs = doc_source(args, pool, scan=renv.rank == 0) if pool is not None else None
         except SpecError as exc:
             error = exc
-        agree(store, renv, error, args.startup_timeout)
+        # bounded: a store host that froze during start-up must not block this rank forever
+        bounded = BoundedStore.around(store, args.startup_timeout + 30.0, what="the rendezvous store")
+        agree(bounded, renv, error, args.startup_timeout)
         assert prep is not None
+        prep.resume = choose_checkpoint(bounded, renv, plan, args.resume, args.steps, args.startup_timeout) \
+            if args.resume else None
+    except StoreError as exc:  # the store's host froze or died before the watchdog runs: a rank failure
+        where = "the launcher that hosts it" if renv and renv.store_hosted else "rank 0, which hosts it,"
+        how = "froze or its host is unreachable" if isinstance(exc, StoreTimeout) else "died"
+        text = f"stopping during set-up: {exc}: {where} {how}"
+        if renv is not None:
+            log_error(renv, text)
+        return EXIT_RANK_FAILURE
     except SpecError as exc:
         if renv is not None:
             log_error(renv, str(exc))
@@ -89,8 +101,8 @@ def run_training(args: TrainConfig) -> int:
     wd = Watchdog(renv, interval=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after)
     try:
         flight.enable()
+        wd.start(store)  # before the process group: a peer or store host that freezes in set-up is named too
         backend = init_process_group(renv, store, prep.device, timeout_s)
-        wd.start(store)
         if pool is not None:
             assert docs is not None
             train_pool(args, pool, cluster, docs, rank=renv.rank, device=prep.device, optim=opt,
@@ -117,7 +129,8 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
     if renv.rank == 0:
         print(f"hexiscale train: rank 0 connected {groups.members()} communicators in {groups.setup_s:.2f} s"
               + (f" ({groups.device_mib:.0f} MiB of device memory)" if backend == "nccl" else ""), flush=True)
-    engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed)
+    engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed,
+                    on_nonfinite=args.on_nonfinite)
     position = DataPosition()
     if prep.resume is not None:
         extra = checkpoint.load(engine, prep.resume.path)

@@ -3,17 +3,27 @@
 The CLI builds it from its flags (``hexiscale.cli.train_args``); tests and programs may build it
 directly. The layout is a plan file (``plan``) or the seed systems' flags (``seed_layout``), resolved
 on the rank itself so that a bad plan is reported like every other pre-flight error.
+
+Every value is checked here, before any process group or step, and a bad one is a ``SpecError``
+naming the flag: counts in range, numbers finite, seconds positive and consistent (a rank is
+declared dead only after several missed heartbeats). What needs the file system or the
+checkpoint (writable folders, ``--resume`` past ``--steps``) is checked in pre-flight.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from executor.nonfinite import POLICIES
 from planner.errors import SpecError
+from planner.ranges import check_int, check_number
 from planner.seed_layout import SeedLayout
 
 DEVICES = ("auto", "cpu", "cuda")
 ASSIGN = ("cost", "threshold")
+MAX_STEPS = 10**9
+MAX_SEED = 2**63 - 1
+MAX_SECONDS = 365 * 86400.0  # a year: anything longer is a typo (and overflows timedelta arithmetic)
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,7 @@ class TrainConfig:
     tensorboard: str | None = None  # a folder: rank 0 writes TensorBoard scalars there too
     trace: str | None = None  # rank 0 writes measured per-micro-batch events here (executor.trace)
     trace_steps: int = 3  # how many steps --trace records (after the run's first)
+    on_nonfinite: str = "stop"  # a NaN/Inf loss or gradient: stop the job, or skip the step
     heartbeat: float = 1.0  # seconds between heartbeats
     dead_after: float = 30.0  # a rank silent this long is dead
     hang_after: float = 1800.0  # no step finished this long: the job is hung
@@ -56,21 +67,37 @@ class TrainConfig:
         return self.steps if self.stop_at is None else min(self.steps, self.stop_at)
 
     def __post_init__(self) -> None:
-        if self.device not in DEVICES:
-            raise SpecError("--device", f"{self.device!r} is not one of {', '.join(DEVICES)}", "pass --device cpu")
-        for flag, value in (("--steps", self.steps), ("--save-every", self.save_every), ("--stop-at", self.stop_at)):
-            if value is not None and value < 0:
-                raise SpecError(flag, f"must be >= 0, got {value}", "pass a count of steps")
-        if self.step_tokens is not None and self.step_tokens < 1:
-            raise SpecError("--step-tokens", f"must be >= 1, got {self.step_tokens}", "give a step's tokens")
-        if self.assign not in ASSIGN:
-            raise SpecError("--assign", f"{self.assign!r} is not one of {', '.join(ASSIGN)}", "pass --assign cost")
-        if self.log_every < 1:
-            raise SpecError("--log-every", f"must be >= 1, got {self.log_every}", "pass e.g. --log-every 10")
-        if self.trace_steps < 1:
-            raise SpecError("--trace-steps", f"must be >= 1, got {self.trace_steps}", "pass e.g. --trace-steps 3")
+        for flag, value, choices in (("--device", self.device, DEVICES),
+                                     ("--on-nonfinite", self.on_nonfinite, POLICIES),
+                                     ("--assign", self.assign, ASSIGN)):
+            if value not in choices:
+                raise SpecError(flag, f"{value!r} is not one of {', '.join(choices)}", f"pass {flag} {choices[0]}")
+        check_int("--steps", self.steps, 1, MAX_STEPS, "pass the number of optimizer steps to reach, e.g. --steps 100")
+        if self.stop_at is not None:
+            check_int("--stop-at", self.stop_at, 1, MAX_STEPS, "pass the step to stop after, e.g. --stop-at 50")
+        check_int("--save-every", self.save_every, 0, MAX_STEPS, "pass a number of steps (0: save at the end)")
+        check_int("--log-every", self.log_every, 1, MAX_STEPS, "pass e.g. --log-every 10")
+        check_int("--trace-steps", self.trace_steps, 1, MAX_STEPS, "pass e.g. --trace-steps 3")
+        if self.step_tokens is not None:
+            check_int("--step-tokens", self.step_tokens, 1, MAX_STEPS * 1024, "give a step's tokens")
+        check_int("--seed", self.seed, 0, MAX_SEED, "pass a non-negative seed")
+        if self.warmup is not None:
+            check_int("--warmup", self.warmup, 0, MAX_STEPS)
+        check_number("--lr", self.lr, 0.0, above=True)
+        if self.min_lr is not None:
+            check_number("--min-lr", self.min_lr, 0.0, self.lr, hint="pass a value from 0 to --lr")
+        check_number("--weight-decay", self.weight_decay, 0.0)
+        check_number("--clip", self.clip)
         for flag, secs in (("--heartbeat", self.heartbeat), ("--dead-after", self.dead_after),
                            ("--hang-after", self.hang_after), ("--startup-timeout", self.startup_timeout),
                            ("--pg-timeout", self.pg_timeout)):
-            if secs is not None and not secs > 0:
-                raise SpecError(flag, f"must be > 0 seconds, got {secs}", "pass a positive number of seconds")
+            if secs is not None:
+                check_number(flag, secs, 0.0, MAX_SECONDS, above=True, unit=" seconds")
+        for flag, secs in (("--dead-after", self.dead_after), ("--hang-after", self.hang_after)):
+            if secs < 2 * self.heartbeat:
+                raise SpecError(flag, f"{secs:g} s is less than two heartbeats (--heartbeat {self.heartbeat:g} s)",
+                                f"raise {flag} or lower --heartbeat")
+        if self.pg_timeout is not None and self.pg_timeout <= self.hang_after:
+            raise SpecError("--pg-timeout", f"{self.pg_timeout:g} s is not longer than --hang-after "
+                            f"{self.hang_after:g} s: NCCL would abort a rank that waits for a stuck peer before the "
+                            "watchdog names the stuck one", "raise --pg-timeout or lower --hang-after")

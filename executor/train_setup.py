@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from executor.launch.env import RankEnv
 from executor.launch.watchdog import EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
+from executor.nonfinite import NonFiniteStep
 from executor.optim import OptimConfig
 from executor.train_config import TrainConfig
 from planner.cluster import ClusterSpec, load_cluster
@@ -74,14 +75,9 @@ def optim_config(args: TrainConfig) -> OptimConfig:
 
 
 def pg_timeout(args: TrainConfig) -> float:
-    """The process group's timeout: it must exceed ``--hang-after`` (see :mod:`executor.launch.watchdog`)."""
-    if args.pg_timeout is None:
-        return args.hang_after + 300.0
-    if args.pg_timeout <= args.hang_after:
-        raise SpecError("--pg-timeout", f"{args.pg_timeout:g} s is not longer than --hang-after "
-                        f"{args.hang_after:g} s: NCCL would abort a rank that waits for a stuck peer before the "
-                        "watchdog names the stuck one", "raise --pg-timeout or lower --hang-after")
-    return args.pg_timeout
+    """The process group's timeout: it must exceed ``--hang-after`` (see :mod:`executor.launch.watchdog`;
+    :class:`TrainConfig` checks a given one)."""
+    return args.hang_after + 300.0 if args.pg_timeout is None else args.pg_timeout
 
 
 def init_process_group(renv: RankEnv, store: Any, device: torch.device, timeout_s: float) -> str:
@@ -98,12 +94,25 @@ def init_process_group(renv: RankEnv, store: Any, device: torch.device, timeout_
     return backend
 
 
+def is_host_oom(exc: BaseException) -> bool:
+    """CPU allocation failures: Python's/numpy's ``MemoryError`` and torch's CPU allocator error
+    (a ``RuntimeError``, not ``torch.OutOfMemoryError``, which is CUDA's)."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("DefaultCPUAllocator" in text or "can't allocate memory" in text)
+
+
 def classify(exc: BaseException) -> tuple[str, int, bool]:
     """(reason, exit code, may be a symptom of another rank's failure)."""
     if isinstance(exc, SpecError):
         return str(exc), EXIT_USER_ERROR, False
+    if isinstance(exc, NonFiniteStep):
+        return str(exc), EXIT_RANK_FAILURE, False
     if isinstance(exc, torch.OutOfMemoryError):
         return f"out of memory: {exc}".splitlines()[0], EXIT_OOM, False
+    if is_host_oom(exc):
+        return f"out of host memory: {type(exc).__name__}: {exc}".splitlines()[0][:300], EXIT_OOM, False
     text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     comm_words = ("gloo", "nccl", "connection", "socket", "timed out", "timeout", "peer", "broken pipe")
     comm = isinstance(exc, dist.DistError) or any(w in str(exc).lower() for w in comm_words)

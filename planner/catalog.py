@@ -8,7 +8,6 @@ MPS) is its own entry: that is how a cluster file names it.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -16,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.fields import check_keys, expect_mapping, get_float, get_str, join
 
@@ -120,11 +120,7 @@ class Catalog:
 def load_catalog_dir(directory: Path) -> Catalog:
     entries = []
     for file in sorted(directory.glob("*.json")):
-        try:
-            data = json.loads(file.read_text())
-        except json.JSONDecodeError as exc:
-            raise SpecError("", f"not valid JSON: {exc.msg} at line {exc.lineno}", "fix the JSON",
-                            str(file)) from None
+        data = load_json_file(file, "device profile")
         try:
             entries.append(parse_device_entry(data))
         except SpecError as exc:

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from planner.catalog import Catalog, default_catalog
+from planner.documents import MAX_YAML_BYTES, line_of, load_yaml_document, read_user_text
 from planner.errors import SpecError
 from planner.fields import (
     check_keys,
@@ -41,12 +40,19 @@ from planner.fields import (
     get_int,
     get_str,
     join,
-    read_user_text,
 )
+from planner.names import check_name
+from planner.ranges import check_number
 
 MAX_GPUS_PER_NODE = 64
 MAX_NODES = 4096
 LINK_KINDS = ("nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet", "tcp", "other")
+# Ranges far beyond real hardware (1 KB/s .. 1 PB/s, up to 1000 s of latency, 1 PiB of memory): values
+# outside are typos (a unit mix-up) and would make the cost model's arithmetic meaningless.
+BANDWIDTH_GBPS = (1e-6, 1e6)
+MAX_LATENCY_US = 1e9
+MAX_MEMORY_GIB = 1e6
+MAX_SLOWDOWN = 1e6
 
 
 @dataclass(frozen=True)
@@ -174,10 +180,13 @@ class ClusterSpec:
 def parse_link(data: Any, path: str) -> Link:
     data = expect_mapping(data, path)
     check_keys(data, path, ("bandwidth_GBps",), ("kind", "latency_us"))
+    low, high = BANDWIDTH_GBPS
     return Link(
         kind=get_str(data, "kind", path, default="other", choices=LINK_KINDS),
-        bandwidth_GBps=get_float(data, "bandwidth_GBps", path, positive=True),
-        latency_us=get_float(data, "latency_us", path, nonnegative=True, default=0.0),
+        bandwidth_GBps=check_number(join(path, "bandwidth_GBps"), get_float(data, "bandwidth_GBps", path,
+                                    positive=True), low, high, unit=" GB/s"),
+        latency_us=check_number(join(path, "latency_us"), get_float(data, "latency_us", path, nonnegative=True,
+                                default=0.0), 0.0, MAX_LATENCY_US, unit=" us"),
     )
 
 
@@ -190,9 +199,7 @@ def _parse_nodes(raw: Any, catalog: Catalog) -> list[Node]:
         p = join("nodes", i)
         item = expect_mapping(item, p)
         check_keys(item, p, ("name", "gpu", "gpus", "intra_link"), ("count",))
-        name = get_str(item, "name", p)
-        if ":" in name or any(c.isspace() for c in name):
-            raise SpecError(join(p, "name"), f"{name!r} contains ':' or whitespace", "use letters, digits, '-', '_'")
+        name = check_name(get_str(item, "name", p), join(p, "name"), "node name")
         gpu = catalog.get(get_str(item, "gpu", p), join(p, "gpu")).key
         gpus = get_int(item, "gpus", p, minimum=1, maximum=MAX_GPUS_PER_NODE)
         link = parse_link(item["intra_link"], join(p, "intra_link"))
@@ -257,8 +264,10 @@ def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
             raise SpecError(p, f"no device {dev_id!r} in this cluster", "use 'node-name:local-index'")
         o = expect_mapping(o, p)
         check_keys(o, p, (), ("memory_gib", "slowdown"))
-        mem = get_float(o, "memory_gib", p, positive=True) if "memory_gib" in o else None
-        slow = get_float(o, "slowdown", p, positive=True, default=1.0)
+        mem = check_number(join(p, "memory_gib"), get_float(o, "memory_gib", p, positive=True), 0.0, MAX_MEMORY_GIB,
+                           above=True, unit=" GiB") if "memory_gib" in o else None
+        slow = check_number(join(p, "slowdown"), get_float(o, "slowdown", p, positive=True, default=1.0), 1.0,
+                            MAX_SLOWDOWN, hint="slowdown divides the GPU's speed: 1.3 means 30 % slower")
         overrides.append((dev_id, DeviceOverride(mem, slow)))
 
     return ClusterSpec(
@@ -268,60 +277,14 @@ def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
     )
 
 
-def load_yaml_text(text: str, file: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError("", f"not valid YAML{where}: {getattr(exc, 'problem', exc)}", "fix the syntax",
-                        file) from None
-
-
 def load_cluster(path: str | Path, catalog: Catalog | None = None) -> ClusterSpec:
-    """Read and validate a cluster file; errors carry the file name."""
+    """Read and validate a cluster file; errors carry the file name and line."""
     path = Path(path)
-    text = read_user_text(path, "cluster")
+    data, lines = load_yaml_document(read_user_text(path, "cluster", MAX_YAML_BYTES), str(path))
     try:
-        return parse_cluster(load_yaml_text(text, str(path)), catalog)
+        return parse_cluster(data, catalog)
     except SpecError as exc:
-        raise exc.with_file(str(path), line_of(yaml_field_lines(text), exc.path)) from None
-
-
-def yaml_field_lines(text: str) -> dict[str, int]:
-    """Field path (as in ``SpecError.path``: ``nodes[0].intra_link.kind``) -> 1-based line in ``text``."""
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
-        return {}
-    lines: dict[str, int] = {}
-
-    def walk(node: yaml.Node, path: str) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode):
-                    sub = join(path, str(key.value))
-                    lines[sub] = key.start_mark.line + 1
-                    walk(value, sub)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                sub = join(path, i)
-                lines[sub] = item.start_mark.line + 1
-                walk(item, sub)
-
-    if root is not None:
-        walk(root, "")
-    return lines
-
-
-def line_of(lines: dict[str, int], path: str) -> int | None:
-    """The line of ``path`` or of its nearest enclosing field that the file has."""
-    while path:
-        if path in lines:
-            return lines[path]
-        cut = max(path.rfind("."), path.rfind("["))
-        path = path[:cut] if cut > 0 else ""
-    return None
+        raise exc.with_file(str(path), line_of(lines, exc.path)) from None
 
 
 def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:

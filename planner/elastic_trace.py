@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.cluster import ClusterSpec, load_yaml_text
+from planner.cluster import ClusterSpec
+from planner.documents import load_yaml_text, read_user_text
 from planner.errors import SpecError
-from planner.fields import check_keys, expect_list, expect_mapping, get_int, join, read_user_text
+from planner.fields import check_keys, expect_list, expect_mapping, get_int, join
 from planner.plan import Plan, load_plan
 
 TRACE_FORMAT = "hexiscale.trace/1"

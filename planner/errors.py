@@ -20,12 +20,16 @@ class SpecError(ValueError):
         super().__init__(self._render())
 
     def _render(self) -> str:
+        """One line of printable text: ``FILE:LINE: FIELD: MESSAGE (hint: HINT)``; a message about a
+        whole file leaves out the field. Line breaks (a parser's message may hold some) become
+        spaces, and other control characters (a file name may hold any) are escaped, so nothing in
+        a name can move the cursor, erase what was printed or split the line."""
         where = f"{self.file}{f':{self.line}' if self.line else ''}: " if self.file else ""
-        field = self.path or "<root>"
-        text = f"{where}{field}: {self.message}"
+        field = self.path or ("" if self.file else "<root>")
+        text = f"{where}{field}: {self.message}" if field else f"{where}{self.message}"
         if self.hint:
             text += f" (hint: {self.hint})"
-        return text
+        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(text.splitlines()))
 
     def __reduce__(self) -> tuple[type[SpecError], tuple[str, str, str, str | None, int | None]]:
         """Pickles whole (ranks exchange errors through collectives, ``data prep`` workers return them)."""

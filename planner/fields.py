@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from planner.errors import SpecError
@@ -111,13 +110,3 @@ def get_bool(data: Mapping[str, Any], key: str, path: str, *, default: bool) -> 
     if not isinstance(value, bool):
         raise SpecError(join(path, key), f"expected true or false, got {value!r}", "write true or false")
     return value
-
-
-def read_user_text(path: Path, what: str) -> str:
-    """A user's text file; unreadable or non-UTF-8 files are a ``SpecError`` naming the file."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError("", f"cannot read {what} file: {exc.strerror}", "check the path", str(path)) from None
-    except UnicodeDecodeError:
-        raise SpecError("", f"the {what} file is not UTF-8 text", f"pass a {what} file", str(path)) from None

@@ -24,7 +24,8 @@ from typing import Any
 
 from planner.errors import SpecError
 from planner.fields import expect_mapping, get_bool, get_float, get_int
-from planner.model import PRESETS, ModelSpec
+from planner.model import MODEL_LIMITS, PRESETS, ModelSpec
+from planner.ranges import check_int
 from planner.rope import ROPE_TYPES, RopeScaling
 
 REQUIRED = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
@@ -135,6 +136,8 @@ def load_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
 def resolve_model(name_or_path: str, seq_len: int | None = None) -> ModelSpec:
     """A preset name, or a Hugging Face ``config.json`` (or the folder holding one);
     ``seq_len`` overrides the length."""
+    if seq_len is not None:
+        check_int("--seq-len", seq_len, 1, MODEL_LIMITS["seq_len"], "pass a sequence length in tokens")
     if name_or_path in PRESETS:
         model = PRESETS[name_or_path]
         return replace(model, seq_len=seq_len) if seq_len else model

@@ -22,6 +22,10 @@ from planner.fields import check_keys, expect_mapping, get_bool, get_float, get_
 from planner.rope import RopeScaling, rope_scaling_from_dict
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+# Upper bounds far beyond any real model: they keep absurd values (10**30 layers) out of the
+# cost model's arithmetic and the executor's allocations.
+MODEL_LIMITS = {"num_layers": 10_000, "hidden_size": 1 << 20, "ffn_hidden_size": 1 << 22, "num_heads": 1 << 16,
+                "num_kv_heads": 1 << 16, "vocab_size": 1 << 24, "seq_len": 1 << 24}
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,14 @@ class ModelSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpecError(f"model.{name}", f"must be a positive integer, got {value!r}", "fix the model config")
+            if value > MODEL_LIMITS[name]:
+                raise SpecError(f"model.{name}", f"{value} is more than {MODEL_LIMITS[name]:,}",
+                                "fix the model config (no Llama-style model comes near this)")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise SpecError(f"model.{name}", f"must be a finite positive number, got {value!r}",
+                                "fix the model config")
         if self.hidden_size % self.num_heads:
             raise SpecError("model.hidden_size", f"{self.hidden_size} is not divisible by num_heads={self.num_heads}",
                             "hidden_size must be num_heads * head_dim")

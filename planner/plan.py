@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.fields import (
     check_keys,
@@ -27,14 +28,15 @@ from planner.fields import (
     get_int,
     get_str,
     join,
-    read_user_text,
 )
-from planner.model import RECOMPUTE_MODES, ModelSpec, model_from_dict
+from planner.model import MODEL_LIMITS, RECOMPUTE_MODES, ModelSpec, model_from_dict
 
 PLAN_FORMAT = "hexiscale.plan/1"
 SCHEDULES = ("1f1b", "gpipe")
 DTYPES = ("fp32", "bf16", "fp16")
 MAX_MICRO_BATCHES = 100_000
+MAX_GLOBAL_BATCH = 1 << 24  # samples per step; far beyond any real run
+MAX_LAYER = MODEL_LIMITS["num_layers"]
 
 
 @dataclass(frozen=True)
@@ -117,8 +119,9 @@ class Plan:
 def check_structure(plan: Plan) -> None:
     """Invariants that need only the plan (not the cluster)."""
     m = plan.model
-    if plan.global_batch_size < 1:
-        raise SpecError("global_batch_size", f"must be >= 1, got {plan.global_batch_size}", "use a positive batch")
+    if not 1 <= plan.global_batch_size <= MAX_GLOBAL_BATCH:
+        raise SpecError("global_batch_size", f"must be in [1, {MAX_GLOBAL_BATCH:,}], got {plan.global_batch_size}",
+                        "use a realistic batch of samples")
     if not plan.pipelines:
         raise SpecError("pipelines", "a plan needs at least one pipeline", "add a pipeline")
     o = plan.options
@@ -196,9 +199,10 @@ def _parse_stage(data: Any, path: str) -> Stage:
             raise SpecError(join(join(path, "devices"), i), f"expected a device id string, got {d!r}",
                             "write 'node-name:local-index'")
     layers = expect_list(data["layers"], join(path, "layers"))
-    if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in layers):
-        raise SpecError(join(path, "layers"), f"expected [start, end] of non-negative integers, got {layers!r}",
-                        "write a half-open layer range such as [0, 16]")
+    if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_LAYER
+                                   for x in layers):
+        raise SpecError(join(path, "layers"), f"expected [start, end] of integers in [0, {MAX_LAYER}], got "
+                        f"{layers!r}"[:200], "write a half-open layer range such as [0, 16]")
     tp = get_int(data, "tp", path, minimum=1, default=len(devs))
     return Stage(tuple(devs), tp, (layers[0], layers[1]))
 
@@ -208,8 +212,8 @@ def _parse_pipeline(data: Any, path: str) -> Pipeline:
     check_keys(data, path, ("batch_size", "micro_batches", "stages"), ("schedule",))
     stages = expect_list(data["stages"], join(path, "stages"))
     return Pipeline(
-        batch_size=get_int(data, "batch_size", path, minimum=1),
-        micro_batches=get_int(data, "micro_batches", path, minimum=1),
+        batch_size=get_int(data, "batch_size", path, minimum=1, maximum=MAX_GLOBAL_BATCH),
+        micro_batches=get_int(data, "micro_batches", path, minimum=1, maximum=MAX_MICRO_BATCHES),
         stages=tuple(_parse_stage(s, join(join(path, "stages"), i)) for i, s in enumerate(stages)),
         schedule=get_str(data, "schedule", path, default="1f1b", choices=SCHEDULES),
     )
@@ -268,13 +272,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def load_plan(path: str | Path) -> Plan:
-    path = Path(path)
-    text = read_user_text(path, "plan")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError("", f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}", "fix the JSON",
-                        str(path)) from None
+    data = load_json_file(path, "plan")
     try:
         return plan_from_dict(data)
     except SpecError as exc:

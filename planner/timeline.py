@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.documents import read_user_text
 from planner.errors import SpecError
-from planner.fields import expect_list, expect_mapping, read_user_text
+from planner.fields import expect_list, expect_mapping
 from planner.plan import Plan, plan_from_dict
 
 TRACE_FORMAT = "hexiscale.trace/1"

@@ -96,6 +96,8 @@ def connect_store(renv: RankEnv, timeout_s: float, *, host: bool | None = None) 
 
     is_master = (renv.rank == 0 and not renv.store_hosted) if host is None else host
     try:
+        if is_master and is_loopback(renv.master_addr):
+            return serve_store(renv.master_addr, renv.master_port, timeout_s)
         return TCPStore(renv.master_addr, renv.master_port, world_size=None, is_master=is_master,
                         timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     except Exception as exc:  # DistNetworkError / RuntimeError from c10d
@@ -105,3 +107,32 @@ def connect_store(renv: RankEnv, timeout_s: float, *, host: bool | None = None) 
                         f"{renv.master_port} ({first})",
                         "check --master / MASTER_ADDR and MASTER_PORT, that the port is free on the "
                         "master and that rank 0's node was started") from None
+
+
+def is_loopback(addr: str) -> bool:
+    return addr == "localhost" or addr.startswith("127.") or addr == "::1"
+
+
+def serve_store(addr: str, port: int, timeout_s: float = 300.0) -> Any:
+    """A TCPStore server listening on ``addr`` only. c10d binds every interface when it opens the
+    port itself, so a job meant for this machine (``--local``, a lone process) would accept
+    connections from the network; here the socket is bound first and handed over."""
+    from torch.distributed import TCPStore
+
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1" if addr == "localhost" else addr, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    fd = sock.detach()  # the store owns the listening socket from here on
+    return TCPStore(addr, port or _port_of(fd), world_size=None, is_master=True,
+                    timeout=timedelta(seconds=timeout_s), wait_for_workers=False, master_listen_fd=fd)
+
+
+def _port_of(fd: int) -> int:
+    with socket.socket(fileno=os.dup(fd)) as probe:
+        return int(probe.getsockname()[1])

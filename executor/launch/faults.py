@@ -5,6 +5,7 @@ ranks are entering that step's collectives. ``KIND``:
 
 * ``kill``  — SIGKILL itself (a crashed process: no message, no clean-up);
 * ``hang``  — stop making progress forever (its heartbeat thread keeps running);
+* ``freeze`` — SIGSTOP itself: every thread stops, the TCPStore it may host included;
 * ``raise`` — raise a RuntimeError (a bug in one rank);
 * ``oom``   — raise ``torch.OutOfMemoryError`` (as the allocator would);
 * ``kill-in-save`` — SIGKILL itself while writing the checkpoint saved after step ``STEP`` (its own
@@ -21,7 +22,7 @@ import time
 
 from planner.errors import SpecError
 
-KINDS = ("kill", "hang", "raise", "oom", "kill-in-save")
+KINDS = ("kill", "hang", "freeze", "raise", "oom", "kill-in-save")
 
 
 def parse_fault(text: str | None) -> tuple[int, int, str] | None:
@@ -42,6 +43,8 @@ def maybe_inject(fault: tuple[int, int, str] | None, rank: int, step: int, *, in
     print(f"[rank {rank}] HEXISCALE_FAULT: injecting '{kind}' at step {step}", flush=True)
     if kind in ("kill", "kill-in-save"):
         os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "freeze":
+        os.kill(os.getpid(), signal.SIGSTOP)
     elif kind == "hang":
         while True:
             time.sleep(3600)

@@ -30,7 +30,9 @@ How a failure reaches every rank within a bound:
 * The first verdict wins (``compare_set`` on ``abort``); every watchdog sees it within one
   interval, prints ``rank R (host H) failed at step S: why`` and exits with the verdict's code
   (``os._exit``: a rank blocked in a collective cannot be unblocked any other way).
-* Losing the store itself (its host died) is a verdict too, naming the host rank.
+* Losing the store itself (its host died) is a verdict too, naming the host rank; so is a store
+  that stops answering (its host froze): every watchdog call is bounded by ``dead_after``
+  (:mod:`executor.launch.bounded_store`), so the watchdog never blocks on the store it watches.
 
 So a dead rank stops the whole job within ``dead_after + 2 * interval`` seconds, and a hung one
 within ``hang_after + interval``.
@@ -47,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor.launch import flight
+from executor.launch.bounded_store import BoundedStore, StoreTimeout
 from executor.launch.env import RankEnv, connect_store
 
 EXIT_OK = 0
@@ -116,8 +119,14 @@ class Watchdog:
     def start(self, main_store: Any = None) -> None:
         """Start the thread. ``main_store`` (the training thread's connection) publishes steps."""
         self._main_store = main_store
-        self._store = connect_store(self.renv, max(30.0, self.dead_after), host=False)
-        self._store.set(self._key(f"host/{self.renv.rank}"), self.renv.host)
+        renv = self.renv
+        # its own client, every call bounded: a frozen store host cannot block the watchdog
+        self._store = BoundedStore(lambda: connect_store(renv, max(30.0, self.dead_after), host=False),
+                                   self.dead_after, what=f"the store at {renv.master_addr}:{renv.master_port}")
+        try:
+            self._store.set(self._key(f"host/{renv.rank}"), renv.host)
+        except Exception:
+            pass  # the thread's first beat finds the same problem and turns it into a verdict
         self._thread = threading.Thread(target=self._run, name="hexiscale-watchdog", daemon=True)
         self._thread.start()
 
@@ -228,12 +237,8 @@ class Watchdog:
                 if found is not None:
                     self._exit(found)
                 values, done, ndone = self._read(world, done, ndone)
-            except Exception as exc:  # the store is gone: its host died
-                where = "the launcher that hosts it" if self.renv.store_hosted else "rank 0, which hosts it"
-                self._exit(Verdict(-1 if self.renv.store_hosted else 0, self._hosts.get(0, self.renv.master_addr),
-                                   self.step, f"lost contact with the store at {self.renv.master_addr}:"
-                                   f"{self.renv.master_port} ({type(exc).__name__}): {where} died",
-                                   EXIT_RANK_FAILURE))
+            except Exception as exc:  # the store is gone (its host died) or does not answer (froze)
+                self._exit(self._store_verdict(exc))
                 return
             never = [q for q in range(world) if q not in values and q not in done]
             if never and now - started > 2 * self.dead_after:
@@ -256,6 +261,19 @@ class Watchdog:
                     last_progress = (low, now)
                 elif now - last_progress[1] > self.hang_after:
                     self._exit(self._propose(self._hang_verdict(values, steps, low, now - last_progress[1])))
+
+    def _store_verdict(self, exc: Exception) -> Verdict:
+        """The verdict when the store fails: it names the store's host (rank 0 or the launcher)."""
+        renv = self.renv
+        host_rank = -1 if renv.store_hosted else 0
+        who = "the launcher that hosts it" if renv.store_hosted else "rank 0, which hosts it,"
+        addr = f"{renv.master_addr}:{renv.master_port}"
+        if isinstance(exc, StoreTimeout):
+            why = (f"the store at {addr} has not answered for {self.dead_after:.0f} s: {who} froze or its host "
+                   "is unreachable")
+        else:
+            why = f"lost contact with the store at {addr} ({type(exc).__name__}): {who} died"
+        return Verdict(host_rank, self._hosts.get(0, renv.master_addr), self.step, why, EXIT_RANK_FAILURE)
 
     def _where(self) -> str:
         """Where the training thread is: ``comm`` when its innermost Python frame is a

@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hexiscale.cli.cmd_profile import MAX_COMM_RANKS
 from planner.errors import SpecError
 from planner.hf_config import resolve_model
+from planner.ranges import check_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -28,10 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from planner.calibration.local import calibration_home
 
-    if args.seq_len is not None and args.seq_len < 1:
-        raise SpecError("--seq-len", f"must be >= 1, got {args.seq_len}", "give a positive sequence length")
-    if args.comm_ranks is not None and args.comm_ranks < 0:
-        raise SpecError("--comm-ranks", f"must be >= 0, got {args.comm_ranks}", "pass 0 to skip the link sweep")
+    if args.comm_ranks is not None:
+        check_int("--comm-ranks", args.comm_ranks, 0, MAX_COMM_RANKS, "pass 0 to skip the link sweep")
     model = resolve_model("tiny" if args.cpu and args.model == "llama-1.3b" else args.model, args.seq_len)
     home = Path(args.home) if args.home else calibration_home()
     from executor.devices import cuda_device_count

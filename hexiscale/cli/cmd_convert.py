@@ -10,6 +10,7 @@ import argparse
 import json
 
 from hexiscale.cli.output import console, err_console
+from hexiscale.cli.writing import writing
 from planner.cluster import load_cluster
 from planner.plan import load_plan, plan_to_dict, save_plan
 from planner.seed_flags import plan_to_flags
@@ -44,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     for note in layout.notes() + _launcher_notes(args):
         err_console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     if args.output:
-        save_plan(plan, args.output)
+        with writing("-o", args.output):
+            save_plan(plan, args.output)
         console.print(f"wrote {args.output}", highlight=False)
     else:
         print(json.dumps(plan_to_dict(plan), indent=2))

@@ -27,6 +27,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from executor.dataprep.corpus import FORMATS, TEXT_DOCS
 from hexiscale.cli import data_varlen
 from hexiscale.cli.output import console, err_console
+from hexiscale.cli.writing import writing
+from planner.model import MODEL_LIMITS
+from planner.ranges import check_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -68,11 +71,19 @@ def run(args: argparse.Namespace) -> int:
         load_token_list,
         read_index,
         scan_max_token,
+        token_paths,
         write_token_file,
     )
 
+    if args.data_command == "info":
+        if args.vocab_size is not None:
+            check_int("--vocab-size", args.vocab_size, 1, MODEL_LIMITS["vocab_size"], "pass the model's vocab_size")
+        if args.seq_len is not None:
+            check_int("--seq-len", args.seq_len, 1, MODEL_LIMITS["seq_len"], "pass the model's seq_len")
     if args.data_command == "pack":
-        index = write_token_file(args.output, load_token_list(args.input), args.dtype)
+        tokens = load_token_list(args.input)
+        with writing("-o", *token_paths(args.output)):
+            index = write_token_file(args.output, tokens, args.dtype)
         console.print(f"wrote {index.bin_path} and {index.idx_path}: {index.num_tokens} {index.dtype} tokens, "
                       f"{index.num_docs} documents, max id {index.max_token}", highlight=False)
         return 0

@@ -18,10 +18,12 @@ from typing import Any
 
 from rich.table import Table
 
-from hexiscale.cli.output import _ranges, console
+from hexiscale.cli.output import _ranges, console, styled
 from hexiscale.cli.pictures import PLAN_MAP, SIMULATED, write_pictures
+from hexiscale.cli.writing import writing
 from planner.cluster import ClusterSpec, load_cluster
 from planner.cost import BREAKDOWN_TERMS, CostParams, Estimate, ProfileSet, estimate
+from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.plan import Plan, load_plan, save_plan
 
@@ -59,17 +61,17 @@ def find_cluster(plan: Plan, plan_path: str, cluster_arg: str | None) -> Cluster
 def load_params(path: str | None) -> CostParams:
     if not path:
         return CostParams()
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError("--params", f"cannot read {path}: {exc}", "pass a JSON object of CostParams fields") from None
+    data = load_json_file(path, "--params")
     if not isinstance(data, dict):
-        raise SpecError("--params", "expected a JSON object", "write {\"gemm_efficiency\": 0.7, ...}")
+        raise SpecError("--params", "expected a JSON object", "write {\"gemm_efficiency\": 0.7, ...}", path)
     known = set(CostParams.__dataclass_fields__)
     for key in data:
         if key not in known:
-            raise SpecError(f"--params.{key}", "unknown cost parameter", f"known: {', '.join(sorted(known))}")
-    return CostParams(**data)
+            raise SpecError(f"--params.{key}", "unknown cost parameter", f"known: {', '.join(sorted(known))}", path)
+    try:
+        return CostParams(**data)
+    except SpecError as exc:
+        raise exc.with_file(path) from None
 
 
 def profiles_for(args: argparse.Namespace, cluster: ClusterSpec, *, say: bool = True) -> ProfileSet:
@@ -120,10 +122,10 @@ def advice(plan: Plan, cluster: ClusterSpec, est: Estimate) -> str:
 
 def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estimate") -> None:
     m = plan.model
-    console.print(f"[bold]{title}[/]: {m.name}, global batch {plan.global_batch_size} x seq {m.seq_len}, "
-                  f"{plan.world_size} devices on cluster {cluster.name!r}", highlight=False)
-    console.print(f"step time [bold]{_s(est.step_time_s)}[/], {est.tokens_per_s:,.0f} tokens/s, "
-                  f"MFU {est.mfu * 100:.1f} %, HFU {est.hfu * 100:.1f} %", highlight=False)
+    console.print(styled((title, "bold"), f": {m.name}, global batch {plan.global_batch_size} x seq {m.seq_len}, "
+                         f"{plan.world_size} devices on cluster {cluster.name!r}"))
+    console.print(styled("step time ", (_s(est.step_time_s), "bold"), f", {est.tokens_per_s:,.0f} tokens/s, "
+                         f"MFU {est.mfu * 100:.1f} %, HFU {est.hfu * 100:.1f} %"))
     bt = Table(title="step time: terms of the slowest pipeline's bottleneck stage", title_justify="left", min_width=64)
     bt.add_column("term")
     bt.add_column("time", justify="right")
@@ -147,7 +149,7 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
             st.add_row(str(pi) if si == 0 else "", f"{si}{mark}", _ranges(stage.devices), gpus, str(stage.tp),
                        f"{stage.layers[0]}-{stage.layers[1] - 1}", _s(se.forward_s), _s(se.backward_s),
                        _s(se.compute_s), _s(se.tp_comm_s), _s(se.pp_comm_s),
-                       f"[red]{mem_s}[/]" if mem > cap else mem_s)
+                       styled((mem_s, "red")) if mem > cap else mem_s)
         if pi != len(plan.pipelines) - 1:
             st.add_section()
     console.print(st)
@@ -164,8 +166,8 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
                    _s(pe.idle_s), f"{pe.bubble_fraction * 100:.1f} %")
     console.print(pt)
     b = est.bottleneck
-    console.print(f"bottleneck: pipeline {b['pipeline']}, stage {b['stage']}, device {b['device']}, "
-                  f"term [bold]{b['term']}[/]", highlight=False)
+    console.print(styled(f"bottleneck: pipeline {b['pipeline']}, stage {b['stage']}, device {b['device']}, term ",
+                         (b["term"], "bold")))
     console.print(f"hint: {advice(plan, cluster, est)}", highlight=False)
     by_stage: dict[str, list[dict[str, Any]]] = {}
     for o in est.oom:
@@ -173,15 +175,15 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
     for where, items in by_stage.items():
         worst = max(items, key=lambda o: o["over_gib"])
         devs = _ranges([o["device"] for o in items])
-        console.print(f"[red]out of memory[/]: {where} ({devs}) needs {worst['need_gib']:.2f} GiB, has "
-                      f"{worst['capacity_gib']:g} GiB ({worst['over_gib']:.2f} GiB over)", highlight=False)
+        console.print(styled(("out of memory", "red"), f": {where} ({devs}) needs {worst['need_gib']:.2f} GiB, has "
+                             f"{worst['capacity_gib']:g} GiB ({worst['over_gib']:.2f} GiB over)"))
     if est.oom:
         console.print(f"hint: {len(est.oom)} devices run out of memory: use recompute (options.recompute), ZeRO-1, "
                       "fewer layers or a larger TP degree on those stages", highlight=False)
     if any(s == "spec" for s in est.sources.values()):
         spec = sorted(g for g, s in est.sources.items() if s == "spec")
-        console.print(f"[dim]profiles: spec-derived (datasheet roofline, not measured) for {', '.join(spec)}[/]",
-                      highlight=False)
+        console.print(styled((f"profiles: spec-derived (datasheet roofline, not measured) for {', '.join(spec)}",
+                              "dim")))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
     est = estimate(plan, cluster, profiles_for(args, cluster), timeline=bool(args.plot))
     data: dict[str, Any] = est.to_dict()
     if args.save:
-        save_plan(plan.with_estimate(data), args.save)
+        with writing("--save", args.save):
+            save_plan(plan.with_estimate(data), args.save)
     if args.json:
         print(json.dumps(data, indent=2))
     else:

@@ -21,7 +21,9 @@ import subprocess
 from pathlib import Path
 
 from hexiscale.cli.output import console
+from hexiscale.cli.writing import writing
 from planner.errors import SpecError
+from planner.ranges import check_int
 
 
 class _SplitParser(argparse.ArgumentParser):
@@ -83,9 +85,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _env(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
-    env = [(k, v) for k, v in (("NCCL_SOCKET_IFNAME", args.nccl_socket_ifname),
-                               ("GLOO_SOCKET_IFNAME", args.gloo_socket_ifname),
-                               ("NCCL_IB_HCA", args.nccl_ib_hca)) if v]
+    """The variables to export on every node; a value a script cannot carry names the flag it came from."""
+    from hexiscale.launch.shell import printable
+
+    env = [(k, printable(v, flag)) for k, flag, v in (
+        ("NCCL_SOCKET_IFNAME", "--nccl-socket-ifname", args.nccl_socket_ifname),
+        ("GLOO_SOCKET_IFNAME", "--gloo-socket-ifname", args.gloo_socket_ifname),
+        ("NCCL_IB_HCA", "--nccl-ib-hca", args.nccl_ib_hca)) if v]
     for i, item in enumerate(args.env):
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
@@ -104,10 +110,12 @@ def _master(text: str | None, default_host: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hexiscale.launch.shell import run_id as checked_run_id
     from planner.varlen.pool import load_plan_or_pool
 
+    check_int("--grace", args.grace, 0, 86400, "pass seconds, e.g. --grace 30")
     plan, _ = load_plan_or_pool(args.plan)  # a strategy pool: its home plan places the ranks
-    run_id = args.run_id or f"hexiscale-{Path(args.plan).stem}"
+    run_id = checked_run_id(args.run_id, args.plan)
     if args.elastic or args.trace:
         from hexiscale.launch.elastic_cli import launch_elastic
 
@@ -128,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
     if args.slurm:
         text = slurm_script(layout, opts)
         if args.output and not args.dry_run:
-            Path(args.output).write_text(text)
+            with writing("-o", args.output):
+                Path(args.output).write_text(text)
             console.print(f"wrote {args.output}; submit it with: sbatch {args.output}", highlight=False)
         else:
             print(text, end="")
@@ -148,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_plan_launch(args: argparse.Namespace, layout, opts, scripts: dict[str, str]) -> int:  # type: ignore[no-untyped-def]
     from hexiscale.launch.scripts import torchrun_lines
+    from hexiscale.launch.shell import inside, word
 
     out = Path(args.output or f"launch/{opts.run_id}")
     print(f"# {layout.world_size} ranks on {len(layout.nodes)} nodes; rendezvous at {opts.master_addr}:"
@@ -162,14 +172,15 @@ def _print_plan_launch(args: argparse.Namespace, layout, opts, scripts: dict[str
         for name, text in scripts.items():
             print(f"\n# ---- {out / (name + '.sh')} ----\n{text}", end="")
         return 0
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in scripts.items():
-        path = out / f"{name}.sh"
-        path.write_text(text)
-        path.chmod(0o755)
+    paths = {name: inside(out, f"{name}.sh") for name in scripts}
+    with writing("-o", out, folder=True):
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in scripts.items():
+            paths[name].write_text(text)
+            paths[name].chmod(0o755)
     print(f"# per-node scripts written to {out}/; on each node run:")
     for name in scripts:
-        print(f"bash {out / (name + '.sh')}    # on {name}")
+        print(f"bash {word(str(paths[name]))}    # on {name}")
     return 0
 
 

@@ -14,13 +14,15 @@ import argparse
 import json
 import sys
 
-from hexiscale.cli.output import console, plan_table
+from hexiscale.cli.output import console, plan_table, styled
 from hexiscale.cli.pictures import PLAN_MAP, SIMULATED, write_pictures
+from hexiscale.cli.writing import check_writable, writing
 from planner.cluster import load_cluster
 from planner.cost import estimate
 from planner.errors import SpecError
 from planner.hf_config import resolve_model
-from planner.plan import plan_to_dict, save_plan
+from planner.plan import MAX_GLOBAL_BATCH, plan_to_dict, save_plan
+from planner.ranges import check_int, check_number
 from planner.seed_flags import plan_to_flags
 
 
@@ -47,8 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from planner.search.planner import PlannerConfig, search
 
-    if args.seq_len is not None and args.seq_len < 1:
-        raise SpecError("--seq-len", f"must be >= 1, got {args.seq_len}", "give a positive sequence length")
+    check_int("--global-batch", args.global_batch, 1, MAX_GLOBAL_BATCH, "pass the samples per step, e.g. 256")
+    check_number("--time-limit", args.time_limit, 0.0, 86400.0, above=True, unit=" seconds")
+    check_int("--seed", args.seed, 0, 2**32 - 1, "pass a non-negative seed")
     from planner.calibration.local import resolve_profiles
 
     cluster = load_cluster(args.cluster)
@@ -62,18 +65,21 @@ def run(args: argparse.Namespace) -> int:
     if args.global_batch is None:
         raise SpecError("--global-batch", "missing", "give the samples per step (or --lengths and --step-tokens)")
     config = PlannerConfig(time_limit_s=args.time_limit, seed=args.seed, objective=args.objective)
+    if args.output:
+        check_writable(args.output, "-o")  # before a search of up to --time-limit seconds
     result = search(cluster, model, args.global_batch, config=config, profiles=resolved.profiles)
     plan, est = result.plan, result.estimate
     if args.output:
-        save_plan(plan, args.output)
+        with writing("-o", args.output):
+            save_plan(plan, args.output)
     if args.json:
         print(json.dumps(plan_to_dict(plan), indent=2))
         return 0
     console.print(plan_table(plan, cluster))
     b = est.bottleneck
-    console.print(f"estimate: step time [bold]{est.step_time_s:.3f} s[/], {est.tokens_per_s:,.0f} tokens/s, "
-                  f"MFU {est.mfu * 100:.1f} %, HFU {est.hfu * 100:.1f} %; bottleneck: pipeline {b['pipeline']} "
-                  f"stage {b['stage']} ({b['term']})", highlight=False)
+    console.print(styled("estimate: step time ", (f"{est.step_time_s:.3f} s", "bold"),
+                         f", {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu * 100:.1f} %, HFU {est.hfu * 100:.1f} %; "
+                         f"bottleneck: pipeline {b['pipeline']} stage {b['stage']} ({b['term']})"))
     terms = ", ".join(f"{k} {v:.3f}" for k, v in est.breakdown.items())
     console.print(f"breakdown (s, slowest pipeline's bottleneck stage): {terms}", highlight=False)
     peak = max(est.memory_gib.values())
@@ -90,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
         steps = estimate(plan, cluster, timeline=True).timeline
         write_pictures(args.plot, plan, cluster, steps, SIMULATED, f"cluster {cluster.name}")
     if args.explain:
-        console.print("\n[bold]search log[/]", highlight=False)
+        console.print(styled("\n", ("search log", "bold")))
         for line in result.log:
-            console.print("  " + line, highlight=False, markup=False)
+            console.print("  " + line)
         try:
             from hexiscale.cli import cmd_estimate
         except ImportError:  # the estimate command is optional here

@@ -7,8 +7,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hexiscale.cli.writing import check_writable, writing
 from planner.errors import SpecError
 from planner.hf_config import resolve_model
+from planner.model import MODEL_LIMITS
+from planner.names import check_name
+from planner.ranges import check_int, check_number
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,6 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
+# upper bounds of what one profiling run may ask for (beyond them it would run out of memory or time)
+LIST_LIMITS = {"--micro-batches": 4096, "--seq-lens": MODEL_LIMITS["seq_len"], "--tp": 64}
+MAX_COMM_RANKS = 64
+
+
 def _ints(text: str | None, flag: str) -> list[int] | None:
     if text is None:
         return None
@@ -45,21 +54,39 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise SpecError(flag, f"{text!r} is not a comma list of integers", "write e.g. 1,2,4") from None
-    if not values or min(values) < 1:
+    if not values:
         raise SpecError(flag, "needs positive integers", "write e.g. 1,2,4")
+    for v in values:
+        check_int(flag, v, 1, LIST_LIMITS[flag], "write e.g. 1,2,4")
     return values
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Every numeric flag in range, and the catalog key a plain name (it names the default output
+    file: ``--key ../../x`` must not write outside the catalog), before anything is measured."""
+    if args.key is not None:
+        check_name(args.key, "--key", "catalog key")
+    if args.layers is not None:
+        check_int("--layers", args.layers, 1, MODEL_LIMITS["num_layers"])
+    if args.repeats is not None:
+        check_int("--repeats", args.repeats, 1, 10_000)
+    if args.layer_chain is not None:
+        check_int("--layer-chain", args.layer_chain, 1, 1_000)
+    if args.comm_ranks is not None:
+        check_int("--comm-ranks", args.comm_ranks, 0, MAX_COMM_RANKS, "pass 0 to skip the link sweep")
+    if args.sm_percent is not None:
+        check_number("--sm-percent", args.sm_percent, 0.0, 100.0, above=True, hint="pass e.g. 60")
+    for flag, value in (("--micro-batches", args.micro_batches), ("--seq-lens", args.seq_lens), ("--tp", args.tp)):
+        _ints(value, flag)
 
 
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    check_flags(args)
     model = resolve_model(args.model, args.seq_len)
     if args.layers:
         model = replace(model, num_layers=args.layers)
-    if args.sm_percent is not None and not 0 < args.sm_percent <= 100:
-        raise SpecError("--sm-percent", f"{args.sm_percent} is not in (0, 100]", "pass e.g. 60")
-    for flag, value in (("--micro-batches", args.micro_batches), ("--seq-lens", args.seq_lens), ("--tp", args.tp)):
-        _ints(value, flag)
 
     if args.sm_percent is not None and not args.cpu and args.sm_percent < 100:
         # MPS reads the share when this process creates its CUDA context (after this line); it only takes
@@ -82,8 +109,6 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats:
         cfg.repeats = args.repeats
     if args.layer_chain:
-        if args.layer_chain < 1:
-            raise SpecError("--layer-chain", "must be >= 1", "pass e.g. 4")
         cfg.layer_chain = args.layer_chain
     if args.out:
         out = Path(args.out)
@@ -93,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
         from planner.catalog import profiles_dir
 
         out = profiles_dir() / "devices" / f"{args.key or 'local-measured'}.json"
-    pf = run_profile(cfg, out, key=args.key, base=args.base, resume=not args.no_resume, progress=not args.quiet)
+    check_writable(out, "--out")  # before minutes of measuring
+    with writing("--out", out):
+        pf = run_profile(cfg, out, key=args.key, base=args.base, resume=not args.no_resume, progress=not args.quiet)
     from rich.table import Table
 
     table = Table(title=f"{pf.entry['key']}: layer forward/backward (ms)")

@@ -28,11 +28,21 @@ from typing import Any
 from rich.table import Table
 
 from hexiscale.cli.cmd_estimate import _s, add_common_arguments, find_cluster, profiles_for, render
-from hexiscale.cli.output import console
-from planner.cluster import ClusterSpec, cluster_to_dict, load_yaml_text, parse_cluster
+from hexiscale.cli.output import console, styled
+from planner.cluster import (
+    BANDWIDTH_GBPS,
+    MAX_MEMORY_GIB,
+    MAX_SLOWDOWN,
+    ClusterSpec,
+    cluster_to_dict,
+    parse_cluster,
+)
 from planner.cost import BREAKDOWN_TERMS, Estimate, estimate
+from planner.documents import MAX_YAML_BYTES, load_yaml_text, read_user_text
 from planner.errors import PlanInfeasible, SpecError
-from planner.plan import Plan, load_plan
+from planner.fields import expect_mapping
+from planner.plan import MAX_GLOBAL_BATCH, Plan, load_plan
+from planner.ranges import check_int, check_number
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -50,6 +60,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
+# the range of each flag's number (the cluster file's ranges)
+FLAG_RANGES = {"--link": BANDWIDTH_GBPS, "--inter-bw": BANDWIDTH_GBPS, "--cap": (0.0, MAX_MEMORY_GIB),
+               "--slowdown": (1.0, MAX_SLOWDOWN)}
+
+
+def _number(flag: str, value: float, what: str) -> float:
+    low, high = FLAG_RANGES[flag]
+    return check_number(flag, value, low, high, above=flag == "--cap", hint=f"{what} in [{low:g}, {high:g}]")
+
+
 def _kv(text: str, flag: str) -> tuple[str, float]:
     key, sep, value = text.rpartition("=")
     try:
@@ -58,13 +78,17 @@ def _kv(text: str, flag: str) -> tuple[str, float]:
         number = -1.0
     if not sep or not key or number <= 0:
         raise SpecError(flag, f"cannot read {text!r}", f"write {flag} KEY=POSITIVE_NUMBER")
-    return key, number
+    return key, _number(flag, number, f"write {flag} {key}=VALUE with VALUE")
 
 
 def _node_from_spec(text: str) -> list[dict[str, Any]]:
     if Path(text).exists():
-        data = load_yaml_text(Path(text).read_text(), text)
-        return list(data) if isinstance(data, list) else [data]
+        data = load_yaml_text(read_user_text(Path(text), "--add-node", MAX_YAML_BYTES), text)
+        nodes = list(data) if isinstance(data, list) else [data]
+        try:
+            return [dict(expect_mapping(n, f"--add-node[{i}]")) for i, n in enumerate(nodes)]
+        except SpecError as exc:
+            raise exc.with_file(text) from None
     fields: dict[str, str] = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
@@ -112,8 +136,7 @@ def changed_cluster(cluster: ClusterSpec, args: argparse.Namespace) -> tuple[Clu
         data["nodes"] = list(data["nodes"]) + new
         notes.append("add " + ", ".join(f"{n.get('name')} ({n.get('gpus')}x {n.get('gpu')})" for n in new))
     if args.inter_bw is not None:
-        if args.inter_bw <= 0:
-            raise SpecError("--inter-bw", f"must be > 0, got {args.inter_bw}", "give GB/s")
+        _number("--inter-bw", args.inter_bw, "give GB/s")
         data["inter_node"] = dict(data["inter_node"], bandwidth_GBps=args.inter_bw)
         notes.append(f"inter-node bandwidth {args.inter_bw:g} GB/s")
     for text in args.link:
@@ -133,6 +156,8 @@ def changed_cluster(cluster: ClusterSpec, args: argparse.Namespace) -> tuple[Clu
     for flag, key, items in (("--cap", "memory_gib", args.cap), ("--slowdown", "slowdown", args.slowdown)):
         for text in items:
             dev, value = _kv(text, flag)
+            if not cluster.has_device(dev) or dev.partition(":")[0] not in names:
+                raise SpecError(flag, f"no device {dev!r} in the cluster", "device ids look like 'node:index'")
             devices.setdefault(dev, {})[key] = value
             notes.append(f"{dev} {key.replace('_gib', '')} {value:g}")
     data["devices"] = devices
@@ -184,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
     new_cluster, notes = changed_cluster(cluster, args)
     new_plan = plan
     if args.global_batch is not None:
+        check_int("--global-batch", args.global_batch, 1, MAX_GLOBAL_BATCH, "pass the new samples per step")
         new_plan = scale_batch(plan, args.global_batch)
         notes.append(f"global batch {plan.global_batch_size} -> {args.global_batch}")
     if not notes:
@@ -221,8 +247,8 @@ def run(args: argparse.Namespace) -> int:
     bb, ab = before.bottleneck, after.bottleneck
     console.print(f"bottleneck: {bb['term']} on {bb['device']} -> {ab['term']} on {ab['device']}", highlight=False)
     if before.oom:
-        console.print(f"[red]note[/]: the plan was already out of memory before the change on "
-                      f"{', '.join(o['device'] for o in before.oom)}", highlight=False)
+        console.print(styled(("note", "red"), ": the plan was already out of memory before the change on "
+                             f"{', '.join(o['device'] for o in before.oom)}"))
     if unused > 0:
         console.print(f"{unused} devices of the changed cluster are unused by this plan; re-plan to use them",
                       highlight=False)

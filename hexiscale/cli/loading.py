@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from planner.cluster import ClusterSpec, load_cluster
+from planner.documents import load_json_text, read_user_text
 from planner.errors import SpecError
 from planner.plan import Plan, load_plan
 from planner.timeline import TRACE_FORMAT, Timeline, read_trace
@@ -19,9 +19,9 @@ def sniff_kind(path: str) -> str:
         raise SpecError("", "no such file", "check the path", path)
     if p.suffix == ".json":
         try:
-            data: Any = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-            return "plan"
+            data: Any = load_json_text(read_user_text(p, "plan"), path)
+        except SpecError:
+            return "plan"  # the plan loader reports it
         if isinstance(data, dict) and data.get("format") == TRACE_FORMAT:
             return "trace"
         return "plan" if isinstance(data, dict) and "pipelines" in data else "cluster"

@@ -1,7 +1,8 @@
 """Entry point of the ``hexiscale`` console script.
 
 Sub-commands are discovered from ``hexiscale/cli/cmd_*.py`` (each has ``register(subparsers)`` and
-sets ``func`` on its parser). User errors (``SpecError``) print one line and exit 1; no traceback.
+sets ``func`` on its parser). User errors (``SpecError``) print one line and exit 1; no traceback
+(a file that cannot be read or written is the same, as a safety net; Ctrl-C is 130).
 Commands that need torch (train, profile, launch, data) import the executor inside their handler, so
 the command line starts without torch.
 """
@@ -9,7 +10,9 @@ the command line starts without torch.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -17,9 +20,17 @@ from collections.abc import Sequence
 from planner.errors import SpecError
 
 EXIT_USER_ERROR = 1
+EXIT_INTERRUPTED = 130
 
 
+@functools.cache
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every sub-command (built once per process: argparse keeps no state between
+    ``parse_args`` calls, and in-process callers such as the fuzz suites call ``main`` many times)."""
+    return _build_parser()
+
+
+def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hexiscale",
         description="Plan, estimate and train Llama-style models on heterogeneous GPU clusters.",
@@ -33,19 +44,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def unusable_argument(argv: Sequence[str]) -> str | None:
+    """Why an argument can be no value of any flag, naming the flag; ``None`` when every argument is
+    usable. Refused: an empty value, a NUL byte (no path or name may hold one), and ``--flag=--``
+    (argparse turns that value into an empty list, which no command expects)."""
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("-") and eq and value in ("", "--"):
+            return f"the value of {flag} is {'empty' if value == '' else repr(value)}"
+        if arg == "" or "\0" in arg:
+            where = f"the value of {argv[i - 1]}" if i and argv[i - 1].startswith("-") else f"argument {i + 1}"
+            return f"{where} is {'empty' if arg == '' else 'not text (it holds a NUL byte)'}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    problem = unusable_argument(argv)
+    if problem:
+        parser.error(problem)  # exit 2, as for any other usage error
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from hexiscale.cli.output import print_error
+
     try:
         return int(args.func(args) or 0)
     except SpecError as exc:
-        from hexiscale.cli.output import print_error
-
         print_error(str(exc))
         return EXIT_USER_ERROR
+    except BrokenPipeError:  # the reader went away (``| head``): nothing more to say
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
+        return EXIT_USER_ERROR
+    except OSError as exc:  # a safety net: files are read and written through checked helpers
+        print_error(f"{exc.filename or 'file'}: {exc.strerror or exc} (hint: check the path)")
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from planner.cluster import ClusterSpec
 from planner.plan import Plan
 
 
 def _console(stderr: bool = False) -> Console:
-    """A console that keeps tables readable when output is piped (no terminal width to ask)."""
+    """A console that keeps tables readable when output is piped (no terminal width to ask) and
+    prints text as it is: no markup, emoji codes or highlighting are read from strings, so a path
+    such as ``runs/[/x]:smile:`` prints literally (styles come from :func:`styled` only)."""
     probe = Console(stderr=stderr)
-    return Console(stderr=stderr, width=None if probe.is_terminal else 160)
+    return Console(stderr=stderr, width=None if probe.is_terminal else 160, markup=False, emoji=False,
+                   highlight=False)
 
 
 console = _console()
 err_console = _console(stderr=True)
 
 
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """Plain strings and ``(text, style)`` pairs as one line; no part is parsed as markup."""
+    return Text.assemble(*parts)
+
+
 def print_error(message: str) -> None:
-    """One red ``error:`` line; the message is printed as it is (``pip install 'x[extra]'`` is no markup)."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
+    err_console.print(styled(("error:", "bold red"), " ", message), soft_wrap=True)
 
 
 def _ranges(devices: tuple[str, ...] | list[str]) -> str:

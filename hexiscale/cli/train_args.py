@@ -75,6 +75,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     ck.add_argument("--trace", metavar="FILE", help="record per-micro-batch events of a few steps on every rank; "
                     "rank 0 writes them to FILE ('hexiscale show FILE --plot DIR' draws them)")
     ck.add_argument("--trace-steps", type=int, default=3, help="steps --trace records, after the run's first")
+    run.add_argument("--on-nonfinite", default="stop", choices=("stop", "skip"), dest="on_nonfinite",
+                     help="a NaN/Inf loss or gradient norm: stop the job before the update (default), or skip "
+                          "the step (weights unchanged; 10 in a row stop the job)")
 
     ops = p.add_argument_group("failure handling")
     ops.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat interval, seconds")
@@ -103,6 +106,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         weight_decay=args.weight_decay, clip=args.clip, device=args.device, checkpoint_dir=args.checkpoint_dir,
         save_every=args.save_every, async_save=args.async_save, resume=args.resume, log_jsonl=args.log_jsonl,
         log_every=args.log_every, tensorboard=args.tensorboard, trace=args.trace, trace_steps=args.trace_steps,
+        on_nonfinite=args.on_nonfinite,
         heartbeat=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after,
         startup_timeout=args.startup_timeout, pg_timeout=args.pg_timeout, step_tokens=args.step_tokens,
         lengths=args.lengths, assign=args.assign)

@@ -335,7 +335,7 @@ class Supervisor:
         return None
 
     def _newest_checkpoint(self) -> str | None:
-        from executor.preflight import find_checkpoint
+        from executor.checkpoint_verify import find_checkpoint
 
         ckpt = _flag(self.opts.train_args, "--checkpoint-dir")
         if ckpt is None:

@@ -74,9 +74,9 @@ def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, dev
               extra_env: dict[str, str] | None = None, rank_env: dict[int, dict[str, str]] | None = None) -> int:
     """Start, supervise and reap every rank; return the job's exit code. ``rank_env`` adds
     variables to single ranks (e.g. an MPS SM share)."""
-    from torch.distributed import TCPStore
+    from executor.launch.env import serve_store
 
-    store = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
+    store = serve_store("127.0.0.1", 0)  # listens on loopback only: the job never leaves this machine
     base = dict(os.environ)
     base.update({"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(store.port), "HEXISCALE_STORE_HOSTED": "1", "HEXISCALE_RUN_ID": run_id,

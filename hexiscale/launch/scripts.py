@@ -22,10 +22,12 @@ KEY=VALUE``) are exported as given; nothing names a device or interface on its o
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 
 from hexiscale.launch.layout import LaunchLayout, NodeLaunch
+from hexiscale.launch.shell import comment, default_var, master_host, printable, sbatch_value, word, words
+from planner.errors import SpecError
+from planner.names import check_name
 
 # The rank entry: ``python -m hexiscale train`` (torchrun passes the words after its -m through).
 TRAIN_ENTRY = ("-m", "hexiscale", "train")
@@ -44,12 +46,30 @@ class LaunchOptions:
     log_dir: str = "logs"
     grace_s: int = 30
 
+    def __post_init__(self) -> None:
+        """Everything that is pasted into scripts is checked here (see :mod:`hexiscale.launch.shell`)."""
+        for flag, value in (("plan", self.plan_path), ("--master", self.master_addr), ("--python", self.python),
+                            ("torchrun", self.torchrun), ("--log-dir", self.log_dir)):
+            printable(value, flag)
+        for i, arg in enumerate(self.train_args):
+            printable(arg, f"train arguments[{i}]")
+        for key, value in self.env:
+            if not key.isidentifier():
+                raise SpecError("--env", f"{key!r} is not a variable name", "write --env KEY=VALUE")
+            printable(value, f"--env {key}")
+        master_host(self.master_addr)
+        check_name(self.run_id, "--run-id", "run id")
+        if not 0 < self.master_port < 65536:
+            raise SpecError("--master", f"port {self.master_port} is not in 1..65535", "write ADDR:PORT")
+        if self.grace_s < 0:
+            raise SpecError("--grace", f"must be >= 0 seconds, got {self.grace_s}", "pass e.g. --grace 30")
+
     def train_argv(self) -> list[str]:
         return ["--plan", self.plan_path, *self.train_args]
 
 
 def _assign(items: list[tuple[str, str]]) -> str:
-    return " ".join(f"{k}={shlex.quote(v)}" for k, v in items)
+    return " ".join(f"{k}={word(v)}" for k, v in items)
 
 
 def node_env(layout: LaunchLayout, node: NodeLaunch, opts: LaunchOptions) -> list[tuple[str, str]]:
@@ -58,11 +78,10 @@ def node_env(layout: LaunchLayout, node: NodeLaunch, opts: LaunchOptions) -> lis
             ("HEXISCALE_NODE_RANKS", node.rank_list), ("HEXISCALE_RUN_ID", opts.run_id), *opts.env]
 
 
-def torchrun_argv(layout: LaunchLayout, node: NodeLaunch, opts: LaunchOptions,
-                  endpoint: str | None = None) -> list[str]:
+def torchrun_argv(layout: LaunchLayout, node: NodeLaunch, opts: LaunchOptions) -> list[str]:
     return [opts.torchrun, "--nnodes", str(len(layout.nodes)), "--nproc-per-node", str(node.nproc),
             "--node-rank", str(node.node_rank), "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", endpoint or f"{opts.master_addr}:{opts.master_port}",
+            "--rdzv-endpoint", f"{opts.master_addr}:{opts.master_port}",
             "--rdzv-id", opts.run_id, "--max-restarts", "0", *TRAIN_ENTRY, *opts.train_argv()]
 
 
@@ -70,19 +89,19 @@ def torchrun_lines(layout: LaunchLayout, opts: LaunchOptions) -> list[tuple[Node
     """One shell line per node (only for layouts where every node runs as many processes)."""
     if not layout.uniform:
         raise ValueError("torchrun lines need the same process count on every node; use node scripts")
-    return [(n, f"{_assign(node_env(layout, n, opts))} {shlex.join(torchrun_argv(layout, n, opts))}")
+    return [(n, f"{_assign(node_env(layout, n, opts))} {words(torchrun_argv(layout, n, opts))}")
             for n in layout.nodes]
 
 
 def _node_body(layout: LaunchLayout, node: NodeLaunch, opts: LaunchOptions, indent: str = "") -> list[str]:
     """Bash that starts and supervises ``node``'s processes (expects MASTER_ADDR/PORT exported)."""
-    train = shlex.join([opts.python, *TRAIN_ENTRY, *opts.train_argv()])
+    train = words([opts.python, *TRAIN_ENTRY, *opts.train_argv()])
     lines = [
-        f"# node {node.name} (node {node.node_rank} of {len(layout.nodes)}): global ranks {node.rank_list}"
-        f" of {layout.world_size}",
+        comment(f"# node {node.name} (node {node.node_rank} of {len(layout.nodes)}): global ranks "
+                f"{node.rank_list} of {layout.world_size}"),
         f"export WORLD_SIZE={layout.world_size} LOCAL_WORLD_SIZE={node.nproc}",
-        *[f"export {k}={shlex.quote(v)}" for k, v in node_env(layout, node, opts)],
-        f'LOG_DIR="${{HEXISCALE_LOG_DIR:-{opts.log_dir}/{opts.run_id}}}"',
+        *[f"export {k}={word(v)}" for k, v in node_env(layout, node, opts)],
+        *default_var("LOG_DIR", "HEXISCALE_LOG_DIR", f"{opts.log_dir}/{opts.run_id}"),
         'mkdir -p "$LOG_DIR"',
         f"TRAIN=({train})",
         "pids=(); ranks=()",
@@ -126,12 +145,13 @@ def node_script(layout: LaunchLayout, node: NodeLaunch, opts: LaunchOptions) -> 
     node0 = layout.nodes[0].name
     head = [
         "#!/usr/bin/env bash",
-        f"# HexiScale launch script for node {node.name}; generated by `hexiscale launch`. Start every node's",
-        f"# script (any order); the job waits for all {layout.world_size} ranks at the master "
-        f"(global rank 0 runs on {node0}).",
+        comment(f"# HexiScale launch script for node {node.name}; generated by `hexiscale launch`. Start "
+                "every node's"),
+        comment(f"# script (any order); the job waits for all {layout.world_size} ranks at the master "
+                f"(global rank 0 runs on {node0})."),
         "set -u",
-        f'export MASTER_ADDR="${{HEXISCALE_MASTER_ADDR:-{opts.master_addr}}}" '
-        f'MASTER_PORT="${{HEXISCALE_MASTER_PORT:-{opts.master_port}}}"',
+        *default_var("MASTER_ADDR", "HEXISCALE_MASTER_ADDR", opts.master_addr, export=True),
+        *default_var("MASTER_PORT", "HEXISCALE_MASTER_PORT", str(opts.master_port), export=True),
     ]
     return "\n".join(head + _node_body(layout, node, opts)) + "\n"
 
@@ -139,16 +159,17 @@ def node_script(layout: LaunchLayout, node: NodeLaunch, opts: LaunchOptions) -> 
 def slurm_script(layout: LaunchLayout, opts: LaunchOptions) -> str:
     """An sbatch script running every node's processes (one srun task per node)."""
     n = len(layout.nodes)
+    log_dir = sbatch_value(opts.log_dir, "--log-dir")
     head = ["#!/usr/bin/env bash", f"#SBATCH --job-name={opts.run_id}", f"#SBATCH --nodes={n}",
-            "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive", f"#SBATCH --output={opts.log_dir}/%x-%j.out"]
+            "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive", f"#SBATCH --output={log_dir}/%x-%j.out"]
     if layout.uniform:
         head.append(f"#SBATCH --gpus-per-node={layout.nodes[0].nproc}")
     else:
         head.append("# Nodes run different GPU counts: request them with --nodelist or site constraints.")
     names = ",".join(nd.name for nd in layout.nodes)
-    head += [f"# Plan nodes in order: {names}. A host named like a plan node runs that node's ranks;",
+    head += [comment(f"# Plan nodes in order: {names}. A host named like a plan node runs that node's ranks;"),
              "# otherwise node k of the allocation runs the plan's node k.",
-             "set -u", f"mkdir -p {shlex.quote(opts.log_dir)}",
+             "set -u", f"mkdir -p {word(opts.log_dir)}",
              'HOSTS=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
              'export MASTER_ADDR="${HEXISCALE_MASTER_ADDR:-${HOSTS[0]}}"',
              f'export MASTER_PORT="${{HEXISCALE_MASTER_PORT:-{opts.master_port}}}"',
@@ -157,14 +178,15 @@ def slurm_script(layout: LaunchLayout, opts: LaunchOptions) -> str:
              'case "${SLURMD_NODENAME:-}" in']
     body: list[str] = []
     for nd in layout.nodes:
-        body.append(f"  {shlex.quote(nd.name)}) NODE={nd.node_rank} ;;")
+        body.append(f"  {word(nd.name)}) NODE={nd.node_rank} ;;")
     body += ['  *) NODE="$SLURM_NODEID" ;;', "esac", 'case "$NODE" in']
     for nd in layout.nodes:
         body.append(f"  {nd.node_rank})")
         if layout.uniform:
-            endpoint = "$MASTER_ADDR:$MASTER_PORT"
-            argv = shlex.join(torchrun_argv(layout, nd, opts, endpoint="ENDPOINT"))
-            argv = argv.replace("ENDPOINT", f'"{endpoint}"')
+            # every word quoted, except the endpoint, which bash expands from the variables above
+            args = [word(a) for a in torchrun_argv(layout, nd, opts)]
+            args[args.index("--rdzv-endpoint") + 1] = '"$MASTER_ADDR:$MASTER_PORT"'
+            argv = " ".join(args)
             body.append(f"    {_assign(node_env(layout, nd, opts))} exec {argv}")
         else:
             body += _node_body(layout, nd, opts, indent="    ")

@@ -42,11 +42,13 @@ class Calibration:
 def _read(path: Path, host: bool) -> Calibration | None:
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON, 10**5000, nested deep
         return None
     if not isinstance(data, dict) or not isinstance(data.get("applies_to"), list):
         return None
-    prov = data.get("provenance") or {}
+    prov = data.get("provenance")
+    if not isinstance(prov, dict):
+        prov = {}
     return Calibration(path, tuple(str(k) for k in data["applies_to"]), host, str(prov.get("date", "")),
                        str(prov.get("host_fingerprint", "")))
 

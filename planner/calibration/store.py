@@ -19,6 +19,7 @@ from typing import Any
 from planner.catalog import Catalog, profiles_dir
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile_set import ProfileSet
+from planner.documents import load_json_file
 from planner.errors import SpecError
 
 CALIBRATION_FORMAT = "hexiscale.calibration/1"
@@ -40,10 +41,7 @@ def save_calibration(path: Path, params: CostParams, *, fitted: dict[str, float]
 
 
 def load_params(path: Path) -> CostParams:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError("", f"cannot read calibration file: {exc}", "re-run the calibration", str(path)) from None
+    data = load_json_file(path, "calibration")
     if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
         raise SpecError("format", f"expected {CALIBRATION_FORMAT!r}", "re-run the calibration", str(path))
     raw = data.get("params")
@@ -54,7 +52,10 @@ def load_params(path: Path) -> CostParams:
     if unknown:
         raise SpecError(f"params.{unknown[0]}", "is not a CostParams term", f"known terms: {', '.join(sorted(known))}",
                         str(path))
-    return CostParams(**{**DEFAULT_PARAMS.to_dict(), **raw})
+    try:
+        return CostParams(**{**DEFAULT_PARAMS.to_dict(), **raw})
+    except SpecError as exc:
+        raise exc.with_file(str(path)) from None
 
 
 def calibrated_profile_set(catalog: Catalog | None = None, path: Path | None = None) -> ProfileSet:

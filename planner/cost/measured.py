@@ -56,10 +56,13 @@ from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, PassTime
 from planner.errors import SpecError
 from planner.layout import layer_numel
-from planner.model import ModelSpec, model_from_dict
+from planner.model import MODEL_LIMITS, RECOMPUTE_MODES, ModelSpec, model_from_dict
+from planner.ranges import check_int, shown
 
 MEASURED_FORMAT = "hexiscale.measured/1"
 LIGHTER = {"selective": "none", "full": "selective"}  # the recompute mode that does less work
+# the largest micro-batch, sequence length and TP degree a row may hold (the model's own limits)
+ROW_LIMITS = {"micro_batch": 1 << 24, "seq_len": MODEL_LIMITS["seq_len"], "tp": MODEL_LIMITS["num_heads"]}
 KINDS = ("layer", "embedding", "head")
 SHAPE_KEYS = {"layer": ("hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads"),
               "embedding": ("hidden_size", "vocab_size"), "head": ("hidden_size", "vocab_size")}
@@ -86,8 +89,15 @@ class MeasuredTables:
     optimizer_fit: tuple[float, float] | None  # (fixed seconds per step, seconds per parameter)
 
 
-def _num(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and x > 0
+def _num(x: Any, low_ok: bool = False) -> bool:
+    """A finite number > 0 (``low_ok``: >= 0), also for integers too large for a float."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return False
+    try:
+        v = float(x)
+    except OverflowError:
+        return False
+    return (0 <= v if low_ok else 0 < v) and v < math.inf
 
 
 def _fit_optimizer(rows: list[Mapping[str, Any]], path: str) -> tuple[float, float] | None:
@@ -114,12 +124,14 @@ def _fit_optimizer(rows: list[Mapping[str, Any]], path: str) -> tuple[float, flo
 
 def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
     """Validate a ``measured`` section (see the module docstring)."""
+    if not isinstance(data, Mapping):
+        raise SpecError(path, f"expected a mapping, got {type(data).__name__}", "re-run the profiler")
     if data.get("format") != MEASURED_FORMAT:
-        raise SpecError(f"{path}.format", f"expected {MEASURED_FORMAT!r}, got {data.get('format')!r}",
+        raise SpecError(f"{path}.format", f"expected {MEASURED_FORMAT!r}, got {shown(data.get('format'))}",
                         "re-run the profiler")
     dtype = data.get("dtype")
-    if dtype not in DTYPE_BYTES:
-        raise SpecError(f"{path}.dtype", f"{dtype!r} is not bf16, fp16 or fp32", "record the compute dtype")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        raise SpecError(f"{path}.dtype", f"{shown(dtype)} is not bf16, fp16 or fp32", "record the compute dtype")
     model = data.get("model")
     keys = {k for v in SHAPE_KEYS.values() for k in v}
     if not isinstance(model, Mapping) or any(not isinstance(model.get(k), int) for k in keys):
@@ -133,12 +145,18 @@ def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
         groups: dict[tuple[int, int, str], list[Mapping[str, Any]]] = {}
         for i, r in enumerate(rows):
             p = f"{path}.{kind}[{i}]"
-            ok = isinstance(r, Mapping) and all(isinstance(r.get(k), int) and r[k] >= 1
-                                                for k in ("micro_batch", "seq_len", "tp"))
-            if not ok or not (_num(r.get("forward_s")) and _num(r.get("backward_s"))):
+            if not isinstance(r, Mapping) or not (_num(r.get("forward_s")) and _num(r.get("backward_s"))):
                 raise SpecError(p, "needs integer micro_batch, seq_len, tp and positive forward_s, backward_s",
                                 "re-run the profiler")
+            for key, high in ROW_LIMITS.items():
+                check_int(f"{p}.{key}", r.get(key), 1, high, "re-run the profiler")
+            chain = r.get("chain", 1)
+            if chain is not None and (isinstance(chain, bool) or not isinstance(chain, int) or not 1 <= chain <= 1000):
+                raise SpecError(f"{p}.chain", f"expected an integer in [1, 1000], got {chain!r}", "re-run the profiler")
             rc = r.get("recompute", "none")
+            if rc not in RECOMPUTE_MODES:
+                raise SpecError(f"{p}.recompute", f"{rc!r} is not one of {', '.join(RECOMPUTE_MODES)}",
+                                "re-run the profiler")
             groups.setdefault((r["tp"], r["seq_len"], rc), []).append(r)
         out = []
         for (tp, seq, rc), rs in sorted(groups.items()):
@@ -147,7 +165,7 @@ def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
                 raise SpecError(f"{path}.{kind}", f"two rows for micro_batch of tp={tp} seq_len={seq} {rc}",
                                 "keep one row per point")
             acts = tuple(_stage_bytes(kind, r, measured_model, str(dtype)) for r in rs) if all(
-                isinstance(r.get("activation_bytes"), int | float) and r["activation_bytes"] >= 0 for r in rs) else None
+                _num(r.get("activation_bytes"), low_ok=True) for r in rs) else None
             out.append(Curve(tp, seq, rc, tuple(r["micro_batch"] for r in rs),
                              tuple(float(r["forward_s"]) for r in rs), tuple(float(r["backward_s"]) for r in rs), acts))
         curves[kind] = monotone_in_tokens(out)

@@ -91,10 +91,13 @@ class CostParams:
                     raise SpecError(f"cost.{f.name}", f"{value!r} is not one of {list(ALLREDUCE_ALGOS)}",
                                     "use ring, tree or best")
                 continue
-            if isinstance(value, bool):
+            if isinstance(f.default, bool):
+                if not isinstance(value, bool):
+                    raise SpecError(f"cost.{f.name}", f"expected true or false, got {value!r}", "write true or false")
                 continue
-            if not isinstance(value, int | float) or value < 0:
-                raise SpecError(f"cost.{f.name}", f"must be a non-negative number, got {value!r}", "fix the value")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+                raise SpecError(f"cost.{f.name}", f"must be a finite non-negative number, got {value!r}",
+                                "fix the value")
         for name in ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "link_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise SpecError(f"cost.{name}", f"must be in (0, 1], got {getattr(self, name)}",

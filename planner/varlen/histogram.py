@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from planner.documents import read_user_text
 from planner.errors import SpecError
-from planner.fields import check_keys, expect_list, expect_mapping, read_user_text
+from planner.fields import check_keys, expect_list, expect_mapping
 
 LENGTHS_FORMAT = "hexiscale.lengths/1"
 

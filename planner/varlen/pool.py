@@ -31,8 +31,9 @@ from planner.cluster import ClusterSpec
 from planner.cost import ProfileSet
 from planner.cost.memory import stage_params
 from planner.cost.ops import DTYPE_BYTES, GRAD_BYTES
+from planner.documents import read_user_text
 from planner.errors import SpecError
-from planner.fields import check_keys, expect_list, expect_mapping, get_int, get_str, join, read_user_text
+from planner.fields import check_keys, expect_list, expect_mapping, get_int, get_str, join
 from planner.model import ModelSpec
 from planner.plan import Plan, load_plan, plan_from_dict, plan_to_dict
 from planner.varlen.seq_cost import pipeline_costs

@@ -72,3 +72,6 @@ def test_damaged_checkpoints_fail_with_one_line_on_every_rank(dist_pool, tmp_pat
         line = seen.pop()
         assert words in line and "\n" not in line, (kind, line)
         assert kind == "good" or line.startswith(f"checkpoint: {tmp_path / kind}"), line
+    refused = {res[r]["refused"] for r in range(x.world_size)}
+    assert len(refused) == 1 and "refusing to save" in refused.pop()
+    assert not (tmp_path / "refused").exists()

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from torch.distributed import TCPStore
 
+from executor.checkpoint_verify import candidates
 from executor.launch.env import RankEnv, rank_env
 from executor.launch.faults import parse_fault
 from executor.launch.watchdog import Verdict
-from executor.preflight import agree, find_checkpoint
+from executor.preflight import agree
 from hexiscale.cli.main import main as cli
 from hexiscale.launch.local import describe_exit, job_exit_code
 from planner.errors import SpecError
@@ -100,19 +101,24 @@ def test_preflight_agreement_names_missing_ranks() -> None:
         agree(server, _renv(0, 2, server.port), None, timeout_s=1)
 
 
-def test_find_checkpoint(tmp_path: Path) -> None:
-    for step in (2, 4, 6):
+def test_resume_candidates_newest_first(tmp_path: Path) -> None:
+    for step in (2, 4, 6, 10):
         (tmp_path / f"step-{step:06d}").mkdir()
-    for step in (2, 4):
+    for step in (2, 4, 10):
         (tmp_path / f"step-{step:06d}" / "meta.json").write_text("{}")
-    assert find_checkpoint(tmp_path).name == "step-000004"  # step 6 is incomplete (no meta.json)
+    (tmp_path / "step-000012.tmp").mkdir()  # a save that was killed: never a candidate
+    (tmp_path / "step-000012.tmp" / "meta.json").write_text("{}")
+    names = lambda found: [p.name for p in found[0]]  # noqa: E731
+    assert names(candidates(str(tmp_path))) == ["step-000010", "step-000004", "step-000002"]  # 6: no meta.json
     (tmp_path / "latest").write_text("step-000002\n")
-    assert find_checkpoint(tmp_path).name == "step-000002"
-    assert find_checkpoint(tmp_path / "step-000004").name == "step-000004"
+    assert names(candidates(str(tmp_path))) == ["step-000002", "step-000010", "step-000004"]
+    (tmp_path / "latest").write_bytes(b"\xff../../etc")  # damaged: ignored
+    assert names(candidates(str(tmp_path)))[0] == "step-000010"
+    assert candidates(str(tmp_path / "step-000004")) == ([tmp_path / "step-000004"], True)
     with pytest.raises(SpecError, match="no complete checkpoint"):
-        find_checkpoint(tmp_path / "step-000006")
+        candidates(str(tmp_path / "step-000006"))
     with pytest.raises(SpecError, match="does not exist"):
-        find_checkpoint(tmp_path / "missing")
+        candidates(str(tmp_path / "missing"))
 
 
 def test_exit_codes_and_messages() -> None:
