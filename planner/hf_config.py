@@ -17,11 +17,11 @@ Write (:func:`hf_config_of`): the config ``transformers`` needs to load an expor
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.fields import expect_mapping, get_bool, get_float, get_int
 from planner.model import MODEL_LIMITS, PRESETS, ModelSpec
@@ -124,9 +124,9 @@ def load_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSpec:
         raise SpecError("--model", f"{str(path)!r} is neither a preset nor a config.json or model folder",
                         f"presets: {', '.join(PRESETS)}; or pass a config.json path")
     try:
-        data = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecError("--model", f"cannot read {p}: {exc}", "pass a valid config.json") from None
+        data = load_json_file(p, "model config")  # a regular file, bounded, UTF-8, no duplicate keys
+    except SpecError as exc:
+        raise SpecError("--model", exc.message, "pass a valid config.json") from None
     try:
         return model_from_hf_config(data, seq_len=seq_len)
     except SpecError as exc:

@@ -49,7 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from planner.search.planner import PlannerConfig, search
 
-    check_int("--global-batch", args.global_batch, 1, MAX_GLOBAL_BATCH, "pass the samples per step, e.g. 256")
+    if args.global_batch is None and not args.lengths:
+        raise SpecError("--global-batch", "missing", "give the samples per step (or --lengths and --step-tokens)")
+    if args.global_batch is not None:
+        check_int("--global-batch", args.global_batch, 1, MAX_GLOBAL_BATCH, "pass the samples per step, e.g. 256")
     check_number("--time-limit", args.time_limit, 0.0, 86400.0, above=True, unit=" seconds")
     check_int("--seed", args.seed, 0, 2**32 - 1, "pass a non-negative seed")
     from planner.calibration.local import resolve_profiles
@@ -62,8 +65,6 @@ def run(args: argparse.Namespace) -> int:
         from hexiscale.cli import plan_lengths
 
         return plan_lengths.run(args, cluster, model, resolved.profiles)
-    if args.global_batch is None:
-        raise SpecError("--global-batch", "missing", "give the samples per step (or --lengths and --step-tokens)")
     config = PlannerConfig(time_limit_s=args.time_limit, seed=args.seed, objective=args.objective)
     if args.output:
         check_writable(args.output, "-o")  # before a search of up to --time-limit seconds

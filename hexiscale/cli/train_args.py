@@ -17,7 +17,8 @@ FLAGS = {"cluster": "--cluster", "steps": "--steps", "data": "--data", "seed": "
          "log_jsonl": "--log-jsonl", "log_every": "--log-every", "tensorboard": "--tensorboard", "trace": "--trace",
          "trace_steps": "--trace-steps", "heartbeat": "--heartbeat", "dead_after": "--dead-after",
          "hang_after": "--hang-after", "startup_timeout": "--startup-timeout", "pg_timeout": "--pg-timeout",
-         "step_tokens": "--step-tokens", "lengths": "--lengths", "assign": "--assign", "stop_at": "--stop-at"}
+         "step_tokens": "--step-tokens", "lengths": "--lengths", "assign": "--assign", "stop_at": "--stop-at",
+         "on_nonfinite": "--on-nonfinite"}
 NOT_FLAGS = ("plan", "device", "seed_layout")
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.executor.peers import cluster_yaml, parse_config, ratios
-from planner.cluster import load_yaml_text, parse_cluster
+from planner.cluster import parse_cluster
+from planner.documents import load_yaml_text
 
 
 def test_config_names() -> None:
