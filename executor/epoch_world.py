@@ -10,6 +10,11 @@ the group (no set-up at all). Processes outside the new list leave and hold no g
 
 On CUDA the new group is bound to this process's device (``device_id``), so NCCL creates the
 communicator eagerly, as at start-up (:func:`executor.train_setup.init_process_group`).
+
+Before a group is destroyed, its members meet on the store (:meth:`World.settle`), not on the group:
+a process that finished its last operation must not close its connections while a peer is still
+reading its part of that operation from them (on gloo, under load, that peer failed with
+"Connection closed by peer", and the next group's set-up with it).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class World:
         self.timeout_s = timeout_s
         self.backend = "nccl" if device.type == "cuda" else "gloo"
         self.members: tuple[str, ...] = ()
+        self.tag = "initial"  # store prefix of the current group (unique per group of the job)
         self.setup_s = 0.0  # seconds the last enter() spent creating the group
 
     @property
@@ -43,6 +49,19 @@ class World:
         if not dist.is_initialized() or dist.get_world_size() != len(members):
             raise RuntimeError(f"no default process group of {len(members)} ranks to adopt")
         self.members = tuple(members)
+        self.tag = "adopted"
+
+    def settle(self, name: str, count: int | None = None) -> None:
+        """Wait on the store until every member of the current group (``count`` processes) has
+        called this with the same ``name``; a member that never comes is an error after the timeout."""
+        n = count if count is not None else len(self.members)
+        key = f"{self.prefix}/{self.tag}/settle/{name}"
+        self.store.add(key, 1)
+        deadline = time.monotonic() + self.timeout_s
+        while int(self.store.add(key, 0)) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.me}: not every one of {n} members reached {key} in {self.timeout_s:.0f} s")
+            time.sleep(0.002)
 
     def enter(self, members: Sequence[str], tag: str) -> bool:
         """Make the default group ``members`` (in rank order; ``tag`` names the store prefix, unique
@@ -63,7 +82,7 @@ class World:
                                 rank=members.index(self.me), world_size=len(members),
                                 timeout=timedelta(seconds=self.timeout_s),
                                 device_id=self.device if self.device.type == "cuda" else None)
-        self.members = members
+        self.members, self.tag = members, tag
         self.setup_s = time.perf_counter() - t0
         return True
 
@@ -72,5 +91,6 @@ class World:
         if dist.is_initialized():
             if self.backend == "nccl":
                 torch.cuda.synchronize(self.device)
+            self.settle("leave", len(self.members) or dist.get_world_size())
             dist.destroy_process_group()
         self.members = ()

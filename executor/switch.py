@@ -144,6 +144,7 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     _sync(world.device)
     stats.transfer_s = time.perf_counter() - t0
 
+    world.settle("transfers")  # every transfer received before any pair group closes (executor.epoch_world)
     for (a, b), g in groups.items():
         if me in (a, b):
             dist.destroy_process_group(g)
