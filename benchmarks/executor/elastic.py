@@ -79,7 +79,7 @@ def gpu_plans(out: Path, cluster_path: Path, model: str, seq_len: int, batch: in
               ) -> tuple[list[Phase], list[Path], list[float]]:
     """Phase 0 by the planner, each later phase re-planned warm-started from the previous plan."""
     from planner.cluster import load_cluster
-    from planner.model import resolve_model
+    from planner.hf_config import resolve_model
     from planner.plan import save_plan
     from planner.replan import replan
     from planner.search.config import PlannerConfig
