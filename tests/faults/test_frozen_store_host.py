@@ -30,6 +30,18 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _wait_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Until the process is stopped: SIGSTOP is delivered asynchronously, and on a loaded machine
+    the server could still answer one more request after ``os.kill`` returned."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop within {timeout_s} s")
+
+
 def test_bounded_store_calls_return_when_the_server_freezes() -> None:
     from datetime import timedelta
 
@@ -44,6 +56,7 @@ def test_bounded_store_calls_return_when_the_server_freezes() -> None:
         store.set("k", "1")
         assert store.check(["k"]) and store.get("k") == b"1"
         os.kill(server.pid, signal.SIGSTOP)
+        _wait_stopped(server.pid)
         t0 = time.monotonic()
         with pytest.raises(StoreTimeout, match="the test store did not answer within 2 s"):
             store.check(["k"])
