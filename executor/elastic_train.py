@@ -51,7 +51,7 @@ from executor.optim import OptimConfig
 from executor.preflight import Prepared, agree, local_checks
 from executor.resume import choose_checkpoint
 from executor.saving import Saver
-from executor.switch import switch
+from executor.switch import SWITCH_PARTS, switch
 from executor.train_config import TrainConfig
 from executor.train_setup import check_world, classify, init_process_group, optim_config, pg_timeout, resolve_plan
 from planner.cluster import ClusterSpec
@@ -287,14 +287,16 @@ def _switch_into(job: _Job, move: _Move, ahead: bool, engine: Engine | None, pos
     t_groups = time.perf_counter()
     new_engine = _build(job, new, init=False)
     groups_s = time.perf_counter() - t_groups
+    t_install = time.perf_counter()
     res.state.install(new_engine, position.step)
     if new_engine.device.type == "cuda":
         torch.cuda.synchronize(new_engine.device)
+    install_s = time.perf_counter() - t_install
     switch_s = time.perf_counter() - t0
     comm_s = res.stats.world_setup_s + res.stats.pair_setup_s + new_engine.groups.setup_s
     stats = dict(res.stats.to_dict(), plan_s=plan_s, groups_s=new_engine.groups.setup_s, build_s=groups_s,
                  switch_s=switch_s, comm_s=comm_s, switch_excl_comm_s=switch_s - comm_s, wait_s=wait_s,
-                 planned_ahead=ahead)
+                 install_s=install_s, planned_ahead=ahead)
     every = [None] * new.world_size
     dist.all_gather_object(every, stats, group=new_engine.groups.world)
     if new_engine.rank == 0:
@@ -307,7 +309,7 @@ def _report(rp: Any, every: list[Any], step: int, cluster: ClusterSpec | None) -
     pair and plan communicators created; ``switch_excl_comm_s``: the rest of the switch), the lower
     bound from the cluster file's link bandwidth."""
     keys = ("switch_s", "transfer_s", "pair_setup_s", "world_setup_s", "groups_s", "build_s", "plan_s", "wait_s",
-            "comm_s", "switch_excl_comm_s")
+            "comm_s", "switch_excl_comm_s", "install_s", *SWITCH_PARTS)
     worst: dict[str, Any] = {k: max(s[k] for s in every) for k in keys}
     worst["planned_ahead"] = all(s["planned_ahead"] for s in every)
     out = dict(worst, step=step, moved_bytes=rp.moved_bytes, local_bytes=rp.local_bytes,

@@ -55,10 +55,21 @@ class SwitchStats:
     world_setup_s: float = 0.0  # default groups created for the switch and the new plan
     pair_setup_s: float = 0.0  # pair communicators created and connected
     transfer_s: float = 0.0  # local copies + the exchange (packing and unpacking included)
+    # where the rest goes (each phase ends with a device sync, so the time is its own)
+    close_s: float = 0.0  # the old plan's groups closed
+    alloc_s: float = 0.0  # the new layout's state allocated
+    local_s: float = 0.0  # pieces this process keeps, copied into the new layout
+    pack_s: float = 0.0  # outgoing pieces packed into one buffer per peer
+    exchange_s: float = 0.0  # posting every pair's batch to the last receive done
+    unpack_s: float = 0.0  # received buffers copied into the new layout
+    teardown_s: float = 0.0  # settling on the store and destroying the pair groups
     peers: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+SWITCH_PARTS = ("close_s", "alloc_s", "local_s", "pack_s", "exchange_s", "unpack_s", "teardown_s")
 
 
 @dataclass
@@ -89,9 +100,12 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     if (engine is None) != (old_state is None):
         raise ValueError(f"{me}: an engine is given iff the device is in the old plan")
     held = held_tensors(engine, old_state) if engine is not None and old_state is not None else []
+    clock = _Clock(world.device)
     new = NewState(new_state, world.device) if new_state is not None else None
+    stats.alloc_s = clock.lap()
     if engine is not None:
         engine.groups.close()
+    stats.close_s = clock.lap()
     world.enter(switch_members(rp), f"{tag}/switch")
     stats.world_setup_s += world.setup_s
     rank_of = {d: i for i, d in enumerate(world.members)}
@@ -106,7 +120,7 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     _sync(world.device)
     stats.pair_setup_s = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
+    clock.lap()
     src = old_state.holdings if old_state is not None else ()
     dst = new_state.holdings if new_state is not None else ()
     for p in rp.local(me):
@@ -114,17 +128,23 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
         narrow(new.tensors[p.dst_slot], dst[p.dst_slot].chunk, p.chunk).copy_(
             narrow(held[p.src_slot], src[p.src_slot].chunk, p.chunk))
         stats.local_bytes += p.nbytes
+    stats.local_s = clock.lap()
+    outbox: dict[str, torch.Tensor] = {}
+    for a, b in mine:
+        peer = b if a == me else a
+        out = rp.messages.get((me, peer), ())
+        if out:
+            outbox[peer] = _pack([narrow(held[p.src_slot], src[p.src_slot].chunk, p.chunk) for p in out], world.device)
+    stats.pack_s = clock.lap()
     inbox: list[tuple[torch.Tensor, tuple[Piece, ...]]] = []
     requests = []
     for a, b in mine:
         peer = b if a == me else a
         stats.peers.append(peer)
         ops = []
-        out = rp.messages.get((me, peer), ())
-        if out:
-            buf = _pack([narrow(held[p.src_slot], src[p.src_slot].chunk, p.chunk) for p in out], world.device)
-            ops.append(dist.P2POp(dist.isend, buf, rank_of[peer], group=groups[(a, b)]))
-            stats.bytes_sent += buf.numel() * 4
+        if peer in outbox:
+            ops.append(dist.P2POp(dist.isend, outbox[peer], rank_of[peer], group=groups[(a, b)]))
+            stats.bytes_sent += outbox[peer].numel() * 4
         into = rp.messages.get((peer, me), ())
         if into:
             buf = torch.empty(sum(p.numel for p in into), dtype=torch.float32, device=world.device)
@@ -134,6 +154,8 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
         requests += dist.batch_isend_irecv(ops)
     for req in requests:
         req.wait()
+    stats.exchange_s = clock.lap()
+    outbox.clear()
     for buf, pieces in inbox:
         assert new is not None
         off = 0
@@ -141,17 +163,33 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
             view = narrow(new.tensors[p.dst_slot], dst[p.dst_slot].chunk, p.chunk)
             view.copy_(buf[off:off + p.numel].view(view.shape))
             off += p.numel
-    _sync(world.device)
-    stats.transfer_s = time.perf_counter() - t0
+    inbox.clear()
+    stats.unpack_s = clock.lap()
+    stats.transfer_s = stats.local_s + stats.pack_s + stats.exchange_s + stats.unpack_s
 
     world.settle("transfers")  # every transfer received before any pair group closes (executor.epoch_world)
     for (a, b), g in groups.items():
         if me in (a, b):
             dist.destroy_process_group(g)
+    stats.teardown_s = clock.lap()
     held.clear()
     if world.enter(rp.new.devices, f"{tag}/plan"):
         stats.world_setup_s += world.setup_s
     return SwitchResult(new, stats)
+
+
+class _Clock:
+    """Seconds between laps, each lap ending with a device sync (the work of a phase is its own)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        _sync(self.device)
+        now = time.perf_counter()
+        dt, self.t = now - self.t, now
+        return dt
 
 
 def _pack(views: list[torch.Tensor], device: torch.device) -> torch.Tensor:

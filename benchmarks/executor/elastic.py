@@ -37,6 +37,7 @@ from typing import Any
 
 from benchmarks.executor.hetero_e2e import CLI, ROOT
 from benchmarks.executor.hetero_e2e import _run as run_logged
+from executor.switch import SWITCH_PARTS as PARTS
 
 FOUR = ["fast:0", "fast:1", "slow:0", "slow:1"]  # the cluster file's devices
 
@@ -88,7 +89,7 @@ def gpu_plans(out: Path, cluster_path: Path, model: str, seq_len: int, batch: in
     cluster = load_cluster(cluster_path)
     phases = [Phase(FOUR, steps[0]), Phase(FOUR[:3], steps[1]), Phase(FOUR, steps[2]), Phase(FOUR[:2], steps[3])]
     t0 = time.perf_counter()
-    plan = search(cluster, resolve_model(model, seq_len), batch, config=PlannerConfig(time_limit_s=30.0)).plan
+    plan = search(cluster, resolve_model(model, seq_len), batch, config=PlannerConfig(time_limit_s=15.0)).plan
     paths, seconds = [], [time.perf_counter() - t0]
     for i, ph in enumerate(phases):
         if i:
@@ -142,11 +143,23 @@ def pair_bandwidth_job(mib: int) -> dict[str, float]:
     return res
 
 
-def measure_bandwidth() -> dict[str, float]:
+def measure_bandwidth(nccl_debug: bool = False) -> dict[str, float]:
+    """Per pair, the slower end's GB/s; ``nccl_debug``: NCCL prints the transport each channel uses."""
+    import os
+
     from tests.support.dist_testing import DistPool
 
-    with DistPool(4, backend="nccl", timeout=120) as pool:
-        per_rank = pool.run(pair_bandwidth_job, 512)
+    saved = os.environ.get("NCCL_DEBUG")
+    if nccl_debug:
+        os.environ["NCCL_DEBUG"] = "INFO"
+    try:
+        with DistPool(4, backend="nccl", timeout=120) as pool:
+            per_rank = pool.run(pair_bandwidth_job, 512)
+    finally:
+        if saved is None:
+            os.environ.pop("NCCL_DEBUG", None)
+        else:
+            os.environ["NCCL_DEBUG"] = saved
     pairs = {k for r in per_rank for k in r}
     return {k: min(r[k] for r in per_rank if k in r) for k in sorted(pairs)}  # the slower end's view
 
@@ -191,7 +204,8 @@ def run_restarts(out: Path, plans: list[Path], phases: list[Phase], cluster: Pat
 
 # ---------------------------------------------------------------------- report
 def analyse(phases: list[Phase], replan_s: list[float], el: dict[int, dict[str, Any]], switches: list[dict[str, Any]],
-            rs: list[dict[int, dict[str, Any]]], bandwidth_gbps: float | None) -> dict[str, Any]:
+            rs: list[dict[int, dict[str, Any]]], bandwidth_gbps: float | None, mps_gbps: float | None = None
+            ) -> dict[str, Any]:
     starts = [sum(p.steps for p in phases[:i]) for i in range(len(phases) + 1)]
     steady = []
     for i in range(len(phases)):
@@ -216,7 +230,10 @@ def analyse(phases: list[Phase], replan_s: list[float], el: dict[int, dict[str, 
                        "transfer_s": sw["transfer_s"], "switch_excl_comm_s": sw["switch_excl_comm_s"],
                        "comm_setup_s": sw["comm_s"], "switch_s": sw["switch_s"], "wait_for_joiners_s": sw["wait_s"],
                        "move_plan_s": sw["plan_s"], "move_planned_ahead": sw.get("planned_ahead"),
-                       "engine_build_s": sw["build_s"],
+                       "engine_build_s": sw["build_s"], "install_s": sw.get("install_s"),
+                       "parts_s": {k: sw.get(k) for k in PARTS},
+                       "exchange_gbps": sw["max_rank_bytes"] / sw["exchange_s"] / 1e9 if sw.get("exchange_s") else None,
+                       "mps_lower_bound_s": sw["max_rank_bytes"] / (mps_gbps * 1e9) if mps_gbps else None,
                        "target_s": 1.25 * bound + 0.05, "target_met": sw["switch_excl_comm_s"] <= 1.25 * bound + 0.05,
                        "replan_s": replan_s[i], "elastic_downtime_s": down, "restart_downtime_s": b_down,
                        "speedup": b_down / down if down and b_down else None})
@@ -239,6 +256,14 @@ def print_tables(res: dict[str, Any]) -> None:
               f"{_f(e['target_s'], 1e3)} | {_f(e['comm_setup_s'], 1e3)} | {_f(e['wait_for_joiners_s'])} | "
               f"{_f(e['replan_s'], 1, '.2f')} | {_f(e['elastic_downtime_s'], 1, '.2f')} | "
               f"{_f(e['restart_downtime_s'], 1, '.1f')} | {_f(e['speedup'], 1, '.1f')}x |")
+    print("\nWhere the switch time goes (slowest rank per part, ms; each part ends with a device sync):\n")
+    print("| event | " + " | ".join(k[:-2] for k in PARTS) + " | engine build | install | move plan | "
+          "exchange GB/s (max rank bytes / exchange) | bound under MPS ms |")
+    print("|---|" + "---:|" * (len(PARTS) + 5))
+    for e in res["events"]:
+        parts = " | ".join(_f(e["parts_s"].get(k), 1e3) for k in PARTS)
+        print(f"| {e['event']} | {parts} | {_f(e['engine_build_s'], 1e3)} | {_f(e['install_s'], 1e3)} | "
+              f"{_f(e['move_plan_s'], 1e3)} | {_f(e['exchange_gbps'])} | {_f(e['mps_lower_bound_s'], 1e3, '.2f')} |")
     print("\n| phase | devices | elastic s/step | plain s/step | ratio (target <= 1.05) |\n|---|---:|---:|---:|---:|")
     for s in res["steady"]:
         print(f"| {s['phase']} | {s['ranks_devices']} | {_f(s['elastic_step_s'], 1, '.3f')} | "
@@ -275,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         device, shares, train = "cpu", {}, ["--lr", "3e-3", "--warmup", "1", "--seed", "0"]
         cluster, phases, plans, replan_s = smoke_plans(work)
         bandwidths, bw = {}, None  # the bound from the cluster file's links (the switch report's)
+        mps_bandwidths = {}
         kind = "cpu_smoke"
     else:
         kind = "h200" if "H200" in meta["gpu"] else "h100"
@@ -286,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         bw = max(bandwidths.values())
         print(f"pair bandwidth GB/s (one way, both ways at once): {bandwidths}", flush=True)
         subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
+        mps_bandwidths = measure_bandwidth(nccl_debug=True)  # the processes are MPS clients now
+        print(f"pair bandwidth GB/s under MPS: {mps_bandwidths}", flush=True)
     trace = write_trace(work, phases, plans, shares)
     try:
         t0 = time.perf_counter()
@@ -300,10 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.smoke:
             subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False)
     ok = code == 0 and all(c == 0 for c in codes) and len(switches) == len(phases) - 1
-    res = analyse(phases, replan_s, el, switches, rs, bw) if ok else {"events": [], "steady": []}
+    mps_bw = max(mps_bandwidths.values()) if mps_bandwidths else None
+    res = analyse(phases, replan_s, el, switches, rs, bw, mps_bw) if ok else {"events": [], "steady": []}
     result = dict(meta, cluster=cluster.name, model="tiny" if args.smoke else args.model, seq_len=args.seq_len,
                   global_batch=args.global_batch, phases=[p.__dict__ for p in phases], replan_s=replan_s,
                   plans=[json.loads(p.read_text()) for p in plans], pair_bandwidth_gbps=bandwidths,
+                  pair_bandwidth_mps_gbps=mps_bandwidths,
                   bound_bandwidth_gbps=bw, elastic_exit=code, restart_exits=codes, elastic_wall_s=elastic_wall,
                   restart_wall_s=restart_wall, elastic_losses={k: r["loss"] for k, r in sorted(el.items())},
                   restart_losses=[{k: r["loss"] for k, r in sorted(x.items())} for x in rs], **res)
