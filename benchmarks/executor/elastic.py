@@ -4,7 +4,7 @@
 run as one elastic job (in-process switches), and the same events as checkpoint-restart (save, exit,
 re-plan, relaunch, load) in the same run. Prints a table and writes JSON (device, versions, date).
 
-    # on the GPU machine, from the repository root (4 GPUs; ~4 minutes; starts and stops the MPS daemon):
+    # on the GPU machine, from the repository root (4 GPUs; ~9 minutes; starts and stops the MPS daemon):
     NCCL_NVLS_ENABLE=0 python -m benchmarks.executor.elastic --out benchmarks/results
     # CPU smoke (tiny model, gloo, a 4 -> 3 -> 4 trace of 2-step phases; tests/train/test_elastic_bench.py):
     python -m benchmarks.executor.elastic --smoke --out /tmp/elastic-smoke
