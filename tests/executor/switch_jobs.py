@@ -1,7 +1,7 @@
-"""Jobs of the switch oracle on the shared gloo pool: pool rank ``p`` plays device
-``UNIVERSE[p]``; each epoch re-creates the default group for its plan's devices
-(:class:`executor.epoch_world.World`, as an elastic job does), and the job gives the pool its
-8-rank default group back at the end."""
+"""Jobs of the switch oracle on a DistPool (the shared gloo pool, or 4 NCCL ranks with one GPU
+each): pool rank ``p`` plays device ``UNIVERSE[p]``; each epoch re-creates the default group for
+its plan's devices (:class:`executor.epoch_world.World`, as an elastic job does), and the job
+gives the pool its default group of every rank back at the end."""
 
 from __future__ import annotations
 
@@ -26,38 +26,48 @@ from planner.state_layout import rank_states
 from tests.support.random_plans import UNIVERSE
 
 _STORES: list[Any] = []  # the restored default groups use these stores: they live as long as the pool
+_POOL: list[int] = []  # the pool's size, read before the first epoch replaces the default group
+
+
+def _device() -> torch.device:
+    """This pool rank's device: its GPU on an NCCL pool (DistPool binds rank r to GPU r), else the CPU."""
+    if torch.cuda.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def shared_world(prefix: str, timeout_s: float = 600.0) -> World:
     """A :class:`World` for this pool process on a store served by pool rank 0 (collective)."""
     rank = dist.get_rank()
+    if not _POOL:
+        _POOL.append(dist.get_world_size())
+    device = _device()
     if rank == 0:
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         info: list[Any] = [store.port, uuid.uuid4().hex]
     else:
         info = [None, None]
-    dist.broadcast_object_list(info, src=0)
+    dist.broadcast_object_list(info, src=0, device=device)
     if rank != 0:
         store = dist.TCPStore("127.0.0.1", info[0], is_master=False, wait_for_workers=False)
     _STORES.append(store)
-    return World(store, f"{prefix}/{info[1]}", torch.device("cpu"), UNIVERSE[rank], timeout_s=timeout_s)
+    return World(store, f"{prefix}/{info[1]}", device, UNIVERSE[rank], timeout_s=timeout_s)
 
 
 def restore_pool(world: World) -> None:
     """Give the pool its default group of every rank back (pool rank order)."""
-    world.enter(UNIVERSE[:8], "restore")
+    world.enter(UNIVERSE[:_POOL[0]], "restore")
 
 
 def holdings(engine: Engine) -> list[tuple[str, Any, torch.Tensor]]:
     """(state tensor, rectangle, values) of everything ``engine``'s rank holds."""
     state = rank_states(engine.plan)[engine.rank]
-    return [(h.tensor, h.chunk, t.detach().clone()) for h, t in zip(state.holdings, held_tensors(engine, state))]
+    return [(h.tensor, h.chunk, t.detach().cpu().clone()) for h, t in zip(state.holdings, held_tensors(engine, state))]
 
 
 def _build(plan: Plan, optim: OptimConfig, seed: int = 0, init: bool = True) -> Engine:
     topo = build_topology(plan)
-    return Engine(plan, topo, ProcessGroups.create(topo), device=torch.device("cpu"), optim=optim, seed=seed,
-                  init=init)
+    return Engine(plan, topo, ProcessGroups.create(topo), device=_device(), optim=optim, seed=seed, init=init)
 
 
 def _train(engine: Engine, batches: list[torch.Tensor]) -> list[float]:

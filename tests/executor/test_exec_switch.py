@@ -72,23 +72,27 @@ def _assemble(model: ModelSpec, results: list[dict], key: str) -> dict[str, torc
     return out
 
 
-def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) -> None:
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str, rtol: float = 1e-6) -> None:
     for t in a:
-        assert_close(a[t], b[t], rtol=1e-6, atol=0, msg=lambda m, t=t: f"{what} {t}: {m}")
+        assert_close(a[t], b[t], rtol=rtol, atol=0, msg=lambda m, t=t: f"{what} {t}: {m}")
 
 
-def check_switch(pool, old: Plan, new: Plan, tmp_path) -> list[dict]:  # type: ignore[no-untyped-def]
+def check_switch(pool, old: Plan, new: Plan, tmp_path, *, ref_rtol: float = 1e-5,  # type: ignore[no-untyped-def]
+                 restart_rtol: float = 1e-6) -> list[dict]:
+    """``ref_rtol``: losses vs the dense reference; ``restart_rtol``: the run after the switch vs the
+    restart (the moved state itself must be equal to 1e-6 everywhere: it is copied, not computed)."""
     batches, ref = _reference(old.model, old.global_batch_size)
     res = pool.run(switch_oracle_job, old, new, batches, SPLIT, str(tmp_path / "at-split"), ORACLE_OPTIM)
     by_dev = {r["device"]: r for r in res}
     for d in old.devices:
-        assert_close(by_dev[d]["old_losses"], ref.losses[:SPLIT], rtol=1e-5, atol=0, msg=f"old losses on {d}")
+        assert_close(by_dev[d]["old_losses"], ref.losses[:SPLIT], rtol=ref_rtol, atol=0, msg=f"old losses on {d}")
     for d in new.devices:
         r = by_dev[d]
-        assert_close(r["new_losses"], ref.losses[SPLIT:], rtol=1e-5, atol=0, msg=f"losses after the switch on {d}")
-        assert_close(r["new_losses"], r["restart_losses"], rtol=1e-6, atol=0, msg=f"switch vs restart on {d}")
+        assert_close(r["new_losses"], ref.losses[SPLIT:], rtol=ref_rtol, atol=0, msg=f"losses after the switch on {d}")
+        assert_close(r["new_losses"], r["restart_losses"], rtol=restart_rtol, atol=0, msg=f"switch vs restart on {d}")
     _same(_assemble(old.model, res, "old_state"), _assemble(old.model, res, "after_state"), "moved state")
-    _same(_assemble(old.model, res, "final_state"), _assemble(old.model, res, "restart_state"), "final state")
+    _same(_assemble(old.model, res, "final_state"), _assemble(old.model, res, "restart_state"), "final state",
+          rtol=restart_rtol)
     return res
 
 
