@@ -40,12 +40,11 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from executor.checkpoint_io import Writing, read_pieces, write_pieces
 from executor.checkpoint_pieces import Piece, load_targets, save_pieces
 from executor.checkpoint_verify import CKPT_FORMAT, METADATA, expected_tensors
 from executor.engine import Engine
@@ -56,6 +55,9 @@ from planner.chunks import Chunk
 from planner.errors import SpecError
 from planner.layout import logical_params
 from planner.model import ModelSpec, model_from_dict
+
+if TYPE_CHECKING:
+    from executor.checkpoint_io import Writing
 
 DAMAGED = "the checkpoint is damaged: resume from an earlier one"
 
@@ -126,6 +128,8 @@ def start_save(engine: Engine, path: str | Path, extra: dict[str, Any], *, backg
     _barrier(groups, engine.device)
     pieces = save_pieces(engine)
     _refuse_nonfinite(engine, pieces, path)
+    from executor.checkpoint_io import write_pieces  # torch.distributed.checkpoint: ~0.5 s to import
+
     writing = write_pieces(tmp, pieces, background if background is not None else groups.world,
                            single=engine.topology.world_size == 1, background=background is not None)
     return PendingSave(engine, path, dict(extra), writing, on_written)
@@ -201,6 +205,8 @@ def load(engine: Engine, path: str | Path) -> dict[str, Any]:
     if not isinstance(meta.get("checksums"), dict):
         raise SpecError("checkpoint", f"{path}/meta.json has no checksums", DAMAGED)
     pieces, install = load_targets(engine)
+    from executor.checkpoint_io import read_pieces
+
     read_pieces(path, pieces, meta["checksums"], engine.groups.world, single=engine.topology.world_size == 1)
     _check_finite(engine, pieces, path)
     install(int(meta["step"]))
@@ -217,6 +223,8 @@ def write_logical(path: str | Path, model: ModelSpec, weights: dict[str, torch.T
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    from executor.checkpoint_io import write_pieces
+
     pieces = []
     for info in logical_params(model):
         full = Chunk("", (0,) * len(info.shape), info.shape)
@@ -232,6 +240,7 @@ def read_logical(path: str | Path) -> tuple[ModelSpec, Iterator[tuple[str, torch
     path = Path(path)
     meta = _meta(path)
     model = model_from_dict(meta.get("model"))
+    from executor.checkpoint_io import read_pieces
 
     def weights() -> Iterator[tuple[str, torch.Tensor]]:
         for info in logical_params(model):

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.search.batch_split import _silence_highs_banner
-
 INF = math.inf
 
 
@@ -60,6 +58,8 @@ def solve(model: Milp, *, time_limit_s: float, max_nodes: int = 10_000,
     import time
 
     import highspy
+
+    from planner.search.batch_split import _silence_highs_banner  # the search package: not for ranks
 
     _silence_highs_banner()
     t0 = time.perf_counter()

@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 from planner.cluster import ClusterSpec
 from planner.cost import ProfileSet, activation_bytes, boundary_time, stage_memory, stage_time
@@ -64,6 +63,8 @@ class SeqCost:
 
 def fit_seq_cost(lengths: Sequence[int], seconds: Sequence[float]) -> SeqCost:
     """Non-negative ``(a, b, c)`` minimising the relative squared error over the samples."""
+    from scipy.optimize import nnls  # imported here: scipy.optimize costs every rank process ~0.4 s
+
     s = np.asarray(lengths, float)
     t = np.asarray(seconds, float)
     rows = np.stack([s * s, s, np.ones_like(s)], axis=1) / t[:, None]
