@@ -265,13 +265,15 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
             for di, dev_id in enumerate(st.devices):
                 dev = cluster.device(dev_id)
                 mem = mems[dev.gpu]
-                mem = replace(mem, overhead=mem.overhead + comms[dev_id] * params.comm_gib * GIB)
+                comm = comms[dev_id] * params.comm_gib * GIB
+                mem = replace(mem, overhead=mem.overhead + comm,
+                              step_live=mem.step_live + comm if mem.step_live else 0.0)
                 memory[dev_id] = mem
                 capacity[dev_id] = dev.memory_gib
-                if mem.total_gib > dev.memory_gib:
+                if mem.required_gib > dev.memory_gib:  # total: what it reserves with room; required: without
                     oom.append({"device": dev_id, "path": f"pipelines[{pi}].stages[{si}].devices[{di}]",
-                                "need_gib": round(mem.total_gib, 3), "capacity_gib": dev.memory_gib,
-                                "over_gib": round(mem.total_gib - dev.memory_gib, 3)})
+                                "need_gib": round(mem.required_gib, 3), "capacity_gib": dev.memory_gib,
+                                "over_gib": round(mem.required_gib - dev.memory_gib, 3)})
                 optimizer[dev_id] = profiles.get(dev.gpu).optimizer_time(n_params, n_tensors, o.dtype) * dev.slowdown
                 bwd_last[dev_id] = b[si][-1]
                 lbe[dev_id] = est.stages[si].last_backward_end_s
