@@ -45,7 +45,7 @@ def rank_need_bytes(plan: Plan, rank: int, *, cpu: bool) -> tuple[float, float]:
                        recompute=plan.options.recompute, zero_shards=zero,
                        held_with_grads=held_with_grads(pipe.schedule, n, si, pipe.micro_batches))
     rows = pipe.batch_size * (plan.model.seq_len + 1) * 8.0  # the pipeline's int64 token rows
-    tensors = mem.total - (mem.overhead if cpu else 0.0)  # the overhead terms are GPU runtime figures
+    tensors = mem.required - (mem.overhead if cpu else 0.0)  # the overhead terms are GPU runtime figures
     return tensors + rows, mem.activations + rows
 
 

@@ -42,10 +42,20 @@ def _cluster_for(rec: dict[str, Any], catalog: Catalog, link: dict[str, float], 
                         bandwidth_GBps=NVLINK_NOMINAL_GBPS, latency_us=link.get("latency_us", 10.0))
 
 
-def device_memory(rank: dict[str, Any]) -> float:
-    """Device memory a plan needs on one GPU: in use after its steps (CUDA context + allocator pool),
-    less what earlier plans of the same process left behind (NCCL communicator buffers that survive
-    ``destroy_process_group``): ``in_use - (in_use_before - context)``."""
+def device_memory(rank: dict[str, Any], context_gib: float | None = None) -> float:
+    """Device memory a plan needs on one GPU, counted per process (what the cost model predicts):
+    the allocator's peak reserve (``max_memory_reserved``) + the plan's NCCL communicators outside
+    the allocator (``comm_gib``, benchmarks/fidelity/worker.py) + one CUDA context. The context is
+    ``context_gib`` when given — measured by a process alone on its GPU (``hexiscale calibrate``'s
+    ``framework_gib``) — else the worker's own reading at its start. Device-wide "in use" figures
+    are not used: under MPS they include the server and the other clients (4 x H200, 2026-11-26:
+    MPS plans read 32-155 % under the estimate that way).
+
+    Records without ``comm_gib`` (older runs) fall back to the device-wide figure less what earlier
+    plans of the same process left behind: ``in_use - (in_use_before - context)``."""
+    if "comm_gib" in rank and "max_reserved_gib" in rank:
+        ctx = float(rank.get("context_gib", 0.0)) if context_gib is None else context_gib
+        return float(rank["max_reserved_gib"]) + float(rank["comm_gib"]) + ctx
     leftover = max(0.0, rank.get("in_use_before_gib", 0.0) - rank.get("context_gib", 0.0))
     return float(rank["in_use_gib"]) - leftover
 

@@ -7,6 +7,10 @@ pipelines, MPS-throttled GPUs — measured (step time, device memory) beside the
     python -m benchmarks.fidelity.host4 --out DIR            # GPU machine, 4 GPUs (~8 min)
     python -m benchmarks.fidelity.host4 --out DIR --cpu      # CPU rehearsal: tiny model, gloo
 
+Memory is compared per process (``benchmarks.fidelity.accuracy.device_memory``: the allocator's
+peak reserve + the plan's NCCL communicators + the CUDA context measured alone by ``calibrate``),
+not as the device's memory in use, which under MPS counts the other clients.
+
 Prints a markdown table (plan, SM shares, measured, predicted, error, memory, the term that
 dominates) and writes ``DIR/host4_fidelity.json`` (device, versions, date, every row).
 """
@@ -123,7 +127,11 @@ def calibrate(home: Path, cpu: bool, model_name: str) -> dict[str, Any]:
     return {"wall_s": wall, "file": str(cal_file), **json.loads(cal_file.read_text())}
 
 
-def predict_rows(runs: list[dict[str, Any]], measured_key: str, cpu: bool, latency_us: float) -> list[dict[str, Any]]:
+def predict_rows(runs: list[dict[str, Any]], measured_key: str, cpu: bool, latency_us: float,
+                 context_gib: float | None = None) -> list[dict[str, Any]]:
+    """Estimate beside measurement per plan; memory per process (``device_memory``) with the CUDA
+    context ``hexiscale calibrate`` measured alone on its GPU (``context_gib``), as the estimate's
+    ``framework_gib`` is."""
     from benchmarks.fidelity.accuracy import device_memory
     from planner.calibration.local import resolve_profiles
     from planner.cost import estimate
@@ -143,9 +151,9 @@ def predict_rows(runs: list[dict[str, Any]], measured_key: str, cpu: bool, laten
             else:
                 row["measured_s"] = p["step_time_s"]
                 row["time_err"] = est.step_time_s / p["step_time_s"] - 1.0
-                row["memory"] = [{"device": r["device"], "measured_gib": device_memory(r),
+                row["memory"] = [{"device": r["device"], "measured_gib": device_memory(r, context_gib),
                                   "predicted_gib": est.memory_gib[r["device"]],
-                                  "err": est.memory_gib[r["device"]] / device_memory(r) - 1.0}
+                                  "err": est.memory_gib[r["device"]] / device_memory(r, context_gib) - 1.0}
                                  for r in p["ranks"] if r.get("in_use_gib")]
             rows.append(row)
     return rows
@@ -209,7 +217,8 @@ def main() -> int:
         if not args.cpu:
             subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False)
     latency = (cal.get("fits", {}).get("link") or {}).get("latency_us") or 10.0
-    rows = predict_rows(runs, measured_key, args.cpu, latency)
+    context = (cal.get("fits", {}).get("framework_gib") or {}).get("measured_context_gib")
+    rows = predict_rows(runs, measured_key, args.cpu, latency, context)
     text = table(rows)
     print(text)
     import torch

@@ -8,9 +8,14 @@ device ``g<k>:0`` in the plan), build the :class:`executor.engine.Engine`, run `
 
 * step time: every step starts after a barrier; each rank times it (device synchronised), the step's
   time is the slowest rank's, and the plan's figure is the median over the timed steps;
-* memory per GPU: ``max_memory_allocated``, ``max_memory_reserved`` (reset per plan) and the device
-  memory in use after the steps (``total - free``: CUDA context + allocator pool; the figure the
-  cost model's memory estimate predicts).
+* memory per GPU, per process: ``max_memory_allocated`` and ``max_memory_reserved`` (reset per plan:
+  the caching allocator's own figures, exact for this process whatever else runs on the GPU) and
+  ``comm_gib``, the device memory the plan's NCCL communicators take outside the allocator: the
+  growth of the device's memory in use across the creation and first use of the plan's groups less
+  the allocator's growth in that window (only this process allocates on its GPU then: one process
+  per GPU). Also the device memory in use after the steps (``total - free``), kept for reference:
+  it is device-wide, and under MPS it counts the MPS server and the other clients, so it is not
+  what this process needs (:func:`benchmarks.fidelity.accuracy.device_memory` says what is compared).
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ def _device_in_use(device: torch.device) -> float:
     return (total - free) / GIB
 
 
+def _reserved(device: torch.device) -> float:
+    return torch.cuda.memory_reserved(device) / GIB if device.type == "cuda" else 0.0
+
+
 def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_dir: str, index: int,
               warmup: int, steps: int) -> dict[str, Any] | None:
     from executor.engine import Engine
@@ -65,7 +74,13 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
             torch.cuda.reset_peak_memory_stats(device)
             rec["in_use_before_gib"] = _device_in_use(device)
         topo = build_topology(plan)
+        reserved0 = _reserved(device)
         groups = ProcessGroups.create(topo)
+        if device.type == "cuda":  # the communicators exist and are connected (executor.groups); settle them
+            dist.barrier()
+            torch.cuda.synchronize(device)
+            rec["comm_gib"] = max(0.0, _device_in_use(device) - rec["in_use_before_gib"]
+                                  - (_reserved(device) - reserved0))
         engine = Engine(plan, topo, groups, device=device, optim=OptimConfig(warmup_steps=1, total_steps=1000),
                         seed=0)
         pipe_idx = engine.stage.pipeline

@@ -11,7 +11,8 @@ What is measured (one GPU; the link sweep over every local GPU):
 * the layer of two more model widths (``WIDTHS``), micro-batches 1 and 2: the GEMM and attention
   shape terms of the roofline are only identifiable across widths, and the roofline is what
   answers for any model other than the profiled one;
-* the p2p / all-reduce sweep between local GPUs (``link_efficiency`` against the NVLink nominal).
+* the p2p / all-reduce sweep between local GPUs (``link_efficiency`` against the NVLink nominal) and
+  the host cost of issuing one TP all-reduce as the executor does (``collective_host_s``).
 
 Then the roofline's compute terms are fitted to all of it (:func:`planner.calibration.fit.fit_compute`),
 the link efficiency to the sweep, ``framework_gib`` is this process's CUDA context, and the
@@ -130,6 +131,9 @@ def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, p
         link = fit_link_efficiency(comm, NVLINK_NOMINAL_GBPS)
         params = replace(params, link_efficiency=link["link_efficiency"])
         fits["link"] = {**link, "nominal_GBps": NVLINK_NOMINAL_GBPS}
+    if comm and comm.get("tp_issue_s", 0) > 0:  # host cost of one TP collective as the executor issues it
+        params = replace(params, collective_host_s=float(comm["tp_issue_s"]))
+        fits["collective_host"] = {"measured_s": float(comm["tp_issue_s"]), "world": comm.get("world")}
     if context_gib > 0:
         params = replace(params, framework_gib=context_gib)
         fits["framework_gib"] = {"measured_context_gib": context_gib}
@@ -141,7 +145,9 @@ def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, p
     cal_path = home / "calibration" / f"{key}.json"
     applies = [key] + ([base.key] if base is not None and key == f"{base.key}-measured" else [])
     save_calibration(cal_path, params, fitted={**res.terms, **({"link_efficiency": params.link_efficiency}
-                                                                if "link" in fits else {})},
+                                                                if "link" in fits else {}),
+                                               **({"collective_host_s": params.collective_host_s}
+                                                  if "collective_host" in fits else {})},
                      fits=fits, provenance=provenance, applies_to=applies)
     return {"key": key, "profile": str(out), "calibration": str(cal_path), "seconds": elapsed, "fits": fits,
             "provenance": provenance}

@@ -7,6 +7,12 @@ times, for each message size ``B``:
   ``elapsed / (2K)``;
 * all-reduce (SUM) over all ranks, ``K`` calls; one takes ``elapsed / K``.
 
+* TP collective issue — the host seconds one tensor-parallel all-reduce takes to issue as the
+  executor issues it (:func:`executor.tp_layers.reduce_from_tp`: the autograd Function, the local
+  copy, c10d's ``all_reduce`` and the backend's enqueue), timed on the host clock WITHOUT waiting
+  for the device over ``K`` calls on a small tensor (the slowest rank's figure): the cost model's
+  ``collective_host_s`` (:mod:`planner.cost.stage`), which a launch-bound pass pays on its host.
+
 Each series is fitted to the link model of :mod:`planner.cost.links` by least squares on the relative
 error (so small messages count as much as large ones)::
 
@@ -92,10 +98,31 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int], it
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             if rank == 0:
                 results["allreduce"].append({"bytes": buf.numel() * 4, "seconds": float(slowest.cpu()) / k})
+        issue = torch.tensor([tp_issue_seconds(device, sync)], dtype=torch.float64).to(device)
+        dist.all_reduce(issue, op=dist.ReduceOp.MAX)
         if rank == 0:
-            Path(out).write_text(json.dumps(results))
+            Path(out).write_text(json.dumps({**results, "tp_issue_s": float(issue.cpu())}))
     finally:
         dist.destroy_process_group()
+
+
+def tp_issue_seconds(device: torch.device, sync: Callable[[], None], calls: int = 50) -> float:
+    """Host seconds per call of :func:`executor.tp_layers.reduce_from_tp` over the default group on a
+    small tensor, the device not waited for inside the timed loop (module docstring)."""
+    from executor.tp_layers import reduce_from_tp
+
+    x = torch.ones(1024, dtype=torch.float32, device=device)
+    group = dist.group.WORLD
+    for _ in range(3):
+        reduce_from_tp(x, group)
+    sync()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        reduce_from_tp(x, group)
+    elapsed = time.perf_counter() - t0
+    sync()
+    return elapsed / calls
 
 
 def measure_comm(world: int, sizes: list[int], *, cpu: bool, out_file: Path, iters: list[int] | None = None,
@@ -107,6 +134,10 @@ def measure_comm(world: int, sizes: list[int], *, cpu: bool, out_file: Path, ite
     iters = iters or [20 if s < 2**20 else 10 if s < 2**26 else 5 for s in sizes]
     spawn(_worker, world, (world, free_port(), backend, sizes, iters, str(out_file), sm_percents or []))
     raw = json.loads(out_file.read_text())
+    issue = raw.pop("tp_issue_s", None)
     fits = {kind: fit_link([p["bytes"] for p in pts], [p["seconds"] for p in pts], kind, world)
             for kind, pts in raw.items() if len(pts) >= 2}
-    return {"world": world, "backend": backend, "points": raw, "fit": fits}
+    out = {"world": world, "backend": backend, "points": raw, "fit": fits}
+    if issue is not None:
+        out["tp_issue_s"] = issue
+    return out

@@ -25,7 +25,9 @@ where they touch profiles, plain arithmetic elsewhere). Stable signatures:
 ``stage_time(model, *, layers, first, last, micro_batch, tp, devices, tp_link, dtype, recompute, params)``
     ``-> StageTime``; ``devices`` = [(DeviceProfile, slowdown), ...] of the TP group,
     per micro-batch: ``forward_s``/``backward_s`` = slowest device's compute + TP all-reduces
-    and their local copies (split in ``forward_compute_s``, ``forward_tp_s``, ...).
+    and their local copies (split in ``forward_compute_s``, ``forward_tp_s``, ...); a launch-bound
+    pass pays the host's cost of issuing the collectives (``collective_host_s``), a slowed device
+    slows the GPU share of a pass only (``DeviceProfile.pass_split``: GPU and host seconds).
 ``device_compute(model, profile, *, layers, first, last, micro_batch, tp, dtype, recompute) -> (fwd, bwd)``
 ``tp_comm_time(model, *, layers, first, last, micro_batch, tp, dtype, recompute, link, params) -> (fwd, bwd)``
 and ``tp_collectives(...) -> (fwd bytes list, bwd bytes list)``: the TP all-reduces themselves.
@@ -42,7 +44,9 @@ and ``group_allreduce_time(nbytes, devices, cluster, params)``: collectives from
 ``stage_memory(model, *, layers, tp, first, last, micro_batch, in_flight, dtype, recompute, zero_shards,
 params, layer_activation=None, head_activation=None, held_with_grads=None) -> MemoryBreakdown``
     with ``held_with_grads(schedule, stages, stage_index, m)`` for the exact peak (module memory.py)
-    (bytes per term; ``.total_gib``); ``stage_params(model, layers, tp, first, last)``.
+    (bytes per term; ``.total_gib``: what the device reserves with room, ZeRO-1's step buffers
+    included; ``.required_gib``: what it cannot do without, for out-of-memory checks);
+    ``stage_params(model, layers, tp, first, last)``.
 ``sync_groups(plan)``: cross-pipeline gradient groups (finest common slices) and their bytes.
 
 Every tunable constant is a named physical term of ``CostParams`` (see params.py); the formulas

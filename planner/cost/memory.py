@@ -45,6 +45,26 @@ micro-batch, the input included, the weight casts not; ``MeasuredProfile.activat
 converts the profiler's figures to that). On an H100 and an H200 (llama-1.3b), the formulas equal
 the measured bytes to within 1 KiB per layer and per head at TP 1, a few MiB at TP 2.
 
+ZeRO-1 step buffers (``zero_shards = k > 1``; executor/zero.py). After the schedule, per part of
+``c = P/k`` elements (``P`` the device's parameters), the executor allocates three whole-part fp32
+vectors: the reduce-scattered gradient (``mine``, from ``reduce_grads`` while the full gradients and
+the Adam state are still allocated), the master copy of the part (``master.data``) and the squared
+gradient of the norm (``grad_sq_norm``'s ``pow(2)``); and per round of at most ``ZERO_BUCKET_NUMEL``
+elements per owner, ``k`` padded input pieces, the padding temporary and the output of the
+reduce-scatter (the all-gather's ``k + 1`` round buffers are fewer)::
+
+    step_buffers = 3 · 4·P/k  +  (k + 2) · 4 · min(c, ZERO_BUCKET_NUMEL)
+
+Each whole-part vector is ONE allocation larger than any block the schedule frees (per-tensor
+activations, per-parameter gradients), so the caching allocator cannot serve it from what the
+schedule left cached and reserves new device memory: the figure that a GPU shows and that runs out
+is the schedule's peak PLUS these buffers (4 x H200, 2026-11-26, llama2-7b PP2 x DP2 ZeRO-1: the
+estimate without them was 24 % under the measured device memory; 3 · 6.3 GiB is that gap). That is
+``total``; a device without that much room still runs the step when the tensors live during it fit
+(the allocator frees its cached blocks and retries first): ``required`` = the larger of the
+schedule's peak and ``weights + optimizer + 2 parts + max(gradients + one round, one part)``, which
+is what out-of-memory checks compare with the capacity.
+
 Overhead per device: ``framework_gib + workspace_gib`` plus ``fragmentation`` times the tensor
 bytes (``CostParams``).
 """
@@ -59,6 +79,9 @@ from planner.layout import layer_numel
 from planner.model import ModelSpec
 
 GIB = float(1 << 30)
+# Elements per owner in one reduce-scatter / all-gather round of ZeRO-1 (executor.grad_sync's
+# DEFAULT_BUCKET_NUMEL; tests/planner/test_cost_memory.py checks that they agree).
+ZERO_BUCKET_NUMEL = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -70,17 +93,32 @@ class MemoryBreakdown:
     optimizer: float
     activations: float
     overhead: float
+    step_buffers: float = 0.0  # ZeRO-1's flat buffers after the schedule (module docstring)
+    step_live: float = 0.0  # ZeRO-1: bytes live at once during its step, overhead included (0 without)
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.overhead
+        """The device memory the run reserves when the device has room for it (what it shows)."""
+        return self.weights + self.gradients + self.optimizer + self.activations + self.overhead + self.step_buffers
+
+    @property
+    def required(self) -> float:
+        """The device memory the run cannot do without: the schedule's peak, or ZeRO-1's step where
+        larger. Short of room, the caching allocator frees the blocks the schedule left cached and
+        retries before it fails, so the step buffers need room of their own only where the tensors
+        live during the step exceed the schedule's peak."""
+        return max(self.total - self.step_buffers, self.step_live)
+
+    @property
+    def required_gib(self) -> float:
+        return self.required / GIB
 
     @property
     def total_gib(self) -> float:
         return self.total / GIB
 
     def to_gib_dict(self) -> dict[str, float]:
-        out = {k: v / GIB for k, v in asdict(self).items()}
+        out = {k: v / GIB for k, v in asdict(self).items() if k != "step_live"}
         out["total"] = self.total_gib
         return out
 
@@ -178,6 +216,23 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
         grads_at_peak = 0.0  # the peak comes before the first backward allocates the gradients
     elif held_with_grads is not None:
         acts = held_with_grads * per_mb + transient
-    tensors = weights + grads_at_peak + optimizer + acts
-    overhead = (params.framework_gib + params.workspace_gib) * GIB + params.fragmentation * tensors
-    return MemoryBreakdown(weights, grads_at_peak, optimizer, acts, overhead)
+    buffers = zero_step_buffers(p, zero_shards)
+    tensors = weights + grads_at_peak + optimizer + acts + buffers
+    fixed = (params.framework_gib + params.workspace_gib) * GIB
+    overhead = fixed + params.fragmentation * tensors
+    live = 0.0
+    if buffers:  # ZeRO-1's step: the reduce-scatter (gradients, part, master, one round) or the norm (3 parts)
+        part, rounds = 4.0 * p / zero_shards, buffers - 3 * 4.0 * p / zero_shards
+        step = weights + optimizer + 2 * part + max(grads + rounds, part)
+        live = fixed + (1 + params.fragmentation) * step
+    return MemoryBreakdown(weights, grads_at_peak, optimizer, acts, overhead, buffers, live)
+
+
+def zero_step_buffers(stage_params: float, zero_shards: int) -> float:
+    """Bytes ZeRO-1 reserves after the schedule on a device holding ``stage_params`` parameters
+    shared by ``zero_shards`` owners (module docstring); 0 without ZeRO-1."""
+    k = int(zero_shards)
+    if k <= 1 or stage_params <= 0:
+        return 0.0
+    part = stage_params / k
+    return 3 * 4.0 * part + (k + 2) * 4.0 * min(part, ZERO_BUCKET_NUMEL)

@@ -48,6 +48,13 @@ class CostParams:
     link_efficiency: float = 0.85
     # All-reduce algorithm: ring, tree or the faster of the two per call (what NCCL tunes to).
     allreduce_algo: str = "best"
+    # Host (CPU) time to issue one tensor-parallel collective as executor/tp_layers.py does it: the
+    # autograd Function, c10d's all_reduce and ProcessGroupNCCL's enqueue (its stream waits and event
+    # records), seconds per call; the local copy before it is one more kernel at host_overhead_s. It
+    # loads the host, which a launch-bound pass already saturates (planner/cost/stage.py). Default:
+    # the back-to-back small all-reduces of the committed H200 sweep (24-31 us per call, NCCL,
+    # torch 2.11); ``hexiscale calibrate`` measures it on the host (executor/profiler/comm.py).
+    collective_host_s: float = 2.5e-5
     # Use the hierarchical (intra-node reduce-scatter, inter-node all-reduce, intra-node
     # all-gather) all-reduce when a group spans several nodes with several devices each.
     hierarchical_allreduce: bool = True

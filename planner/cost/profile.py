@@ -87,6 +87,7 @@ class DeviceProfile(ABC):
         self.device = device
         self.params = params
         self._cache: dict[tuple[object, ...], PassTime] = {}
+        self._split_cache: dict[tuple[object, ...], tuple[PassTime, PassTime]] = {}
 
     @property
     def key(self) -> str:
@@ -129,6 +130,50 @@ class DeviceProfile(ABC):
         if hit is None:
             _check(dtype, "none", micro_batch, tp)
             hit = self._cache[key] = self._head(model, micro_batch, tp, dtype, seq_len or model.seq_len)
+        return hit
+
+    def pass_split(self, kind: str, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
+                   recompute: str = "none", seq_len: int | None = None) -> tuple[PassTime, PassTime]:
+        """(GPU, host) seconds of one ``kind`` pass ('layer', 'embedding', 'head'), consistent with the
+        profile's own time ``T`` of that pass (``layer_time`` ...), which is ``max(GPU, host)``.
+
+        The host time ``H`` is what eager PyTorch takes to issue the pass's kernels (the roofline's
+        kernel counts times ``host_overhead_s`` in the forward and in recompute, which runs the
+        forward again, ``host_overhead_backward_s`` in the backward). A pass with ``T > H`` is
+        GPU-bound: GPU = T, host = H. Otherwise ``T`` is a launch-bound (host-bound) figure, not
+        compute: host = T and the GPU's share is the roofline's GPU time, at most T. The stage model
+        uses the split to add TP communication to the side it loads (:mod:`planner.cost.stage`) and to
+        slow only the GPU side of a slowed device."""
+        key = ("split", kind, model, micro_batch, tp, dtype, recompute, seq_len)
+        hit = self._split_cache.get(key)
+        if hit is not None:
+            return hit
+        s, num, p = seq_len or model.seq_len, self.numerics(dtype), self.params
+        if kind == "layer":
+            t = self.layer_time(model, micro_batch, tp, dtype, recompute, seq_len)
+            fwd = layer_forward_ops(model, micro_batch, s, tp, num)
+            bwd = layer_backward_ops(model, micro_batch, s, tp, num, p.attention_backward_flops_ratio)
+            again = ([op for op in fwd if op.name not in NOT_RECOMPUTED] if recompute == "full" else
+                     [attention_core_forward(model, micro_batch, s, tp, DTYPE_BYTES[dtype])]
+                     if recompute == "selective" else [])
+        else:
+            t = (self.embedding_time if kind == "embedding" else self.head_time)(model, micro_batch, tp, dtype, seq_len)
+            fwd, bwd = (embedding_ops if kind == "embedding" else head_ops)(model, micro_batch, s, tp, num)
+            again = []
+
+        def kernels(ops: list[Op]) -> int:
+            return sum(op.kernels for op in ops)
+
+        host_f = kernels(fwd) * p.host_overhead_s
+        host_b = kernels(bwd) * p.host_overhead_backward_s + kernels(again) * p.host_overhead_s
+        gpu_f = sum(self.op_time(op, dtype) for op in fwd)
+        gpu_b = sum(self.op_time(op, dtype) for op in bwd + again)
+
+        def split(total: float, gpu: float, host: float) -> tuple[float, float]:
+            return (total, host) if total > host else (min(total, gpu), total)
+
+        (gf, hf), (gb, hb) = split(t.forward_s, gpu_f, host_f), split(t.backward_s, gpu_b, host_b)
+        hit = self._split_cache[key] = (PassTime(gf, gb), PassTime(hf, hb))
         return hit
 
     def optimizer_time(self, num_params: float, num_tensors: int, dtype: str = "bf16") -> float:

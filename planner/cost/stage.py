@@ -16,9 +16,25 @@ compute bytes, ``r`` residual bytes (``Numerics``)::
               checkpoint stops before w_down's) + [last] 1 of T·h·r (LM-head input gradient)
 
 TP communication is not overlapped with compute (Megatron's default without sequence
-parallelism), so it adds to the stage time, as does the local copy each all-reduce makes first
-(``contiguous().clone()`` in executor/tp_layers.py: ``kernel_overhead_s + 2·bytes / bandwidth``
-on the slowest device of the group).
+parallelism): each all-reduce waits for the kernels before it and the kernels after it wait for
+it. It loads both sides of eager execution, so a pass is composed from its GPU and host shares
+(``DeviceProfile.pass_split``: a measured pass ``T`` is GPU time when it exceeds the host time of
+its kernels, else a launch-bound figure — host time — and never compute to be scaled)::
+
+    compute   = Σ_parts max(slowdown · G_part, H_part)              what the profile times
+    comm_gpu  = Σ_collectives (allreduce(bytes) + copy)
+    comm_host = Σ_collectives (collective_host_s + host_overhead of the copy)
+    pass      = max(compute + comm_gpu, Σ_parts H_part + comm_host);   TP time = pass - compute
+
+``copy`` is the local copy each all-reduce makes first (``contiguous().clone()`` in
+executor/tp_layers.py: ``kernel_overhead_s + 2·bytes / bandwidth`` on the slowest device of the
+group). A GPU-bound pass gets its all-reduces on top, as before; a launch-bound pass gets the
+host's cost of issuing them when that is the larger: its host is the bottleneck, and the
+collectives are host work too. The all-reduces' GPU time is not taken as hidden in a launch-bound
+pass's idle GPU share: each one holds the kernels after it until the slower TP rank's host has
+issued it (on 4 x H200, TP 4 at micro-batch 4 measured compute + all-reduces, and launch-bound TP 2
+passes more, never less). ``slowdown`` (a slowed GPU, cluster overrides) scales the GPU share only:
+issuing kernels does not get slower with the GPU.
 
 P2P between stage ``i`` and ``i+1`` (any TP degrees), one activation (or gradient) of ``T·h·r``
 bytes, replicated on every TP rank of both stages (executor/p2p.py): the sending stage's leader
@@ -36,7 +52,7 @@ from planner.cluster import ClusterSpec, Link
 from planner.cost.links import allreduce_time, group_broadcast_time, p2p_time
 from planner.cost.ops import DTYPE_BYTES, Numerics
 from planner.cost.params import DEFAULT_PARAMS, CostParams
-from planner.cost.profile import DeviceProfile
+from planner.cost.profile import DeviceProfile, PassTime
 from planner.model import ModelSpec
 
 
@@ -111,27 +127,48 @@ def stage_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_
                seq_len: int | None = None) -> StageTime:
     """Time of one micro-batch on a stage. ``devices`` lists (profile, slowdown) per device of the
     TP group (identical devices may be passed once); ``tp_link`` is the slowest link inside it."""
-    best_f = best_b = -1.0
-    slowest = 0
-    cache: dict[int, tuple[float, float]] = {}
-    for i, (prof, slow) in enumerate(devices):
-        base = cache.get(id(prof))
-        if base is None:
-            base = cache[id(prof)] = device_compute(model, prof, layers=layers, first=first, last=last,
-                                                    micro_batch=micro_batch, tp=tp, dtype=dtype,
-                                                    recompute=recompute, seq_len=seq_len)
-        f, b = base[0] * slow, base[1] * slow
-        if f + b > best_f + best_b:
-            best_f, best_b, slowest = f, b, i
-    tf, tb = tp_comm_time(model, layers=layers, first=first, last=last, micro_batch=micro_batch, tp=tp,
-                          dtype=dtype, recompute=recompute, link=tp_link, params=params, seq_len=seq_len)
-    if tp > 1 and tp_link is not None:  # each all-reduce first copies its buffer (read + write, slowest device)
+    gf = gb = hf = hb = 0.0  # the TP collectives' GPU and host seconds (module docstring)
+    if tp > 1 and tp_link is not None:
+        gf, gb = tp_comm_time(model, layers=layers, first=first, last=last, micro_batch=micro_batch, tp=tp,
+                              dtype=dtype, recompute=recompute, link=tp_link, params=params, seq_len=seq_len)
         fwd, bwd = tp_collectives(model, layers=layers, first=first, last=last, micro_batch=micro_batch,
                                   dtype=dtype, recompute=recompute, params=params, seq_len=seq_len)
         bw = min(p.device.memory_bandwidth_GBps / s for p, s in devices) * 1e9 * params.memory_efficiency
-        tf += sum(params.kernel_overhead_s + 2 * x / bw for x in fwd)
-        tb += sum(params.kernel_overhead_s + 2 * x / bw for x in bwd)
-    return StageTime(best_f, best_b, tf, tb, slowest)
+        gf += sum(params.kernel_overhead_s + 2 * x / bw for x in fwd)  # each first copies its buffer
+        gb += sum(params.kernel_overhead_s + 2 * x / bw for x in bwd)
+        hf = len(fwd) * (params.collective_host_s + params.host_overhead_s)
+        hb = len(bwd) * (params.collective_host_s + params.host_overhead_backward_s)
+    best = (-1.0, 0.0, 0.0, 0.0, 0.0)
+    slowest = 0
+    cache: dict[int, list[tuple[int, PassTime, PassTime]]] = {}
+    for i, (prof, slow) in enumerate(devices):
+        parts = cache.get(id(prof))
+        if parts is None:
+            parts = cache[id(prof)] = device_split(model, prof, layers=layers, first=first, last=last,
+                                                   micro_batch=micro_batch, tp=tp, dtype=dtype,
+                                                   recompute=recompute, seq_len=seq_len)
+        cf = sum(n * max(slow * g.forward_s, h.forward_s) for n, g, h in parts)
+        cb = sum(n * max(slow * g.backward_s, h.backward_s) for n, g, h in parts)
+        pf = max(cf + gf, sum(n * h.forward_s for n, _, h in parts) + hf)
+        pb = max(cb + gb, sum(n * h.backward_s for n, _, h in parts) + hb)
+        if pf + pb > best[0]:
+            best, slowest = (pf + pb, cf, cb, pf - cf, pb - cb), i
+    return StageTime(best[1], best[2], best[3], best[4], slowest)
+
+
+def device_split(model: ModelSpec, profile: DeviceProfile, *, layers: int, first: bool, last: bool,
+                 micro_batch: int, tp: int, dtype: str, recompute: str, seq_len: int | None = None
+                 ) -> list[tuple[int, PassTime, PassTime]]:
+    """``[(count, GPU, host)]`` of the passes one micro-batch makes on one device at nominal speed:
+    the layers (``count = layers``), the embedding and the head (``DeviceProfile.pass_split``)."""
+    out = []
+    if layers:
+        out.append((layers, *profile.pass_split("layer", model, micro_batch, tp, dtype, recompute, seq_len)))
+    if first:
+        out.append((1, *profile.pass_split("embedding", model, micro_batch, tp, dtype, "none", seq_len)))
+    if last:  # the head is not checkpointed, even under full recompute
+        out.append((1, *profile.pass_split("head", model, micro_batch, tp, dtype, "none", seq_len)))
+    return out
 
 
 def activation_bytes(model: ModelSpec, micro_batch: int, dtype: str, seq_len: int | None = None,

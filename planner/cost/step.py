@@ -16,7 +16,8 @@ Model of one training step (every term named; parameters in ``CostParams``):
    pipeline) runs when all its owners are free::
 
        end_g   = max_{d ∈ g} free_d + time_g ;  free_d = end_g for d ∈ g
-       time_g  = all-reduce of the fp32 gradient bytes (ZeRO-1: the reduce-scatter half)
+       time_g  = all-reduce of the fp32 gradient bytes (ZeRO-1: the reduce-scatter half plus
+                 the copies around it, :func:`zero_copy_time`)
 
    then each TP stage's leader broadcasts the reduced norm-scale gradients in its TP group.
 
@@ -29,6 +30,17 @@ Model of one training step (every term named; parameters in ``CostParams``):
 
        step = sync_done + grad_norm + max_d optimizer_d + zero_all_gather
 
+   ZeRO-1's copies (executor/zero.py) are device-memory traffic on the critical path, counted with
+   the collective they surround (``B`` a group's fp32 gradient bytes on each owner, ``k`` owners;
+   read + write of each copy)::
+
+       reduce side  6·B + 7·B/k   the owners' pieces read out of the gradients (cat) and padded,
+                                  c10d's flattening of the k inputs of the list reduce-scatter,
+                                  the output into the part, the master copy of the part, the
+                                  norm's square and sum over the part
+       gather side  4·B + 2·B/k   the part into the send buffer, c10d's unflattening of the
+                                  all-gather's output list, the written-back parameter views
+
 Breakdown (sums to ``step``; ``p*`` the slowest pipeline, ``k`` its bottleneck stage, i.e. the
 stage with the largest busy time): compute, tp_comm, pp_comm = stage ``k``'s busy time split by
 kind; bubble = ``T_p* -`` that busy time; dp_sync = ``sync_done - T_p* +`` grad-norm + ZeRO
@@ -37,6 +49,7 @@ all-gather; optimizer. ``idle_s`` of pipeline ``p`` = ``sync_done - T_p`` (its w
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -44,7 +57,7 @@ from planner.cluster import ClusterSpec
 from planner.cost.communicators import communicators
 from planner.cost.gradsync import sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
-from planner.cost.memory import GIB, MemoryBreakdown, stage_memory, stage_params
+from planner.cost.memory import GIB, ZERO_BUCKET_NUMEL, MemoryBreakdown, stage_memory, stage_params
 from planner.cost.profile_set import ProfileSet
 from planner.cost.schedule import held_with_grads, in_flight
 from planner.cost.sim_timeline import simulated_timeline, stage_lane
@@ -200,8 +213,11 @@ def _gradient_sync(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet, ready
     for owners in sorted(groups, key=lambda g: tuple(rank[d] for d in g)):
         t_g = group_allreduce_time(groups[owners], owners, cluster, params)
         if o.zero == 1:  # reduce-scatter now, all-gather of the updated fp32 parameters after the step
-            t_g *= 0.5
-            zero_ag = max(zero_ag, t_g)
+            bw = min(profiles.get(cluster.device(d).gpu).device.memory_bandwidth_GBps / cluster.device(d).slowdown
+                     for d in owners) * 1e9 * params.memory_efficiency
+            reduce_copy, gather_copy = zero_copy_time(groups[owners], len(owners), bw, params.kernel_overhead_s)
+            zero_ag = max(zero_ag, 0.5 * t_g + gather_copy)
+            t_g = 0.5 * t_g + reduce_copy
         end = max(free[d] for d in owners) + t_g
         for d in owners:
             free[d] = end
@@ -218,6 +234,23 @@ def _gradient_sync(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet, ready
                     free[d] = end
                     busy.setdefault(d, []).append((end - t_b, end))
     return free, zero_ag
+
+
+ZERO_BUCKET_BYTES = 4.0 * ZERO_BUCKET_NUMEL  # one owner's share of one ZeRO-1 round
+
+
+def zero_copy_time(nbytes: float, owners: int, bandwidth_Bps: float, kernel_s: float) -> tuple[float, float]:
+    """(reduce side, gather side) seconds of ZeRO-1's copies for a group of ``nbytes`` fp32 gradient
+    bytes per owner and ``owners`` owners, on a device copying at ``bandwidth_Bps`` (module
+    docstring, step 4); every round (at most ``ZERO_BUCKET_NUMEL`` elements per owner) launches
+    ``3k + 1`` copy kernels on the reduce side and ``k + 1`` on the gather side."""
+    k = max(1, owners)
+    if nbytes <= 0 or k == 1:
+        return 0.0, 0.0
+    rounds = math.ceil(nbytes / k / ZERO_BUCKET_BYTES)
+    reduce_side = (6 * nbytes + 7 * nbytes / k) / bandwidth_Bps + rounds * (3 * k + 1) * kernel_s
+    gather_side = (4 * nbytes + 2 * nbytes / k) / bandwidth_Bps + rounds * (k + 1) * kernel_s
+    return reduce_side, gather_side
 
 
 def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = None, *,
@@ -265,13 +298,15 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
             for di, dev_id in enumerate(st.devices):
                 dev = cluster.device(dev_id)
                 mem = mems[dev.gpu]
-                mem = replace(mem, overhead=mem.overhead + comms[dev_id] * params.comm_gib * GIB)
+                comm = comms[dev_id] * params.comm_gib * GIB
+                mem = replace(mem, overhead=mem.overhead + comm,
+                              step_live=mem.step_live + comm if mem.step_live else 0.0)
                 memory[dev_id] = mem
                 capacity[dev_id] = dev.memory_gib
-                if mem.total_gib > dev.memory_gib:
+                if mem.required_gib > dev.memory_gib:  # total: what it reserves with room; required: without
                     oom.append({"device": dev_id, "path": f"pipelines[{pi}].stages[{si}].devices[{di}]",
-                                "need_gib": round(mem.total_gib, 3), "capacity_gib": dev.memory_gib,
-                                "over_gib": round(mem.total_gib - dev.memory_gib, 3)})
+                                "need_gib": round(mem.required_gib, 3), "capacity_gib": dev.memory_gib,
+                                "over_gib": round(mem.required_gib - dev.memory_gib, 3)})
                 optimizer[dev_id] = profiles.get(dev.gpu).optimizer_time(n_params, n_tensors, o.dtype) * dev.slowdown
                 bwd_last[dev_id] = b[si][-1]
                 lbe[dev_id] = est.stages[si].last_backward_end_s

@@ -119,8 +119,8 @@ class Oracle:
             kw = dict(tp=unit.tp, first=first, last=last, micro_batch=s.micro_batch, in_flight=in_flight,
                       dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=self.params)
             comm = stage_communicators(unit.tp, first, last) * self.params.comm_gib * GIB
-            mem0 = stage_memory(self.model, layers=0, **kw).total + comm  # type: ignore[arg-type]
-            mem1 = stage_memory(self.model, layers=1, **kw).total + comm  # type: ignore[arg-type]
+            mem0 = stage_memory(self.model, layers=0, **kw).required + comm  # type: ignore[arg-type]
+            mem1 = stage_memory(self.model, layers=1, **kw).required + comm  # type: ignore[arg-type]
             mem = self._mem_cache[mkey] = StageCost(times[0], times[1], mem1 - mem0, mem0, unit.memory_gib * GIB)
         if mem.per_layer_s != times[0] or mem.fixed_s != times[1]:
             mem = StageCost(times[0], times[1], mem.per_layer_bytes, mem.fixed_bytes, mem.capacity_bytes)

@@ -120,7 +120,7 @@ def stage_token_cap(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: 
         mem = stage_memory(model, layers=st.num_layers, tp=st.tp, first=si == 0, last=si == n - 1, micro_batch=1,
                            in_flight=in_flight, dtype=dtype, recompute=recompute, zero_shards=zero_shards,
                            params=profiles.params, seq_len=tokens)
-        own = mem.total - (mem.optimizer * frag if resident is not None else 0.0)
+        own = mem.required - (mem.optimizer * frag if resident is not None else 0.0)
         return own + profiles.params.comm_gib * GIB
     base, step = need(1), 4096
     slope = (need(1 + step) - base) / step

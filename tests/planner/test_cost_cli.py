@@ -103,7 +103,7 @@ def test_whatif_refuses_a_change_that_runs_out_of_memory(capsys: pytest.CaptureF
     assert main(["whatif", str(FITS), "--cap", "h800-0:3=40"]) == 1
     err = capsys.readouterr().err
     assert "no longer fits after the change" in err and "h800-0:3 needs" in err and "GiB over" in err
-    assert main(["whatif", str(FITS), "--cap", "h800-0:3=70"]) == 0
+    assert main(["whatif", str(FITS), "--cap", "h800-0:3=75"]) == 0  # needs 70.8 GiB (ZeRO-1 step buffers)
 
 
 def test_whatif_on_a_plan_already_out_of_memory_says_so(capsys: pytest.CaptureFixture[str]) -> None:

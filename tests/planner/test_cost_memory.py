@@ -161,3 +161,53 @@ def test_gradients_appear_at_the_first_backward() -> None:
     assert three.gradients in (0.0, g)
     steady = stage_memory(MODEL, in_flight=3, held_with_grads=3, **kw)  # type: ignore[arg-type]
     assert steady.total == pytest.approx(stage_memory(MODEL, in_flight=3, **kw).total)  # type: ignore[arg-type]
+
+
+def test_zero1_step_buffers_counted() -> None:
+    """ZeRO-1 reserves three whole-part fp32 vectors after the schedule (the reduce-scattered
+    gradient, the master copy, the norm's squared gradient) and one round of reduce-scatter
+    buffers (executor/zero.py); none of them fits a block the schedule freed, so they add to the
+    schedule's peak. llama2-7b, half the layers on a stage, 2 owners (PP2 x DP2, the 24 % miss)."""
+    from planner.cost.memory import ZERO_BUCKET_NUMEL
+
+    big = PRESETS["llama2-7b"]
+    kw = dict(layers=16, tp=1, first=False, last=True, micro_batch=1, in_flight=1, dtype="bf16",
+              recompute="none", params=NO_OVERHEAD, held_with_grads=1)
+    p = stage_params(big, 16, 1, False, True)
+    plain = stage_memory(big, zero_shards=1, **kw)  # type: ignore[arg-type]
+    zero = stage_memory(big, zero_shards=2, **kw)  # type: ignore[arg-type]
+    assert plain.step_buffers == 0.0
+    assert zero.step_buffers == 3 * 4 * p / 2 + 4 * 4 * ZERO_BUCKET_NUMEL
+    assert zero.total == pytest.approx(plain.total - 4 * p + zero.step_buffers)  # Adam halved, buffers added
+    # the flat buffers are 6.3 GiB each here: the stage needs more than without them
+    assert zero.step_buffers / GIB > 18
+    # without room for them the allocator reuses its cached blocks: what the step cannot do without
+    # is the schedule's peak or the tensors live during the step, the larger: weights, Adam, the
+    # reduced part and the master part, and the gradients with one round (or the norm's third part)
+    part = 4 * p / 2
+    assert zero.step_live == pytest.approx(4 * p + 4 * p + 2 * part + max(4 * p + 4 * 4 * ZERO_BUCKET_NUMEL, part))
+    assert zero.required == pytest.approx(max(zero.total - zero.step_buffers, zero.step_live))
+    assert zero.required < zero.total
+    assert plain.required == plain.total
+
+
+def test_zero_bucket_matches_the_executor() -> None:
+    from executor.grad_sync import DEFAULT_BUCKET_NUMEL
+    from planner.cost.memory import ZERO_BUCKET_NUMEL
+
+    assert ZERO_BUCKET_NUMEL == DEFAULT_BUCKET_NUMEL
+
+
+def test_zero1_step_buffers_in_the_estimate() -> None:
+    """Every device of a ZeRO-1 plan with several pipelines carries its step buffers in the estimate."""
+    from planner.cost.memory import zero_step_buffers
+
+    n = MODEL.num_layers
+    pl = plan([(4, 4, [(["n:0"], n // 2), (["n:1"], n - n // 2)]), (4, 4, [(["n:2", "n:3"], n)])], zero=1)
+    est = estimate(pl, cluster([("n", "fast", 4, 100.0)]))
+    for pipe in pl.pipelines:
+        for si, st in enumerate(pipe.stages):
+            p = stage_params(pl.model, st.num_layers, st.tp, si == 0, si == len(pipe.stages) - 1)
+            for d in st.devices:
+                assert zero_step_buffers(p, 2) > 0
+                assert est.memory[d].step_buffers == pytest.approx(zero_step_buffers(p, 2))

@@ -195,3 +195,48 @@ def test_bad_arguments_are_spec_errors() -> None:
         CostParams(gemm_efficiency=1.5)
     with pytest.raises(SpecError):
         CostParams(allreduce_algo="magic")
+
+
+def _launch_bound_pair() -> tuple[SpecProfile, object, CostParams]:
+    """A TP-2 pair whose layer passes are launch-bound (1 ms of host time per kernel) over a fast link."""
+    from planner.cluster import Link
+
+    params = CostParams(host_overhead_s=1e-3, host_overhead_backward_s=1e-3, collective_host_s=2e-3)
+    return SpecProfile(FAST, params), Link(kind="nvlink", bandwidth_GBps=400.0, latency_us=1.0), params
+
+
+def test_launch_bound_tp_pass_pays_the_host_cost_of_its_collectives() -> None:
+    """A launch-bound table point is host time, not compute: issuing the TP all-reduces (and their
+    copies) adds to the host's critical path, which the all-reduces' GPU time alone under-states."""
+    from planner.cost.stage import tp_collectives
+
+    prof, link, params = _launch_bound_pair()
+    lt = prof.layer_time(MODEL, 1, 2)
+    gpu, host = prof.pass_split("layer", MODEL, 1, 2)
+    assert host.forward_s == lt.forward_s and gpu.forward_s < lt.forward_s  # host-bound: T is the host's
+    st = stage_time(MODEL, layers=3, first=False, last=False, micro_batch=1, tp=2, devices=[(prof, 1.0)],
+                    tp_link=link, params=params)
+    fwd, bwd = tp_collectives(MODEL, layers=3, first=False, last=False, micro_batch=1, dtype="bf16",
+                              recompute="none", params=params)
+    assert st.forward_compute_s == pytest.approx(3 * lt.forward_s)
+    assert st.forward_s == pytest.approx(3 * lt.forward_s + len(fwd) * (2e-3 + 1e-3))
+    assert st.backward_s == pytest.approx(3 * lt.backward_s + len(bwd) * (2e-3 + 1e-3))
+    # a GPU-bound pass keeps its all-reduces' GPU time on top of compute
+    fast = SpecProfile(FAST, P0)
+    g = stage_time(MODEL, layers=3, first=False, last=False, micro_batch=4, tp=2, devices=[(fast, 1.0)],
+                   tp_link=link, params=P0)
+    assert g.forward_tp_s > 0 and g.forward_s == pytest.approx(g.forward_compute_s + g.forward_tp_s)
+
+
+def test_slowdown_scales_the_gpu_share_only() -> None:
+    """Issuing kernels does not slow down with the GPU: a launch-bound pass on a slowed device keeps
+    its host time until the slowed GPU time exceeds it."""
+    prof, _, _ = _launch_bound_pair()
+    gpu, host = prof.pass_split("layer", MODEL, 1, 1)
+    kw = dict(layers=2, first=False, last=False, micro_batch=1, tp=1, tp_link=None)
+    one = stage_time(MODEL, devices=[(prof, 1.0)], **kw)  # type: ignore[arg-type]
+    two = stage_time(MODEL, devices=[(prof, 2.0)], **kw)  # type: ignore[arg-type]
+    assert two.forward_s == pytest.approx(2 * max(2 * gpu.forward_s, host.forward_s)) == pytest.approx(one.forward_s)
+    slow = host.forward_s / gpu.forward_s * 3
+    much = stage_time(MODEL, devices=[(prof, slow)], **kw)  # type: ignore[arg-type]
+    assert much.forward_s == pytest.approx(2 * slow * gpu.forward_s)

@@ -25,7 +25,7 @@ def hexiscale(*argv: str, home: Path) -> subprocess.CompletedProcess[str]:
 
 def test_calibrate_then_plan_and_estimate_use_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    run = hexiscale("calibrate", "--cpu", "--quiet", home=home)
+    run = hexiscale("calibrate", "--cpu", "--quiet", "--comm-ranks", "2", home=home)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "calibrated cpu-measured" in run.stdout and "widths cpu-w96, cpu-w128" in run.stdout
     entry = json.loads((home / "devices" / "cpu-measured.json").read_text())
@@ -35,6 +35,9 @@ def test_calibrate_then_plan_and_estimate_use_it(tmp_path: Path) -> None:
     prov = cal["provenance"]
     assert prov["host_fingerprint"] and prov["torch"] and prov["date"] and prov["gpu_name"].startswith("cpu")
     assert set(cal["fits"]["compute"]["terms"]) >= {"gemm_efficiency", "gemm_half_dim", "memory_efficiency"}
+    # the host cost of one TP all-reduce as the executor issues it, measured on the link sweep's ranks
+    issue = entry["measured"]["comm"]["tp_issue_s"]
+    assert 0 < issue < 0.1 and cal["params"]["collective_host_s"] == issue == cal["fitted"]["collective_host_s"]
 
     cluster = tmp_path / "cpu.yaml"
     cluster.write_text("name: cpu-host\nnodes:\n  - {name: c, gpu: cpu-measured, gpus: 2, "

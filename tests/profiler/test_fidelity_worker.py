@@ -31,6 +31,12 @@ def test_launch_runs_plans_on_their_gpus_and_agrees_on_the_loss() -> None:
 def test_memory_less_leftovers_and_summary() -> None:
     assert device_memory({"in_use_gib": 10.0, "in_use_before_gib": 1.5, "context_gib": 0.5}) == 9.0
     assert device_memory({"in_use_gib": 10.0, "in_use_before_gib": 0.4, "context_gib": 0.5}) == 10.0
+    # per process: the allocator's peak reserve + communicators + one context, never the device-wide
+    # figure (under MPS it holds the server and the other clients: 40 GiB here)
+    rank = {"in_use_gib": 40.0, "in_use_before_gib": 30.0, "context_gib": 9.0, "max_reserved_gib": 6.0,
+            "comm_gib": 1.5}
+    assert device_memory(rank) == 6.0 + 1.5 + 9.0
+    assert device_memory(rank, context_gib=0.5) == 6.0 + 1.5 + 0.5
     rows = [{"plan": "a", "calibration": True, "time_err": 0.02, "memory": [{"err": -0.01}]},
             {"plan": "b", "calibration": False, "time_err": -0.08, "memory": [{"err": 0.04}, {"err": 0.0}]},
             {"plan": "c", "calibration": False, "error": "boom"}]
