@@ -47,7 +47,7 @@ from executor.launch.env import RankEnv, connect_store, rank_env
 from executor.launch.faults import maybe_inject, parse_fault
 from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog, log_error
 from executor.metrics import StepLogger
-from executor.optim import OptimConfig
+from executor.optim import OptimConfig, build_optimizer
 from executor.preflight import Prepared, agree, local_checks
 from executor.resume import choose_checkpoint
 from executor.saving import Saver
@@ -130,6 +130,8 @@ def run_elastic(args: TrainConfig) -> int:
         except SpecError as exc:
             error = exc
         if joining:
+            if prep is not None:
+                _warm(prep.device, opt)
             channel.ready(joining, me, None if error is None else str(error))
             if error is not None:
                 raise error
@@ -162,6 +164,18 @@ def run_elastic(args: TrainConfig) -> int:
         job.wd.finish()
     job.world.leave()
     return 0
+
+
+def _warm(device: torch.device, opt: OptimConfig) -> None:
+    """A joining process pays its one-off costs before it reports ready, not inside the switch: the
+    first optimizer a process builds imports torch's compiler stack (2 s on the CI machine; the
+    joiner's engine build took 2.5 s of the switch on 4x H200), and the first matmul and its
+    backward create the device's BLAS handles."""
+    w = torch.nn.Parameter(torch.ones(8, 8, device=device))
+    build_optimizer([("warm.weight", w)], opt)
+    (w @ w).sum().backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _epoch_env(job: _Job, index: int, plan: Plan) -> RankEnv:
