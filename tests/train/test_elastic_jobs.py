@@ -144,6 +144,7 @@ def test_leave_join_commands_then_a_killed_rank_on_a_running_job(tmp_path: Path)
     first: dict[int, float] = {}
     for r in records:  # a step logged twice was redone after the recovery: the same loss
         assert r["loss"] == pytest.approx(first.setdefault(r["step"], r["loss"]), rel=1e-5), r
-    # every completed step lost to the failure was redone and logged twice, none other (a kill right
-    # after a checkpoint loses none: 0 is a correct count there)
-    assert len(records) - len(got) == int(lost), out
+    # the completed steps lost to the failure were redone and logged twice; so may be the failed step
+    # itself, when rank 0 finished and logged it before the killed rank's heartbeat moved past it
+    # (a kill right after a checkpoint loses none: 0 is a correct count there)
+    assert int(lost) <= len(records) - len(got) <= int(lost) + 1, out
