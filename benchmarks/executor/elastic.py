@@ -37,6 +37,7 @@ from typing import Any
 
 from benchmarks.executor.hetero_e2e import CLI, ROOT
 from benchmarks.executor.hetero_e2e import _run as run_logged
+from benchmarks.executor.run_meta import run_versions
 from executor.switch import SWITCH_PARTS as PARTS
 
 FOUR = ["fast:0", "fast:1", "slow:0", "slow:1"]  # the cluster file's devices
@@ -270,19 +271,6 @@ def print_tables(res: dict[str, Any]) -> None:
               f"{_f(s['plain_step_s'], 1, '.3f')} | {_f(s['ratio'], 1, '.3f')} |")
 
 
-def _versions(gpu: bool) -> dict[str, Any]:
-    import torch
-
-    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
-                           "python": sys.version.split()[0]}
-    if gpu:
-        out.update(gpu=torch.cuda.get_device_name(0), device_count=torch.cuda.device_count(),
-                   nccl=".".join(map(str, torch.cuda.nccl.version())))
-    else:
-        out.update(gpu=None, device="cpu (gloo)")
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CPU/gloo, tiny model, a 4 -> 3 -> 4 trace of 2-step phases")
@@ -297,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     work = out / "elastic_work"
     work.mkdir(parents=True, exist_ok=True)
-    meta = _versions(gpu=not args.smoke)
+    meta = run_versions(gpu=not args.smoke)
     if args.smoke:
         device, shares, train = "cpu", {}, ["--lr", "3e-3", "--warmup", "1", "--seed", "0"]
         cluster, phases, plans, replan_s = smoke_plans(work)

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.executor.run_meta import run_versions
+
 RANKS = 4
 
 
@@ -84,19 +86,6 @@ def measure(pool: Any, kind: str, groups: int, mib: float) -> dict[str, Any]:
             **{f"{k}_max": max(v) for k, v in worst.items()}}
 
 
-def _versions(gpu: bool) -> dict[str, Any]:
-    import torch
-
-    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
-                           "python": sys.version.split()[0]}
-    if gpu:
-        out.update(gpu=torch.cuda.get_device_name(0), devices=torch.cuda.device_count(),
-                   nccl=".".join(map(str, torch.cuda.nccl.version())))
-    else:
-        out.update(gpu=None, backend="gloo")
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--groups", type=int, default=6, help="groups per kind and size")
@@ -120,12 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|")
     for r in rows:
         size = "1 element" if r["mib"] < 1e-3 else f"{r['mib']:g} MiB"
-        print(f"| {'2 ranks' if r['kind'] == 'pair' else '4 ranks'} | {size} | {r['create_s_median'] * 1e3:.1f} / "
-              f"{r['create_s_max'] * 1e3:.1f} | {r['traffic_s_median'] * 1e3:.2f} | {r['destroy_s_median'] * 1e3:.1f} / "
-              f"{r['destroy_s_max'] * 1e3:.1f} |")
+        group = "2 ranks" if r["kind"] == "pair" else "4 ranks"
+        ms = {k: r[k] * 1e3 for k in r if k.endswith(("_median", "_max"))}
+        print(f"| {group} | {size} | {ms['create_s_median']:.1f} / {ms['create_s_max']:.1f} | "
+              f"{ms['traffic_s_median']:.2f} | {ms['destroy_s_median']:.1f} / {ms['destroy_s_max']:.1f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = _versions(gpu)
+    meta = run_versions(gpu)
     path = out / f"group_teardown_{'gpu' if gpu else 'cpu_smoke'}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     path.write_text(json.dumps(dict(meta, rows=rows), indent=1) + "\n")
     print(f"\nJSON {path}")

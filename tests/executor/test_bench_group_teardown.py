@@ -24,7 +24,7 @@ def test_smoke_times_every_group(tmp_path, capsys) -> None:  # type: ignore[no-u
         for rank in r["per_rank"]:
             assert len(rank["create_s"]) == len(rank["destroy_s"]) == len(rank["traffic_s"]) == 2
             assert all(t > 0 for k in ("create_s", "destroy_s", "traffic_s") for t in rank[k])
-    assert res["date"] and res["torch"] and res["backend"] == "gloo"
+    assert res["date"] and res["torch"] and res["device"] == "cpu (gloo)"
     assert "| 4 ranks | 1 MiB |" in capsys.readouterr().out
 
 
