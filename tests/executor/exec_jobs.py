@@ -49,6 +49,17 @@ def pipeline_rows(plan: Plan, pipeline: int, tokens: torch.Tensor) -> torch.Tens
     return tokens[off:off + plan.pipelines[pipeline].batch_size]
 
 
+def pool_engine(plan: Plan, device: torch.device | None = None, **kw: Any) -> Engine | None:
+    """This pool rank's engine of ``plan``; every pool rank creates the plan's groups (collective),
+    and a rank beyond the plan's size closes them again and gets None."""
+    topo = build_topology(plan)
+    groups = ProcessGroups.create(topo)
+    if dist.get_rank() >= topo.world_size:
+        groups.close()
+        return None
+    return Engine(plan, topo, groups, device=device or torch.device("cpu"), **kw)
+
+
 def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: OptimConfig = ORACLE_OPTIM,
                 seed: int = 0, accelerator: bool = False) -> list[dict[str, Any] | None]:
     """On every rank: train each plan on its batches; per plan, the losses/norms seen by this rank
@@ -58,13 +69,11 @@ def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: Opt
     device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
     out: list[dict[str, Any] | None] = []
     for plan, steps in zip(plans, batches):
-        topo = build_topology(plan)
-        groups = ProcessGroups.create(topo)
-        if rank >= topo.world_size:
-            groups.close()
+        eng = pool_engine(plan, device, optim=optim, seed=seed)
+        if eng is None:
             out.append(None)
             continue
-        eng = Engine(plan, topo, groups, device=device, optim=optim, seed=seed)
+        groups = eng.groups
         stats = [eng.train_step(pipeline_rows(plan, eng.stage.pipeline, t)) for t in steps]
         state = eng.logical_state_dict(to_all=False)
         out.append({"losses": [s.loss for s in stats], "norms": [s.grad_norm for s in stats],
@@ -95,12 +104,10 @@ def train_packed(plan: Plan, steps: list[list[torch.Tensor]], layouts: list[list
     from executor.packed_batch import label_tokens, pack_micro_batches
 
     rank = dist.get_rank()
-    topo = build_topology(plan)
-    groups = ProcessGroups.create(topo)
-    if rank >= topo.world_size:
-        groups.close()
+    eng = pool_engine(plan, optim=optim, seed=seed)
+    if eng is None:
         return None
-    eng = Engine(plan, topo, groups, device=torch.device("cpu"), optim=optim, seed=seed)
+    groups = eng.groups
     stats = []
     for docs, layout in zip(steps, layouts):
         micro = pack_micro_batches(docs, layout[eng.stage.pipeline])

@@ -11,12 +11,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from exec_jobs import TINY, global_batches, make_plan, pipeline_rows
+from exec_jobs import TINY, global_batches, make_plan, pipeline_rows, pool_engine
 
-from executor.engine import Engine
-from executor.groups import ProcessGroups
 from executor.nonfinite import NonFiniteStep
-from planner.layout import build_topology
 from planner.plan import Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
@@ -26,12 +23,10 @@ POISONED_RANK, POISONED_STEP = 2, 1
 
 def nonfinite_job(plan: Plan, policy: str, batches: list[torch.Tensor]) -> dict[str, Any] | None:
     rank = dist.get_rank()
-    topo = build_topology(plan)
-    groups = ProcessGroups.create(topo)
-    if rank >= topo.world_size:
-        groups.close()
+    eng = pool_engine(plan, seed=3, on_nonfinite=policy)
+    if eng is None:
         return None
-    eng = Engine(plan, topo, groups, device=torch.device("cpu"), seed=3, on_nonfinite=policy)
+    groups = eng.groups
     out: dict[str, Any] = {"stats": [], "weights": [], "stopped_at": None}
     for k, tokens in enumerate(batches):
         handle = None
