@@ -67,6 +67,7 @@ class Bucket:
 
     group: Any  # the sync group's process group
     part: int  # index into GradSync.parts
+    index: int  # index into that part's buckets
     spec: FlatBucket
     grad: torch.Tensor | None = None  # [padded] fp32 while a step runs
     out: torch.Tensor | None = None  # ZeRO-1: [chunk] reduced gradient of the owned range
@@ -98,7 +99,7 @@ class GradSync:
         self.parts: list[FlatPart] = flat_parts(groups.topology, rank, bucket_numel)
         handles = [groups.group(p.ranks) for p in self.parts]
         # issue order (module docstring): buckets of this rank, latest parameters first
-        self.order: list[Bucket] = [Bucket(handles[i], i, self.parts[i].buckets[j])
+        self.order: list[Bucket] = [Bucket(handles[i], i, j, self.parts[i].buckets[j])
                                     for i, j in reduce_order(self.parts)]
         for b in self.order:
             b.names = {v.name for v in b.spec.views}
@@ -218,6 +219,8 @@ class GradSync:
                 if not self.scatter:
                     self._scatter_out(b)
             self._launched, self._expected = [], 0
+            if not self.scatter:  # the bound gradients keep their buffers; the rest is copied back
+                self.release()
             for group, src, names in self.bcasts:
                 grads = [self.params[n].grad for n in names]
                 flat = torch.cat([g.reshape(-1) for g in grads])  # type: ignore[union-attr]
@@ -226,6 +229,6 @@ class GradSync:
                                              zip(flat.split([g.numel() for g in grads]), grads)])  # type: ignore[union-attr]
 
     def release(self) -> None:
-        """Drop the bucket buffers (ZeRO-1, once the reduced chunks are taken)."""
+        """Drop the bucket buffers (after the all-reduce; ZeRO-1 once the reduced chunks are taken)."""
         for b in self.order:
             b.grad, b.out, b.work = None, None, None

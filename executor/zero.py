@@ -132,11 +132,13 @@ class ZeroOptimizer:
                 dev = params[b.spec.views[0].name].device
                 self.weights.append(torch.zeros(b.spec.padded, dtype=torch.float32, device=dev))
             self._bind()
+        # (part, bucket of the part) -> position in the issue order
+        self._where = {(b.part, b.index): q for q, b in enumerate(self.sync.order)}
         self.parts: list[_Part] = []
         for i, spec in enumerate(self.sync.parts):
             masters = []
-            for bucket in spec.buckets:
-                q = next(q for q, b in enumerate(self.sync.order) if b.part == i and b.spec is bucket)
+            for j, bucket in enumerate(spec.buckets):
+                q = self._where[(i, j)]
                 lo, hi = bucket.owned(spec.index)
                 masters.append(torch.nn.Parameter(self.weights[q].narrow(0, lo, hi - lo)))
             self.parts.append(_Part(spec, params[spec.buckets[0].views[0].name].device, masters))
@@ -187,16 +189,13 @@ class ZeroOptimizer:
             self._bind()
             self.sync.sync()
             for i, part in enumerate(self.parts):
-                for bucket, m in zip(part.spec.buckets, part.masters):
-                    b = self._bucket(i, bucket)
+                for j, m in enumerate(part.masters):
+                    b = self.sync.order[self._where[(i, j)]]
                     assert b.out is not None
                     m.grad = b.out[:m.numel()]
             self.sync.release()
             for p in self.params.values():  # reduced into the masters: the full gradients are done
                 p.grad = None
-
-    def _bucket(self, part: int, spec: Any) -> Bucket:
-        return next(b for b in self.sync.order if b.part == part and b.spec is spec)
 
     def grads(self) -> list[torch.Tensor]:
         """The synchronised gradient parts (after :meth:`reduce_grads`): every logical element's
@@ -282,13 +281,12 @@ class ZeroOptimizer:
         from the owners' parts (zeros before the first step; norm scales on TP ranks other than the
         leader stay zeros — the checkpoint reads replicated tensors from the leader)."""
         self.wait_all()
-        masters = {id(b.spec): m for i, p in enumerate(self.parts)
-                   for b, m in ((self._bucket(i, s), m) for s, m in zip(p.spec.buckets, p.masters))}
+        masters = {q: self.parts[i].masters[j] for (i, j), q in self._where.items()}
         out: dict[str, dict[str, torch.Tensor]] = {}
         for key in MOMENTS:
             full = {n: torch.zeros_like(p, dtype=torch.float32).detach() for n, p in self.params.items()}
-            for b in self.sync.order:
-                m = masters[id(b.spec)]
+            for q, b in enumerate(self.sync.order):
+                m = masters[q]
                 c, i = b.spec.chunk, self.sync.parts[b.part].index
                 buf = torch.zeros(b.spec.padded, dtype=torch.float32, device=m.device)
                 buf[i * c:i * c + m.numel()] = self._moment(m, key)
