@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor import checkpoint
+from executor import checkpoint, fast_path
 from executor.data import BatchStream, DataPosition, pipeline_rows
 from executor.elastic_channel import Channel
 from executor.engine import Engine
@@ -188,8 +188,11 @@ def _epoch_env(job: _Job, index: int, plan: Plan) -> RankEnv:
 def _build(job: _Job, plan: Plan, *, init: bool) -> Engine:
     topology = build_topology(plan)
     groups = ProcessGroups.create(topology)
-    return Engine(plan, topology, groups, device=job.prep.device, optim=job.opt, seed=job.args.seed, init=init,
-                  on_nonfinite=job.args.on_nonfinite)
+    engine = Engine(plan, topology, groups, device=job.prep.device, optim=job.opt, seed=job.args.seed, init=init,
+                    on_nonfinite=job.args.on_nonfinite)
+    if job.args.compile:  # every epoch's engine: its blocks are new modules (Dynamo reuses the traced code)
+        fast_path.compile_blocks(engine.module)
+    return engine
 
 
 def _start(job: _Job, index: int, plan: Plan, engine: Engine, position: DataPosition) -> _Epoch:

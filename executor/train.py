@@ -20,7 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from executor import checkpoint
+from executor import checkpoint, fast_path
 from executor.data import BatchStream, DataPosition, pipeline_rows
 from executor.engine import Engine
 from executor.groups import ProcessGroups
@@ -63,6 +63,9 @@ def run_training(args: TrainConfig) -> int:
     try:
         renv = rank_env()
         plan, cluster, pool = resolve_plan(args)
+        if pool is not None and args.compile:
+            raise SpecError("--compile", "is not supported with a strategy pool yet (hot switching builds its "
+                            "working layouts per step)", "drop --compile, or train one plan of the pool")
         check_world(plan, renv)
         opt = optim_config(args)
         timeout_s = pg_timeout(args)
@@ -131,6 +134,10 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
               + (f" ({groups.device_mib:.0f} MiB of device memory)" if backend == "nccl" else ""), flush=True)
     engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed,
                     on_nonfinite=args.on_nonfinite)
+    compiled = fast_path.compile_blocks(engine.module) if args.compile else 0
+    if args.compile and renv.rank == 0:
+        print("hexiscale train: --compile: " + (f"{compiled} blocks of rank 0's stage compiled (the first step "
+              "compiles them)" if compiled else "the CPU runs eager (torch.compile is used on CUDA only)"), flush=True)
     position = DataPosition()
     if prep.resume is not None:
         extra = checkpoint.load(engine, prep.resume.path)

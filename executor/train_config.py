@@ -44,6 +44,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     save_every: int = 0  # 0: only at the end
     async_save: bool = False  # write checkpoints in the background (executor.saving)
+    compile: bool = False  # torch.compile every block on CUDA (executor.fast_path.compile_blocks)
     resume: str | None = None  # a checkpoint, or a checkpoint_dir (its latest)
     log_jsonl: str | None = None
     log_every: int = 1

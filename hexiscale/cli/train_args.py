@@ -18,7 +18,7 @@ FLAGS = {"cluster": "--cluster", "steps": "--steps", "data": "--data", "seed": "
          "trace_steps": "--trace-steps", "heartbeat": "--heartbeat", "dead_after": "--dead-after",
          "hang_after": "--hang-after", "startup_timeout": "--startup-timeout", "pg_timeout": "--pg-timeout",
          "step_tokens": "--step-tokens", "lengths": "--lengths", "assign": "--assign", "stop_at": "--stop-at",
-         "on_nonfinite": "--on-nonfinite"}
+         "on_nonfinite": "--on-nonfinite", "compile": "--compile"}
 NOT_FLAGS = ("plan", "device", "seed_layout")
 
 
@@ -52,6 +52,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     run.add_argument("--clip", type=float, default=1.0, help="max global gradient norm (<= 0: no clipping)")
     run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                      help="auto: cuda:LOCAL_RANK when CUDA is available (NCCL), else CPU (gloo)")
+    run.add_argument("--compile", action="store_true",
+                     help="compile every transformer block (and a TP-1 last stage's loss) with torch.compile: "
+                          "CUDA only (a CPU run stays eager and says so); the first step compiles")
 
     mixed = p.add_argument_group("mixed-length data (--plan is a strategy pool; --data: documents cut to the "
                                  "context)")
@@ -107,7 +110,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         weight_decay=args.weight_decay, clip=args.clip, device=args.device, checkpoint_dir=args.checkpoint_dir,
         save_every=args.save_every, async_save=args.async_save, resume=args.resume, log_jsonl=args.log_jsonl,
         log_every=args.log_every, tensorboard=args.tensorboard, trace=args.trace, trace_steps=args.trace_steps,
-        on_nonfinite=args.on_nonfinite,
+        on_nonfinite=args.on_nonfinite, compile=args.compile,
         heartbeat=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after,
         startup_timeout=args.startup_timeout, pg_timeout=args.pg_timeout, step_tokens=args.step_tokens,
         lengths=args.lengths, assign=args.assign)
