@@ -23,6 +23,19 @@ def test_gpu_job_matches_the_cpu_job(tmp_path) -> None:
     assert losses(gpu) == pytest.approx(losses(cpu), rel=1e-4)
 
 
+def test_compiled_gpu_job_matches_the_eager_one(tmp_path) -> None:
+    """``--compile`` reaches every launched rank (TP 2 -> 1 stages and a one-GPU pipeline) and trains as eager."""
+    runs = {}
+    for flags in ((), ("--compile",)):
+        log = tmp_path / f"{len(flags)}.jsonl"
+        run = hexiscale("launch", str(PLAN4), "--local", "--device", "cuda", "--", "--steps", "4",
+                        "--log-jsonl", str(log), "--lr", "3e-3", "--warmup", "1", *flags)
+        assert run.returncode == 0, run.stdout + run.stderr
+        runs[flags] = (losses(log), run.stdout)
+    assert "blocks of rank 0's stage compiled" in runs[("--compile",)][1], runs[("--compile",)][1]
+    assert runs[("--compile",)][0] == pytest.approx(runs[()][0], rel=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["hang", "kill"])
 def test_failed_rank_stops_the_gpu_job(kind: str) -> None:
     run = hexiscale("launch", str(PLAN4), "--local", "--device", "cuda", "--grace", "120", "--", "--steps", "6",
