@@ -26,8 +26,9 @@ import torch
 
 from executor.engine import Engine
 from executor.zero import MOMENTS
-from planner.chunks import Chunk, flat_chunks, shard_chunk, view_chunk
+from planner.chunks import Chunk, shard_chunk, view_chunk
 from planner.layout import ParamInfo, stage_params
+from planner.state_layout import part_rects
 
 
 @dataclass(frozen=True)
@@ -59,18 +60,13 @@ def _part_pieces(engine: Engine, key: str, flats: list[torch.Tensor]) -> list[Pi
     """Rectangles of this rank's ZeRO-1 parts of moment ``key`` (``flats[i]``: part ``i``'s values)."""
     assert engine.zero is not None
     infos = _infos(engine)
+    st, tp_rank = engine.stage, engine.tp_rank
     out = []
     for part, flat in zip(engine.zero.parts, flats, strict=True):
-        off = 0
-        for name, dim, start, length in part.views:
-            info = infos[name]
-            view = view_chunk(info, engine.stage.tp, engine.tp_rank, dim, start, length)
-            lo, hi = max(part.lo, off), min(part.hi, off + view.numel)
-            for first, chunk in flat_chunks(view, lo - off, hi - off) if lo < hi else []:
-                at = off + first - part.lo
-                out.append(Piece(replace(chunk, name=f"optim/{key}/{name}"), info.shape,
-                                 flat[at:at + chunk.numel].view(chunk.sizes)))
-            off += view.numel
+        for at, chunk in part_rects(part.spec, lambda v: view_chunk(infos[v.name], st.tp, tp_rank, v.dim, v.start,
+                                                                    v.length)):
+            out.append(Piece(replace(chunk, name=f"optim/{key}/{chunk.name}"), infos[chunk.name].shape,
+                             flat[at:at + chunk.numel].view(chunk.sizes)))
     return out
 
 
@@ -101,7 +97,7 @@ def load_targets(engine: Engine) -> tuple[list[Piece], Callable[[int], None]]:
     out = _shard_pieces(engine, "model/", {n: p.data for n, p in engine.params.items()}, writer=False)
     zero = engine.zero
     if zero is not None:
-        flats = [{key: torch.full((part.hi - part.lo,), nan, device=part.device) for key in MOMENTS}
+        flats = [{key: torch.full((part.numel,), nan, device=part.device) for key in MOMENTS}
                  for part in zero.parts]
         for key in MOMENTS:
             out += _part_pieces(engine, key, [f[key] for f in flats])

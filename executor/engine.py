@@ -15,7 +15,11 @@ One optimizer step (``train_step``) on rank ``r`` of pipeline ``p``, stage ``i``
 With ``plan.options.zero == 1`` and several pipelines, :mod:`executor.zero` replaces steps 2-4's
 all-reduce and full AdamW: a reduce-scatter gives each slice owner its part of the gradient, the
 norm adds up the parts, AdamW updates the owned parts only (1/k of the state) and the parts are
-all-gathered back.
+all-gathered back, overlapped with the next step's forward.
+
+Both reductions run per flat bucket and start during the last micro-batch's backward, as soon as a
+bucket's gradients are final (:mod:`executor.grad_sync`, which argues why the order of these
+collectives cannot deadlock on NCCL).
 
 The only host synchronisation is :func:`executor.host_sync.to_host` of step 3's values, before the
 update: a non-finite loss or gradient norm is caught there and never reaches the weights
@@ -38,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from executor.gather import gather_logical
-from executor.grad_sync import GradSync
+from executor.grad_sync import DEFAULT_BUCKET_NUMEL, GradSync
 from executor.groups import ProcessGroups
 from executor.host_sync import to_host
 from executor.init import logical_init
@@ -69,7 +73,8 @@ class StepStats:
 
 class Engine:
     def __init__(self, plan: Plan, topology: Topology, groups: ProcessGroups, *, device: torch.device,
-                 optim: OptimConfig = OptimConfig(), seed: int = 0, init: bool = True, on_nonfinite: str = "stop"):
+                 optim: OptimConfig = OptimConfig(), seed: int = 0, init: bool = True, on_nonfinite: str = "stop",
+                 bucket_numel: int = DEFAULT_BUCKET_NUMEL):
         check_supported(plan)
         if not groups.in_plan:
             raise ValueError(f"rank {groups.rank} is not part of the plan ({topology.world_size} ranks)")
@@ -96,25 +101,40 @@ class Engine:
                                   group=groups.tp_group, device=self.device, recompute=plan.options.recompute)
         infos = stage_params(model, self.stage.layers, self.stage.is_first, self.stage.is_last)
         self.shard_dims = {p.name: p.shard_dim for p in infos}
-        self.params: dict[str, torch.nn.Parameter] = dict(self.module.named_parameters())
+        self._params: dict[str, torch.nn.Parameter] = dict(self.module.named_parameters())
         if list(self.params) != [p.name for p in infos]:
             raise RuntimeError("stage parameters do not match the logical layout: "
                                f"{list(self.params)} vs {[p.name for p in infos]}")
         if init:  # (init=False: the caller installs the state, e.g. a layout switch, executor.switch)
             self.module.load_logical(logical_init(model, seed, self.shard_dims), self.shard_dims)
         # ZeRO-1 (executor.zero): Adam state split across each slice's owners, one per pipeline
-        self.zero = ZeroOptimizer(groups, self.params, optim) if plan.options.zero and len(plan.pipelines) > 1 else None
+        # (bucket_numel: elements per flat gradient bucket; under ZeRO-1 the state layout's, see
+        # planner.state_layout.rank_states, so change it only where no state moves between plans)
+        self.zero = (ZeroOptimizer(groups, self.params, optim, bucket_numel=bucket_numel)
+                     if plan.options.zero and len(plan.pipelines) > 1 else None)
         self.optimizer = self.zero.optimizer if self.zero else build_optimizer(list(self.params.items()), optim)
+        if self.zero is not None:  # the next forward waits for each bucket's weights just before use
+            self.module.param_gate = self.zero.ready
         leader = self.stage.leader
         self.comm = StageComm(self.stage, self.rank, groups.tp_group, device=self.device,
                               prev_group=groups.boundary(self.stage.prev_leader, leader),
                               next_group=groups.boundary(leader, self.stage.next_leader))
-        self.grad_sync = GradSync(groups, self.params)
+        self.grad_sync = (self.zero.sync if self.zero is not None
+                          else GradSync(groups, self.params, bucket_numel=bucket_numel))
         self.trace: NullTrace | StepTrace = NO_TRACE
         # parameters whose squared gradient this rank adds to the global norm (no double counting)
         counted = self.stage.pipeline == 0
         self._norm_params = [p for n, p in self.params.items()
                              if counted and (self.shard_dims[n] is not None or self.tp_rank == 0)]
+
+    @property
+    def params(self) -> dict[str, torch.nn.Parameter]:
+        """This rank's parameters by name (local shards). Under ZeRO-1 the last step's weight
+        all-gathers are waited for first, so whoever reads them sees the updated values."""
+        zero = getattr(self, "zero", None)
+        if zero is not None:
+            zero.wait_all()
+        return self._params
 
     def _compute_dtype(self, dtype: str) -> torch.dtype | None:
         if dtype == "fp32":
@@ -164,14 +184,15 @@ class Engine:
         the whole global batch, every pipeline's."""
         self.zero_grads()
         # each parameter's gradient is final after its len(micro)-th accumulation: from then on its
-        # cross-pipeline reduction can run during the rest of backward (GradSync.arm)
-        if self.zero is None and micro:  # (ZeRO-1 reduce-scatters after the schedule instead)
+        # cross-pipeline reduction (all-reduce, or ZeRO-1's reduce-scatter) can run during the rest
+        # of backward; the gradients accumulate in place in the flat buckets (GradSync.arm)
+        if micro:
             self.grad_sync.arm(len(micro))
         loss = self.accumulate(micro, global_tokens)
         return self.apply_gradients(loss, global_tokens)
 
     def zero_grads(self) -> None:
-        for p in self.params.values():
+        for p in self._params.values():
             p.grad = None
 
     def accumulate(self, micro: list[MicroBatch], global_tokens: int) -> torch.Tensor | None:

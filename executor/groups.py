@@ -39,7 +39,9 @@ The rule that makes every plan deadlock-free on NCCL:
    dependent operation is issued, so each rank's device executes its blocking operations in program
    order — exactly the order whose deadlock-freedom the schedules argue for gloo
    (:mod:`executor.schedules`, :mod:`executor.p2p`). The only operations left running in the
-   background are gradient buckets (on sync groups, waited in :meth:`GradSync.sync`).
+   background are on sync groups: gradient buckets (waited in :meth:`GradSync.sync`) and ZeRO-1's
+   weight all-gathers (waited by the next forward, :meth:`executor.zero.ZeroOptimizer.ready`),
+   each launched by every member in one global order (:mod:`executor.grad_sync`).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ rank's shard of them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -169,6 +170,8 @@ class StageModule(nn.Module):
     ``forward(x)`` maps token ids ``[b, s]`` (first stage) or hidden states ``[b, s, h]`` to hidden
     states; ``loss(hidden, labels)`` (last stage) returns per-token fp32 cross-entropy ``[b, s]``.
     Parameters are created empty; :meth:`load_logical` fills them from logical tensors.
+    ``param_gate(key)``, when set, is called before the parameters of ``embed``, ``layers.<i>`` and
+    ``head`` are first used in a forward (ZeRO-1 waits there for their all-gather, :mod:`executor.zero`).
     """
 
     def __init__(self, m: ModelSpec, *, layers: tuple[int, int], first: bool, last: bool, tp: int, tp_rank: int,
@@ -177,6 +180,7 @@ class StageModule(nn.Module):
         self.spec = m
         self.first, self.last = first, last
         self.tp, self.tp_rank, self.group = tp, tp_rank, group
+        self.param_gate: Callable[[str], None] | None = None
         self.embed = (VocabParallelEmbedding(m.vocab_size, m.hidden_size, tp=tp, tp_rank=tp_rank, group=group,
                                              device=device) if first else None)
         self.layers = nn.ModuleDict({
@@ -194,15 +198,22 @@ class StageModule(nn.Module):
     def forward(self, x: torch.Tensor, docs: DocSpans | None = None) -> torch.Tensor:
         """``docs``: the documents packed into the one row of ``x`` (positions restart in each, and
         attention stays inside each; see :mod:`executor.packed_docs`)."""
+        gate = self.param_gate
         if self.embed is not None:
+            if gate is not None:
+                gate("embed")
             x = self.embed(x)
         cos: torch.Tensor = self.rope_cos  # type: ignore[assignment]
         sin: torch.Tensor = self.rope_sin  # type: ignore[assignment]
         if docs is not None:  # per-token tables: [T, d], which apply_rope takes like a cut table
             pos = docs.positions(cos.device)
             cos, sin = cos[pos], sin[pos]
-        for block in self.layers.values():
+        for key, block in self.layers.items():
+            if gate is not None:
+                gate("layers." + key)
             x = block(x, cos, sin, docs)
+        if gate is not None and self.last:  # loss() follows on the last stage
+            gate("head")
         return x
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

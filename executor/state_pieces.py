@@ -40,7 +40,7 @@ def _key_name(tensor: str) -> tuple[str, str]:
 
 
 def _check_parts(engine: Engine, state: RankState) -> None:
-    got = tuple(p.hi - p.lo for p in engine.zero.parts) if engine.zero is not None else ()
+    got = tuple(p.numel for p in engine.zero.parts) if engine.zero is not None else ()
     if got != state.part_sizes:
         raise RuntimeError(f"rank {engine.rank}: ZeRO-1 parts {got} differ from the planned {state.part_sizes} "
                            "(planner.state_layout and executor.zero disagree)")

@@ -11,9 +11,10 @@ The training state is, per logical parameter ``p``, three logical tensors — th
   without it): the same rectangles as the weights.
 * the moments under ZeRO-1: its *flat parts* (:mod:`executor.zero`). Per sync group the rank
   belongs to (topology order), the rank's local views of the group's slices, decayed matrices
-  first and then the undecayed norm scales (:func:`planner.layout.decays`), each list concatenated
-  row-major into a flat vector of ``N`` elements; the owner at position ``i`` of ``k`` owns
-  ``[i·c, min((i+1)·c, N))`` with ``c = ceil(N / k)``. A part is cut into rectangles with
+  first and then the undecayed norm scales (:func:`planner.layout.decays`), each list cut into
+  flat buckets (:func:`planner.layout.flat_parts`); in a bucket of ``N`` elements the owner at
+  position ``i`` of ``k`` owns ``[i·c, min((i+1)·c, N))`` with ``c = ceil(N / k)``, and its part
+  is the concatenation of its owned ranges, bucket by bucket. A part is cut into rectangles with
   :func:`planner.chunks.flat_chunks`; each keeps the flat offset of its first element in the part
   (``Holding.at``), where the executor stores it row-major. Every logical moment element is held
   by exactly one rank of the plan.
@@ -26,16 +27,18 @@ Worked example (model ``tiny``: hidden 64, ffn 176, 4 layers; two pipelines ``[a
 and ``[b:0]`` (TP 1), ZeRO-1): ``layers.0.attn.wq.weight`` is ``(64, 64)`` sharded on dim 0;
 ``a:0`` holds ``model/…`` rows 0-31 and ``b:0`` rows 0-63. Its finest slices (``lcm(2, 1) = 2``)
 are rows 0-31 (owners ``a:0, b:0``) and rows 32-63 (owners ``a:1, b:0``); in the sync group
-``(a:0, b:0)`` ``a:0`` owns the first half of the flat vector and ``b:0`` the second, so the
+``(a:0, b:0)`` (one bucket: the part is far below the bucket size) ``a:0`` owns the first half of
+the flat vector and ``b:0`` the second, so the
 rows 0-31 of wq's moments are split between them by flat position.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.chunks import Chunk, flat_chunks, shard_chunk, view_chunk
-from planner.layout import Topology, build_topology, decays, stage_params
+from planner.layout import DEFAULT_BUCKET_NUMEL, FlatPart, LocalView, Topology, build_topology, flat_parts, stage_params
 from planner.plan import Plan
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -79,14 +82,15 @@ def state_tensor(kind: str, name: str) -> str:
     return f"model/{name}" if kind == "model" else f"optim/{kind}/{name}"
 
 
-def rank_states(plan: Plan) -> list[RankState]:
-    """The holdings of every rank of ``plan``, in rank order."""
+def rank_states(plan: Plan, bucket_numel: int = DEFAULT_BUCKET_NUMEL) -> list[RankState]:
+    """The holdings of every rank of ``plan``, in rank order (ZeRO-1 buckets of ``bucket_numel``
+    elements, as the executor cuts them)."""
     topo = build_topology(plan)
     devices = plan.devices
-    return [_rank_state(plan, topo, r, devices[r]) for r in range(topo.world_size)]
+    return [_rank_state(plan, topo, r, devices[r], bucket_numel) for r in range(topo.world_size)]
 
 
-def _rank_state(plan: Plan, topo: Topology, rank: int, device: str) -> RankState:
+def _rank_state(plan: Plan, topo: Topology, rank: int, device: str, bucket_numel: int) -> RankState:
     st = topo.stage_of(rank)
     tp_rank = st.ranks.index(rank)
     infos = stage_params(plan.model, st.layers, st.is_first, st.is_last)
@@ -96,38 +100,25 @@ def _rank_state(plan: Plan, topo: Topology, rank: int, device: str) -> RankState
         out += [Holding(state_tensor(key, i.name), c) for key in MOMENTS for i, c in shards]
         return RankState(rank, device, tuple(out))
     by_name = {i.name: i for i in infos}
-    sizes: list[int] = []
-    parts: list[list[tuple[int, Chunk]]] = []
-    for g in topo.sync_groups:
-        if rank not in g.ranks:
-            continue
-        views = []
-        for ref in g.slices:
-            dim, lo, hi = topo.local_slice(rank, ref)
-            views.append(view_chunk(by_name[ref.name], st.tp, tp_rank, dim, lo, hi - lo))
-        for decayed in (True, False):
-            mine = [v for v in views if decays(v.name) == decayed]
-            if mine:
-                size, rects = _part(mine, len(g.ranks), g.ranks.index(rank))
-                sizes.append(size)
-                parts.append(rects)
+    parts = flat_parts(topo, rank, bucket_numel)
+    rects = [part_rects(part, lambda v: view_chunk(by_name[v.name], st.tp, tp_rank, v.dim, v.start, v.length))
+             for part in parts]
     for key in MOMENTS:
-        out += [Holding(state_tensor(key, c.name), c, j, at) for j, rects in enumerate(parts) for at, c in rects]
-    return RankState(rank, device, tuple(out), tuple(sizes))
+        out += [Holding(state_tensor(key, c.name), c, j, at) for j, rs in enumerate(rects) for at, c in rs]
+    return RankState(rank, device, tuple(out), tuple(p.numel for p in parts))
 
 
-def _part(views: list[Chunk], k: int, index: int) -> tuple[int, list[tuple[int, Chunk]]]:
-    """Owner ``index`` of ``k``'s part of the flat concatenation of ``views``: its size and its
-    rectangles with their flat offsets inside the part."""
-    total = sum(v.numel for v in views)
-    c = -(-total // k)
-    lo, hi = min(index * c, total), min(index * c + c, total)
+def part_rects(part: FlatPart, chunk_of: Callable[[LocalView], Chunk]) -> list[tuple[int, Chunk]]:
+    """The rectangles of ``part``'s ZeRO-1 part (its owned range of every bucket, concatenated in
+    bucket order) with their flat offsets inside the part; ``chunk_of`` gives a view's logical
+    rectangle."""
     rects: list[tuple[int, Chunk]] = []
-    off = 0
-    for v in views:
-        a, b = max(lo, off), min(hi, off + v.numel)
-        if a < b:
-            rects += [(off + first - lo, ch) for first, ch in flat_chunks(v, a - off, b - off)]
-        off += v.numel
-    return hi - lo, rects
-
+    at = 0
+    for b in part.buckets:
+        lo, hi = b.owned(part.index)
+        for v, off in zip(b.views, b.offsets):
+            a, e = max(lo, off), min(hi, off + v.numel)
+            if a < e:
+                rects += [(at + off + first - lo, ch) for first, ch in flat_chunks(chunk_of(v), a - off, e - off)]
+        at += hi - lo
+    return rects
