@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -31,9 +32,22 @@ from benchmarks.executor.run_meta import run_versions
 RANKS = 4
 
 
-def teardown_job(kind: str, groups: int, mib: float) -> dict[str, Any]:
+def _end(group: Any, how: str) -> None:
+    """Release one group: ``destroy`` (``destroy_process_group``) or ``abort`` (``ncclCommAbort``
+    through torch's ``_abort_process_group``: no flush of queued work; every operation is done here)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if how == "abort" and dist.get_backend() == "nccl":
+        c10d._abort_process_group(group)
+    else:
+        dist.destroy_process_group(group)
+
+
+def teardown_job(kind: str, groups: int, mib: float, how: str = "destroy") -> dict[str, Any]:
     """On every pool rank: ``groups`` groups of ``kind`` ('pair': ranks 2j, 2j+1 and so on, every rank
-    in one group per round; 'all': every rank), created, connected, used, destroyed; seconds."""
+    in one group per round; 'all': every rank), created, connected, used, released (``how``, see
+    :func:`_end`); seconds."""
     import torch
     import torch.distributed as dist
 
@@ -73,15 +87,63 @@ def teardown_job(kind: str, groups: int, mib: float) -> dict[str, Any]:
         dist.barrier()
         sync()
         t0 = time.perf_counter()
-        dist.destroy_process_group(g)
+        _end(g, how)
         destroy_s.append(time.perf_counter() - t0)
     return {"create_s": create_s, "traffic_s": traffic_s, "destroy_s": destroy_s}
 
 
-def measure(pool: Any, kind: str, groups: int, mib: float) -> dict[str, Any]:
-    per_rank = pool.run(teardown_job, kind, groups, mib)
+def background_job(groups: int, iters: int) -> dict[str, Any]:
+    """Can tear-down leave the critical path? Each rank creates ``groups`` 4-rank groups, then runs
+    ``iters`` training-like iterations (two 4096^2 matmuls + a 64 MiB all-reduce on the default group)
+    alone, then again while a background thread destroys the groups; seconds per iteration each
+    way, and the thread's total."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    made = []
+    for _ in range(groups):
+        g = dist.new_group(list(range(RANKS)))
+        dist.all_reduce(torch.ones(1, device=device), group=g)
+        made.append(g)
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    buf = torch.ones(16 * 2**20, device=device)
+
+    def loop() -> list[float]:
+        out = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            (a @ a) @ a
+            dist.all_reduce(buf)
+            torch.cuda.synchronize(device)
+            out.append(time.perf_counter() - t0)
+        return out
+
+    loop()  # warm
+    alone = loop()
+    torch.cuda.synchronize(device)
+    dist.barrier()
+    done: dict[str, float] = {}
+
+    def tear() -> None:
+        t0 = time.perf_counter()
+        for g in made:
+            dist.destroy_process_group(g)
+        done["s"] = time.perf_counter() - t0
+
+    th = threading.Thread(target=tear, daemon=True)
+    th.start()
+    during = loop()
+    th.join()
+    return {"alone_s": alone, "during_s": during, "thread_s": done["s"]}
+
+
+def measure(pool: Any, kind: str, groups: int, mib: float, how: str = "destroy") -> dict[str, Any]:
+    per_rank = pool.run(teardown_job, kind, groups, mib, how)
     worst = {k: [max(r[k][i] for r in per_rank) for i in range(groups)] for k in ("create_s", "traffic_s", "destroy_s")}
-    return {"kind": kind, "groups": groups, "mib": mib, "per_rank": per_rank,
+    return {"kind": kind, "groups": groups, "mib": mib, "how": how, "per_rank": per_rank,
             **{f"{k}_median": statistics.median(v) for k, v in worst.items()},
             **{f"{k}_max": max(v) for k, v in worst.items()}}
 
@@ -91,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", type=int, default=6, help="groups per kind and size")
     ap.add_argument("--mib", type=float, default=256.0, help="the large message, MiB")
     ap.add_argument("--cpu-smoke", action="store_true", help="gloo, 2 groups, small messages: checks the program")
+    ap.add_argument("--variants", action="store_true",
+                    help="GPU: also release by abort, create with NCCL_COMM_SPLIT_SHARE_RESOURCES=1, and destroy "
+                         "in a background thread beside training-like work")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
     if args.groups < 1 or args.mib <= 0:
@@ -100,24 +165,40 @@ def main(argv: list[str] | None = None) -> int:
 
     gpu = not args.cpu_smoke
     groups, big = (2, 1.0) if args.cpu_smoke else (args.groups, args.mib)
-    rows = []
+    rows, extra = [], {}
     with DistPool(RANKS, backend="nccl" if gpu else "gloo", timeout=300) as pool:
         for kind in ("pair", "all"):
             for mib in (4 / 2**20, big):
                 rows.append(measure(pool, kind, groups, mib))
-    print("\n| group | traffic | create + connect ms (median / max) | traffic ms | destroy ms (median / max) |")
-    print("|---|---:|---:|---:|---:|")
+        if gpu and args.variants:
+            rows += [measure(pool, kind, groups, big, "abort") for kind in ("pair", "all")]
+            extra["background"] = pool.run(background_job, groups, 20)
+    if gpu and args.variants:  # split-shared communicators: NCCL reads the variable when a process starts
+        os.environ["NCCL_COMM_SPLIT_SHARE_RESOURCES"] = "1"
+        with DistPool(RANKS, backend="nccl", timeout=300) as pool:
+            rows += [dict(measure(pool, kind, groups, big), how="destroy, split-shared") for kind in ("pair", "all")]
+        del os.environ["NCCL_COMM_SPLIT_SHARE_RESOURCES"]
+    print("\n| group | traffic | release | create + connect ms (median / max) | traffic ms | release ms (median / max) |")
+    print("|---|---:|---|---:|---:|---:|")
     for r in rows:
         size = "1 element" if r["mib"] < 1e-3 else f"{r['mib']:g} MiB"
         group = "2 ranks" if r["kind"] == "pair" else "4 ranks"
         ms = {k: r[k] * 1e3 for k in r if k.endswith(("_median", "_max"))}
-        print(f"| {group} | {size} | {ms['create_s_median']:.1f} / {ms['create_s_max']:.1f} | "
+        print(f"| {group} | {size} | {r['how']} | {ms['create_s_median']:.1f} / {ms['create_s_max']:.1f} | "
               f"{ms['traffic_s_median']:.2f} | {ms['destroy_s_median']:.1f} / {ms['destroy_s_max']:.1f} |")
+    if "background" in extra:
+        bg = extra["background"]
+        alone = statistics.median(t for r in bg for t in r["alone_s"]) * 1e3
+        during = max(max(r["during_s"]) for r in bg) * 1e3
+        worst_sum = max(sum(r["during_s"]) - sum(r["alone_s"]) for r in bg) * 1e3
+        thread = max(r["thread_s"] for r in bg) * 1e3
+        print(f"\nbackground destroy of {groups} 4-rank groups: iteration {alone:.1f} ms alone, slowest beside the "
+              f"thread {during:.1f} ms, 20 iterations {worst_sum:+.1f} ms in all; the thread took {thread:.1f} ms")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = run_versions(gpu)
     path = out / f"group_teardown_{'gpu' if gpu else 'cpu_smoke'}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    path.write_text(json.dumps(dict(meta, rows=rows), indent=1) + "\n")
+    path.write_text(json.dumps(dict(meta, rows=rows, **extra), indent=1) + "\n")
     print(f"\nJSON {path}")
     return 0
 
