@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mib", type=float, default=256.0, help="the large message, MiB")
     ap.add_argument("--cpu-smoke", action="store_true", help="gloo, 2 groups, small messages: checks the program")
     ap.add_argument("--variants", action="store_true",
-                    help="GPU: also release by abort, create with NCCL_COMM_SPLIT_SHARE_RESOURCES=1, and destroy "
-                         "in a background thread beside training-like work")
+                    help="GPU: also release by abort, and destroy in a background thread beside training-like "
+                         "work (split-shared communicators: run with NCCL_COMM_SPLIT_SHARE_RESOURCES=1)")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
     if args.groups < 1 or args.mib <= 0:
@@ -173,12 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         if gpu and args.variants:
             rows += [measure(pool, kind, groups, big, "abort") for kind in ("pair", "all")]
             extra["background"] = pool.run(background_job, groups, 20)
-    if gpu and args.variants:  # split-shared communicators: NCCL reads the variable when a process starts
-        os.environ["NCCL_COMM_SPLIT_SHARE_RESOURCES"] = "1"
-        with DistPool(RANKS, backend="nccl", timeout=300) as pool:
-            rows += [dict(measure(pool, kind, groups, big), how="destroy, split-shared") for kind in ("pair", "all")]
-        del os.environ["NCCL_COMM_SPLIT_SHARE_RESOURCES"]
-    print("\n| group | traffic | release | create + connect ms (median / max) | traffic ms | release ms (median / max) |")
+    print("\n| group | traffic | release | create + connect ms (median / max) "
+          "| traffic ms | release ms (median / max) |")
     print("|---|---:|---|---:|---:|---:|")
     for r in rows:
         size = "1 element" if r["mib"] < 1e-3 else f"{r['mib']:g} MiB"
@@ -198,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     meta = run_versions(gpu)
     path = out / f"group_teardown_{'gpu' if gpu else 'cpu_smoke'}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    path.write_text(json.dumps(dict(meta, rows=rows, **extra), indent=1) + "\n")
-    print(f"\nJSON {path}")
+    nccl_env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    path.write_text(json.dumps(dict(meta, rows=rows, nccl_env=nccl_env, **extra), indent=1) + "\n")
+    print(f"\nNCCL environment: {nccl_env}\nJSON {path}")
     return 0
 
 
