@@ -5,6 +5,8 @@ Skipped without 4 CUDA devices (CPU CI); ``make test-gpu`` runs it on the device
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from test_train_jobs import PLAN4, hexiscale, losses
@@ -24,16 +26,23 @@ def test_gpu_job_matches_the_cpu_job(tmp_path) -> None:
 
 
 def test_compiled_gpu_job_matches_the_eager_one(tmp_path) -> None:
-    """``--compile`` reaches every launched rank (TP 2 -> 1 stages and a one-GPU pipeline) and trains as eager."""
+    """``--compile`` reaches every launched rank (TP 2 -> 1 stages and a one-GPU pipeline) and trains as
+    eager. Step 1's loss and gradient norm come from the same weights: they agree to fp32 rounding.
+    Later losses agree to 2e-3 only: Adam's first update is about lr * sign(grad) per element, so an
+    element whose gradient is near zero moves by +-lr on a rounding difference (seen on 4x H200: 4e-4)."""
     runs = {}
     for flags in ((), ("--compile",)):
         log = tmp_path / f"{len(flags)}.jsonl"
         run = hexiscale("launch", str(PLAN4), "--local", "--device", "cuda", "--", "--steps", "4",
                         "--log-jsonl", str(log), "--lr", "3e-3", "--warmup", "1", *flags)
         assert run.returncode == 0, run.stdout + run.stderr
-        runs[flags] = (losses(log), run.stdout)
-    assert "blocks of rank 0's stage compiled" in runs[("--compile",)][1], runs[("--compile",)][1]
-    assert runs[("--compile",)][0] == pytest.approx(runs[()][0], rel=1e-4)
+        runs[flags] = ([json.loads(x) for x in log.read_text().splitlines()], run.stdout)
+    (compiled, out), (eager, _) = runs[("--compile",)], runs[()]
+    assert "blocks of rank 0's stage compiled" in out, out
+    assert compiled[0]["loss"] == pytest.approx(eager[0]["loss"], rel=1e-5)
+    assert compiled[0]["grad_norm"] == pytest.approx(eager[0]["grad_norm"], rel=1e-4)
+    assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], rel=2e-3)
+    assert compiled[-1]["loss"] < compiled[0]["loss"]
 
 
 @pytest.mark.parametrize("kind", ["hang", "kill"])
