@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.group_release import release, subgroups
+
 
 class World:
     def __init__(self, store: Any, prefix: str, device: torch.device, me: str, *, timeout_s: float = 1800.0):
@@ -39,6 +41,7 @@ class World:
         self.members: tuple[str, ...] = ()
         self.tag = "initial"  # store prefix of the current group (unique per group of the job)
         self.setup_s = 0.0  # seconds the last enter() spent creating the group
+        self.leave_s = 0.0  # seconds the last enter() spent leaving the previous one
 
     @property
     def rank(self) -> int:
@@ -70,9 +73,11 @@ class World:
         if len(set(members)) != len(members):
             raise ValueError(f"members listed twice: {members}")
         if members == self.members and dist.is_initialized():
-            self.setup_s = 0.0
+            self.setup_s = self.leave_s = 0.0
             return True
+        t0 = time.perf_counter()
         self.leave()
+        self.leave_s = time.perf_counter() - t0
         if self.me not in members:
             return False
         t0 = time.perf_counter()
@@ -92,5 +97,6 @@ class World:
             if self.backend == "nccl":
                 torch.cuda.synchronize(self.device)
             self.settle("leave", len(self.members) or dist.get_world_size())
+            release(subgroups())  # in parallel: destroying the default group would close them one by one
             dist.destroy_process_group()
         self.members = ()

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.group_release import release
 from planner.layout import StageTopo, Topology
 
 
@@ -164,18 +165,13 @@ class ProcessGroups:
             torch.cuda.synchronize(device)
 
     def close(self) -> None:
-        """Destroy every group created here (not the default group). Collective: every rank calls
-        it after the last operation on these groups."""
+        """Destroy every group created here (not the default group), in parallel
+        (:mod:`executor.group_release`). Collective: every rank calls it after the last operation on
+        these groups."""
         dist.barrier()  # every member is past its last operation on these groups
         if dist.get_backend() == "nccl":
             torch.cuda.synchronize()
-        seen: set[int] = set()
-        for _, _, group in self.order:
-            if group is None or group is dist.group.WORLD or id(group) in seen:
-                continue
-            seen.add(id(group))
-            if group is not dist.GroupMember.NON_GROUP_MEMBER:
-                dist.destroy_process_group(group)
+        release(group for _, _, group in self.order)
         self.by_ranks.clear()
         self.p2p.clear()
         self.order.clear()

@@ -11,24 +11,25 @@ Order of events (one :func:`switch` call on every process of the old or the new 
    (:mod:`executor.epoch_world`): if no device joins, the old world as it is; if none leaves, the
    new plan's world (joiners included); else a world of :attr:`ReshardPlan.devices` (the new
    plan's devices, then the leaving ones).
-3. **Pair groups**: one two-rank group per pair of :meth:`ReshardPlan.pairs`, created by every
-   member in that order and connected in that order (:mod:`executor.groups`, rule 1). This is the
-   communicator set-up, timed apart from the transfer.
-4. **Local copies**, then **the exchange**: for each of its pairs, in the global pair order, a
-   process posts one ``batch_isend_irecv`` on the pair's group holding its message to the peer
-   (one flat fp32 buffer: its pieces for the peer, packed in plan order) and a buffer for the
-   peer's message; it waits for all of them only after posting every pair, then unpacks.
-5. Pair groups destroyed; leaving processes leave the world (their caller exits); the new plan's
-   processes enter the new plan's world (unless the switch world is already it). The caller then
-   builds :class:`~executor.groups.ProcessGroups` and ``Engine(..., init=False)`` and installs the
-   state (:meth:`NewState.install`), and continues at the next step with the same data position.
+3. **Local copies**, then **the exchange**, on the switch world itself: a process posts one
+   ``batch_isend_irecv`` holding, for each of its pairs of :meth:`ReshardPlan.pairs` in that global
+   order, its message to the peer (one flat fp32 buffer: its pieces for the peer, packed in plan
+   order) and a buffer for the peer's message; it waits for all of them, then unpacks.
+4. Leaving processes leave the world (their caller exits); the new plan's processes enter the new
+   plan's world (unless the switch world is already it). The caller then builds
+   :class:`~executor.groups.ProcessGroups` and ``Engine(..., init=False)`` and installs the state
+   (:meth:`NewState.install`), and continues at the next step with the same data position.
 
 Why no two processes wait on each other: every posted send has its matching receive posted by the
-peer (both compute the same :class:`ReshardPlan`, and a pair's batch holds exactly that pair's two
-messages); each pair has a communicator used by nothing else (one traffic class); on gloo posting
-never blocks and waiting starts after every operation is posted; on NCCL, even if a device ran the
-pairs one after another in issue order, every process issues them in the same global order, so the
-first unfinished pair always has both its processes at it.
+peer (both compute the same :class:`ReshardPlan`), and each process posts all of its messages in one
+batch — on NCCL one grouped call, which NCCL schedules as a whole, as it does an all-to-all; on gloo
+posting never blocks. Nothing else runs on the world during the exchange.
+
+Why no pair groups (the first version had one per pair, as the plan's p2p has): on 4x H200 creating
+or destroying one NCCL communicator costs 300-500 ms whatever it carried
+(``benchmarks/executor/group_teardown.py``), and the pair groups' set-up and tear-down were 1-2.5 s
+of each switch; the world's own communicator already joins every pair, and a batch to several
+peers on it is the pattern NCCL's all-to-all uses.
 """
 
 from __future__ import annotations
@@ -53,23 +54,22 @@ class SwitchStats:
     bytes_received: int = 0
     local_bytes: int = 0
     world_setup_s: float = 0.0  # default groups created for the switch and the new plan
-    pair_setup_s: float = 0.0  # pair communicators created and connected
     transfer_s: float = 0.0  # local copies + the exchange (packing and unpacking included)
     # where the rest goes (each phase ends with a device sync, so the time is its own)
-    close_s: float = 0.0  # the old plan's groups closed
+    close_s: float = 0.0  # the old plan's groups closed (in parallel: executor.group_release)
     alloc_s: float = 0.0  # the new layout's state allocated
     local_s: float = 0.0  # pieces this process keeps, copied into the new layout
     pack_s: float = 0.0  # outgoing pieces packed into one buffer per peer
     exchange_s: float = 0.0  # posting every pair's batch to the last receive done
     unpack_s: float = 0.0  # received buffers copied into the new layout
-    teardown_s: float = 0.0  # settling on the store and destroying the pair groups
+    leave_s: float = 0.0  # default groups left: settling on the store, their groups destroyed
     peers: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-SWITCH_PARTS = ("close_s", "alloc_s", "local_s", "pack_s", "exchange_s", "unpack_s", "teardown_s")
+SWITCH_PARTS = ("close_s", "alloc_s", "local_s", "pack_s", "exchange_s", "unpack_s", "leave_s")
 
 
 @dataclass
@@ -108,18 +108,10 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     stats.close_s = clock.lap()
     world.enter(switch_members(rp), f"{tag}/switch")
     stats.world_setup_s += world.setup_s
+    stats.leave_s += world.leave_s
     rank_of = {d: i for i, d in enumerate(world.members)}
 
-    t0 = time.perf_counter()
-    groups = {}
-    for a, b in rp.pairs():
-        groups[(a, b)] = dist.new_group(sorted((rank_of[a], rank_of[b])), backend=world.backend)
     mine = [(a, b) for a, b in rp.pairs() if me in (a, b)]
-    for a, b in mine:
-        _ping(groups[(a, b)], rank_of[b if a == me else a], world.device)
-    _sync(world.device)
-    stats.pair_setup_s = time.perf_counter() - t0
-
     clock.lap()
     src = old_state.holdings if old_state is not None else ()
     dst = new_state.holdings if new_state is not None else ()
@@ -137,22 +129,20 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
             outbox[peer] = _pack([narrow(held[p.src_slot], src[p.src_slot].chunk, p.chunk) for p in out], world.device)
     stats.pack_s = clock.lap()
     inbox: list[tuple[torch.Tensor, tuple[Piece, ...]]] = []
-    requests = []
-    for a, b in mine:
+    ops = []
+    for a, b in mine:  # one batch holding every message of this process, in the global pair order
         peer = b if a == me else a
         stats.peers.append(peer)
-        ops = []
         if peer in outbox:
-            ops.append(dist.P2POp(dist.isend, outbox[peer], rank_of[peer], group=groups[(a, b)]))
+            ops.append(dist.P2POp(dist.isend, outbox[peer], rank_of[peer]))
             stats.bytes_sent += outbox[peer].numel() * 4
         into = rp.messages.get((peer, me), ())
         if into:
             buf = torch.empty(sum(p.numel for p in into), dtype=torch.float32, device=world.device)
-            ops.append(dist.P2POp(dist.irecv, buf, rank_of[peer], group=groups[(a, b)]))
+            ops.append(dist.P2POp(dist.irecv, buf, rank_of[peer]))
             inbox.append((buf, into))
             stats.bytes_received += buf.numel() * 4
-        requests += dist.batch_isend_irecv(ops)
-    for req in requests:
+    for req in dist.batch_isend_irecv(ops) if ops else ():
         req.wait()
     stats.exchange_s = clock.lap()
     outbox.clear()
@@ -167,14 +157,11 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     stats.unpack_s = clock.lap()
     stats.transfer_s = stats.local_s + stats.pack_s + stats.exchange_s + stats.unpack_s
 
-    world.settle("transfers")  # every transfer received before any pair group closes (executor.epoch_world)
-    for (a, b), g in groups.items():
-        if me in (a, b):
-            dist.destroy_process_group(g)
-    stats.teardown_s = clock.lap()
     held.clear()
+    clock.lap()
     if world.enter(rp.new.devices, f"{tag}/plan"):
         stats.world_setup_s += world.setup_s
+    stats.leave_s += world.leave_s
     return SwitchResult(new, stats)
 
 
