@@ -36,7 +36,11 @@ def nccl_rank() -> Iterator[None]:
     dist.destroy_process_group()
 
 
-def _train(dtype: str, *, compile_blocks: bool = False) -> list[float]:
+def _train(dtype: str, *, compile_blocks: bool = False, head: bool = True, steps: int = STEPS) -> list[float]:
+    return [s.loss for s in _steps(dtype, compile_blocks=compile_blocks, head=head, steps=steps)]
+
+
+def _steps(dtype: str, *, compile_blocks: bool = False, head: bool = True, steps: int = STEPS) -> list:
     from executor.engine import Engine
     from executor.groups import ProcessGroups
     from executor.optim import OptimConfig
@@ -48,10 +52,10 @@ def _train(dtype: str, *, compile_blocks: bool = False) -> list[float]:
     engine = Engine(plan, topo, ProcessGroups.create(topo), device=torch.device("cuda", 0),
                     optim=OptimConfig(lr=3e-3, warmup_steps=1, fused=True), seed=0)
     if compile_blocks:
-        assert fast_path.compile_blocks(engine.module) == SMOKE.num_layers
+        assert fast_path.compile_blocks(engine.module, head=head) == SMOKE.num_layers
     gen = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, SMOKE.vocab_size, (4, SMOKE.seq_len + 1), generator=gen).pin_memory()
-    return [engine.train_step(tokens).loss for _ in range(STEPS)]
+    return [engine.train_step(tokens) for _ in range(steps)]
 
 
 @pytest.mark.usefixtures("nccl_rank")
