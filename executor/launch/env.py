@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -90,23 +91,52 @@ def rank_env(environ: Mapping[str, str] | None = None) -> RankEnv:
 
 
 def connect_store(renv: RankEnv, timeout_s: float, *, host: bool | None = None) -> Any:
-    """A TCPStore client (or, for rank 0 when nobody else hosts it, the server); a failure is a
-    ``SpecError`` naming the address (wrong MASTER_ADDR, port taken, master not started)."""
+    """A TCPStore client (or, for rank 0 when nobody else hosts it, the server) within ``timeout_s``
+    (``--startup-timeout``) of wall time, whatever holds the port; a failure is a ``SpecError``
+    naming the address (wrong MASTER_ADDR, port taken, master not started).
+
+    c10d bounds its constructor only while nothing accepts on the port (and then by about twice
+    the timeout, through its retries). A holder that accepts the connection and never answers the
+    store protocol (another program on MASTER_PORT, a frozen master) blocks the constructor's first
+    handshake for good: measured over 400 s with ``timeout=3 s`` on torch 2.13 (CPU) and over
+    280 s on torch 2.11 (CUDA). So the store is made on a daemon thread, which releases the GIL
+    while it waits in c10d, and this call waits for it at most ``timeout_s``; a thread that
+    overruns is left behind (a daemon never holds the process at exit)."""
     from torch.distributed import TCPStore
 
     is_master = (renv.rank == 0 and not renv.store_hosted) if host is None else host
-    try:
+    where = f"{renv.master_addr}:{renv.master_port}"
+
+    def connect() -> Any:
         if is_master and is_loopback(renv.master_addr):
             return serve_store(renv.master_addr, renv.master_port, timeout_s)
         return TCPStore(renv.master_addr, renv.master_port, world_size=None, is_master=is_master,
                         timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
-    except Exception as exc:  # DistNetworkError / RuntimeError from c10d
+
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["store"] = connect()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller below
+            box["error"] = exc
+        done.set()
+
+    threading.Thread(target=run, name="hexiscale-store-connect", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise SpecError("--startup-timeout", f"could not reach the job's store at {where} within "
+                        f"{timeout_s:g} s (the port may be held by another program, or the store's "
+                        "host is frozen)", "check MASTER_ADDR/MASTER_PORT (--master) or raise "
+                        "--startup-timeout")
+    if "error" in box:  # DistNetworkError / RuntimeError / OSError from c10d or the bind
+        exc = box["error"]
         what = "serve" if is_master else "reach"
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise SpecError("MASTER_ADDR", f"cannot {what} the rendezvous store at {renv.master_addr}:"
-                        f"{renv.master_port} ({first})",
+        raise SpecError("MASTER_ADDR", f"cannot {what} the rendezvous store at {where} ({first})",
                         "check --master / MASTER_ADDR and MASTER_PORT, that the port is free on the "
-                        "master and that rank 0's node was started") from None
+                        "master and that rank 0's node was started")
+    return box["store"]
 
 
 def is_loopback(addr: str) -> bool:
