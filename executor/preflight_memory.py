@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from planner.cost.memory import GIB, stage_memory
+from planner.cost.memory import GIB, partial_params, stage_memory
 from planner.cost.schedule import held_with_grads, in_flight
 from planner.errors import SpecError
 from planner.plan import Plan
@@ -43,7 +43,8 @@ def rank_need_bytes(plan: Plan, rank: int, *, cpu: bool) -> tuple[float, float]:
                        micro_batch=max(pipe.micro_batch_sizes()),
                        in_flight=in_flight(pipe.schedule, n, si, pipe.micro_batches), dtype=dtype,
                        recompute=plan.options.recompute, zero_shards=zero,
-                       held_with_grads=held_with_grads(pipe.schedule, n, si, pipe.micro_batches))
+                       held_with_grads=held_with_grads(pipe.schedule, n, si, pipe.micro_batches),
+                       pipelines=len(plan.pipelines), partial=partial_params(plan, info.pipeline, si))
     rows = pipe.batch_size * (plan.model.seq_len + 1) * 8.0  # the pipeline's int64 token rows
     tensors = mem.required - (mem.overhead if cpu else 0.0)  # the overhead terms are GPU runtime figures
     return tensors + rows, mem.activations + rows

@@ -42,11 +42,13 @@ and ``group_allreduce_time(nbytes, devices, cluster, params)``: collectives from
 (p2p folded in with ``fold_p2p``); ``simulate(f, b, m, schedule)`` for the exact makespan.
 ``in_flight(schedule, stages, stage_index, m)`` and
 ``stage_memory(model, *, layers, tp, first, last, micro_batch, in_flight, dtype, recompute, zero_shards,
-params, layer_activation=None, head_activation=None, held_with_grads=None) -> MemoryBreakdown``
-    with ``held_with_grads(schedule, stages, stage_index, m)`` for the exact peak (module memory.py)
-    (bytes per term; ``.total_gib``: what the device reserves with room, ZeRO-1's step buffers
-    included; ``.required_gib``: what it cannot do without, for out-of-memory checks);
-    ``stage_params(model, layers, tp, first, last)``.
+params, layer_activation=None, head_activation=None, held_with_grads=None, pipelines=1, partial=0.0)
+-> MemoryBreakdown``
+    with ``held_with_grads(schedule, stages, stage_index, m)`` for the exact peak and
+    ``partial_params(plan, pipeline, stage)`` for shards cut into several sync slices (module
+    memory.py) (bytes per term; ``.total_gib``: the device's peak, ``.required_gib`` the same, for
+    out-of-memory checks); ``state_bytes(params, pipelines, zero_shards, partial)``: the
+    parameters, gradients and optimizer state alone; ``stage_params(model, layers, tp, first, last)``.
 ``sync_groups(plan)``: cross-pipeline gradient groups (finest common slices) and their bytes.
 
 Every tunable constant is a named physical term of ``CostParams`` (see params.py); the formulas
@@ -81,7 +83,16 @@ from planner.cost.links import (
     tree_allreduce_time,
 )
 from planner.cost.measured import MEASURED_FORMAT, MeasuredProfile, parse_measured
-from planner.cost.memory import GIB, MemoryBreakdown, layer_activation_bytes, stage_memory, stage_params
+from planner.cost.memory import (
+    GIB,
+    MemoryBreakdown,
+    StateBytes,
+    layer_activation_bytes,
+    partial_params,
+    stage_memory,
+    stage_params,
+    state_bytes,
+)
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, PassTime, SpecProfile
 from planner.cost.profile_set import ProfileSet
@@ -108,12 +119,12 @@ from planner.cost.step import BREAKDOWN_TERMS, Estimate, PipelineEstimate, Stage
 
 __all__ = [
     "BREAKDOWN_TERMS", "DEFAULT_PARAMS", "GIB", "MEASURED_FORMAT", "MeasuredProfile", "parse_measured",
-    "CostParams", "DeviceProfile", "Estimate", "MemoryBreakdown",
+    "CostParams", "DeviceProfile", "Estimate", "MemoryBreakdown", "StateBytes",
     "PassTime", "PipelineEstimate", "ProfileSet", "SimResult", "SpecProfile", "StageEstimate", "StageTime",
     "activation_bytes", "all_gather_time", "allreduce_time", "boundary_time", "broadcast_time", "bubble_fraction",
     "device_compute", "estimate", "fold_p2p", "gpipe_time", "group_allreduce_time", "group_broadcast_time",
     "held_with_grads", "hierarchical_allreduce_time", "in_flight", "layer_activation_bytes", "one_f_one_b_lower_bound",
-    "one_f_one_b_time", "p2p_time", "pipeline_time", "reduce_scatter_time", "ring_allreduce_time", "simulate",
-    "stage_memory", "stage_params", "stage_time", "sync_groups", "tp_collectives", "tp_comm_time",
-    "tree_allreduce_time",
+    "one_f_one_b_time", "p2p_time", "partial_params", "pipeline_time", "reduce_scatter_time", "ring_allreduce_time",
+    "simulate", "stage_memory", "stage_params", "stage_time", "state_bytes", "sync_groups", "tp_collectives",
+    "tp_comm_time", "tree_allreduce_time",
 ]

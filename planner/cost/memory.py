@@ -7,13 +7,42 @@ Parameters on one device of a stage with ``n`` layers and TP degree ``t``::
       + [last stage]  h + V·h / t                          final norm + LM head (not when tied
                                                            and the same stage holds the embedding)
 
-Bytes per parameter (the executor: parameters are the fp32 master weights, the compute dtype
-comes from autocast; executor/engine.py)::
+Per-device state (what the executor allocates; ``P`` the device's parameters, ``k`` the pipelines
+holding them, ``X`` the elements of ``P`` whose local shard is cut into several sync slices because
+another pipeline holds that tensor at a TP degree that does not divide this stage's,
+:func:`partial_params`)::
 
-    weights    4                  fp32 parameters
-    gradients  4                  fp32 accumulation / reduction buffer
-    optimizer  8 (Adam m and v), divided by Z = zero_shards: the owners of each parameter slice
-               (the number of pipelines) under ZeRO-1, 1 without it
+                                one pipeline     k > 1, ZeRO-0     k > 1, ZeRO-1
+    weights                     4·P              4·P               4·P + 4·X
+    gradients                   4·P              4·P + 4·X         4·P + 4·X
+      of which from the start   0                4·P               4·P
+    optimizer                   8·P              8·P               8·P / k
+    reduced gradient chunks     0                0                 4·P / k
+
+* weights: the fp32 parameters are the master weights (the compute dtype comes from autocast;
+  executor/engine.py). Under ZeRO-1 they live in one all-gather buffer per flat bucket
+  (executor/zero.py: ``k·c`` fp32 elements for a bucket of ``N``, ``c = ceil(N/k)``; the padding,
+  under ``k`` elements a bucket, is not counted); a shard cut into several slices keeps its own
+  tensor beside its slots.
+* gradients: with several pipelines every sync slice has its slot in a flat fp32 bucket buffer
+  (executor/grad_sync.py), allocated zeroed at the step's start, before the first forward
+  (``GradSync.arm``), and bound as ``.grad`` so micro-batches accumulate in place; a shard cut into
+  slices gets autograd's own gradient at its first backward, copied into its slots at launch. With
+  one pipeline there are no buckets: autograd allocates the gradients at the first backward.
+  ZeRO-1 drops the buckets once reduced; ZeRO-0 keeps the bound ones until the next step starts.
+* optimizer: AdamW's two fp32 moments of every element this device updates; under ZeRO-1 the
+  owned ``c`` elements of every bucket (TP ranks other than the stage leader hold no norm-scale
+  state there: at most ``2h`` elements a layer, not counted).
+* reduced gradient chunks (ZeRO-1): each bucket's reduce-scatter output, ``c`` fp32 elements,
+  allocated as the bucket's gradients are final during the last micro-batch's backward; they are
+  the masters' gradients through clipping and AdamW and are freed after it.
+* nothing else of that size: fused AdamW (CUDA), clipping in place, ``_foreach_norm``, the
+  norm's ``pow(2)`` one bucket chunk at a time, the all-gather in place into the weight buffers,
+  the reduce-scatter from a bucket into its chunk.
+
+tests/executor/test_exec_memory.py counts every tensor storage reachable from an ``Engine`` on
+gloo ranks at the end of a step's backward and after its update and checks these terms
+(:func:`state_bytes`) against the counts.
 
 Activations saved for backward, per layer per micro-batch of ``T = b·s`` tokens (``e`` compute
 bytes, ``r`` residual bytes, ``a`` heads; flash/SDPA keeps no s² scores; no dropout)::
@@ -36,7 +65,8 @@ the matmuls for their backward); on every stage but the last, its output ``T·r�
 backward); on the first stage the token ids (8 B/token); on the last stage the final norm and the
 logits with their fp32 loss buffer, ``T·(r·h + 4·h + 4 + e·h + V/t·(e + 4))``.
 A stage holds ``in_flight`` micro-batches (1F1B: ``min(S - i, m)``; GPipe: ``m``) at most, but the
-gradients (dropped at each step's start) only exist from the stage's first backward on, when it
+gradients autograd allocates (all of them with one pipeline, the ``4·X`` of cut shards with
+several; dropped at each step's start) only exist from the stage's first backward on, when it
 holds ``held_with_grads`` (1F1B: ``min(S - i, m)`` if a forward follows the first backward,
 i.e. ``m > S - i``, else one less; GPipe: ``m - 1``); the peak is the larger of the two moments.
 
@@ -45,25 +75,17 @@ micro-batch, the input included, the weight casts not; ``MeasuredProfile.activat
 converts the profiler's figures to that). On an H100 and an H200 (llama-1.3b), the formulas equal
 the measured bytes to within 1 KiB per layer and per head at TP 1, a few MiB at TP 2.
 
-ZeRO-1 step buffers (``zero_shards = k > 1``; executor/zero.py). After the schedule, per part of
-``c = P/k`` elements (``P`` the device's parameters), the executor allocates three whole-part fp32
-vectors: the reduce-scattered gradient (``mine``, from ``reduce_grads`` while the full gradients and
-the Adam state are still allocated), the master copy of the part (``master.data``) and the squared
-gradient of the norm (``grad_sq_norm``'s ``pow(2)``); and per round of at most ``ZERO_BUCKET_NUMEL``
-elements per owner, ``k`` padded input pieces, the padding temporary and the output of the
-reduce-scatter (the all-gather's ``k + 1`` round buffers are fewer)::
-
-    step_buffers = 3 · 4·P/k  +  (k + 2) · 4 · min(c, ZERO_BUCKET_NUMEL)
-
-Each whole-part vector is ONE allocation larger than any block the schedule frees (per-tensor
-activations, per-parameter gradients), so the caching allocator cannot serve it from what the
-schedule left cached and reserves new device memory: the figure that a GPU shows and that runs out
-is the schedule's peak PLUS these buffers (4 x H200, 2026-11-26, llama2-7b PP2 x DP2 ZeRO-1: the
-estimate without them was 24 % under the measured device memory; 3 · 6.3 GiB is that gap). That is
-``total``; a device without that much room still runs the step when the tensors live during it fit
-(the allocator frees its cached blocks and retries first): ``required`` = the larger of the
-schedule's peak and ``weights + optimizer + 2 parts + max(gradients + one round, one part)``, which
-is what out-of-memory checks compare with the capacity.
+Peak: the larger of two moments. The schedule's: weights, optimizer, the gradients allocated by
+then and the activations in flight (above). The end of the last backward: weights, optimizer,
+every gradient and the reduced chunks, the activations freed (the last micro-batch's backward frees
+each layer's activations as its buckets complete and their chunks are allocated). The breakdown
+shows the schedule's moment; ``step_buffers`` is what the end of the backward holds beyond it
+(ZeRO-1 where the chunks outgrow the activations they replace; usually 0). Every buffer above is
+allocated in the same sizes every step (buckets of at most ``ZERO_BUCKET_NUMEL`` elements, chunks
+of ``1/k`` of that), so the caching allocator serves them from blocks the step before freed and
+reserves nothing beyond this peak: ``required`` (what out-of-memory checks compare with the
+capacity) equals ``total``. (Until 8de8520 ZeRO-1 allocated three whole-part vectors after the
+schedule, which the allocator could not serve from cached blocks; that term is gone with them.)
 
 Overhead per device: ``framework_gib + workspace_gib`` plus ``fragmentation`` times the tensor
 bytes (``CostParams``).
@@ -71,12 +93,14 @@ bytes (``CostParams``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from planner.cost.ops import GRAD_BYTES, Numerics
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.layout import layer_numel
 from planner.model import ModelSpec
+from planner.plan import Plan
 
 GIB = float(1 << 30)
 # Elements per owner in one reduce-scatter / all-gather round of ZeRO-1 (executor.grad_sync's
@@ -86,28 +110,25 @@ ZERO_BUCKET_NUMEL = 1 << 25
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Bytes per term on one device."""
+    """Bytes per term on one device, at the schedule's peak (module docstring)."""
 
     weights: float
     gradients: float
     optimizer: float
     activations: float
     overhead: float
-    step_buffers: float = 0.0  # ZeRO-1's flat buffers after the schedule (module docstring)
-    step_live: float = 0.0  # ZeRO-1: bytes live at once during its step, overhead included (0 without)
+    step_buffers: float = 0.0  # what the end of the last backward holds beyond the schedule's peak (ZeRO-1)
 
     @property
     def total(self) -> float:
-        """The device memory the run reserves when the device has room for it (what it shows)."""
+        """The device's peak: the larger of the schedule's and the end of the last backward."""
         return self.weights + self.gradients + self.optimizer + self.activations + self.overhead + self.step_buffers
 
     @property
     def required(self) -> float:
-        """The device memory the run cannot do without: the schedule's peak, or ZeRO-1's step where
-        larger. Short of room, the caching allocator frees the blocks the schedule left cached and
-        retries before it fails, so the step buffers need room of their own only where the tensors
-        live during the step exceed the schedule's peak."""
-        return max(self.total - self.step_buffers, self.step_live)
+        """What out-of-memory checks compare with the capacity: ``total`` (every buffer is served
+        from blocks the step before freed; nothing is reserved only where there is room)."""
+        return self.total
 
     @property
     def required_gib(self) -> float:
@@ -118,9 +139,68 @@ class MemoryBreakdown:
         return self.total / GIB
 
     def to_gib_dict(self) -> dict[str, float]:
-        out = {k: v / GIB for k, v in asdict(self).items() if k != "step_live"}
+        out = {k: v / GIB for k, v in asdict(self).items()}
         out["total"] = self.total_gib
         return out
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes of one device's parameters, gradients and optimizer state (module docstring's table)."""
+
+    weights: float
+    gradients: float  # every gradient buffer at the end of the backward
+    early_gradients: float  # of which allocated at the step's start (flat buckets, several pipelines)
+    optimizer: float
+    reduced: float  # ZeRO-1's reduce-scattered chunks, from the last backward through AdamW
+    after_step: float  # what stays after the update (ZeRO-1: no gradients; ZeRO-0: every ``.grad``)
+
+    @property
+    def end_of_backward(self) -> float:
+        """Everything here that is live at the end of the last backward."""
+        return self.weights + self.gradients + self.optimizer + self.reduced
+
+
+def state_bytes(params: float, *, pipelines: int = 1, zero_shards: int = 1, partial: float = 0.0) -> StateBytes:
+    """The state of a device holding ``params`` elements of which ``partial`` are cut into several
+    sync slices, its stage held by ``pipelines`` pipelines, ``zero_shards`` of them sharing the
+    optimizer state (ZeRO-1; 1 without it)."""
+    k = max(int(pipelines), int(zero_shards))
+    grads = GRAD_BYTES * params
+    if k <= 1:
+        return StateBytes(4.0 * params, grads, 0.0, 8.0 * params, 0.0, 16.0 * params)
+    copies = GRAD_BYTES * partial  # autograd's own gradient beside the slots (and under ZeRO-1 the weight)
+    if zero_shards <= 1:  # after the all-reduce the buckets of cut shards go, each .grad stays
+        return StateBytes(4.0 * params, grads + copies, grads, 8.0 * params, 0.0, (4.0 + 8.0) * params + grads)
+    weights, optimizer = 4.0 * (params + partial), 8.0 * params / k
+    return StateBytes(weights, grads + copies, grads, optimizer, GRAD_BYTES * params / k, weights + optimizer)
+
+
+def partial_params(plan: Plan, pipeline: int, stage: int) -> float:
+    """Elements of ONE device of ``plan.pipelines[pipeline].stages[stage]`` whose local shard is
+    cut into several sync slices (``X`` in the module docstring): a TP-sharded tensor is cut when
+    the finest common layout of its holders (``lcm`` of their TP degrees, :mod:`planner.layout`)
+    is finer than this stage's TP degree. 0 with one pipeline (nothing is synchronised)."""
+    if len(plan.pipelines) < 2:
+        return 0.0
+    m = plan.model
+    st = plan.pipelines[pipeline].stages[stage]
+    t = st.tp
+
+    def cut(tps: list[int]) -> bool:
+        return math.lcm(t, *tps) != t
+
+    def tp_at(layer: int) -> list[int]:
+        return [next(s.tp for s in p.stages if s.layers[0] <= layer < s.layers[1]) for p in plan.pipelines]
+
+    sharded = layer_numel(m)[0] / t
+    out = sum(sharded for i in range(*st.layers) if cut(tp_at(i)))
+    if stage == 0 and cut([p.stages[0].tp for p in plan.pipelines]):
+        out += m.embedding_params() / t
+    last = len(plan.pipelines[pipeline].stages) - 1
+    if stage == last and not m.tie_embeddings and cut([p.stages[-1].tp for p in plan.pipelines]):
+        out += m.vocab_size * m.hidden_size / t
+    return out
 
 
 def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> float:
@@ -172,24 +252,25 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
                  in_flight: int, dtype: str = "bf16", recompute: str = "none", zero_shards: int = 1,
                  params: CostParams = DEFAULT_PARAMS, seq_len: int | None = None,
                  layer_activation: float | None = None, head_activation: float | None = None,
-                 held_with_grads: int | None = None) -> MemoryBreakdown:
+                 held_with_grads: int | None = None, pipelines: int = 1, partial: float = 0.0) -> MemoryBreakdown:
     """Peak memory of ONE device of a stage (fast: plain arithmetic).
 
     ``micro_batch`` is the largest micro-batch of the pipeline, ``in_flight`` the number of
     micro-batches held (:func:`planner.cost.schedule.in_flight`), ``zero_shards`` the number of
-    owners sharing the optimizer state under ZeRO-1 (1 = replicated). ``layer_activation`` /
-    ``head_activation``: measured bytes per micro-batch replacing the formulas.
+    owners sharing the optimizer state under ZeRO-1 (1 = replicated), ``pipelines`` the number of
+    pipelines holding the stage's parameters (at least ``zero_shards``), ``partial`` the elements
+    of a device's shards cut into several sync slices (:func:`partial_params`).
+    ``layer_activation`` / ``head_activation``: measured bytes per micro-batch replacing the formulas.
 
-    ``held_with_grads``: micro-batches held once the gradients exist
+    ``held_with_grads``: micro-batches held once autograd's gradients exist
     (:func:`planner.cost.schedule.held_with_grads`); the executor drops the gradients at each step's
-    start, so the peak is ``max(in_flight · A, held_with_grads · A + G)`` (``A`` one micro-batch's
-    activations, ``G`` the gradients) and the breakdown shows what is allocated at that moment.
-    ``None`` counts both together (``in_flight · A + G``, an upper bound that is linear in ``layers``)."""
+    start, so the peak is ``max(in_flight · A + G0, held_with_grads · A + G)`` (``A`` one
+    micro-batch's activations, ``G`` the gradients, ``G0`` those of the flat buckets allocated at the
+    start) and the breakdown shows what is allocated at that moment. ``None`` counts all the
+    gradients from the start (``in_flight · A + G``, an upper bound that is linear in ``layers``)."""
     num = _num(dtype, params)
     p = stage_params(model, layers, tp, first, last)
-    weights = p * 4
-    grads = p * GRAD_BYTES
-    optimizer = p * 8 / max(1, zero_shards)
+    state = state_bytes(p, pipelines=pipelines, zero_shards=zero_shards, partial=partial)
     tokens = micro_batch * (seq_len or model.seq_len)
     layer_input = tokens * model.hidden_size * num.r
     per_layer = layer_activation if layer_activation is not None else layer_activation_bytes(
@@ -211,28 +292,14 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
         per_mb += head_activation if head_activation is not None else head_activation_bytes(
             model, micro_batch, tp, dtype, seq_len, params)
         transient += tokens * model.vocab_size / tp * (num.e + 8)  # the loss's transient peak (module docstring)
-    acts, grads_at_peak = in_flight * per_mb + transient, grads
-    if held_with_grads is not None and in_flight * per_mb > held_with_grads * per_mb + grads:
-        grads_at_peak = 0.0  # the peak comes before the first backward allocates the gradients
-    elif held_with_grads is not None:
-        acts = held_with_grads * per_mb + transient
-    buffers = zero_step_buffers(p, zero_shards)
-    tensors = weights + grads_at_peak + optimizer + acts + buffers
+    acts, grads_at_peak = in_flight * per_mb + transient, state.gradients
+    if held_with_grads is not None:
+        if in_flight * per_mb + state.early_gradients > held_with_grads * per_mb + state.gradients:
+            grads_at_peak = state.early_gradients  # the peak comes before the first backward
+        else:
+            acts = held_with_grads * per_mb + transient
+    schedule = state.weights + grads_at_peak + state.optimizer + acts
+    buffers = max(0.0, state.end_of_backward - schedule)  # the end of the last backward, where higher
     fixed = (params.framework_gib + params.workspace_gib) * GIB
-    overhead = fixed + params.fragmentation * tensors
-    live = 0.0
-    if buffers:  # ZeRO-1's step: the reduce-scatter (gradients, part, master, one round) or the norm (3 parts)
-        part, rounds = 4.0 * p / zero_shards, buffers - 3 * 4.0 * p / zero_shards
-        step = weights + optimizer + 2 * part + max(grads + rounds, part)
-        live = fixed + (1 + params.fragmentation) * step
-    return MemoryBreakdown(weights, grads_at_peak, optimizer, acts, overhead, buffers, live)
-
-
-def zero_step_buffers(stage_params: float, zero_shards: int) -> float:
-    """Bytes ZeRO-1 reserves after the schedule on a device holding ``stage_params`` parameters
-    shared by ``zero_shards`` owners (module docstring); 0 without ZeRO-1."""
-    k = int(zero_shards)
-    if k <= 1 or stage_params <= 0:
-        return 0.0
-    part = stage_params / k
-    return 3 * 4.0 * part + (k + 2) * 4.0 * min(part, ZERO_BUCKET_NUMEL)
+    overhead = fixed + params.fragmentation * (schedule + buffers)
+    return MemoryBreakdown(state.weights, grads_at_peak, state.optimizer, acts, overhead, buffers)

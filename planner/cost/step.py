@@ -57,7 +57,7 @@ from planner.cluster import ClusterSpec
 from planner.cost.communicators import communicators
 from planner.cost.gradsync import sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
-from planner.cost.memory import GIB, ZERO_BUCKET_NUMEL, MemoryBreakdown, stage_memory, stage_params
+from planner.cost.memory import GIB, ZERO_BUCKET_NUMEL, MemoryBreakdown, partial_params, stage_memory, stage_params
 from planner.cost.profile_set import ProfileSet
 from planner.cost.schedule import held_with_grads, in_flight
 from planner.cost.sim_timeline import simulated_timeline, stage_lane
@@ -292,18 +292,17 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
                     dtype=o.dtype, recompute=o.recompute, zero_shards=zero_shards, params=params,
                     layer_activation=prof.activation_bytes("layer", m, mb, st.tp, o.dtype, o.recompute),
                     head_activation=prof.activation_bytes("head", m, mb, st.tp, o.dtype) if last else None,
-                    held_with_grads=with_grads)
+                    held_with_grads=with_grads, pipelines=n_pipes, partial=partial_params(plan, pi, si))
             n_params = stage_params(m, st.num_layers, st.tp, first, last) / zero_shards
             n_tensors = stage_tensors(m, st.num_layers, first, last)
             for di, dev_id in enumerate(st.devices):
                 dev = cluster.device(dev_id)
                 mem = mems[dev.gpu]
                 comm = comms[dev_id] * params.comm_gib * GIB
-                mem = replace(mem, overhead=mem.overhead + comm,
-                              step_live=mem.step_live + comm if mem.step_live else 0.0)
+                mem = replace(mem, overhead=mem.overhead + comm)
                 memory[dev_id] = mem
                 capacity[dev_id] = dev.memory_gib
-                if mem.required_gib > dev.memory_gib:  # total: what it reserves with room; required: without
+                if mem.required_gib > dev.memory_gib:
                     oom.append({"device": dev_id, "path": f"pipelines[{pi}].stages[{si}].devices[{di}]",
                                 "need_gib": round(mem.required_gib, 3), "capacity_gib": dev.memory_gib,
                                 "over_gib": round(mem.required_gib - dev.memory_gib, 3)})

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner.cluster import Link
+from planner.cost.memory import GIB, partial_params
 from planner.cost.schedule import in_flight
 from planner.layout import embed_param, finest_slices, head_params, layer_numel
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
@@ -170,9 +171,34 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
         again = evaluate(oracle, kept, s, global_batch, use_ilp, explain)
         again.pipelines = [list(p) for p in pipelines]  # the structure the search proposed
         return again
-    cand.step_s = step
     cand.layouts = layouts
+    if k > 1:  # shards cut by the other pipelines' TP degrees: known once every split is
+        plan = to_plan(cand, oracle, global_batch, None)
+        for pi, (lay, needs) in enumerate(zip(layouts, stage_bytes(oracle, cand, plan))):
+            for si, (u, need) in enumerate(zip(lay.units, needs)):
+                if need > u.memory_gib * GIB:
+                    cand.layouts = []
+                    cand.problem = (f"pipeline {pi} stage {si} ({u.devices[0]}.., {u.gpu} x{u.tp}) needs "
+                                    f"{need / GIB:.2f} of {u.memory_gib:g} GiB with the copies of its shards that "
+                                    "other pipelines' TP degrees cut into several sync slices")
+                    return cand
+    cand.step_s = step
     return cand
+
+
+def stage_bytes(oracle: Oracle, cand: Candidate, plan: Plan) -> list[list[float]]:
+    """The surrogate's memory of every stage of a refined candidate (``plan``: its plan): the linear
+    cost at the stage's layer count, plus the copies of the shards that the other pipelines' TP
+    degrees cut into several sync slices (:meth:`Oracle.copy_bytes`; the split does not see them,
+    they depend on every pipeline's split)."""
+    k = len(cand.layouts)
+    out = []
+    for pi, lay in enumerate(cand.layouts):
+        costs = stage_costs(oracle, lay.units, lay.micro_batches, cand.setting, k)
+        out.append([c.fixed_bytes + c.per_layer_bytes * n
+                    + oracle.copy_bytes(partial_params(plan, pi, si), cand.setting, k)
+                    for si, (c, n) in enumerate(zip(costs, lay.counts))])
+    return out
 
 
 def _refine_type(oracle: Oracle, key: tuple[object, ...], rep: Sequence[Unit], m: int, s: Setting, k: int,

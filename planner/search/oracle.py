@@ -24,7 +24,7 @@ from typing import Any
 from planner.cluster import ClusterSpec, Link
 from planner.cost.communicators import stage_communicators
 from planner.cost.links import allreduce_time
-from planner.cost.memory import GIB, stage_memory, stage_params
+from planner.cost.memory import GIB, stage_memory, stage_params, state_bytes
 from planner.cost.params import CostParams
 from planner.cost.profile_set import ProfileSet
 from planner.cost.stage import activation_bytes, boundary_time, stage_time
@@ -125,6 +125,15 @@ class Oracle:
         if mem.per_layer_s != times[0] or mem.fixed_s != times[1]:
             mem = StageCost(times[0], times[1], mem.per_layer_bytes, mem.fixed_bytes, mem.capacity_bytes)
         return mem
+
+    def copy_bytes(self, elements: float, s: Setting, pipelines: int) -> float:
+        """Bytes a device holds for ``elements`` of its shards cut into several sync slices
+        (:func:`planner.cost.memory.partial_params`): their own gradients, and under ZeRO-1 their own
+        weights, beside their slots in the flat buffers (fragmentation included)."""
+        if pipelines <= 1 or elements <= 0:
+            return 0.0
+        cut = state_bytes(0.0, pipelines=pipelines, zero_shards=pipelines if s.zero else 1, partial=elements)
+        return (cut.weights + cut.gradients) * (1 + self.params.fragmentation)
 
     # ------------------------------------------------------------------ per step
     def allreduce_s(self, nbytes: float, ranks: int, link: Link | None) -> float:

@@ -116,16 +116,20 @@ def stage_token_cap(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: 
     n = len(pipe.stages)
     frag = 1 + profiles.params.fragmentation
 
-    def need(tokens: int) -> float:
+    def need(tokens: int) -> tuple[float, float]:
+        """(the schedule's peak, linear in ``tokens``; the device's peak, which ZeRO-1's end of the
+        backward may hold at a floor independent of ``tokens``)."""
         mem = stage_memory(model, layers=st.num_layers, tp=st.tp, first=si == 0, last=si == n - 1, micro_batch=1,
                            in_flight=in_flight, dtype=dtype, recompute=recompute, zero_shards=zero_shards,
                            params=profiles.params, seq_len=tokens)
         own = mem.required - (mem.optimizer * frag if resident is not None else 0.0)
-        return own + profiles.params.comm_gib * GIB
-    base, step = need(1), 4096
-    slope = (need(1 + step) - base) / step
-    room = min(cluster.device(d).memory_gib * GIB - (resident or {}).get(d, 0.0) for d in st.devices) - base
-    if room < 0:
+        own += profiles.params.comm_gib * GIB
+        return own - mem.step_buffers * frag, own
+    (base, peak), step = need(1), 4096
+    slope = (need(1 + step)[0] - base) / step
+    have = min(cluster.device(d).memory_gib * GIB - (resident or {}).get(d, 0.0) for d in st.devices)
+    room = have - base
+    if room < 0 or have < peak:
         return 0
     return 1 + int(room / slope) if slope > 0 else 1 << 40
 

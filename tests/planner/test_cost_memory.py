@@ -163,12 +163,35 @@ def test_gradients_appear_at_the_first_backward() -> None:
     assert steady.total == pytest.approx(stage_memory(MODEL, in_flight=3, **kw).total)  # type: ignore[arg-type]
 
 
-def test_zero1_step_buffers_counted() -> None:
-    """ZeRO-1 reserves three whole-part fp32 vectors after the schedule (the reduce-scattered
-    gradient, the master copy, the norm's squared gradient) and one round of reduce-scatter
-    buffers (executor/zero.py); none of them fits a block the schedule freed, so they add to the
-    schedule's peak. llama2-7b, half the layers on a stage, 2 owners (PP2 x DP2, the 24 % miss)."""
-    from planner.cost.memory import ZERO_BUCKET_NUMEL
+def test_state_bytes_by_layout() -> None:
+    """The module docstring's table: fp32 weights, gradients and AdamW moments; with several
+    pipelines the gradient buckets exist from the step's start; ZeRO-1 keeps 1/k of the moments
+    and the reduce-scattered chunks (1/k of the gradients) until the update; a shard cut into
+    several sync slices has its own gradient (and under ZeRO-1 its own weight) beside its slots."""
+    from planner.cost import state_bytes
+
+    p, x = 1000.0, 300.0
+    one = state_bytes(p)
+    assert (one.weights, one.gradients, one.early_gradients, one.optimizer, one.reduced) == (4 * p, 4 * p, 0, 8 * p, 0)
+    assert one.end_of_backward == one.after_step == 16 * p
+    dp = state_bytes(p, pipelines=4, partial=x)
+    assert (dp.weights, dp.gradients, dp.early_gradients, dp.optimizer, dp.reduced) == (
+        4 * p, 4 * p + 4 * x, 4 * p, 8 * p, 0)
+    assert dp.after_step == 16 * p  # the buckets of cut shards are dropped after the all-reduce
+    z = state_bytes(p, pipelines=4, zero_shards=4, partial=x)
+    assert (z.weights, z.gradients, z.early_gradients, z.optimizer, z.reduced) == (
+        4 * p + 4 * x, 4 * p + 4 * x, 4 * p, 2 * p, p)
+    assert z.end_of_backward == 4 * p + 4 * x + 4 * p + 4 * x + 2 * p + p
+    assert z.after_step == 4 * p + 4 * x + 2 * p  # the gradients and chunks are gone after the update
+    assert state_bytes(p, zero_shards=4) == state_bytes(p, pipelines=4, zero_shards=4)  # k owners: k pipelines
+
+
+def test_zero1_end_of_backward_beyond_the_schedule() -> None:
+    """ZeRO-1's reduced chunks live at the end of the last backward, when the activations are freed:
+    they add to the peak only where they outgrow the schedule's activations (``step_buffers``, the
+    excess), and what the device reserves is what it needs (``required == total``). llama2-7b,
+    half the layers on a last stage, 2 owners (the PP2 x DP2 plan of the old 24 % miss)."""
+    from planner.cost import state_bytes
 
     big = PRESETS["llama2-7b"]
     kw = dict(layers=16, tp=1, first=False, last=True, micro_batch=1, in_flight=1, dtype="bf16",
@@ -176,19 +199,80 @@ def test_zero1_step_buffers_counted() -> None:
     p = stage_params(big, 16, 1, False, True)
     plain = stage_memory(big, zero_shards=1, **kw)  # type: ignore[arg-type]
     zero = stage_memory(big, zero_shards=2, **kw)  # type: ignore[arg-type]
-    assert plain.step_buffers == 0.0
-    assert zero.step_buffers == 3 * 4 * p / 2 + 4 * 4 * ZERO_BUCKET_NUMEL
-    assert zero.total == pytest.approx(plain.total - 4 * p + zero.step_buffers)  # Adam halved, buffers added
-    # the flat buffers are 6.3 GiB each here: the stage needs more than without them
-    assert zero.step_buffers / GIB > 18
-    # without room for them the allocator reuses its cached blocks: what the step cannot do without
-    # is the schedule's peak or the tensors live during the step, the larger: weights, Adam, the
-    # reduced part and the master part, and the gradients with one round (or the norm's third part)
-    part = 4 * p / 2
-    assert zero.step_live == pytest.approx(4 * p + 4 * p + 2 * part + max(4 * p + 4 * 4 * ZERO_BUCKET_NUMEL, part))
-    assert zero.required == pytest.approx(max(zero.total - zero.step_buffers, zero.step_live))
-    assert zero.required < zero.total
-    assert plain.required == plain.total
+    assert plain.step_buffers == zero.step_buffers == 0.0  # 4P/2 = 6.3 GiB < one micro-batch's activations
+    assert zero.total == pytest.approx(plain.total - 4 * p)  # Adam halved, nothing else on top
+    assert (zero.weights, zero.gradients, zero.optimizer) == (4 * p, 4 * p, 4 * p)
+    assert zero.required == zero.total and plain.required == plain.total
+    # tiny fp32 micro-batches (no bf16 weight copies held): the end of the backward (weights,
+    # gradients, Adam, chunks) is the peak
+    short = stage_memory(big, zero_shards=2, **{**kw, "dtype": "fp32", "seq_len": 16})  # type: ignore[arg-type]
+    end = state_bytes(p, zero_shards=2).end_of_backward
+    assert short.step_buffers > 0
+    assert short.total == pytest.approx(end)
+    assert short.total - short.step_buffers == pytest.approx(
+        short.weights + short.gradients + short.optimizer + short.activations)
+
+
+def test_several_pipelines_allocate_gradients_at_the_start() -> None:
+    """With several pipelines the flat gradient buckets are bound before the first forward
+    (executor.grad_sync.GradSync.arm): the peak is in_flight·A + G even where one pipeline's
+    autograd gradients would only come after the activations of a micro-batch are freed."""
+    kw = dict(layers=4, tp=1, first=False, last=False, micro_batch=2, dtype="bf16", params=NO_OVERHEAD)
+    one = stage_memory(MODEL, in_flight=1, held_with_grads=0, **kw)  # type: ignore[arg-type]
+    two = stage_memory(MODEL, in_flight=1, held_with_grads=0, pipelines=2, **kw)  # type: ignore[arg-type]
+    a = stage_memory(MODEL, in_flight=1, **kw).activations  # type: ignore[arg-type]
+    g = 4 * stage_params(MODEL, 4, 1, False, False)
+    assert one.total == pytest.approx(one.weights + one.optimizer + max(a, g))
+    assert two.total == pytest.approx(two.weights + two.optimizer + a + g)
+    assert two.gradients == g
+
+
+def test_zero1_state_in_the_estimate() -> None:
+    """Every device of a ZeRO-1 plan carries the state of its layout in the estimate. Pipeline 0
+    runs TP 1 where pipeline 1 runs TP 2: the finest common layout cuts every TP-sharded shard of
+    pipeline 0 in two slices, so those devices keep their own weights and gradients beside the
+    slots; pipeline 1's shards are whole."""
+    from planner.cost import partial_params, state_bytes
+
+    n = MODEL.num_layers
+    pl = plan([(4, 4, [(["n:0"], n // 2), (["n:1"], n - n // 2)]), (4, 4, [(["n:2", "n:3"], n)])], zero=1)
+    est = estimate(pl, cluster([("n", "fast", 4, 100.0)]))
+    sharded = MODEL.num_layers * (MODEL.layer_params() - 2 * MODEL.hidden_size)
+    vh = MODEL.vocab_size * MODEL.hidden_size
+    assert partial_params(pl, 0, 0) == sharded / 2 + vh  # the embedding is cut too
+    assert partial_params(pl, 0, 1) == sharded / 2 + vh  # and the LM head
+    assert partial_params(pl, 1, 0) == 0.0
+    for pi, pipe in enumerate(pl.pipelines):
+        for si, st in enumerate(pipe.stages):
+            p = stage_params(pl.model, st.num_layers, st.tp, si == 0, si == len(pipe.stages) - 1)
+            want = state_bytes(p, pipelines=2, zero_shards=2, partial=partial_params(pl, pi, si))
+            for d in st.devices:
+                mem = est.memory[d]
+                assert (mem.weights, mem.optimizer) == (want.weights, want.optimizer)
+                assert mem.gradients in (want.gradients, want.early_gradients)
+                assert mem.total == mem.required
+
+
+@pytest.mark.parametrize("tps", [(1, 2), (2, 4), (4, 2, 1), (3, 1), (2, 2)])
+def test_partial_params_match_the_layout(tps: tuple[int, ...]) -> None:
+    """:func:`planner.cost.memory.partial_params` (arithmetic on the plan) equals the elements of a
+    rank's local views that are not whole in :func:`planner.layout.flat_parts`, the buckets the
+    executor allocates."""
+    from planner.cost import partial_params
+    from planner.layout import build_topology, flat_parts
+    from planner.model import ModelSpec
+
+    model = ModelSpec("m12", num_layers=4, hidden_size=96, ffn_hidden_size=192, num_heads=12, num_kv_heads=12,
+                      vocab_size=384, seq_len=64)
+    # pipeline i: one stage at TP tps[i], or two stages (TP tps[i], then 1) where i is odd
+    pipes = [(1, 1, [([f"p{i}:{d}" for d in range(t)], 4)] if i % 2 == 0 else
+              [([f"p{i}:{d}" for d in range(t)], 1), ([f"p{i}:x"], 3)]) for i, t in enumerate(tps)]
+    pl = plan(pipes, model=model)
+    topo = build_topology(pl)
+    for pi, pipe in enumerate(topo.pipelines):
+        for si, st in enumerate(pipe):
+            cut = sum(v.numel for part in flat_parts(topo, st.leader) for v in part.views if not v.whole)
+            assert partial_params(pl, pi, si) == cut, (pi, si)
 
 
 def test_zero_bucket_matches_the_executor() -> None:
@@ -196,18 +280,3 @@ def test_zero_bucket_matches_the_executor() -> None:
     from planner.cost.memory import ZERO_BUCKET_NUMEL
 
     assert ZERO_BUCKET_NUMEL == DEFAULT_BUCKET_NUMEL
-
-
-def test_zero1_step_buffers_in_the_estimate() -> None:
-    """Every device of a ZeRO-1 plan with several pipelines carries its step buffers in the estimate."""
-    from planner.cost.memory import zero_step_buffers
-
-    n = MODEL.num_layers
-    pl = plan([(4, 4, [(["n:0"], n // 2), (["n:1"], n - n // 2)]), (4, 4, [(["n:2", "n:3"], n)])], zero=1)
-    est = estimate(pl, cluster([("n", "fast", 4, 100.0)]))
-    for pipe in pl.pipelines:
-        for si, st in enumerate(pipe.stages):
-            p = stage_params(pl.model, st.num_layers, st.tp, si == 0, si == len(pipe.stages) - 1)
-            for d in st.devices:
-                assert zero_step_buffers(p, 2) > 0
-                assert est.memory[d].step_buffers == pytest.approx(zero_step_buffers(p, 2))

@@ -14,7 +14,9 @@ planner.layout, so they must agree where their models are the same.
 * memory per stage: within -35 % .. +25 % of the estimate (measured -28 % .. +14 %): the surrogate
   prices activations analytically at the setting's micro-batch size and counts the fewest
   communicators a stage can have, where the estimate uses the profile's activation bytes, the
-  plan's largest micro-batch, ``held_with_grads`` and the plan's actual communicators.
+  plan's largest micro-batch, ``held_with_grads`` and the plan's actual communicators. Both count
+  the copies of shards that other pipelines' TP degrees cut into several sync slices, the surrogate
+  once every pipeline's split is known (``candidate.stage_bytes``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from _cost_fixtures import MODEL, cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,8 +32,8 @@ from planner.cluster import load_cluster
 from planner.cost import ProfileSet, estimate
 from planner.cost.memory import GIB
 from planner.model import PRESETS
-from planner.search.candidate import Candidate, evaluate, stage_costs, to_plan
-from planner.search.graph import make_units
+from planner.search.candidate import Candidate, evaluate, stage_bytes, stage_costs, to_plan
+from planner.search.graph import Unit, make_units
 from planner.search.oracle import Oracle, Setting
 from planner.search.stages import order_units, tp_choices
 
@@ -62,10 +65,9 @@ def check(name: str, seed: int, pipelines: int | None) -> tuple[float, float] | 
         return None
     plan = to_plan(cand, oracle, batch, cluster.name)
     est = estimate(plan, cluster, oracle.profiles)
-    for lay, pipe in zip(cand.layouts, plan.pipelines):
-        costs = stage_costs(oracle, lay.units, lay.micro_batches, cand.setting, len(cand.layouts))
-        for c, n, stage in zip(costs, lay.counts, pipe.stages):
-            ratio = (c.fixed_bytes + c.per_layer_bytes * n) / GIB / max(est.memory_gib[d] for d in stage.devices)
+    for needs, pipe in zip(stage_bytes(oracle, cand, plan), plan.pipelines):
+        for need, stage in zip(needs, pipe.stages):
+            ratio = need / GIB / max(est.memory_gib[d] for d in stage.devices)
             assert 0.65 <= ratio <= 1.25, (stage, cand.setting, ratio)
     return cand.step_s, est.step_time_s
 
@@ -84,3 +86,30 @@ def test_many_pipelines_surrogate_is_never_optimistic(name: str, seed: int) -> N
     got = check(name, seed, None)
     if got is not None:
         assert got[0] >= 0.97 * got[1]
+
+
+def test_cut_shards_count_against_the_surrogate_memory() -> None:
+    """A TP-1 pipeline beside a TP-2 one holds every TP-sharded shard cut in two sync slices, with
+    its own weights and gradients beside the slots (ZeRO-1). The layer split cannot see that (it
+    depends on the other pipelines' splits), so the refined candidate pays for it: a device with
+    room for the linear cost but not for the copies makes the candidate infeasible, and says why."""
+    setting = Setting(1, "full", 1, "1f1b")
+
+    def evaluated(memory_gib: float | None) -> tuple[Candidate, Oracle, list[list[Unit]]]:
+        extra = {"devices": {"b:0": {"memory_gib": memory_gib}}} if memory_gib else {}
+        c = cluster([("a", "fast", 2, 100.0), ("b", "fast", 1, 100.0)], **extra)
+        oracle = Oracle(c, MODEL, ProfileSet(c.catalog))
+        units = make_units(c, {"a": 2, "b": 1})
+        pipes = [[u] for u in units]
+        return evaluate(oracle, pipes, setting, 8), oracle, pipes
+
+    roomy, oracle, pipes = evaluated(None)
+    assert roomy.feasible
+    plan = to_plan(roomy, oracle, 8, None)
+    needs = stage_bytes(oracle, roomy, plan)
+    tp1 = next(i for i, p in enumerate(pipes) if p[0].tp == 1)
+    linear = stage_costs(oracle, pipes[tp1], roomy.layouts[tp1].micro_batches, setting, 2)[0]
+    plain = linear.fixed_bytes + linear.per_layer_bytes * MODEL.num_layers
+    assert needs[tp1][0] > plain  # the copies
+    tight, _, _ = evaluated((plain + needs[tp1][0]) / 2 / GIB)
+    assert not tight.feasible and "cut into several sync slices" in tight.problem
