@@ -310,7 +310,7 @@ def _switch_into(job: _Job, move: _Move, ahead: bool, engine: Engine | None, pos
         torch.cuda.synchronize(new_engine.device)
     install_s = time.perf_counter() - t_install
     switch_s = time.perf_counter() - t0
-    comm_s = res.stats.world_setup_s + new_engine.groups.setup_s
+    comm_s = res.stats.comm_s + new_engine.groups.setup_s  # default groups, pairs connected, the plan's groups
     stats = dict(res.stats.to_dict(), plan_s=plan_s, groups_s=new_engine.groups.setup_s, build_s=groups_s,
                  switch_s=switch_s, comm_s=comm_s, switch_excl_comm_s=switch_s - comm_s, wait_s=wait_s,
                  install_s=install_s, planned_ahead=ahead)
@@ -322,10 +322,11 @@ def _switch_into(job: _Job, move: _Move, ahead: bool, engine: Engine | None, pos
 
 
 def _report(rp: Any, every: list[Any], step: int, cluster: ClusterSpec | None) -> dict[str, Any]:
-    """The switch as the supervisor prints it: bytes, the slowest rank's times (``comm_s``: default,
-    and plan communicators created; ``switch_excl_comm_s``: the rest of the switch), the lower
-    bound from the cluster file's link bandwidth."""
-    keys = ("switch_s", "transfer_s", "world_setup_s", "groups_s", "build_s", "plan_s", "wait_s",
+    """The switch as the supervisor prints it: bytes, the slowest rank's times (``comm_s``: default
+    communicators created (``world_setup_s``), the exchanging pairs connected on them
+    (``connect_s``) and the plan's communicators created (``groups_s``); ``switch_excl_comm_s``: the
+    rest of the switch), the lower bound from the cluster file's link bandwidth."""
+    keys = ("switch_s", "transfer_s", "world_setup_s", "connect_s", "groups_s", "build_s", "plan_s", "wait_s",
             "comm_s", "switch_excl_comm_s", "install_s", *SWITCH_PARTS)
     worst: dict[str, Any] = {k: max(s[k] for s in every) for k in keys}
     worst["planned_ahead"] = all(s["planned_ahead"] for s in every)

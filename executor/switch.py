@@ -11,19 +11,30 @@ Order of events (one :func:`switch` call on every process of the old or the new 
    (:mod:`executor.epoch_world`): if no device joins, the old world as it is; if none leaves, the
    new plan's world (joiners included); else a world of :attr:`ReshardPlan.devices` (the new
    plan's devices, then the leaving ones).
-3. **Local copies**, then **the exchange**, on the switch world itself: a process posts one
+3. **Connecting**: a process posts one ``batch_isend_irecv`` holding, for each of its pairs of
+   :meth:`ReshardPlan.pairs`, one element to the peer and one from it, and waits for them (and the
+   device). NCCL sets up the connection between two ranks of a communicator inside their first
+   point-to-point call, on every channel their point-to-point traffic may use whatever the size
+   (``enqueue.cc`` marks ``p2pnChannelsPerPeer`` channels; the group's end connects them); here it
+   does so for every pair that will exchange, so the exchange below times the transfer alone, and
+   the set-up counts with the communicators' (``connect_s``, part of :attr:`SwitchStats.comm_s`),
+   which the elastic target reports apart. (Gloo connects every pair when the group is created:
+   there this costs one tiny message each way.)
+4. **Local copies**, then **the exchange**, on the switch world itself: a process posts one
    ``batch_isend_irecv`` holding, for each of its pairs of :meth:`ReshardPlan.pairs` in that global
    order, its message to the peer (one flat fp32 buffer: its pieces for the peer, packed in plan
    order) and a buffer for the peer's message; it waits for all of them, then unpacks.
-4. Leaving processes leave the world (their caller exits); the new plan's processes enter the new
+5. Leaving processes leave the world (their caller exits); the new plan's processes enter the new
    plan's world (unless the switch world is already it). The caller then builds
    :class:`~executor.groups.ProcessGroups` and ``Engine(..., init=False)`` and installs the state
    (:meth:`NewState.install`), and continues at the next step with the same data position.
 
-Why no two processes wait on each other: every posted send has its matching receive posted by the
-peer (both compute the same :class:`ReshardPlan`), and each process posts all of its messages in one
-batch — on NCCL one grouped call, which NCCL schedules as a whole, as it does an all-to-all; on gloo
-posting never blocks. Nothing else runs on the world during the exchange.
+Why no two processes wait on each other, in steps 3 and 4 alike: every posted send has its matching
+receive posted by the peer (both compute the same :class:`ReshardPlan`, hence the same pairs), and
+each process posts all of its messages of the step in one batch — on NCCL one grouped call, which
+NCCL schedules as a whole, as it does an all-to-all; on gloo posting never blocks. A process waits
+for its whole connecting batch before it posts its exchange, so between two processes the two
+steps' messages are matched in that order on both sides. Nothing else runs on the world meanwhile.
 
 Why no pair groups (the first version had one per pair, as the plan's p2p has): on 4x H200 creating
 or destroying one NCCL communicator costs 300-500 ms whatever it carried
@@ -54,6 +65,7 @@ class SwitchStats:
     bytes_received: int = 0
     local_bytes: int = 0
     world_setup_s: float = 0.0  # default groups created for the switch and the new plan
+    connect_s: float = 0.0  # every exchanging pair of this process connected (step 3)
     transfer_s: float = 0.0  # local copies + the exchange (packing and unpacking included)
     # where the rest goes (each phase ends with a device sync, so the time is its own)
     close_s: float = 0.0  # the old plan's groups closed (in parallel: executor.group_release)
@@ -64,6 +76,11 @@ class SwitchStats:
     unpack_s: float = 0.0  # received buffers copied into the new layout
     leave_s: float = 0.0  # default groups left: settling on the store, their groups destroyed
     peers: list[str] = field(default_factory=list)
+
+    @property
+    def comm_s(self) -> float:
+        """Communicator set-up inside the switch: default groups created, pairs connected."""
+        return self.world_setup_s + self.connect_s
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -113,6 +130,8 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
 
     mine = [(a, b) for a, b in rp.pairs() if me in (a, b)]
     clock.lap()
+    _connect([rank_of[b if a == me else a] for a, b in mine], world.device)
+    stats.connect_s = clock.lap()
     src = old_state.holdings if old_state is not None else ()
     dst = new_state.holdings if new_state is not None else ()
     for p in rp.local(me):
@@ -189,11 +208,16 @@ def _pack(views: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return buf
 
 
-def _ping(group: Any, peer: int, device: torch.device) -> None:
-    """Connect a pair group: one element each way in one batch."""
-    out, back = torch.ones(1, device=device), torch.empty(1, device=device)
-    for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, out, peer, group=group),
-                                       dist.P2POp(dist.irecv, back, peer, group=group)]):
+def _connect(peers: list[int], device: torch.device) -> None:
+    """Connect this process to each of ``peers`` (ranks of the default group): one element each way
+    per peer, all in one batch (module docstring, step 3)."""
+    if not peers:
+        return
+    out = torch.ones(1, device=device)
+    ops = []
+    for peer in peers:
+        ops += [dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, torch.empty(1, device=device), peer)]
+    for req in dist.batch_isend_irecv(ops):
         req.wait()
 
 

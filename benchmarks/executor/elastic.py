@@ -11,10 +11,12 @@ re-plan, relaunch, load) in the same run. Prints a table and writes JSON (device
 
 Per switch: bytes moved, the most bytes one rank sends or receives, the lower bound (that / the
 fastest measured pair bandwidth: one ``batch_isend_irecv`` each way between two GPUs), the switch
-time without communicator set-up (slowest rank) and the set-up apart, and the downtime the event
-cost: ``time(step k+1 ends) - time(step k ends) - the new phase's steady step time`` for the
-elastic job; for checkpoint-restart the same gap across the two launches plus the re-plan time
-(the elastic supervisor re-plans while the job trains; a restart must re-plan while stopped).
+time without communicator set-up (slowest rank) and the set-up apart (its parts: default groups
+created, the exchanging pairs connected — NCCL connects two ranks in their first point-to-point
+call —, the new plan's groups created), and the downtime the event cost: ``time(step k+1 ends) -
+time(step k ends) - the new phase's steady step time`` for the elastic job; for checkpoint-restart
+the same gap across the two launches plus the re-plan time (the elastic supervisor re-plans while
+the job trains; a restart must re-plan while stopped).
 Steady state: each phase's median step time (its first two steps left out) in the elastic job vs
 the non-elastic launch of the same plan. The plans: phase 0 by the planner, the others re-planned
 warm-started (planner.replan); both paths run the same plans. The smoke mode uses fixed plans and
@@ -40,6 +42,9 @@ from benchmarks.executor.hetero_e2e import _run as run_logged
 from benchmarks.executor.run_meta import run_versions
 from executor.switch import SWITCH_PARTS as PARTS
 
+# the communicator set-up the target leaves out (executor.elastic_train._report): default groups
+# created, the exchanging pairs connected on the switch world, the new plan's groups created
+COMM_PARTS = ("world_setup_s", "connect_s", "groups_s")
 FOUR = ["fast:0", "fast:1", "slow:0", "slow:1"]  # the cluster file's devices
 
 
@@ -233,6 +238,7 @@ def analyse(phases: list[Phase], replan_s: list[float], el: dict[int, dict[str, 
                        "move_plan_s": sw["plan_s"], "move_planned_ahead": sw.get("planned_ahead"),
                        "engine_build_s": sw["build_s"], "install_s": sw.get("install_s"),
                        "parts_s": {k: sw.get(k) for k in PARTS},
+                       "comm_parts_s": {k: sw.get(k) for k in COMM_PARTS},
                        "exchange_gbps": sw["max_rank_bytes"] / sw["exchange_s"] / 1e9 if sw.get("exchange_s") else None,
                        "mps_lower_bound_s": sw["max_rank_bytes"] / (mps_gbps * 1e9) if mps_gbps else None,
                        "target_s": 1.25 * bound + 0.05, "target_met": sw["switch_excl_comm_s"] <= 1.25 * bound + 0.05,
@@ -259,12 +265,15 @@ def print_tables(res: dict[str, Any]) -> None:
               f"{_f(e['restart_downtime_s'], 1, '.1f')} | {_f(e['speedup'], 1, '.1f')}{'x' if e['speedup'] else ''} |")
     print("\nWhere the switch time goes (slowest rank per part, ms; each part ends with a device sync):\n")
     print("| event | " + " | ".join(k[:-2] for k in PARTS) + " | engine build | install | move plan | "
-          "exchange GB/s (max rank bytes / exchange) | bound under MPS ms |")
-    print("|---|" + "---:|" * (len(PARTS) + 5))
+          "exchange GB/s (max rank bytes / exchange) | bound under MPS ms | "
+          + " | ".join(f"comm: {k[:-2]}" for k in COMM_PARTS) + " |")
+    print("|---|" + "---:|" * (len(PARTS) + 5 + len(COMM_PARTS)))
     for e in res["events"]:
         parts = " | ".join(_f(e["parts_s"].get(k), 1e3) for k in PARTS)
+        comm = " | ".join(_f(e["comm_parts_s"].get(k), 1e3) for k in COMM_PARTS)
         print(f"| {e['event']} | {parts} | {_f(e['engine_build_s'], 1e3)} | {_f(e['install_s'], 1e3)} | "
-              f"{_f(e['move_plan_s'], 1e3)} | {_f(e['exchange_gbps'])} | {_f(e['mps_lower_bound_s'], 1e3, '.2f')} |")
+              f"{_f(e['move_plan_s'], 1e3)} | {_f(e['exchange_gbps'])} | {_f(e['mps_lower_bound_s'], 1e3, '.2f')} "
+              f"| {comm} |")
     print("\n| phase | devices | elastic s/step | plain s/step | ratio (target <= 1.05) |\n|---|---:|---:|---:|---:|")
     for s in res["steady"]:
         print(f"| {s['phase']} | {s['ranks_devices']} | {_f(s['elastic_step_s'], 1, '.3f')} | "

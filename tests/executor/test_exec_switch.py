@@ -21,9 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from switch_jobs import switch_oracle_job
 from torch.testing import assert_close
 
+from executor.switch import SwitchStats
 from planner.layout import logical_params
 from planner.model import ModelSpec
 from planner.plan import Plan
+from planner.reshard import reshard_plan
 from planner.state_layout import MOMENTS, state_tensor
 from tests.support.random_plans import TINY, TINY8, named_plan, plan_pairs
 from tests.support.reference import ReferenceRun, reference_train
@@ -101,9 +103,20 @@ def test_switch_oracle(dist_pool, tmp_path, name: str) -> None:
     old, new = CASES[name]
     res = check_switch(dist_pool, old, new, tmp_path)
     stats = {r["device"]: r["stats"] for r in res if "stats" in r}
+    assert set(stats) == set(old.devices) | set(new.devices)
     sent = sum(s["bytes_sent"] for s in stats.values())
     assert sent == sum(s["bytes_received"] for s in stats.values()) > 0
     assert all(stats[d]["bytes_received"] == 0 for d in old.devices if d not in new.devices)
+    rp = reshard_plan(old, new)
+    for d, s in stats.items():
+        # the exchange moves exactly the reshard plan's bytes (the connecting messages count nowhere)
+        assert (s["bytes_sent"], s["bytes_received"], s["local_bytes"]) == (
+            rp.bytes_out(d), rp.bytes_in(d), sum(p.nbytes for p in rp.local(d))), d
+        assert s["peers"] == [b if a == d else a for a, b in rp.pairs() if d in (a, b)], d
+        # connecting the pairs is communicator set-up, apart from the transfer
+        sw = SwitchStats(**s)
+        assert sw.comm_s == s["world_setup_s"] + s["connect_s"] and (s["connect_s"] > 0 or not s["peers"]), d
+        assert s["transfer_s"] == pytest.approx(s["local_s"] + s["pack_s"] + s["exchange_s"] + s["unpack_s"]), d
 
 
 @settings(max_examples=3, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,

@@ -30,6 +30,9 @@ def test_smoke_trace_4_to_3_to_4_switches_in_process_and_equals_the_reference(tm
     for e in res["events"]:
         assert e["moved_bytes"] > 0 and e["local_bytes"] > 0 and e["lower_bound_s"] > 0
         assert e["transfer_s"] <= e["switch_s"] and e["comm_setup_s"] > 0
+        # the pairs' connecting is reported with the communicator set-up (slowest rank of each part)
+        assert set(e["comm_parts_s"]) == {"world_setup_s", "connect_s", "groups_s"}
+        assert 0 < e["comm_parts_s"]["connect_s"] <= e["comm_setup_s"], e
         assert e["elastic_downtime_s"] is not None and e["restart_downtime_s"] > 0
     assert [s["plain_step_s"] is not None and s["elastic_step_s"] is not None for s in res["steady"]] == [True] * 3
     ref = reference_losses(6, 6)
