@@ -15,8 +15,9 @@ installed state, the same data position, a watchdog under the epoch's own store 
 with the next step.
 
 A joining rank (``HEXISCALE_ELASTIC_JOIN=e``, started by the supervisor with epoch ``e``'s plan)
-runs the local checks, reports ``ready``, waits for epoch ``e`` and the data position, receives its
-state in the same switch and trains from there.
+runs the local checks, pays its one-off first-use costs (:mod:`executor.warm_up`), reports
+``ready``, waits for epoch ``e`` and the data position, receives its state in the same switch and
+trains from there.
 
 Each epoch's rank numbering follows its plan; its heartbeats and verdicts live under
 ``<prefix>/e<e>`` (:mod:`executor.launch.watchdog`). Any failure is one job-wide verdict as in
@@ -47,13 +48,14 @@ from executor.launch.env import RankEnv, connect_store, rank_env
 from executor.launch.faults import maybe_inject, parse_fault
 from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog, log_error
 from executor.metrics import StepLogger
-from executor.optim import OptimConfig, build_optimizer
+from executor.optim import OptimConfig
 from executor.preflight import Prepared, agree, local_checks
 from executor.resume import choose_checkpoint
 from executor.saving import Saver
 from executor.switch import SWITCH_PARTS, switch
 from executor.train_config import TrainConfig
 from executor.train_setup import check_world, classify, init_process_group, optim_config, pg_timeout, resolve_plan
+from executor.warm_up import warm_up
 from planner.cluster import ClusterSpec
 from planner.errors import SpecError
 from planner.layout import build_topology
@@ -131,7 +133,9 @@ def run_elastic(args: TrainConfig) -> int:
             error = exc
         if joining:
             if prep is not None:
-                _warm(prep.device, opt)
+                warm_s = warm_up(plan, me, prep.device, opt)
+                if warm_s is not None:
+                    print(f"[{me}] warmed up in {warm_s:.2f} s (one block's training step)", flush=True)
             channel.ready(joining, me, None if error is None else str(error))
             if error is not None:
                 raise error
@@ -164,18 +168,6 @@ def run_elastic(args: TrainConfig) -> int:
         job.wd.finish()
     job.world.leave()
     return 0
-
-
-def _warm(device: torch.device, opt: OptimConfig) -> None:
-    """A joining process pays its one-off costs before it reports ready, not inside the switch: the
-    first optimizer a process builds imports torch's compiler stack (2 s on the CI machine; the
-    joiner's engine build took 2.5 s of the switch on 4x H200), and the first matmul and its
-    backward create the device's BLAS handles."""
-    w = torch.nn.Parameter(torch.ones(8, 8, device=device))
-    build_optimizer([("warm.weight", w)], opt)
-    (w @ w).sum().backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _epoch_env(job: _Job, index: int, plan: Plan) -> RankEnv:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -48,7 +48,7 @@ from executor.host_sync import to_host
 from executor.init import logical_init
 from executor.model import StageModule, check_supported
 from executor.nonfinite import should_skip
-from executor.optim import OptimConfig, build_optimizer, clip_coefficient, lr_at, set_lr
+from executor.optim import OptimConfig, build_optimizer, clip_coefficient, for_device, lr_at, set_lr
 from executor.p2p import StageComm
 from executor.schedules import MicroBatch, run_schedule
 from executor.trace import NO_TRACE, NullTrace, StepTrace
@@ -60,6 +60,17 @@ from planner.plan import Plan
 log = logging.getLogger("hexiscale.executor")
 
 _AUTOCAST = {"bf16": torch.bfloat16}
+
+
+def compute_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of ``plan.options.dtype`` on ``device``; None: fp32 (also every dtype on
+    CPU). fp16, which would need loss scaling, is refused on accelerators."""
+    if dtype == "fp32" or device.type == "cpu":
+        return None
+    if dtype not in _AUTOCAST:
+        raise SpecError("options.dtype", f"{dtype} compute needs loss scaling, which the executor does not do",
+                        "use bf16 (same speed, no loss scaling) or fp32")
+    return _AUTOCAST[dtype]
 
 
 @dataclass(frozen=True)
@@ -82,8 +93,7 @@ class Engine:
         self.topology = topology
         self.groups = groups
         self.device = torch.device(device)
-        if optim.fused is None and self.device.type == "cuda":
-            optim = replace(optim, fused=True)  # fused AdamW: a few kernels for the whole step
+        optim = for_device(optim, self.device)
         self.optim_cfg = optim
         self.seed = seed
         self.on_nonfinite = on_nonfinite
@@ -137,16 +147,9 @@ class Engine:
         return self._params
 
     def _compute_dtype(self, dtype: str) -> torch.dtype | None:
-        if dtype == "fp32":
-            return None
-        if self.device.type == "cpu":
-            if self.rank == 0:
-                log.warning("plan options.dtype=%s on CPU: computing in fp32 instead", dtype)
-            return None
-        if dtype not in _AUTOCAST:
-            raise SpecError("options.dtype", f"{dtype} compute needs loss scaling, which the executor does not do",
-                            "use bf16 (same speed, no loss scaling) or fp32")
-        return _AUTOCAST[dtype]
+        if dtype != "fp32" and self.device.type == "cpu" and self.rank == 0:
+            log.warning("plan options.dtype=%s on CPU: computing in fp32 instead", dtype)
+        return compute_dtype(dtype, self.device)
 
     def _autocast(self) -> Callable[[], contextlib.AbstractContextManager]:
         if self.autocast_dtype is None:

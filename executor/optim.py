@@ -18,7 +18,7 @@ cosine from ``lr`` to ``min_lr`` over ``[warmup, total_steps)``; ``min_lr`` afte
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -61,6 +61,14 @@ def build_optimizer(named_params: list[tuple[str, torch.nn.Parameter]], cfg: Opt
                           {"params": plain, "weight_decay": 0.0}) if g["params"]]
     kwargs = {} if cfg.fused is None else {"fused": cfg.fused}
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kwargs)
+
+
+def for_device(cfg: OptimConfig, device: torch.device) -> OptimConfig:
+    """``cfg`` as an engine on ``device`` runs it: fused AdamW on CUDA (a few kernels for the whole
+    step) unless ``cfg.fused`` says otherwise."""
+    if cfg.fused is None and device.type == "cuda":
+        return replace(cfg, fused=True)
+    return cfg
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:

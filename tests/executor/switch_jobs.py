@@ -19,6 +19,7 @@ from executor.groups import ProcessGroups
 from executor.optim import OptimConfig
 from executor.state_pieces import held_tensors
 from executor.switch import switch
+from executor.warm_up import warm_up
 from planner.layout import build_topology
 from planner.plan import Plan
 from planner.reshard import reshard_plan
@@ -78,8 +79,9 @@ def _train(engine: Engine, batches: list[torch.Tensor]) -> list[float]:
 
 def switch_oracle_job(old: Plan, new: Plan, batches: list[torch.Tensor], split: int, ckpt: str,
                       optim: OptimConfig) -> dict[str, Any]:
-    """Train ``old`` for ``split`` steps, switch to ``new`` in process, train the rest; then the
-    baseline: ``new`` loaded from a checkpoint of ``old`` at ``split`` trains the rest."""
+    """Train ``old`` for ``split`` steps, switch to ``new`` in process (a joining device warms up
+    first, :mod:`executor.warm_up`), train the rest; then the baseline: ``new`` loaded from a
+    checkpoint of ``old`` at ``split`` trains the rest."""
     world = shared_world("switch-oracle")
     me = world.me
     out: dict[str, Any] = {"device": me}
@@ -89,6 +91,8 @@ def switch_oracle_job(old: Plan, new: Plan, batches: list[torch.Tensor], split: 
         out["old_losses"] = _train(engine, batches[:split])
         checkpoint.save(engine, Path(ckpt), {})
         out["old_state"] = holdings(engine)
+    if me in new.devices and me not in old.devices:  # a joiner warms up first, as in an elastic job
+        out["warmed"] = warm_up(new, me, world.device, optim) is not None
     if me in old.devices or me in new.devices:
         res = switch(reshard_plan(old, new), me=me, world=world, engine=engine, tag="switch")
         engine = None

@@ -107,6 +107,7 @@ def test_switch_oracle(dist_pool, tmp_path, name: str) -> None:
     sent = sum(s["bytes_sent"] for s in stats.values())
     assert sent == sum(s["bytes_received"] for s in stats.values()) > 0
     assert all(stats[d]["bytes_received"] == 0 for d in old.devices if d not in new.devices)
+    assert all(r["warmed"] for r in res if r["device"] in new.devices and r["device"] not in old.devices)
     rp = reshard_plan(old, new)
     for d, s in stats.items():
         # the exchange moves exactly the reshard plan's bytes (the connecting messages count nowhere)

@@ -1,7 +1,8 @@
 """The elastic benchmark's CPU smoke mode (benchmarks/executor/elastic.py --smoke): a 4 -> 3 -> 4
 trace end to end as one elastic job (r4090:2 hands its state over and exits after step 2; a new
-process joins after step 4 and receives it; TP 2 -> 1, 1F1B -> GPipe, ZeRO 0 -> 1 -> 0), and the
-same events as checkpoint-restart. Both paths' losses equal the dense single-process reference."""
+process joins after step 4, warms up and receives it; TP 2 -> 1, 1F1B -> GPipe, ZeRO 0 -> 1 -> 0),
+and the same events as checkpoint-restart. Both paths' losses equal the dense single-process
+reference."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def test_smoke_trace_4_to_3_to_4_switches_in_process_and_equals_the_reference(tm
     res = json.loads(path.read_text())
     log = (tmp_path / "elastic_work" / "elastic.log").read_text()
     assert "[r4090:2] handed its state over at step 2; leaving the job" in log
+    assert "[r4090:2] warmed up in" in log  # the joiner's warm-up ran (and the losses below are the reference's)
     assert [(e["after_step"], e["ranks"], e["leave"], e["join"]) for e in res["events"]] == [
         (2, "4 -> 3", ["r4090:2"], []), (4, "3 -> 4", [], ["r4090:2"])]
     for e in res["events"]:
