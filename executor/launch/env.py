@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -110,6 +111,8 @@ def connect_store(renv: RankEnv, timeout_s: float, *, host: bool | None = None) 
     def connect() -> Any:
         if is_master and is_loopback(renv.master_addr):
             return serve_store(renv.master_addr, renv.master_port, timeout_s)
+        if not is_master:
+            await_listener(renv.master_addr, renv.master_port, time.monotonic() + max(0.0, timeout_s - 0.25))
         return TCPStore(renv.master_addr, renv.master_port, world_size=None, is_master=is_master,
                         timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 
@@ -137,6 +140,20 @@ def connect_store(renv: RankEnv, timeout_s: float, *, host: bool | None = None) 
                         "check --master / MASTER_ADDR and MASTER_PORT, that the port is free on the "
                         "master and that rank 0's node was started")
     return box["store"]
+
+
+def await_listener(addr: str, port: int, deadline: float) -> None:
+    """Return once something accepts TCP connections at ``addr:port``; ``ConnectionError`` at
+    ``deadline`` (``time.monotonic()``). c10d's own retries print a C++ stack trace per attempt to
+    stderr, so a client waits here, in Python, until the store's port is open."""
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=max(0.05, min(1.0, deadline - time.monotonic()))):
+                return
+        except OSError as exc:
+            if time.monotonic() + 0.1 >= deadline:
+                raise ConnectionError(f"nothing accepts connections there ({exc.strerror or exc})") from None
+            time.sleep(0.1)
 
 
 def is_loopback(addr: str) -> bool:

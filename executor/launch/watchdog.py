@@ -228,7 +228,9 @@ class Watchdog:
         started = time.monotonic()
         last_seen: dict[int, tuple[str, float]] = {}
         last_progress = (-1, started)  # (lowest step of any rank, when it last changed)
-        while not self._stop.wait(self.interval):
+        first = True
+        while first or not self._stop.wait(self.interval):  # the first beat at once: a rank that dies
+            first = False  # within its first interval is then seen to stop, not to have never started
             beat += 1
             now = time.monotonic()
             try:

@@ -92,6 +92,7 @@ from planner.cost.memory import (
     stage_memory,
     stage_params,
     state_bytes,
+    weight_cast_bytes,
 )
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, PassTime, SpecProfile
@@ -126,5 +127,5 @@ __all__ = [
     "held_with_grads", "hierarchical_allreduce_time", "in_flight", "layer_activation_bytes", "one_f_one_b_lower_bound",
     "one_f_one_b_time", "p2p_time", "partial_params", "pipeline_time", "reduce_scatter_time", "ring_allreduce_time",
     "simulate", "stage_memory", "stage_params", "stage_time", "state_bytes", "sync_groups", "tp_collectives",
-    "tp_comm_time", "tree_allreduce_time",
+    "tp_comm_time", "tree_allreduce_time", "weight_cast_bytes",
 ]

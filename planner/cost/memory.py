@@ -240,6 +240,22 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: s
     return tokens * per_token + rope_casts
 
 
+def weight_cast_bytes(model: ModelSpec, *, layers: int, tp: int, last: bool, dtype: str, recompute: str,
+                      params: CostParams = DEFAULT_PARAMS) -> float:
+    """The compute-dtype copies of a stage's matmul weights that one micro-batch in flight keeps
+    (autocast casts the fp32 weights every forward; the matmuls save the copies for their
+    backward): ``e`` bytes per matmul parameter of ``layers`` layers, and of the LM head on the last
+    stage. 0 without autocast copies (fp32, ``CostParams.autocast_weight_copies`` off) or under
+    full recompute."""
+    num = _num(dtype, params)
+    if not num.weight_casts or recompute == "full":
+        return 0.0
+    matmul = layers * layer_numel(model)[0] / tp
+    if last:
+        matmul += model.vocab_size * model.hidden_size / tp
+    return matmul * num.e
+
+
 def head_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: str, seq_len: int | None = None,
                           params: CostParams = DEFAULT_PARAMS) -> float:
     num = _num(dtype, params)
@@ -276,11 +292,8 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     per_layer = layer_activation if layer_activation is not None else layer_activation_bytes(
         model, micro_batch, tp, dtype, recompute, seq_len, params)
     per_mb = layers * per_layer  # everything one micro-batch in flight keeps
-    if num.weight_casts and recompute != "full":
-        matmul = layers * layer_numel(model)[0] / tp
-        if last:
-            matmul += model.vocab_size * model.hidden_size / tp
-        per_mb += matmul * num.e
+    per_mb += weight_cast_bytes(model, layers=layers, tp=tp, last=last, dtype=dtype, recompute=recompute,
+                                params=params)
     if not last:
         per_mb += layer_input
     if first:

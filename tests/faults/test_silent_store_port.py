@@ -94,3 +94,26 @@ def test_rank_on_a_silent_port_exits_with_one_line() -> None:
     assert errors[0].startswith("[rank 1 (host ") and (
         f"] error: --startup-timeout: could not reach the job's store at 127.0.0.1:{port} within 3 s") in errors[0]
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+
+
+def test_rank_with_nothing_on_the_store_port_exits_with_one_line() -> None:
+    """Nothing listens on MASTER_PORT (rank 0 not started, a wrong port): the rank stops within the
+    limit with one line and nothing else on stderr — c10d's own retries would print a C++ stack
+    trace per attempt, so the client waits for the port in Python first."""
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HEXISCALE_", "TORCHELASTIC_", "TORCH_CPP"))}
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", WORLD_SIZE="4", RANK="1", LOCAL_RANK="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "hexiscale", "train", "--plan", str(PLAN4), "--steps", "1", "--device", "cpu",
+         "--startup-timeout", f"{LIMIT_S:g}"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == EXIT_USER_ERROR, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert f"] error: MASTER_ADDR: cannot reach the rendezvous store at 127.0.0.1:{port} (nothing accepts " \
+           "connections there" in lines[0], lines[0]
+    assert elapsed < LIMIT_S + 15, elapsed  # imports and the plan, then the limit
