@@ -189,14 +189,6 @@ def _pack(views: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return buf
 
 
-def _ping(group: Any, peer: int, device: torch.device) -> None:
-    """Connect a pair group: one element each way in one batch."""
-    out, back = torch.ones(1, device=device), torch.empty(1, device=device)
-    for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, out, peer, group=group),
-                                       dist.P2POp(dist.irecv, back, peer, group=group)]):
-        req.wait()
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
