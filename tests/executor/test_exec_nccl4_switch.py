@@ -1,5 +1,5 @@
 """The switch oracle on 4 NCCL ranks, one GPU each (skipped without 4 CUDA devices; ``make test-gpu``
-runs it): the in-process switch of :mod:`executor.switch` — epoch worlds, pair groups, batched
+runs it): the in-process switch of :mod:`executor.switch` — epoch worlds, batched
 send/receive — on the backend an elastic job uses on GPUs, for a leave, a join, a disjoint move
 and random plan pairs on 4 devices (pipeline counts, TP degrees and ZeRO settings change).
 
