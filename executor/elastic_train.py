@@ -245,6 +245,7 @@ def _train(job: _Job, ep: _Epoch) -> bool:
             _plan_move(job, ep.index + 1, 0.0)
         if k < args.steps and job.channel.switch_due(ep.index + 1, k, rank0=rank == 0):
             return False
+    engine.drain()
     ep.saver.finish()
     ep.logger.summary(start, ep.plan.global_batch_size * ep.plan.model.seq_len)
     return True

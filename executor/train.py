@@ -174,5 +174,6 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
         state = {"data": stream.position.to_dict(), "plan_world_size": plan.world_size}
         saver.after_step(k + 1, k + 1 == args.end, state,
                          partial(maybe_inject, fault, renv.rank, k, in_save=True))
+    engine.drain()
     saver.finish()
     logger.summary(start, plan.global_batch_size * plan.model.seq_len)
