@@ -190,7 +190,8 @@ def _build(job: _Job, plan: Plan, *, init: bool) -> Engine:
     groups = ProcessGroups.create(topology)
     engine = Engine(plan, topology, groups, device=job.prep.device, optim=job.opt, seed=job.args.seed, init=init,
                     on_nonfinite=job.args.on_nonfinite)
-    if job.args.compile:  # every epoch's engine: its blocks are new modules (Dynamo reuses the traced code)
+    # every epoch's engine: its blocks are new modules (Dynamo reuses the traced code)
+    if job.args.compile or plan.options.compile:
         fast_path.compile_blocks(engine.module)
     return engine
 
