@@ -182,7 +182,8 @@ def _build(job: _Job, plan: Plan, *, init: bool) -> Engine:
     groups = ProcessGroups.create(topology)
     engine = Engine(plan, topology, groups, device=job.prep.device, optim=job.opt, seed=job.args.seed, init=init,
                     on_nonfinite=job.args.on_nonfinite)
-    if job.args.compile:  # every epoch's engine: its blocks are new modules (Dynamo reuses the traced code)
+    # every epoch's engine: its blocks are new modules (Dynamo reuses the traced code)
+    if job.args.compile or plan.options.compile:
         fast_path.compile_blocks(engine.module)
     return engine
 
@@ -237,6 +238,7 @@ def _train(job: _Job, ep: _Epoch) -> bool:
             _plan_move(job, ep.index + 1, 0.0)
         if k < args.steps and job.channel.switch_due(ep.index + 1, k, rank0=rank == 0):
             return False
+    engine.drain()
     ep.saver.finish()
     ep.logger.summary(start, ep.plan.global_batch_size * ep.plan.model.seq_len)
     return True

@@ -175,6 +175,9 @@ def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, 
     on_cpu = not params or params[0].device.type == "cpu"
     if on_cpu and not force:
         return 0
+    from executor.tp_layers import keep_collectives_eager
+
+    keep_collectives_eager()
     for block in layers.values():
         block.compile(mode=mode, dynamic=False)
     if head and getattr(stage, "last", False) and getattr(stage, "tp", 1) == 1:

@@ -30,13 +30,24 @@ from torch import nn
 # ------------------------------------------------------------------------------ collectives
 
 
-@torch.compiler.disable
-def _all_reduce(t: torch.Tensor, group: Any) -> torch.Tensor:
-    """In-place SUM all-reduce, always eager: traced inside a compiled block's autograd.Function, the
-    NCCL all-reduce of a TP-2 stage gave a first-step gradient norm 8 % off eager's on 4x H200 (same
-    loss; single-GPU compiled blocks are exact). A graph break per TP collective is the price."""
+def _all_reduce_sum(t: torch.Tensor, group: Any) -> torch.Tensor:
     dist.all_reduce(t, group=group)
     return t
+
+
+_all_reduce = _all_reduce_sum  # in-place SUM all-reduce of the TP layers (see keep_collectives_eager)
+
+
+def keep_collectives_eager() -> None:
+    """Make the TP all-reduces graph breaks under ``torch.compile`` (``torch.compiler.disable``).
+    Traced inside a compiled block's autograd.Function, the NCCL all-reduce of a TP-2 stage gave a
+    first-step gradient norm 8 % off eager's on 4x H200 (same loss; single-GPU compiled blocks are
+    exact). :func:`executor.fast_path.compile_blocks` calls this, so only a process that compiles
+    imports the compiler stack: importing it in every process made a gloo rank abort at exit in a
+    third of the CPU profiler's comm sweeps ("terminate called without an active exception")."""
+    global _all_reduce
+    if _all_reduce is _all_reduce_sum:
+        _all_reduce = torch.compiler.disable(_all_reduce_sum)
 
 
 class _CopyToTP(torch.autograd.Function):

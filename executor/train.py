@@ -50,6 +50,7 @@ from planner.cluster import ClusterSpec
 from planner.errors import SpecError
 from planner.layout import build_topology
 from planner.plan import Plan
+from planner.varlen.pool import StrategyPool
 
 
 def run_training(args: TrainConfig) -> int:
@@ -63,9 +64,8 @@ def run_training(args: TrainConfig) -> int:
     try:
         renv = rank_env()
         plan, cluster, pool = resolve_plan(args)
-        if pool is not None and args.compile:
-            raise SpecError("--compile", "is not supported with a strategy pool yet (hot switching builds its "
-                            "working layouts per step)", "drop --compile, or train one plan of the pool")
+        if pool is not None:
+            _refuse_compiled_pool(args, pool)
         check_world(plan, renv)
         opt = optim_config(args)
         timeout_s = pg_timeout(args)
@@ -124,6 +124,18 @@ def run_training(args: TrainConfig) -> int:
     return 0
 
 
+def _refuse_compiled_pool(args: TrainConfig, pool: StrategyPool) -> None:
+    """Hot switching builds its working layouts per step: no compiled blocks there yet, whether
+    ``--compile`` or a strategy's ``options.compile`` asks for them."""
+    why = "is not supported with a strategy pool yet (hot switching builds its working layouts per step)"
+    if args.compile:
+        raise SpecError("--compile", why, "drop --compile, or train one plan of the pool")
+    for i, st in enumerate(pool.strategies):
+        if st.plan.options.compile:
+            raise SpecError(f"strategies[{i}].plan.options.compile", why,
+                            "set it to false, or train one plan of the pool")
+
+
 def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv: RankEnv, prep: Prepared,
                 opt: OptimConfig, wd: Watchdog, backend: str, fault: Any) -> None:
     """Steps of one plan on this rank (groups, engine, resume, data, logs, checkpoints, trace)."""
@@ -134,9 +146,12 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
               + (f" ({groups.device_mib:.0f} MiB of device memory)" if backend == "nccl" else ""), flush=True)
     engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed,
                     on_nonfinite=args.on_nonfinite)
-    compiled = fast_path.compile_blocks(engine.module) if args.compile else 0
-    if args.compile and renv.rank == 0:
-        print("hexiscale train: --compile: " + (f"{compiled} blocks of rank 0's stage compiled (the first step "
+    # --compile forces compilation; a plan whose options.compile is set asks for it itself
+    want = args.compile or plan.options.compile
+    compiled = fast_path.compile_blocks(engine.module) if want else 0
+    if want and renv.rank == 0:
+        source = "--compile" if args.compile else "the plan's options.compile"
+        print(f"hexiscale train: {source}: " + (f"{compiled} blocks of rank 0's stage compiled (the first step "
               "compiles them)" if compiled else "the CPU runs eager (torch.compile is used on CUDA only)"), flush=True)
     position = DataPosition()
     if prep.resume is not None:
@@ -174,5 +189,6 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
         state = {"data": stream.position.to_dict(), "plan_world_size": plan.world_size}
         saver.after_step(k + 1, k + 1 == args.end, state,
                          partial(maybe_inject, fault, renv.rank, k, in_save=True))
+    engine.drain()
     saver.finish()
     logger.summary(start, plan.global_batch_size * plan.model.seq_len)

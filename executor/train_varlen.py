@@ -121,6 +121,7 @@ def train_pool(args: TrainConfig, pool: StrategyPool, cluster: ClusterSpec | Non
                                "time": time.time()})
         saver.after_step(k + 1, k + 1 == args.steps, {"varlen": {"cursor": step.next_cursor},
                                                       "plan_world_size": pool.home_plan.world_size}, lambda: None)
+    eng.home.drain()
     saver.finish()
     if rank == 0 and t_all > 0:
         print(f"summary: steps {start + 1}..{args.steps}, {tokens_all / t_all:,.0f} tok/s after the first step",

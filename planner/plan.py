@@ -25,6 +25,7 @@ from planner.fields import (
     check_keys,
     expect_list,
     expect_mapping,
+    get_bool,
     get_int,
     get_str,
     join,
@@ -72,6 +73,8 @@ class PlanOptions:
     recompute: str = "none"  # none | selective | full
     zero: int = 0  # 0 = replicated optimizer state, 1 = ZeRO-1 (sharded across a layer's owners)
     dtype: str = "bf16"  # compute dtype; master weights and gradient reduction stay fp32
+    compile: bool = False  # blocks run torch.compile'd (the executor compiles them on CUDA; the
+    # memory model counts the compiled path's activations, planner.cost.memory)
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,8 @@ def check_structure(plan: Plan) -> None:
         raise SpecError("options.zero", f"{o.zero!r} is not 0 or 1", "ZeRO stage 0 or 1")
     if o.dtype not in DTYPES:
         raise SpecError("options.dtype", f"{o.dtype!r} is not one of {list(DTYPES)}", "use bf16 or fp32")
+    if not isinstance(o.compile, bool):
+        raise SpecError("options.compile", f"expected true or false, got {o.compile!r}", "write true or false")
     total = 0
     seen: dict[str, str] = {}
     for pi, pipe in enumerate(plan.pipelines):
@@ -221,11 +226,12 @@ def _parse_pipeline(data: Any, path: str) -> Pipeline:
 
 def _parse_options(data: Any) -> PlanOptions:
     data = expect_mapping(data, "options")
-    check_keys(data, "options", (), ("recompute", "zero", "dtype"))
+    check_keys(data, "options", (), ("recompute", "zero", "dtype", "compile"))
     return PlanOptions(
         recompute=get_str(data, "recompute", "options", default="none", choices=RECOMPUTE_MODES),
         zero=get_int(data, "zero", "options", minimum=0, default=0),
         dtype=get_str(data, "dtype", "options", default="bf16", choices=DTYPES),
+        compile=get_bool(data, "compile", "options", default=False),
     )
 
 
@@ -264,6 +270,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         ],
         "options": {"recompute": plan.options.recompute, "zero": plan.options.zero, "dtype": plan.options.dtype},
     }
+    if plan.options.compile:  # written only when set: plans without it read as before
+        out["options"]["compile"] = True
     if plan.cluster is not None:
         out["cluster"] = plan.cluster
     if plan.estimate is not None:

@@ -184,24 +184,28 @@ def run_elastic(out: Path, plan0: Path, cluster: Path, trace: Path, device: str,
 
 
 def run_restarts(out: Path, plans: list[Path], phases: list[Phase], cluster: Path, device: str, train: list[str],
-                 shares: dict[str, float]) -> tuple[list[int], list[dict[int, dict[str, Any]]]]:
+                 shares: dict[str, float], *, checkpoints: bool = True
+                 ) -> tuple[list[int], list[dict[int, dict[str, Any]]]]:
     """One plain launch per phase: each trains its phase's steps, saves at its end, exits; the next
     resumes from that checkpoint under its own plan (the learning-rate schedule spans the whole trace:
-    ``--stop-at``)."""
+    ``--stop-at``). Without ``checkpoints`` each launch trains its phase's steps from a fresh start
+    (no save, no load): its step times give the steady state, its records are numbered as the
+    phase's steps of the trace, and there is no downtime to read."""
     ck = Path(tempfile.mkdtemp(prefix="hexiscale-elastic-ck-"))  # GBs on GPU: removed at the end
     codes, recs, end, total = [], [], 0, sum(p.steps for p in phases)
     for i, (plan, ph) in enumerate(zip(plans, phases)):
-        end += ph.steps
+        start, end = end, end + ph.steps
         jsonl = out / f"restart_{i}.jsonl"
         jsonl.unlink(missing_ok=True)
         mps = [f"--sm-percent={n}={s:g}" for n, s in shares.items() if any(d.startswith(n + ":") for d in ph.devices)]
+        steps = ["--steps", str(total), "--stop-at", str(end), "--checkpoint-dir", str(ck),
+                 *(["--resume", str(ck)] if i else [])] if checkpoints else ["--steps", str(ph.steps)]
         code, _ = run_logged(CLI + ["launch", str(plan), "--local", "--device", device, "--cluster", str(cluster), *mps,
-                              "--run-id", f"bench-restart-{i}", "--", "--steps", str(total), "--stop-at", str(end),
-                              "--log-jsonl", str(jsonl),
-                              "--checkpoint-dir", str(ck), *(["--resume", str(ck)] if i else []), *train],
+                              "--run-id", f"bench-restart-{i}", "--", *steps, "--log-jsonl", str(jsonl), *train],
                        out / f"restart_{i}.log")
         codes.append(code)
-        recs.append(_records(jsonl))
+        got = _records(jsonl)
+        recs.append(got if checkpoints else {k + start: r for k, r in got.items()})
         if code != 0:
             break
     shutil.rmtree(ck, ignore_errors=True)
@@ -210,8 +214,8 @@ def run_restarts(out: Path, plans: list[Path], phases: list[Phase], cluster: Pat
 
 # ---------------------------------------------------------------------- report
 def analyse(phases: list[Phase], replan_s: list[float], el: dict[int, dict[str, Any]], switches: list[dict[str, Any]],
-            rs: list[dict[int, dict[str, Any]]], bandwidth_gbps: float | None, mps_gbps: float | None = None
-            ) -> dict[str, Any]:
+            rs: list[dict[int, dict[str, Any]]], bandwidth_gbps: float | None, mps_gbps: float | None = None,
+            restart_downtime: bool = True) -> dict[str, Any]:
     starts = [sum(p.steps for p in phases[:i]) for i in range(len(phases) + 1)]
     steady = []
     for i in range(len(phases)):
@@ -225,8 +229,8 @@ def analyse(phases: list[Phase], replan_s: list[float], el: dict[int, dict[str, 
         bound = sw["max_rank_bytes"] / (bandwidth_gbps * 1e9) if bandwidth_gbps else sw["lower_bound_s"]
         new_step = steady[i]["elastic_step_s"] or 0.0
         gap = el[k + 1]["time"] - el[k]["time"] if k in el and k + 1 in el else None
-        b_gap = rs[i][k + 1]["time"] - rs[i - 1][k]["time"] if i < len(rs) and k + 1 in rs[i] and k in rs[i - 1] \
-            else None
+        b_gap = rs[i][k + 1]["time"] - rs[i - 1][k]["time"] if restart_downtime and i < len(rs) and k + 1 in rs[i] \
+            and k in rs[i - 1] else None
         down = gap - new_step if gap is not None else None
         b_down = b_gap - (steady[i]["plain_step_s"] or 0.0) + replan_s[i] if b_gap is not None else None
         events.append({"event": i, "after_step": sw["step"], "ranks": f"{sw['old_ranks']} -> {sw['new_ranks']}",
@@ -290,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--elastic-only", action="store_true",
                     help="skip the checkpoint-restart half (its columns read '-'): a quick re-measure of the switch")
+    ap.add_argument("--plain-steady", action="store_true",
+                    help="the plain launches without checkpoints: the steady-state ratio in the same run without "
+                         "the restart path's saves and loads (its downtime columns read '-')")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
     work = out / "elastic_work"
@@ -321,21 +328,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"elastic job: exit {code}, {len(switches)} switches, {elastic_wall:.0f} s", flush=True)
         t0 = time.perf_counter()
         codes, rs = ([], []) if args.elastic_only else run_restarts(work, plans, phases, cluster, device, train,
-                                                                     shares)
+                                                                     shares, checkpoints=not args.plain_steady)
         restart_wall = time.perf_counter() - t0
         if not args.elastic_only:
-            print(f"checkpoint-restart: exits {codes}, {restart_wall:.0f} s", flush=True)
+            what = "plain launches (steady state)" if args.plain_steady else "checkpoint-restart"
+            print(f"{what}: exits {codes}, {restart_wall:.0f} s", flush=True)
     finally:
         if not args.smoke:
             subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False)
     ok = code == 0 and all(c == 0 for c in codes) and len(switches) == len(phases) - 1
     mps_bw = max(mps_bandwidths.values()) if mps_bandwidths else None
-    res = analyse(phases, replan_s, el, switches, rs, bw, mps_bw) if ok else {"events": [], "steady": []}
+    res = analyse(phases, replan_s, el, switches, rs, bw, mps_bw, restart_downtime=not args.plain_steady) if ok \
+        else {"events": [], "steady": []}
     result = dict(meta, cluster=cluster.name, model="tiny" if args.smoke else args.model, seq_len=args.seq_len,
                   global_batch=args.global_batch, phases=[p.__dict__ for p in phases], replan_s=replan_s,
                   plans=[json.loads(p.read_text()) for p in plans], pair_bandwidth_gbps=bandwidths,
                   pair_bandwidth_mps_gbps=mps_bandwidths,
-                  bound_bandwidth_gbps=bw, elastic_exit=code, restart_exits=codes, elastic_wall_s=elastic_wall,
+                  bound_bandwidth_gbps=bw, plain_steady=args.plain_steady, elastic_exit=code, restart_exits=codes,
+                  elastic_wall_s=elastic_wall,
                   restart_wall_s=restart_wall, elastic_losses={k: r["loss"] for k, r in sorted(el.items())},
                   restart_losses=[{k: r["loss"] for k, r in sorted(x.items())} for x in rs], **res)
     path = out / f"elastic_{kind}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"

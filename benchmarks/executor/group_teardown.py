@@ -92,6 +92,20 @@ def teardown_job(kind: str, groups: int, mib: float, how: str = "destroy") -> di
     return {"create_s": create_s, "traffic_s": traffic_s, "destroy_s": destroy_s}
 
 
+def _connected_groups(groups: int) -> tuple[Any, list[Any]]:
+    """This rank's CUDA device and ``groups`` 4-rank groups, each connected by one all-reduce."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    made = []
+    for _ in range(groups):
+        g = dist.new_group(list(range(RANKS)))
+        dist.all_reduce(torch.ones(1, device=device), group=g)
+        made.append(g)
+    return device, made
+
+
 def background_job(groups: int, iters: int) -> dict[str, Any]:
     """Can tear-down leave the critical path? Each rank creates ``groups`` 4-rank groups, then runs
     ``iters`` training-like iterations (two 4096^2 matmuls + a 64 MiB all-reduce on the default group)
@@ -102,12 +116,7 @@ def background_job(groups: int, iters: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    device = torch.device("cuda", torch.cuda.current_device())
-    made = []
-    for _ in range(groups):
-        g = dist.new_group(list(range(RANKS)))
-        dist.all_reduce(torch.ones(1, device=device), group=g)
-        made.append(g)
+    device, made = _connected_groups(groups)
     a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
     buf = torch.ones(16 * 2**20, device=device)
 
@@ -135,7 +144,7 @@ def background_job(groups: int, iters: int) -> dict[str, Any]:
 
     th = threading.Thread(target=tear, daemon=True)
     th.start()
-    during = []
+    during: list[float] = []
     while th.is_alive() or len(during) < iters:  # training-like work for as long as the thread runs
         during += loop(1)
     th.join()
@@ -150,12 +159,7 @@ def parallel_job(groups: int) -> dict[str, Any]:
 
     from executor.group_release import release
 
-    device = torch.device("cuda", torch.cuda.current_device())
-    made = []
-    for _ in range(groups):
-        g = dist.new_group(list(range(RANKS)))
-        dist.all_reduce(torch.ones(1, device=device), group=g)
-        made.append(g)
+    device, made = _connected_groups(groups)
     torch.cuda.synchronize(device)
     dist.barrier()
     t0 = time.perf_counter()

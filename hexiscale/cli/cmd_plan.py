@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--lengths", help="mixed-length data: a length histogram (hexiscale.lengths/1 JSON) or "
                    "synthetic:NAME; proposes a strategy pool per length bucket (-o writes the pool)")
     p.add_argument("--step-tokens", type=int, dest="step_tokens", help="with --lengths: tokens per step")
+    p.add_argument("--compile", action="store_true",
+                   help="the plan's blocks run compiled (options.compile; `hexiscale train` compiles them on "
+                   "CUDA): the memory model counts the compiled path's smaller activations")
     p.set_defaults(func=run)
 
 
@@ -62,10 +65,14 @@ def run(args: argparse.Namespace) -> int:
     resolved = resolve_profiles(cluster)
     print(resolved.line, file=sys.stderr if args.json else sys.stdout, flush=True)
     if args.lengths:
+        if args.compile:
+            raise SpecError("--compile", "a strategy pool runs eager (hexiscale train refuses --compile with "
+                            "one)", "drop --compile or plan one batch shape without --lengths")
         from hexiscale.cli import plan_lengths
 
         return plan_lengths.run(args, cluster, model, resolved.profiles)
-    config = PlannerConfig(time_limit_s=args.time_limit, seed=args.seed, objective=args.objective)
+    config = PlannerConfig(time_limit_s=args.time_limit, seed=args.seed, objective=args.objective,
+                           compile=args.compile)
     if args.output:
         check_writable(args.output, "-o")  # before a search of up to --time-limit seconds
     result = search(cluster, model, args.global_batch, config=config, profiles=resolved.profiles)

@@ -42,8 +42,9 @@ and ``group_allreduce_time(nbytes, devices, cluster, params)``: collectives from
 (p2p folded in with ``fold_p2p``); ``simulate(f, b, m, schedule)`` for the exact makespan.
 ``in_flight(schedule, stages, stage_index, m)`` and
 ``stage_memory(model, *, layers, tp, first, last, micro_batch, in_flight, dtype, recompute, zero_shards,
-params, layer_activation=None, head_activation=None, held_with_grads=None, pipelines=1, partial=0.0)
--> MemoryBreakdown``
+params, layer_activation=None, head_activation=None, held_with_grads=None, pipelines=1, partial=0.0,
+compile=False) -> MemoryBreakdown`` (``compile``: the plan's blocks are compiled, whose layers keep
+``compiled_layer_activation_bytes``)
     with ``held_with_grads(schedule, stages, stage_index, m)`` for the exact peak and
     ``partial_params(plan, pipeline, stage)`` for shards cut into several sync slices (module
     memory.py) (bytes per term; ``.total_gib``: the device's peak, ``.required_gib`` the same, for
@@ -87,6 +88,7 @@ from planner.cost.memory import (
     GIB,
     MemoryBreakdown,
     StateBytes,
+    compiled_layer_activation_bytes,
     layer_activation_bytes,
     partial_params,
     stage_memory,
@@ -124,6 +126,7 @@ __all__ = [
     "PassTime", "PipelineEstimate", "ProfileSet", "SimResult", "SpecProfile", "StageEstimate", "StageTime",
     "activation_bytes", "all_gather_time", "allreduce_time", "boundary_time", "broadcast_time", "bubble_fraction",
     "device_compute", "estimate", "fold_p2p", "gpipe_time", "group_allreduce_time", "group_broadcast_time",
+    "compiled_layer_activation_bytes",
     "held_with_grads", "hierarchical_allreduce_time", "in_flight", "layer_activation_bytes", "one_f_one_b_lower_bound",
     "one_f_one_b_time", "p2p_time", "partial_params", "pipeline_time", "reduce_scatter_time", "ring_allreduce_time",
     "simulate", "stage_memory", "stage_params", "stage_time", "state_bytes", "sync_groups", "tp_collectives",

@@ -59,6 +59,25 @@ bytes, ``r`` residual bytes, ``a`` heads; flash/SDPA keeps no s² scores; no dro
     full       T·r·h (the layer input only) + ONE layer's ``none`` activations while it is
                recomputed in the backward
 
+Compiled blocks (``options.compile``: executor/fast_path.compile_blocks, Inductor) keep less,
+``none`` recompute only (the saved-tensor count of benchmarks/executor/activation_memory.py,
+benchmarks/README.md "Activation memory per layer": the fp32 and bf16-autocast counts on CPU equal
+this term by term at llama2-7b shapes; scaled to seq 4096 it gives ~18 GiB per sample with the head
+where 4x H200 measured 17.9)::
+
+    none, compiled  T·[r·h + 8                      the layer input; the two RMSNorms' rstd
+                       + 3·e·h                      the attention norm's output, wo's output, the
+                                                    MLP norm's output (replicated, as the norm casts)
+                       + e·(h + 2·kv')/t + e·h/t    q, k, v (kv' as above) and the attention output
+                       + 4·a/t                      the log-sum-exp
+                       + 3·e·f/t]                   gate, up, and silu(gate) or the product
+                    + [e != 4] 2·s·d·e              two RoPE table casts (one cos, one sin)
+
+and the same weight copies as eager (the compiled graph saves them too). The split of the ``7·e·h``
+the count found into replicated and TP-sharded terms follows the eager formula (the count ran at
+TP 1 with MHA). Under ``selective`` and ``full`` the compiled path has not been counted: the eager
+formulas stand for them.
+
 Per micro-batch in flight a stage also holds: with autocast (bf16/fp16) and recompute other
 than full, the compute-dtype copies of its matmul weights (``e`` per matmul parameter: saved by
 the matmuls for their backward); on every stage but the last, its output ``T·r·h`` (kept for the
@@ -222,8 +241,13 @@ def _num(dtype: str, params: CostParams) -> Numerics:
 
 
 def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
-                           seq_len: int | None = None, params: CostParams = DEFAULT_PARAMS) -> float:
-    """Bytes one layer keeps for its backward, per micro-batch (``full``: the layer input only)."""
+                           seq_len: int | None = None, params: CostParams = DEFAULT_PARAMS, *,
+                           compile: bool = False) -> float:
+    """Bytes one layer keeps for its backward, per micro-batch (``full``: the layer input only).
+    ``compile``: the blocks are compiled; without recompute that is
+    :func:`compiled_layer_activation_bytes`, with it the eager formula (module docstring)."""
+    if compile and recompute == "none":
+        return compiled_layer_activation_bytes(model, micro_batch, tp, dtype, seq_len, params)
     num = _num(dtype, params)
     e, r = num.e, num.r
     h, f, kv, a = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.num_heads
@@ -238,6 +262,20 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: s
         per_token += e * (h + 2 * kv) / tp + e * h / tp
     rope_casts = 4 * (seq_len or model.seq_len) * model.head_dim * e if e != 4 else 0.0
     return tokens * per_token + rope_casts
+
+
+def compiled_layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: str,
+                                    seq_len: int | None = None, params: CostParams = DEFAULT_PARAMS) -> float:
+    """Bytes one COMPILED layer keeps for its backward per micro-batch without recompute (module
+    docstring, "none, compiled"; the saved-tensor count of benchmarks/executor/activation_memory.py)."""
+    num = _num(dtype, params)
+    e, r = num.e, num.r
+    h, f, kv, a = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.num_heads
+    seq = seq_len or model.seq_len
+    kv_saved = h if (num.expand_kv and kv != h) else kv
+    per_token = r * h + 8 + 3 * e * h + e * (h + 2 * kv_saved) / tp + e * h / tp + 4 * a / tp + 3 * e * f / tp
+    rope_casts = 2 * seq * model.head_dim * e if e != 4 else 0.0
+    return micro_batch * seq * per_token + rope_casts
 
 
 def weight_cast_bytes(model: ModelSpec, *, layers: int, tp: int, last: bool, dtype: str, recompute: str,
@@ -268,7 +306,8 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
                  in_flight: int, dtype: str = "bf16", recompute: str = "none", zero_shards: int = 1,
                  params: CostParams = DEFAULT_PARAMS, seq_len: int | None = None,
                  layer_activation: float | None = None, head_activation: float | None = None,
-                 held_with_grads: int | None = None, pipelines: int = 1, partial: float = 0.0) -> MemoryBreakdown:
+                 held_with_grads: int | None = None, pipelines: int = 1, partial: float = 0.0,
+                 compile: bool = False) -> MemoryBreakdown:
     """Peak memory of ONE device of a stage (fast: plain arithmetic).
 
     ``micro_batch`` is the largest micro-batch of the pipeline, ``in_flight`` the number of
@@ -277,6 +316,8 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     pipelines holding the stage's parameters (at least ``zero_shards``), ``partial`` the elements
     of a device's shards cut into several sync slices (:func:`partial_params`).
     ``layer_activation`` / ``head_activation``: measured bytes per micro-batch replacing the formulas.
+    ``compile``: the blocks are compiled (the plan's ``options.compile``): the compiled path's
+    layer activations (:func:`layer_activation_bytes`); the head stays eager.
 
     ``held_with_grads``: micro-batches held once autograd's gradients exist
     (:func:`planner.cost.schedule.held_with_grads`); the executor drops the gradients at each step's
@@ -290,7 +331,7 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     tokens = micro_batch * (seq_len or model.seq_len)
     layer_input = tokens * model.hidden_size * num.r
     per_layer = layer_activation if layer_activation is not None else layer_activation_bytes(
-        model, micro_batch, tp, dtype, recompute, seq_len, params)
+        model, micro_batch, tp, dtype, recompute, seq_len, params, compile=compile)
     per_mb = layers * per_layer  # everything one micro-batch in flight keeps
     per_mb += weight_cast_bytes(model, layers=layers, tp=tp, last=last, dtype=dtype, recompute=recompute,
                                 params=params)

@@ -290,9 +290,12 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
                 mems[gpu] = stage_memory(
                     m, layers=st.num_layers, tp=st.tp, first=first, last=last, micro_batch=mb, in_flight=held,
                     dtype=o.dtype, recompute=o.recompute, zero_shards=zero_shards, params=params,
-                    layer_activation=prof.activation_bytes("layer", m, mb, st.tp, o.dtype, o.recompute),
+                    # a profile's measured layer bytes are the eager path's; compiled blocks keep less
+                    layer_activation=None if o.compile and o.recompute == "none" else prof.activation_bytes(
+                        "layer", m, mb, st.tp, o.dtype, o.recompute),
                     head_activation=prof.activation_bytes("head", m, mb, st.tp, o.dtype) if last else None,
-                    held_with_grads=with_grads, pipelines=n_pipes, partial=partial_params(plan, pi, si))
+                    held_with_grads=with_grads, pipelines=n_pipes, partial=partial_params(plan, pi, si),
+                    compile=o.compile)
             n_params = stage_params(m, st.num_layers, st.tp, first, last) / zero_shards
             n_tensors = stage_tensors(m, st.num_layers, first, last)
             for di, dev_id in enumerate(st.devices):

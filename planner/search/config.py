@@ -21,6 +21,7 @@ class PlannerConfig:
     zero: tuple[int, ...] = (0, 1)
     schedules: tuple[str, ...] = SCHEDULES
     dtype: str = "bf16"
+    compile: bool = False  # the plan's blocks are compiled (PlanOptions.compile): less activation memory
     local_search: bool = True
     polish: bool = True  # move single layers under the full estimate at the end (small clusters)
     max_evaluations: int = 2000

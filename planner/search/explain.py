@@ -68,7 +68,7 @@ def infeasible(*, cluster: ClusterSpec, model: ModelSpec, global_batch: int, con
     units = make_units(cluster, {n.name: 1 for n in cluster.nodes}, cfg.dtype)
     k = max(1, math.ceil(len(units) / L))
     pipes = [order_units(cluster, units[p::k]) for p in range(k)]
-    roomy = Setting(1, "full", 1, "1f1b", cfg.dtype)
+    roomy = Setting(1, "full", 1, "1f1b", cfg.dtype, cfg.compile)
     m = max(1, math.ceil(global_batch / k))
     costs = stage_costs(oracle, pipes[0], m, roomy, k)
     detail = explain_split(oracle, pipes[0], costs, L)

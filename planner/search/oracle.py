@@ -43,9 +43,11 @@ class Setting:
     zero: int = 0
     schedule: str = "1f1b"
     dtype: str = "bf16"
+    compile: bool = False  # compiled blocks: the compiled path's activation bytes (planner.cost.memory)
 
     def label(self) -> str:
-        return f"mbs={self.micro_batch} recompute={self.recompute} zero={self.zero} {self.schedule}"
+        return (f"mbs={self.micro_batch} recompute={self.recompute} zero={self.zero} {self.schedule}"
+                + (" compiled" if self.compile else ""))
 
 
 class Oracle:
@@ -113,11 +115,13 @@ class Oracle:
             fixed += self.send_seconds(unit, prev, s) if prev is not None else 0.0
             times = self._time_cache[tkey] = (t1 - t0, fixed)
         shards = zero_shards if s.zero else 1
-        mkey = (unit.tp, unit.memory_gib, first, last, in_flight, s.micro_batch, s.recompute, s.dtype, shards)
+        mkey = (unit.tp, unit.memory_gib, first, last, in_flight, s.micro_batch, s.recompute, s.dtype, shards,
+                s.compile)
         mem = self._mem_cache.get(mkey)
         if mem is None:
             kw = dict(tp=unit.tp, first=first, last=last, micro_batch=s.micro_batch, in_flight=in_flight,
-                      dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=self.params)
+                      dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=self.params,
+                      compile=s.compile)
             comm = stage_communicators(unit.tp, first, last) * self.params.comm_gib * GIB
             mem0 = stage_memory(self.model, layers=0, **kw).required + comm  # type: ignore[arg-type]
             mem1 = stage_memory(self.model, layers=1, **kw).required + comm  # type: ignore[arg-type]

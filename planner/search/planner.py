@@ -132,11 +132,11 @@ class Search:
         mbs = min(self.config.micro_batch_sizes)
         order = [r for r in ("none", "selective", "full") if r in self.config.recompute]
         sched = "1f1b" if "1f1b" in self.config.schedules else self.config.schedules[0]
-        return [Setting(mbs, r, zero, sched, self.config.dtype) for r in order]
+        return [Setting(mbs, r, zero, sched, self.config.dtype, self.config.compile) for r in order]
 
     def all_settings(self) -> list[Setting]:
         c = self.config
-        return [Setting(mb, r, z, sc, c.dtype) for sc in c.schedules for z in c.zero for r in c.recompute
+        return [Setting(mb, r, z, sc, c.dtype, c.compile) for sc in c.schedules for z in c.zero for r in c.recompute
                 for mb in sorted(c.micro_batch_sizes)]
 
     def score_structure(self, pipelines: Sequence[Sequence[Unit]]) -> Candidate:

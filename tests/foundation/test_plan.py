@@ -63,6 +63,8 @@ def _set(path: list, value):  # noqa: ANN202
     (_set(["pipelines", 0, "schedule"], "zb"), "pipelines[0].schedule", "not one of"),
     (_set(["format"], "hexiscale.plan/0"), "format", "unsupported"),
     (_set(["options", "recompute"], "some"), "options.recompute", "not one of"),
+    (_set(["options", "compile"], "yes"), "options.compile", "expected true or false"),
+    (_set(["options", "compile"], 1), "options.compile", "expected true or false"),
     (_set(["pipelines", 0, "bogus"], 1), "pipelines[0].bogus", "unknown key"),
     (_set(["model", "num_heads"], 3), "model.hidden_size", "not divisible"),
 ])
@@ -108,3 +110,30 @@ def test_binary_files_are_clear_errors(tmp_path: Path) -> None:
         load_plan(p)
     with pytest.raises(SpecError, match="not UTF-8"):
         load_cluster(p)
+
+
+def test_compile_option_round_trips_and_defaults_to_false() -> None:
+    data = two_pipelines()
+    assert "compile" not in data.get("options", {})  # an old plan file
+    old = plan_from_dict(data)
+    assert old.options.compile is False
+    assert "compile" not in plan_to_dict(old)["options"]  # written only when set: old readers see the same file
+    assert plan_from_dict(plan_to_dict(old)) == old
+    data.setdefault("options", {})["compile"] = True
+    new = plan_from_dict(data)
+    assert new.options.compile is True and new != old
+    assert plan_to_dict(new)["options"]["compile"] is True
+    assert plan_from_dict(json.loads(json.dumps(plan_to_dict(new)))) == new
+    data["options"]["compile"] = False
+    assert plan_from_dict(data) == old
+
+
+def test_compile_option_error_is_one_line() -> None:
+    data = two_pipelines()
+    data.setdefault("options", {})["compile"] = "true"
+    with pytest.raises(SpecError) as info:
+        plan_from_dict(data)
+    assert info.value.path == "options.compile" and "\n" not in str(info.value)
+    with pytest.raises(SpecError, match="options.compile"):
+        replace(plan_from_dict(two_pipelines()), options=replace(plan_from_dict(two_pipelines()).options,
+                                                                 compile=1))  # type: ignore[arg-type]

@@ -41,6 +41,7 @@ OUT_OF_RANGE: dict[tuple[Any, ...], list[Any]] = {
     ("model", "seq_len"): [0, -1, 1 << 25, 10**400],
     ("model", "rope_theta"): [0, -1.0, float("inf"), float("nan")],
     ("options", "zero"): [2, -1, 10**9],
+    ("options", "compile"): [1, 0, "true", None, [True]],
 }
 
 

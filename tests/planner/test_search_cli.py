@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,36 @@ def test_plan_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert "error:" in err and "add at least" in err and "Traceback" not in err
     assert main(["plan", str(cluster), "--model", "nope", "--global-batch", "8"]) == 1
     assert "--model" in capsys.readouterr().err
+
+
+def test_plan_compile_sets_the_option_and_estimate_honors_it(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = ROOT / "examples" / "clusters" / "demo-cpu-6.yaml"
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(cluster), "--model", "llama-1.3b", "--seq-len", "1024", "--global-batch", "8",
+                 "--time-limit", "3", "--compile", "-o", str(out)]) == 0
+    assert "compiled" in capsys.readouterr().out  # the plan table's title
+    plan = load_plan(out)
+    assert plan.options.compile is True
+    from dataclasses import replace
+
+    from planner.cost import GIB, estimate
+
+    eager = replace(plan, options=replace(plan.options, compile=False))
+    c = load_cluster(cluster)
+    acts = {p.options.compile: max(m.activations for m in estimate(p, c).memory.values()) for p in (plan, eager)}
+    assert acts[True] < acts[False]  # estimate/whatif read the option from the plan
+    assert main(["estimate", str(out), "--cluster", str(cluster), "--json"]) == 0
+    text = capsys.readouterr().out
+    got = json.loads(text[text.index("{"):])["memory_detail_gib"]
+    assert max(d["activations"] for d in got.values()) == pytest.approx(acts[True] / GIB, abs=1e-3)
+    assert main(["estimate", str(out), "--cluster", str(cluster)]) == 0
+    assert "compiled blocks (options.compile)" in capsys.readouterr().out
+
+
+def test_plan_compile_refuses_a_strategy_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = ROOT / "examples" / "clusters" / "demo-cpu-6.yaml"
+    assert main(["plan", str(cluster), "--model", "tiny", "--lengths", "synthetic:github", "--step-tokens", "256",
+                 "--compile"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --compile:") and "\n" not in err

@@ -43,3 +43,21 @@ def test_smoke_trace_4_to_3_to_4_switches_in_process_and_equals_the_reference(tm
     assert [elastic[k] for k in range(1, 7)] == pytest.approx(ref, rel=1e-5)
     restarted = {int(k): v for run in res["restart_losses"] for k, v in run.items()}
     assert [restarted[k] for k in range(1, 7)] == pytest.approx(ref, rel=1e-5)
+
+
+def test_plain_steady_runs_each_phase_fresh_for_the_steady_state(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    """``--plain-steady``: each phase's plain launch trains from a fresh start without checkpoints;
+    its records carry the phase's trace steps, the steady ratio is read, no restart downtime is."""
+    assert main(["--smoke", "--plain-steady", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
+    assert "plain launches (steady state): exits [0, 0, 0]" in capsys.readouterr().out
+    [path] = tmp_path.glob("elastic_cpu_smoke_*.json")
+    res = json.loads(path.read_text())
+    assert res["plain_steady"] is True
+    assert [sorted(int(k) for k in run) for run in res["restart_losses"]] == [[1, 2], [3, 4], [5, 6]]
+    assert [s["ratio"] is not None for s in res["steady"]] == [True] * 3
+    assert [e["restart_downtime_s"] for e in res["events"]] == [None, None]
+    assert all(e["elastic_downtime_s"] is not None for e in res["events"])
+    first = res["restart_losses"][0]
+    assert [first["1"], first["2"]] == pytest.approx(reference_losses(6, 6)[:2], rel=1e-5)  # the same start
+    assert not list(tmp_path.rglob("step-0*"))  # no checkpoint written
