@@ -62,17 +62,22 @@ from executor import fast_path
 from executor.model import StageModule
 from executor.profiler.compute import autocast, prepare
 from planner.cost.memory import layer_activation_bytes, weight_cast_bytes
-from planner.cost.params import DEFAULT_PARAMS
+from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.model import PRESETS, ModelSpec
 
 MIB = float(1 << 20)
 GIB = float(1 << 30)
 
 
-def predicted(model: ModelSpec, micro_batch: int, dtype: str) -> dict[str, float]:
-    """The planner's bytes per layer per micro-batch (TP 1, no recompute, default CostParams)."""
-    act = layer_activation_bytes(model, micro_batch, 1, dtype, "none", model.seq_len, DEFAULT_PARAMS)
-    cast = weight_cast_bytes(model, layers=1, tp=1, last=False, dtype=dtype, recompute="none", params=DEFAULT_PARAMS)
+def planner_params(device: torch.device) -> CostParams:
+    """Default CostParams, with the RMSNorm the executor runs on ``device`` (fused on CUDA only)."""
+    return replace(DEFAULT_PARAMS, fused_rms_norm=device.type == "cuda")
+
+
+def predicted(model: ModelSpec, micro_batch: int, dtype: str, params: CostParams = DEFAULT_PARAMS) -> dict[str, float]:
+    """The planner's bytes per layer per micro-batch (TP 1, no recompute)."""
+    act = layer_activation_bytes(model, micro_batch, 1, dtype, "none", model.seq_len, params)
+    cast = weight_cast_bytes(model, layers=1, tp=1, last=False, dtype=dtype, recompute="none", params=params)
     return {"activation": act, "weight_cast": cast, "total": act + cast}
 
 
@@ -253,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = dict(run_versions(gpu), device=torch.cuda.get_device_name(device) if gpu else "cpu",
                 cuda=torch.version.cuda, attention=fast_path.attention_kernel_name(device, model.head_dim),
                 model=model.to_dict(), seq_len=model.seq_len, layers=args.layers, micro_batches=mbs,
-                dtype=args.dtype, modes=modes, planner_numerics={k: getattr(DEFAULT_PARAMS, k) for k in (
-                    "fp32_residual", "autocast_weight_copies", "expand_kv_heads")},
+                dtype=args.dtype, modes=modes, planner_numerics={k: getattr(planner_params(device), k) for k in (
+                    "fp32_residual", "autocast_weight_copies", "expand_kv_heads", "fused_rms_norm")},
                 argv=sys.argv[1:] if argv is None else argv)
     rows: list[dict[str, Any]] = []
     result: dict[str, Any] = dict(meta, rows=rows, fits=[], breakdowns={})
@@ -268,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         if compiled:
             fast_path.compile_blocks(stage, head=False, force=True)
         for b in mbs:
-            pred = predicted(model, b, args.dtype)
+            pred = predicted(model, b, args.dtype, planner_params(device))
             found = [measure_allocated(stage, model, b, args.dtype, args.layers)] if gpu else []
             if compiled and not gpu:  # the warm-up measure_allocated does on CUDA: compilation
                 _pass(stage, *_inputs(model, b, device), args.dtype)

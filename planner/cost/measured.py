@@ -46,7 +46,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.catalog import DeviceType
@@ -254,7 +254,11 @@ class MeasuredProfile(DeviceProfile):
     source = "measured"
 
     def __init__(self, device: DeviceType, params: CostParams = DEFAULT_PARAMS):
-        super().__init__(device, params)
+        # the tables describe the executor that measured them: profiles from before the fused
+        # RMSNorm (no meta.fused_rms_norm) saved the norms' fp32 outputs, and the formula that
+        # scales their activation rows to other shapes must count them too
+        meta = (device.measured or {}).get("meta") or {}
+        super().__init__(device, replace(params, fused_rms_norm=meta.get("fused_rms_norm") is True))
         self.tables = parse_measured(device.measured or {}, f"devices.{device.key}.measured")
 
     def covers(self, kind: str, model: ModelSpec, dtype: str) -> bool:

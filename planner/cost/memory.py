@@ -47,7 +47,10 @@ gloo ranks at the end of a step's backward and after its update and checks these
 Activations saved for backward, per layer per micro-batch of ``T = b·s`` tokens (``e`` compute
 bytes, ``r`` residual bytes, ``a`` heads; flash/SDPA keeps no s² scores; no dropout)::
 
-    none       T·[2·(r·h + 4·h + 4)                 two RMSNorms: input, fp32 normalised, rstd
+    none       T·[2·(r·h + n·h + 4)                 two RMSNorms: input, [n = 4 unfused] the fp32
+                                                    normalised tensor, rstd (n = 0 with
+                                                    ``CostParams.fused_rms_norm``: CUDA's fused
+                                                    kernel saves input and rstd only, 4x H200)
                   + 5·e·h  (r != e) or 2·e·h        autocast casts of the norm outputs (q,k,v,gate,up)
                   + e·(h + 2·kv')/t + e·h/t + 4·a/t q, k, v into SDPA (kv' = h if K/V are expanded
                                                     for GQA, else kv), attention output, log-sum-exp
@@ -240,6 +243,11 @@ def _num(dtype: str, params: CostParams) -> Numerics:
     return Numerics.of(dtype, params.fp32_residual, params.autocast_weight_copies, params.expand_kv_heads)
 
 
+def _norm_saved(params: CostParams) -> int:
+    """Bytes per element an RMSNorm saves beside its input and rstd: 0 fused (CUDA), 4 unfused."""
+    return 0 if params.fused_rms_norm else 4
+
+
 def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                            seq_len: int | None = None, params: CostParams = DEFAULT_PARAMS, *,
                            compile: bool = False) -> float:
@@ -254,7 +262,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: s
     tokens = micro_batch * (seq_len or model.seq_len)
     if recompute == "full":
         return tokens * h * r
-    per_token = 2 * (r * h + 4 * h + 4) + (5 if r != e else 2) * e * h + 4 * e * f / tp
+    per_token = 2 * (r * h + _norm_saved(params) * h + 4) + (5 if r != e else 2) * e * h + 4 * e * f / tp
     if recompute == "none":
         kv_saved = h if (num.expand_kv and kv != h) else kv
         per_token += e * (h + 2 * kv_saved) / tp + e * h / tp + 4 * a / tp
@@ -299,7 +307,7 @@ def head_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: st
     num = _num(dtype, params)
     e, r, h = num.e, num.r, model.hidden_size
     tokens = micro_batch * (seq_len or model.seq_len)
-    return tokens * (r * h + 4 * h + 4 + e * h + 4 * model.vocab_size / tp + 9)
+    return tokens * (r * h + _norm_saved(params) * h + 4 + e * h + 4 * model.vocab_size / tp + 9)
 
 
 def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: bool, micro_batch: int,

@@ -76,6 +76,12 @@ class CostParams:
     autocast_weight_copies: bool = True
     # Grouped-query attention expands K/V to the query heads before SDPA (no GQA kernel).
     expand_kv_heads: bool = True
+    # F.rms_norm is one fused kernel on CUDA that saves its input and the per-token rstd; the CPU
+    # composite also saves the fp32 normalised tensor (4 B an element). Measured on 1x H200, torch
+    # 2.11 (benchmarks/executor/activation_memory.py, 2026-11-26): eager llama2-7b/llama3-8b layers
+    # keep 8·h bytes a token less than the unfused count, the two norms' fp32 outputs. False
+    # describes the CPU executor (the saved-tensor counts of the CPU tests).
+    fused_rms_norm: bool = True
 
     # ------------------------------------------------------------------ memory (memory.py)
     # CUDA context, cuBLAS/cuDNN handles and kernels resident on every device, GiB.

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from benchmarks.executor.activation_memory import main, predicted
+from benchmarks.executor.activation_memory import main, planner_params, predicted
 from benchmarks.executor.saved_tensors import breakdown, bytes_by_kind, forward_by_layer, record_saved
 from executor.model import StageModule
 from executor.profiler.compute import prepare
@@ -49,7 +49,7 @@ def test_bf16_autocast_weight_copies_are_counted_apart() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         torch.testing.assert_close(y, stage(x), rtol=0, atol=0)  # the stage's own forward, the same kernels
     saved = rec.saved
-    pred = predicted(model, 1, "bf16")
+    pred = predicted(model, 1, "bf16", planner_params(torch.device("cpu")))
     for layer in ("0", "1"):
         kinds = bytes_by_kind(saved, layer)
         assert kinds["weight-cast"] == pred["weight_cast"]

@@ -25,24 +25,24 @@ def test_middle_stage_by_hand() -> None:
     mem = stage_memory(MODEL, dtype="bf16", recompute="none", **kw)  # type: ignore[arg-type]
     assert mem.weights == 4 * p and mem.gradients == 4 * p and mem.optimizer == 8 * p  # fp32 master params
     # per token per layer (e=2, r=4, t=2, K/V expanded to 1024):
-    #   norms 2*(4*1024 + 4*1024 + 4) = 16,392; casts 5*2*1024 = 10,240; MLP 4*2*2816/2 = 11,264;
-    #   q,k,v 2*3*1024/2 = 3,072; attention output 2*1024/2 = 1,024; log-sum-exp 4*16/2 = 32 -> 42,024
+    #   norms (fused: input and rstd) 2*(4*1024 + 4) = 8,200; casts 5*2*1024 = 10,240; MLP 4*2*2816/2 = 11,264;
+    #   q,k,v 2*3*1024/2 = 3,072; attention output 2*1024/2 = 1,024; log-sum-exp 4*16/2 = 32 -> 33,832
     # plus per layer and micro-batch the bf16 RoPE tables for q and k: 4*512*64*2 = 262,144
     casts = 3 * 4 * (11_798_528 - 2048) / 2 * 2  # bf16 weight copies, 3 micro-batches in flight
     out = 3 * 1024 * 1024 * 4  # the stage output kept for the backward, fp32
     rope = 262_144
-    assert mem.activations == 3 * 4 * (1024 * 42_024 + rope) + casts + out
+    assert mem.activations == 3 * 4 * (1024 * 33_832 + rope) + casts + out
     assert mem.overhead == 0.0
     sel = stage_memory(MODEL, dtype="bf16", recompute="selective", **kw)  # type: ignore[arg-type]
     # q,k,v unexpanded 2*(1024 + 2*512)/2 = 2,048 instead of 3,072; no log-sum-exp
-    assert sel.activations == 3 * 4 * (1024 * (42_024 - 3072 + 2048 - 32) + rope) + casts + out
+    assert sel.activations == 3 * 4 * (1024 * (33_832 - 3072 + 2048 - 32) + rope) + casts + out
     full = stage_memory(MODEL, dtype="bf16", recompute="full", **kw)  # type: ignore[arg-type]
-    assert full.activations == 3 * 4 * 1024 * 4096 + 1024 * 42_024 + rope + out  # no weight copies held
+    assert full.activations == 3 * 4 * 1024 * 4096 + 1024 * 33_832 + rope + out  # no weight copies held
     zero = stage_memory(MODEL, dtype="bf16", recompute="none", zero_shards=4, **kw)  # type: ignore[arg-type]
     assert zero.optimizer == 2 * p
     fp32 = stage_memory(MODEL, dtype="fp32", recompute="none", **kw)  # type: ignore[arg-type]
     # e=4: no casts (2*4*1024 norm outputs instead of 5 casts), doubled q/k/v/MLP, no weight copies
-    per = 16_392 + 2 * 4 * 1024 + 4 * 4 * 2816 / 2 + 4 * 3 * 1024 / 2 + 4 * 1024 / 2 + 32
+    per = 8_200 + 2 * 4 * 1024 + 4 * 4 * 2816 / 2 + 4 * 3 * 1024 / 2 + 4 * 1024 / 2 + 32
     assert fp32.weights == 4 * p and fp32.optimizer == 8 * p
     assert fp32.activations == 3 * 4 * 1024 * per + out
     over = stage_memory(MODEL, dtype="bf16", recompute="none", **{**kw, "params": CostParams(  # type: ignore[arg-type]
@@ -71,9 +71,10 @@ def test_first_and_last_stage_extras() -> None:
     t = MODEL.seq_len
     assert first.activations - mid.activations == t * 8
     assert first.weights - mid.weights == 4 * 8192 * 1024
-    # last: final norm (4h + 4h + 4), LM-head input cast 2h, fp32 softmax 4 per vocab entry, target
-    # index and mask (9), the bf16 copy of the LM head; and no stage output kept for a next stage (4h)
-    head = t * (4096 + 4096 + 4 + 2048 + 8192 * 4 + 9) + t * 8192 * (2 + 8)  # + the loss's transient peak
+    # last: final norm (fused: input 4h + rstd 4), LM-head input cast 2h, fp32 softmax 4 per vocab
+    # entry, target index and mask (9), the bf16 copy of the LM head; and no stage output kept for a
+    # next stage (4h)
+    head = t * (4096 + 4 + 2048 + 8192 * 4 + 9) + t * 8192 * (2 + 8)  # + the loss's transient peak
     assert last.activations - mid.activations == head + 8192 * 1024 * 2 - t * 4096
 
 
@@ -134,8 +135,8 @@ def test_formulas_match_the_measured_profiles() -> None:
                 mb, s, tp, rc = row["micro_batch"], row["seq_len"], row["tp"], row.get("recompute", "none")
                 m = dataclasses.replace(model, seq_len=max(model.seq_len, s))
                 got = prof.activation_bytes(kind, m, mb, tp, dtype, rc, s)
-                want = (layer_activation_bytes(m, mb, tp, dtype, rc, s) if kind == "layer"
-                        else head_activation_bytes(m, mb, tp, dtype, s))
+                want = (layer_activation_bytes(m, mb, tp, dtype, rc, s, prof.params) if kind == "layer"
+                        else head_activation_bytes(m, mb, tp, dtype, s, prof.params))
                 assert got == pytest.approx(want, rel=0, abs=4 << 20), (entry.key, kind, row)
                 checked += 1
     if not checked:
