@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from executor.group_release import release, subgroups
+from executor.store_meet import meet
 
 
 class World:
@@ -58,13 +59,7 @@ class World:
         """Wait on the store until every member of the current group (``count`` processes) has
         called this with the same ``name``; a member that never comes is an error after the timeout."""
         n = count if count is not None else len(self.members)
-        key = f"{self.prefix}/{self.tag}/settle/{name}"
-        self.store.add(key, 1)
-        deadline = time.monotonic() + self.timeout_s
-        while int(self.store.add(key, 0)) < n:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.me}: not every one of {n} members reached {key} in {self.timeout_s:.0f} s")
-            time.sleep(0.002)
+        meet(self.store, f"{self.prefix}/{self.tag}/settle/{name}", n, timeout_s=self.timeout_s, who=self.me)
 
     def enter(self, members: Sequence[str], tag: str) -> bool:
         """Make the default group ``members`` (in rank order; ``tag`` names the store prefix, unique

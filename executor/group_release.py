@@ -6,7 +6,8 @@ per communicator, which ``destroy_process_group`` pays group after group. Destro
 its own thread overlaps those costs: in the elastic benchmark on the same machine, closing the old
 plan's groups fell from 0.70-0.82 s to 0.38-0.45 s for the same events (benchmarks/README.md,
 "Elastic training", runs 1 and 2). The elastic switch closes groups this way
-(:meth:`executor.groups.ProcessGroups.close`, :meth:`executor.epoch_world.World.leave`).
+(:meth:`executor.epoch_world.World.leave`; the old plan's groups through
+:mod:`executor.group_retire`, after the new plan's first step).
 
 Every member must be past its last operation on these groups before they are released (the
 callers meet on a barrier or on the store first).
@@ -15,7 +16,7 @@ callers meet on a barrier or on the store first).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch.distributed as dist
@@ -25,25 +26,36 @@ from torch.distributed import distributed_c10d as c10d
 def release(groups: Iterable[Any]) -> None:
     """Destroy ``groups`` (not the default group; ``None`` and non-member entries are skipped), each
     in its own thread; returns once every one is destroyed, raising the first failure."""
+    in_parallel(dist.destroy_process_group, distinct(groups))
+
+
+def distinct(groups: Iterable[Any]) -> list[Any]:
+    """``groups`` once each, without ``None``, non-member entries and the default group."""
     todo: list[Any] = []
     for g in groups:
         if g is None or g is dist.GroupMember.NON_GROUP_MEMBER or g is dist.group.WORLD:
             continue
         if all(g is not t for t in todo):
             todo.append(g)
-    if len(todo) < 2:
-        for g in todo:
-            dist.destroy_process_group(g)
+    return todo
+
+
+def in_parallel(destroy: Callable[[Any], None], groups: list[Any]) -> None:
+    """``destroy(g)`` for every group, each in its own thread (one group: on this thread); returns
+    once every call returned, raising the first failure."""
+    if len(groups) < 2:
+        for g in groups:
+            destroy(g)
         return
     errors: list[BaseException] = []
 
     def one(g: Any) -> None:
         try:
-            dist.destroy_process_group(g)
+            destroy(g)
         except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=one, args=(g,), name="hexiscale-release", daemon=True) for g in todo]
+    threads = [threading.Thread(target=one, args=(g,), name="hexiscale-release", daemon=True) for g in groups]
     for t in threads:
         t.start()
     for t in threads:

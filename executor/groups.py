@@ -53,7 +53,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.group_release import release
+from executor.group_release import distinct, release
 from planner.layout import StageTopo, Topology
 
 
@@ -171,10 +171,16 @@ class ProcessGroups:
         dist.barrier()  # every member is past its last operation on these groups
         if dist.get_backend() == "nccl":
             torch.cuda.synchronize()
-        release(group for _, _, group in self.order)
+        release(self.hand_over())
+
+    def hand_over(self) -> list[Any]:
+        """Every group created here (not the default group), forgotten by this object: the caller
+        destroys them (:meth:`close`; the elastic switch retires them, :mod:`executor.group_retire`)."""
+        out = distinct(group for _, _, group in self.order)
         self.by_ranks.clear()
         self.p2p.clear()
         self.order.clear()
+        return out
 
 
 def group_sets(topology: Topology) -> list[tuple[str, tuple[int, ...]]]:
