@@ -4,9 +4,12 @@ processes.
 
 Order of events (one :func:`switch` call on every process of the old or the new plan):
 
-1. Old members take views of their engine's state (:func:`executor.state_pieces.held_tensors`);
-   new members allocate theirs (:class:`executor.state_pieces.NewState`). Old members close the old
-   plan's groups (:meth:`executor.groups.ProcessGroups.close`, collective over the old world).
+1. Old members drain their engine (no collective of the old plan left in flight) and take views
+   of its state (:func:`executor.state_pieces.held_tensors`); new members allocate theirs
+   (:class:`executor.state_pieces.NewState`). Old members *retire* the old plan's groups
+   (:mod:`executor.group_retire`): detached from torch.distributed, alive and unused, destroyed
+   after the new plan's first step (``retire_s``) — not here, where each NCCL communicator's fixed
+   destroy cost sat on the switch's critical path.
 2. **The switch world** — a default group holding every process that sends or receives
    (:mod:`executor.epoch_world`): if no device joins, the old world as it is; if none leaves, the
    new plan's world (joiners included); else a world of :attr:`ReshardPlan.devices` (the new
@@ -24,10 +27,12 @@ Order of events (one :func:`switch` call on every process of the old or the new 
    ``batch_isend_irecv`` holding, for each of its pairs of :meth:`ReshardPlan.pairs` in that global
    order, its message to the peer (one flat fp32 buffer: its pieces for the peer, packed in plan
    order) and a buffer for the peer's message; it waits for all of them, then unpacks.
-5. Leaving processes leave the world (their caller exits); the new plan's processes enter the new
-   plan's world (unless the switch world is already it). The caller then builds
+5. Leaving processes leave the world and release their retired groups, meeting the staying
+   processes at their retire point (their caller then exits); the new plan's processes enter the
+   new plan's world (unless the switch world is already it). The caller then builds
    :class:`~executor.groups.ProcessGroups` and ``Engine(..., init=False)`` and installs the state
-   (:meth:`NewState.install`), and continues at the next step with the same data position.
+   (:meth:`NewState.install`), continues at the next step with the same data position, and
+   releases :attr:`SwitchResult.retired` right after that step (:meth:`Retired.release`).
 
 Why no two processes wait on each other, in steps 3 and 4 alike: every posted send has its matching
 receive posted by the peer (both compute the same :class:`ReshardPlan`, hence the same pairs), and
@@ -54,6 +59,7 @@ import torch.distributed as dist
 
 from executor.engine import Engine
 from executor.epoch_world import World
+from executor.group_retire import Retired
 from executor.state_pieces import NewState, held_tensors, narrow
 from planner.reshard import Piece, ReshardPlan
 from planner.state_layout import RankState, rank_states
@@ -68,13 +74,16 @@ class SwitchStats:
     connect_s: float = 0.0  # every exchanging pair of this process connected (step 3)
     transfer_s: float = 0.0  # local copies + the exchange (packing and unpacking included)
     # where the rest goes (each phase ends with a device sync, so the time is its own)
-    close_s: float = 0.0  # the old plan's groups closed (in parallel: executor.group_release)
+    close_s: float = 0.0  # the old plan's groups retired (detached; destroyed later: retire_s)
     alloc_s: float = 0.0  # the new layout's state allocated
     local_s: float = 0.0  # pieces this process keeps, copied into the new layout
     pack_s: float = 0.0  # outgoing pieces packed into one buffer per peer
     exchange_s: float = 0.0  # posting every pair's batch to the last receive done
     unpack_s: float = 0.0  # received buffers copied into the new layout
     leave_s: float = 0.0  # default groups left: settling on the store, their groups destroyed
+    # the old plan's groups destroyed (executor.group_retire), not in the switch: on a leaving
+    # process at its end, on a staying one after the new plan's first step (set by the caller)
+    retire_s: float = 0.0
     peers: list[str] = field(default_factory=list)
 
     @property
@@ -93,6 +102,9 @@ SWITCH_PARTS = ("close_s", "alloc_s", "local_s", "pack_s", "exchange_s", "unpack
 class SwitchResult:
     state: NewState | None  # None on a process that leaves
     stats: SwitchStats
+    # the old plan's groups, alive until released after the new plan's first step (a process of
+    # both plans; None elsewhere: a joiner holds none, a leaving process released them)
+    retired: Retired | None = None
 
 
 def switch_members(rp: ReshardPlan) -> tuple[str, ...]:
@@ -116,12 +128,16 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     new_state = _state_of(rank_states(rp.new), me)
     if (engine is None) != (old_state is None):
         raise ValueError(f"{me}: an engine is given iff the device is in the old plan")
+    if engine is not None:
+        engine.drain()  # ZeRO-1's weight all-gathers: the weights complete, nothing left on the old groups
     held = held_tensors(engine, old_state) if engine is not None and old_state is not None else []
     clock = _Clock(world.device)
     new = NewState(new_state, world.device) if new_state is not None else None
     stats.alloc_s = clock.lap()
+    retired = None
     if engine is not None:
-        engine.groups.close()
+        retired = Retired.take(engine.groups.hand_over(), store=world.store, key=f"{world.prefix}/retire/{tag}",
+                               count=len(rp.old.devices), device=world.device, who=me, timeout_s=world.timeout_s)
     stats.close_s = clock.lap()
     world.enter(switch_members(rp), f"{tag}/switch")
     stats.world_setup_s += world.setup_s
@@ -181,7 +197,10 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     if world.enter(rp.new.devices, f"{tag}/plan"):
         stats.world_setup_s += world.setup_s
     stats.leave_s += world.leave_s
-    return SwitchResult(new, stats)
+    if new is None and retired is not None:  # a leaving process: with the staying ones, at their retire point
+        stats.retire_s = retired.release()
+        retired = None
+    return SwitchResult(new, stats, retired)
 
 
 class _Clock:

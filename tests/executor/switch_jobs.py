@@ -5,16 +5,21 @@ gives the pool its default group of every rank back at the end."""
 
 from __future__ import annotations
 
+import gc
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from executor import checkpoint
 from executor.engine import Engine
 from executor.epoch_world import World
+from executor.group_release import distinct, subgroups
+from executor.group_retire import Retired
 from executor.groups import ProcessGroups
 from executor.optim import OptimConfig
 from executor.state_pieces import held_tensors
@@ -71,6 +76,25 @@ def _build(plan: Plan, optim: OptimConfig, seed: int = 0, init: bool = True) -> 
     return Engine(plan, topo, ProcessGroups.create(topo), device=_device(), optim=optim, seed=seed, init=init)
 
 
+def _alive(refs: list[weakref.ref]) -> int:
+    """How many of the groups behind ``refs`` still exist (after a garbage collection)."""
+    gc.collect()
+    return sum(r() is not None for r in refs)
+
+
+def _retired(retired: Retired | None, refs: list[weakref.ref]) -> dict[str, Any]:
+    """What the holder says about the old plan's groups, and whether torch still lists any."""
+    listed = {id(g) for g in subgroups()}
+    return {"pending": retired is not None and retired.pending, "held": len(retired.groups) if retired else 0,
+            "alive": _alive(refs), "listed_by_torch": sum(r() is not None and id(r()) in listed for r in refs)}
+
+
+def _registry_is(engine: Engine) -> bool:
+    """torch.distributed lists exactly ``engine``'s groups besides the default group."""
+    mine = distinct(g for _, _, g in engine.groups.order)
+    return sorted(map(id, subgroups())) == sorted(map(id, mine))
+
+
 def _train(engine: Engine, batches: list[torch.Tensor]) -> list[float]:
     off = sum(p.batch_size for p in engine.plan.pipelines[:engine.stage.pipeline])
     rows = engine.pipeline.batch_size
@@ -94,21 +118,63 @@ def switch_oracle_job(old: Plan, new: Plan, batches: list[torch.Tensor], split: 
     if me in new.devices and me not in old.devices:  # a joiner warms up first, as in an elastic job
         out["warmed"] = warm_up(new, me, world.device, optim) is not None
     if me in old.devices or me in new.devices:
+        old_groups = ([weakref.ref(g) for g in distinct(gr for _, _, gr in engine.groups.order)]
+                      if engine is not None else [])
         res = switch(reshard_plan(old, new), me=me, world=world, engine=engine, tag="switch")
         engine = None
         out["stats"] = res.stats.to_dict()
+        out["old_groups"] = len(old_groups)
         if res.state is not None:
             engine = _build(new, optim, init=False)
             res.state.install(engine, split)
             out["after_state"] = holdings(engine)
-            out["new_losses"] = _train(engine, batches[split:])
+            # the first step runs with the old plan's groups retired but alive (executor.group_retire)
+            out["new_losses"] = _train(engine, batches[split:split + 1])
+            out["retired_after_first_step"] = _retired(res.retired, old_groups)
+            if res.retired is not None:
+                engine.drain()
+                res.stats.retire_s = res.retired.release()
+            out["stats"] = res.stats.to_dict()
+            out["old_groups_left"] = _alive(old_groups)
+            out["registry_is_the_new_plans"] = _registry_is(engine)
+            out["new_losses"] += _train(engine, batches[split + 1:])
             out["final_state"] = holdings(engine)
             engine.groups.close()
+        else:
+            out["old_groups_left"] = _alive(old_groups)
     if world.enter(new.devices, "restart"):
         engine = _build(new, optim, seed=99)  # another initialisation: the checkpoint must replace it
         checkpoint.load(engine, Path(ckpt))
         out["restart_losses"] = _train(engine, batches[split:])
         out["restart_state"] = holdings(engine)
         engine.groups.close()
+    restore_pool(world)
+    return out
+
+
+def retire_job() -> dict[str, Any]:
+    """A group retired on one world (executor.group_retire) is no longer torch's, outlives that
+    world's destruction and still works on its own, then is destroyed by :meth:`Retired.release`."""
+    world = shared_world("retire")
+    devices = UNIVERSE[:_POOL[0]]
+    world.enter(devices, "old")
+    group = dist.new_group(list(range(len(devices))))
+    ref = weakref.ref(group)
+    retired = Retired.take([group], store=world.store, key=f"{world.prefix}/retire/t", count=len(devices),
+                           device=world.device, who=world.me, timeout_s=60.0)
+    del group
+    w = c10d._world
+    tables = [w.pg_map, w.pg_names, w.pg_group_ranks, w.pg_backend_config, w.pg_to_tag, w.pg_coalesce_state,
+              *w.tags_to_pg.values(), getattr(w, "pg_default_device", {})]
+    out: dict[str, Any] = {"torch_knows": any(any(k is ref() for k in t) for t in tables) or ref() in subgroups()}
+    world.enter(devices[::-1], "new")  # the old default group destroyed, a new one made
+    one = torch.ones(1)
+    g = ref()
+    assert g is not None
+    g.allreduce([one]).wait()
+    out["sum_after_world_change"] = float(one)
+    del g
+    out["retire_s"] = retired.release()
+    out["alive_after_release"] = _alive([ref])
     restore_pool(world)
     return out

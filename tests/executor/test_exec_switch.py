@@ -18,7 +18,7 @@ import pytest
 import torch
 from exec_jobs import ORACLE_OPTIM, global_batches
 from hypothesis import HealthCheck, given, settings
-from switch_jobs import switch_oracle_job
+from switch_jobs import retire_job, switch_oracle_job
 from torch.testing import assert_close
 
 from executor.switch import SwitchStats
@@ -118,13 +118,32 @@ def test_switch_oracle(dist_pool, tmp_path, name: str) -> None:
         sw = SwitchStats(**s)
         assert sw.comm_s == s["world_setup_s"] + s["connect_s"] and (s["connect_s"] > 0 or not s["peers"]), d
         assert s["transfer_s"] == pytest.approx(s["local_s"] + s["pack_s"] + s["exchange_s"] + s["unpack_s"]), d
+    assert any(r["old_groups"] for r in res)  # each case has groups to retire
+    check_retired(res, old, new)
+
+
+def check_retired(res: list[dict], old: Plan, new: Plan) -> None:
+    """The old plan's groups outlive the switch and the new plan's first step (retired: alive, no
+    longer torch's), then are destroyed on every process that held them — staying or leaving — with
+    their time reported (``retire_s``); torch then lists exactly the new plan's groups."""
+    by_dev = {r["device"]: r for r in res}
+    for d in old.devices:
+        r = by_dev[d]
+        assert r["old_groups_left"] == 0, d  # destroyed and freed: no leak
+        assert r["stats"]["retire_s"] > 0, d  # every holder met the others and destroyed its groups
+        if d in new.devices:
+            n = r["old_groups"]
+            assert r["retired_after_first_step"] == {"pending": True, "held": n, "alive": n, "listed_by_torch": 0}, d
+    for d in new.devices:
+        assert by_dev[d]["registry_is_the_new_plans"], d
 
 
 @settings(max_examples=3, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,
                                                                               HealthCheck.function_scoped_fixture])
 @given(pair=plan_pairs(models=(TINY, TINY8)))
 def test_switch_oracle_random_pairs(dist_pool, tmp_path_factory, pair: tuple[Plan, Plan]) -> None:
-    check_switch(dist_pool, *pair, tmp_path_factory.mktemp("switch"))
+    res = check_switch(dist_pool, *pair, tmp_path_factory.mktemp("switch"))
+    check_retired(res, *pair)
 
 
 def test_cases_cover_the_matrix() -> None:
@@ -136,3 +155,12 @@ def test_cases_cover_the_matrix() -> None:
     assert any(set(b.devices) < set(a.devices) for a, b in pairs)  # pure leave
     assert any(set(a.devices) < set(b.devices) for a, b in pairs)  # pure join
     assert any(not set(a.devices) & set(b.devices) for a, b in pairs)
+
+
+def test_retired_group_outlives_its_world_then_is_destroyed(dist_pool) -> None:  # type: ignore[no-untyped-def]
+    res = dist_pool.run(retire_job)
+    n = len(res)
+    for r in res:
+        assert r == {"torch_knows": False, "sum_after_world_change": float(n), "retire_s": r["retire_s"],
+                     "alive_after_release": 0}
+        assert r["retire_s"] > 0

@@ -1,0 +1,115 @@
+"""The old plan's process groups after an elastic switch: retired inside the switch, destroyed after
+the new plan's first step.
+
+Why: destroying an NCCL communicator costs a fixed 300-370 ms whatever it carried
+(``benchmarks/executor/group_teardown.py``), and closing the old plan's groups was 65-530 ms of
+each switch on 4x H200 (benchmarks/README.md, "Elastic training", run 4) — before the new plan
+could run its first step.
+
+1. **Retire** (in :func:`executor.switch.switch`, after the old engine drained its last
+   collectives): the groups are *detached* — removed from torch.distributed's registry, the
+   book-keeping half of ``destroy_process_group(g)`` without its ``shutdown()`` — and kept alive,
+   unused. Nothing resolves them any more, and the old world's destruction
+   (``destroy_process_group()`` shuts down every group torch knows) leaves them alone.
+2. **Release** at the *retire point*, the step boundary after the new plan's first step
+   (:func:`executor.elastic_train`): the engine drains, the device is synchronised, every process
+   that held them (every device of the old plan) meets the others on the store, and each group is
+   shut down in its own thread (:mod:`executor.group_release`); the next step starts once all are.
+
+Why at a step boundary and not in a thread beside the first step: NCCL's destroy waits on its
+streams and frees device memory, and a CUDA call that waits for the device while an NCCL kernel
+of another communicator waits for a peer — whose host may be stuck in the same kind of call — is
+the deadlock NCCL's documentation warns about for concurrent communicators; gloo would pass it,
+GPUs could hang. At the retire point nothing is in flight on this process's device, the main
+thread issues nothing until every destroy returned, and every member destroys the same groups
+after meeting the others: the destroy ``ProcessGroups.close`` did, with the same guarantees, one
+step later. Its cost is still paid — off the switch's critical path, on the job's (the second
+step waits for it) — and reported as ``retire_s``.
+
+What is *not* retired: the old **default group**. torch holds one default group, and the new
+world can only be initialised once the old one is destroyed (:mod:`executor.epoch_world`), so a
+changed device set still pays the world's destruction inside the switch (``leave_s``).
+
+A leaving process (not in the new plan) releases its retired groups at the end of the switch: it
+meets the staying processes at their retire point (it waits for their first step), so every member
+destroys each group at the same point, then exits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed import distributed_c10d as c10d
+
+from executor.group_release import distinct, in_parallel
+from executor.store_meet import meet
+
+
+def detach(pg: Any) -> None:
+    """Remove ``pg`` (not the default group) from torch.distributed's registry without shutting it
+    down: what ``destroy_process_group(pg)`` does besides ``pg.shutdown()``. The caller keeps it
+    alive and shuts it down later (:func:`shut_down`)."""
+    w = c10d._world
+    if pg is w.default_pg or pg not in w.pg_map:
+        raise ValueError(f"not a registered process group other than the default: {pg!r}")
+    name = pg.group_name
+    for table in (w.pg_map, w.pg_names, w.pg_group_ranks, w.pg_backend_config, w.pg_coalesce_state, w.pg_to_tag,
+                  getattr(w, "pg_default_device", {})):
+        table.pop(pg, None)
+    for members in w.tags_to_pg.values():
+        while any(m is pg for m in members):
+            members.remove(pg)
+    c10d._unregister_process_group(name)
+
+
+def shut_down(pg: Any) -> None:
+    """Destroy a detached group's communicators (``destroy_process_group``'s own call)."""
+    if type(pg) is c10d.ProcessGroup and pg._has_hooks():
+        pg._wait_for_pending_works()
+    pg.shutdown()
+
+
+@dataclass
+class Retired:
+    """Groups of an old plan, detached and alive until :meth:`release` (module docstring)."""
+
+    groups: list[Any]
+    store: Any
+    key: str  # the store key every holder meets on (unique per switch of the job)
+    count: int  # how many processes hold groups of this plan: all of them meet before the destroy
+    device: torch.device
+    who: str
+    timeout_s: float
+    retire_s: float | None = None  # seconds the release took, once done
+
+    @classmethod
+    def take(cls, groups: Iterable[Any], *, store: Any, key: str, count: int, device: torch.device, who: str,
+             timeout_s: float) -> Retired:
+        """Detach ``groups`` (``None``, non-member entries and the default group are skipped)."""
+        todo = distinct(groups)
+        for g in todo:
+            detach(g)
+        return cls(todo, store, key, count, device, who, timeout_s)
+
+    @property
+    def pending(self) -> bool:
+        return self.retire_s is None
+
+    def release(self) -> float:
+        """Collective over the :attr:`count` holders: meet, then destroy every group in parallel
+        (once; later calls return the first one's seconds). Call it where nothing is in flight on
+        this process's communicators (the engine drained)."""
+        if self.retire_s is not None:
+            return self.retire_s
+        t0 = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        meet(self.store, self.key, self.count, timeout_s=self.timeout_s, who=self.who)
+        in_parallel(shut_down, self.groups)
+        self.groups.clear()
+        self.retire_s = time.perf_counter() - t0
+        return self.retire_s
