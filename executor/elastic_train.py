@@ -12,7 +12,9 @@ Then: complete any checkpoint in flight, stop the epoch's watchdog, read the new
 state (:func:`executor.switch.switch`), and either leave (a device that is not in the new plan
 exits 0 once its state is handed over) or build the new epoch — groups, ``Engine(init=False)``, the
 installed state, the same data position, a watchdog under the epoch's own store prefix — and go on
-with the next step.
+with the next step. Right after that step comes the *retire point*: the old plan's groups, kept
+alive through the switch, are destroyed there (:mod:`executor.group_retire`), and the new rank 0
+reports the switch with that destroy's time (``retire_s``) beside the switch's own.
 
 A joining rank (``HEXISCALE_ELASTIC_JOIN=e``, started by the supervisor with epoch ``e``'s plan)
 runs the local checks, pays its one-off first-use costs (:mod:`executor.warm_up`), reports
@@ -42,6 +44,7 @@ from executor.data import BatchStream, DataPosition, pipeline_rows
 from executor.elastic_channel import Channel
 from executor.engine import Engine
 from executor.epoch_world import World
+from executor.group_retire import Retired
 from executor.groups import ProcessGroups
 from executor.launch import flight
 from executor.launch.env import RankEnv, connect_store, rank_env
@@ -95,6 +98,16 @@ class _Move:
 
 
 @dataclass
+class _Report:
+    """A switch's report, sent once the old plan's groups are destroyed after the first step."""
+
+    rp: ReshardPlan
+    stats: dict[str, Any]  # this rank's times of the switch
+    step: int
+    retired: Retired | None  # this rank's old groups (None on a joiner)
+
+
+@dataclass
 class _Epoch:
     index: int
     plan: Plan
@@ -103,6 +116,7 @@ class _Epoch:
     stream: BatchStream
     logger: StepLogger
     saver: Saver
+    report: _Report | None = None  # the switch into this epoch, until its retire point
 
 
 def run_elastic(args: TrainConfig) -> int:
@@ -231,6 +245,8 @@ def _train(job: _Job, ep: _Epoch) -> bool:
         t0 = time.perf_counter()
         stats = engine.train_step(ep.stream.next())
         ep.logger.step(k, args.steps, stats, time.perf_counter() - t0)
+        if ep.report is not None:  # before the step's checkpoint: no save in flight while groups are destroyed
+            _retire(job, ep, k + 1)
         state = {"data": ep.stream.position.to_dict(), "plan_world_size": ep.plan.world_size}
         ep.saver.after_step(k + 1, k + 1 == args.steps, state, partial(maybe_inject, job.fault, rank, k, in_save=True))
         k += 1
@@ -308,22 +324,40 @@ def _switch_into(job: _Job, move: _Move, ahead: bool, engine: Engine | None, pos
     stats = dict(res.stats.to_dict(), plan_s=plan_s, groups_s=new_engine.groups.setup_s, build_s=groups_s,
                  switch_s=switch_s, comm_s=comm_s, switch_excl_comm_s=switch_s - comm_s, wait_s=wait_s,
                  install_s=install_s, planned_ahead=ahead)
-    every = [None] * new.world_size
-    dist.all_gather_object(every, stats, group=new_engine.groups.world)
-    if new_engine.rank == 0:
-        job.channel.report(e, _report(rp, every, position.step, job.cluster))
-    return _start(job, e, new, new_engine, position)
+    epoch = _start(job, e, new, new_engine, position)
+    epoch.report = _Report(rp, stats, position.step, res.retired)
+    return epoch
+
+
+def _retire(job: _Job, ep: _Epoch, step: int) -> None:
+    """The retire point, after the new plan's first step (every rank of it, in step): the old plan's
+    groups destroyed where nothing is in flight (:mod:`executor.group_retire`), then the switch's
+    report with that time, from the new rank 0. The next step waits for this."""
+    rep, ep.report = ep.report, None
+    assert rep is not None
+    retire_s = 0.0
+    if rep.retired is not None:
+        ep.engine.drain()
+        retire_s = rep.retired.release()
+    stats = dict(rep.stats, retire_s=retire_s)
+    every = [None] * ep.plan.world_size
+    dist.all_gather_object(every, stats, group=ep.engine.groups.world)
+    if ep.engine.rank == 0:
+        job.channel.report(ep.index, dict(_report(rep.rp, every, rep.step, job.cluster), retire_after_step=step))
 
 
 def _report(rp: Any, every: list[Any], step: int, cluster: ClusterSpec | None) -> dict[str, Any]:
     """The switch as the supervisor prints it: bytes, the slowest rank's times (``comm_s``: default
     communicators created (``world_setup_s``), the exchanging pairs connected on them
     (``connect_s``) and the plan's communicators created (``groups_s``); ``switch_excl_comm_s``: the
-    rest of the switch), the lower bound from the cluster file's link bandwidth."""
+    rest of the switch), the lower bound from the cluster file's link bandwidth. ``retire_s``: the
+    old plan's groups destroyed after the new plan's first step — not in ``switch_s``, but on the
+    job's critical path (the second step waits for it: ``retire_blocks_training``)."""
     keys = ("switch_s", "transfer_s", "world_setup_s", "connect_s", "groups_s", "build_s", "plan_s", "wait_s",
-            "comm_s", "switch_excl_comm_s", "install_s", *SWITCH_PARTS)
+            "comm_s", "switch_excl_comm_s", "install_s", *SWITCH_PARTS, "retire_s")
     worst: dict[str, Any] = {k: max(s[k] for s in every) for k in keys}
     worst["planned_ahead"] = all(s["planned_ahead"] for s in every)
+    worst["retire_blocks_training"] = True
     out = dict(worst, step=step, moved_bytes=rp.moved_bytes, local_bytes=rp.local_bytes,
                leave=list(rp.leaving), join=list(rp.joining), old_ranks=rp.old.world_size,
                new_ranks=rp.new.world_size, max_rank_bytes=max((max(rp.bytes_in(d), rp.bytes_out(d))

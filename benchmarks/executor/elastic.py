@@ -13,10 +13,14 @@ Per switch: bytes moved, the most bytes one rank sends or receives, the lower bo
 fastest measured pair bandwidth: one ``batch_isend_irecv`` each way between two GPUs), the switch
 time without communicator set-up (slowest rank) and the set-up apart (its parts: default groups
 created, the exchanging pairs connected — NCCL connects two ranks in their first point-to-point
-call —, the new plan's groups created), and the downtime the event cost: ``time(step k+1 ends) -
-time(step k ends) - the new phase's steady step time`` for the elastic job; for checkpoint-restart
-the same gap across the two launches plus the re-plan time (the elastic supervisor re-plans while
-the job trains; a restart must re-plan while stopped).
+call —, the new plan's groups created), the old plan's groups destroyed after the new plan's
+first step (``retire``: not in the switch, but the second step waits for it;
+:mod:`executor.group_retire`), and the downtime the event cost: ``time(step k+2 ends) - time(step k
+ends) - 2 x the new phase's steady step time`` for the elastic job (two steps, so that the retire
+point after step k+1 counts; ``gap(k, k+1) - steady + retire`` where the phase has one step); for
+checkpoint-restart ``time(step k+1) - time(step k) - steady`` across the two launches plus the
+re-plan time (the elastic supervisor re-plans while the job trains; a restart must re-plan while
+stopped).
 Steady state: each phase's median step time (its first two steps left out) in the elastic job vs
 the non-elastic launch of the same plan. The plans: phase 0 by the planner, the others re-planned
 warm-started (planner.replan); both paths run the same plans. The smoke mode uses fixed plans and
@@ -229,6 +233,11 @@ def analyse(phases: list[Phase], replan_s: list[float], el: dict[int, dict[str, 
         bound = sw["max_rank_bytes"] / (bandwidth_gbps * 1e9) if bandwidth_gbps else sw["lower_bound_s"]
         new_step = steady[i]["elastic_step_s"] or 0.0
         gap = el[k + 1]["time"] - el[k]["time"] if k in el and k + 1 in el else None
+        retire = sw.get("retire_s") or 0.0
+        if gap is not None and k + 2 in el and phases[i].steps >= 2:  # the retire point after step k+1 counts
+            gap = el[k + 2]["time"] - el[k]["time"] - (steady[i]["elastic_step_s"] or 0.0)
+        elif gap is not None:
+            gap += retire
         b_gap = rs[i][k + 1]["time"] - rs[i - 1][k]["time"] if restart_downtime and i < len(rs) and k + 1 in rs[i] \
             and k in rs[i - 1] else None
         down = gap - new_step if gap is not None else None
@@ -241,6 +250,7 @@ def analyse(phases: list[Phase], replan_s: list[float], el: dict[int, dict[str, 
                        "comm_setup_s": sw["comm_s"], "switch_s": sw["switch_s"], "wait_for_joiners_s": sw["wait_s"],
                        "move_plan_s": sw["plan_s"], "move_planned_ahead": sw.get("planned_ahead"),
                        "engine_build_s": sw["build_s"], "install_s": sw.get("install_s"),
+                       "retire_s": sw.get("retire_s"), "retire_after_step": sw.get("retire_after_step"),
                        "parts_s": {k: sw.get(k) for k in PARTS},
                        "comm_parts_s": {k: sw.get(k) for k in COMM_PARTS},
                        "exchange_gbps": sw["max_rank_bytes"] / sw["exchange_s"] / 1e9 if sw.get("exchange_s") else None,
@@ -270,14 +280,14 @@ def print_tables(res: dict[str, Any]) -> None:
     print("\nWhere the switch time goes (slowest rank per part, ms; each part ends with a device sync):\n")
     print("| event | " + " | ".join(k[:-2] for k in PARTS) + " | engine build | install | move plan | "
           "exchange GB/s (max rank bytes / exchange) | bound under MPS ms | "
-          + " | ".join(f"comm: {k[:-2]}" for k in COMM_PARTS) + " |")
-    print("|---|" + "---:|" * (len(PARTS) + 5 + len(COMM_PARTS)))
+          + " | ".join(f"comm: {k[:-2]}" for k in COMM_PARTS) + " | retire (after the 1st step, not in the switch) |")
+    print("|---|" + "---:|" * (len(PARTS) + 6 + len(COMM_PARTS)))
     for e in res["events"]:
         parts = " | ".join(_f(e["parts_s"].get(k), 1e3) for k in PARTS)
         comm = " | ".join(_f(e["comm_parts_s"].get(k), 1e3) for k in COMM_PARTS)
         print(f"| {e['event']} | {parts} | {_f(e['engine_build_s'], 1e3)} | {_f(e['install_s'], 1e3)} | "
               f"{_f(e['move_plan_s'], 1e3)} | {_f(e['exchange_gbps'])} | {_f(e['mps_lower_bound_s'], 1e3, '.2f')} "
-              f"| {comm} |")
+              f"| {comm} | {_f(e['retire_s'], 1e3)} |")
     print("\n| phase | devices | elastic s/step | plain s/step | ratio (target <= 1.05) |\n|---|---:|---:|---:|---:|")
     for s in res["steady"]:
         print(f"| {s['phase']} | {s['ranks_devices']} | {_f(s['elastic_step_s'], 1, '.3f')} | "

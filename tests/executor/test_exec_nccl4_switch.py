@@ -1,6 +1,7 @@
 """The switch oracle on 4 NCCL ranks, one GPU each (skipped without 4 CUDA devices; ``make test-gpu``
 runs it): the in-process switch of :mod:`executor.switch` — epoch worlds, batched
-send/receive — on the backend an elastic job uses on GPUs, for a leave, a join, a disjoint move
+send/receive, the old plan's communicators retired and destroyed after the first step — on the
+backend an elastic job uses on GPUs, for a leave, a join, a disjoint move
 and random plan pairs on 4 devices (pipeline counts, TP degrees and ZeRO settings change).
 
 Tolerances: the moved state is copied, so it must equal the old layout's to 1e-6 here too. The
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from test_exec_switch import CASES, _plan, check_switch
+from test_exec_switch import CASES, _plan, check_retired, check_switch
 
 from planner.plan import Plan
 from tests.support.dist_testing import DistPool
@@ -60,10 +61,12 @@ def test_nccl4_switch_oracle(nccl4: DistPool, tmp_path, name: str) -> None:  # t
     res = check_switch(nccl4, old, new, tmp_path, ref_rtol=REF_RTOL, restart_rtol=RESTART_RTOL)
     stats = [r["stats"] for r in res if "stats" in r]
     assert sum(s["bytes_sent"] for s in stats) == sum(s["bytes_received"] for s in stats) > 0
+    check_retired(res, old, new)  # the old communicators: alive through the first step, then destroyed
 
 
 @settings(max_examples=3, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,
                                                                               HealthCheck.function_scoped_fixture])
 @given(pair=plan_pairs(universe=FOUR, max_devices=4, models=(TINY, TINY8)))
 def test_nccl4_switch_oracle_random_pairs(nccl4: DistPool, tmp_path_factory, pair: tuple[Plan, Plan]) -> None:  # type: ignore[no-untyped-def]
-    check_switch(nccl4, *pair, tmp_path_factory.mktemp("switch"), ref_rtol=REF_RTOL, restart_rtol=RESTART_RTOL)
+    res = check_switch(nccl4, *pair, tmp_path_factory.mktemp("switch"), ref_rtol=REF_RTOL, restart_rtol=RESTART_RTOL)
+    check_retired(res, *pair)

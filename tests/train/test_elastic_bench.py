@@ -2,7 +2,7 @@
 trace end to end as one elastic job (r4090:2 hands its state over and exits after step 2; a new
 process joins after step 4, warms up and receives it; TP 2 -> 1, 1F1B -> GPipe, ZeRO 0 -> 1 -> 0),
 and the same events as checkpoint-restart. Both paths' losses equal the dense single-process
-reference."""
+reference; the job (two switches, each retiring the old plan's groups after the next step) exits 0."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ def test_smoke_trace_4_to_3_to_4_switches_in_process_and_equals_the_reference(tm
         assert set(e["comm_parts_s"]) == {"world_setup_s", "connect_s", "groups_s"}
         assert 0 < e["comm_parts_s"]["connect_s"] <= e["comm_setup_s"], e
         assert e["elastic_downtime_s"] is not None and e["restart_downtime_s"] > 0
+        # the old plan's groups were destroyed after the new plan's first step, and that time is reported
+        assert e["retire_after_step"] == e["after_step"] + 1 and e["retire_s"] > 0, e
     assert [s["plain_step_s"] is not None and s["elastic_step_s"] is not None for s in res["steady"]] == [True] * 3
     ref = reference_losses(6, 6)
     elastic = {int(k): v for k, v in res["elastic_losses"].items()}
