@@ -169,6 +169,11 @@ def test_a_live_stage_is_its_rows_without_a_second_all_reduce_term() -> None:
     assert full.forward_tp_s == 0.0 and full.backward_tp_s == pytest.approx(live_terms[1], rel=1e-9)
     # TP 4 has no live rows: the old composition, all-reduces modelled
     assert _stage(prof, tp=4) == _stage(old, tp=4)
+    # a TP group of two profiles (one with live rows): each device is composed by its own profile,
+    # the slower sets the pace
+    mixed = stage_time(MODEL, layers=12, first=False, last=False, micro_batch=1, tp=2,
+                       devices=[(old, 1.0), (prof, 1.0)], tp_link=LINK, dtype="bf16", params=DEFAULT_PARAMS)
+    assert mixed.slowest == 1 and (mixed.forward_s, mixed.backward_s) == (st.forward_s, st.backward_s)
 
 
 def test_a_plan_on_live_rows_is_priced_by_them() -> None:
