@@ -55,7 +55,9 @@ def device_memory(rank: dict[str, Any], context_gib: float | None = None) -> flo
     plans of the same process left behind: ``in_use - (in_use_before - context)``."""
     if "comm_gib" in rank and "max_reserved_gib" in rank:
         ctx = float(rank.get("context_gib", 0.0)) if context_gib is None else context_gib
-        return float(rank["max_reserved_gib"]) + float(rank["comm_gib"]) + ctx
+        # the peak counts whatever earlier plans of the process still held (0 since the leak fix)
+        earlier = float(rank.get("allocated_before_gib", 0.0))
+        return float(rank["max_reserved_gib"]) - earlier + float(rank["comm_gib"]) + ctx
     leftover = max(0.0, rank.get("in_use_before_gib", 0.0) - rank.get("context_gib", 0.0))
     return float(rank["in_use_gib"]) - leftover
 

@@ -159,6 +159,13 @@ def predict_rows(runs: list[dict[str, Any]], measured_key: str, cpu: bool, laten
     return rows
 
 
+def leaks(launch: dict[str, Any], limit_gib: float = 0.1) -> list[str]:
+    """One warning line per plan and GPU that left memory allocated after its engine was dropped:
+    every later plan of that process would read it as its own."""
+    return [f"warning: {p['name']} left {r['left_allocated_gib']:.2f} GiB allocated on {r['device']} after release"
+            for p in launch["plans"] for r in p["ranks"] if r.get("left_allocated_gib", 0.0) > limit_gib]
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     out = ["| plan | SM % | measured ms | predicted ms | error | memory error (worst device) | dominant term |",
            "|---|---|---:|---:|---:|---:|---|"]
@@ -203,7 +210,23 @@ def main() -> int:
 
     if not args.cpu:
         subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
-    runs = []
+    import torch
+
+    latency = (cal.get("fits", {}).get("link") or {}).get("latency_us") or 10.0
+    context = (cal.get("fits", {}).get("framework_gib") or {}).get("measured_context_gib")
+    meta = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "calibration_wall_s": cal["wall_s"], "calibration": cal["provenance"],
+            "fitted": cal.get("fitted"), "fits": cal.get("fits")}
+
+    def save(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Estimate what ran so far and write the JSON: a run cut short keeps its launches."""
+        rows = predict_rows(runs, measured_key, args.cpu, latency, context)
+        meta["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        (out / "host4_fidelity.json").write_text(json.dumps({"meta": meta, "runs": runs, "rows": rows}, indent=1,
+                                                            default=float) + "\n")
+        return rows
+
+    runs: list[dict[str, Any]] = []
     try:
         for name, sm, plans in launches(args.cpu):
             chosen = plans[:args.only] if args.only else plans
@@ -213,22 +236,13 @@ def main() -> int:
             res.update(name=name, sm=list(sm), seconds=time.perf_counter() - t0)
             runs.append(res)
             print(f"launch {name}: {len(chosen)} plans in {res['seconds']:.0f} s", flush=True)
+            for leak in leaks(res):
+                print(leak, flush=True)
+            save(runs)
     finally:
         if not args.cpu:
             subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False)
-    latency = (cal.get("fits", {}).get("link") or {}).get("latency_us") or 10.0
-    context = (cal.get("fits", {}).get("framework_gib") or {}).get("measured_context_gib")
-    rows = predict_rows(runs, measured_key, args.cpu, latency, context)
-    text = table(rows)
-    print(text)
-    import torch
-
-    meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-            "torch": torch.__version__, "calibration_wall_s": cal["wall_s"], "calibration": cal["provenance"],
-            "fitted": cal.get("fitted"), "fits": cal.get("fits")}
-    (out / "host4_fidelity.json").write_text(json.dumps({"meta": meta, "runs": runs, "rows": rows}, indent=1,
-                                                        default=float) + "\n")
+    print(table(save(runs)))
     return 0
 
 

@@ -8,6 +8,8 @@ device ``g<k>:0`` in the plan), build the :class:`executor.engine.Engine`, run `
 
 * step time: every step starts after a barrier; each rank times it (device synchronised), the step's
   time is the slowest rank's, and the plan's figure is the median over the timed steps;
+* what a plan leaves allocated after its engine and groups are dropped (``left_allocated_gib``; 0
+  when nothing leaks) and what earlier plans left before it (``allocated_before_gib``);
 * memory per GPU, per process: ``max_memory_allocated`` and ``max_memory_reserved`` (reset per plan:
   the caching allocator's own figures, exact for this process whatever else runs on the GPU) and
   ``comm_gib``, the device memory the plan's NCCL communicators take outside the allocator: the
@@ -73,6 +75,7 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
             rec["in_use_before_gib"] = _device_in_use(device)
+            rec["allocated_before_gib"] = torch.cuda.memory_allocated(device) / GIB
         topo = build_topology(plan)
         reserved0 = _reserved(device)
         groups = ProcessGroups.create(topo)
@@ -119,6 +122,9 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+            # what this plan left allocated once its engine and groups are gone: 0 unless something
+            # keeps a dropped Engine alive (a hook cycle did, and inflated every later plan's peak)
+            rec["left_allocated_gib"] = torch.cuda.memory_allocated(device) / GIB - rec.get("allocated_before_gib", 0.0)
     return rec
 
 

@@ -37,6 +37,8 @@ def test_memory_less_leftovers_and_summary() -> None:
             "comm_gib": 1.5}
     assert device_memory(rank) == 6.0 + 1.5 + 9.0
     assert device_memory(rank, context_gib=0.5) == 6.0 + 1.5 + 0.5
+    # what earlier plans of the process still held is not this plan's (the peak counts it)
+    assert device_memory({**rank, "allocated_before_gib": 2.0}, context_gib=0.5) == 6.0 - 2.0 + 1.5 + 0.5
     rows = [{"plan": "a", "calibration": True, "time_err": 0.02, "memory": [{"err": -0.01}]},
             {"plan": "b", "calibration": False, "time_err": -0.08, "memory": [{"err": 0.04}, {"err": 0.0}]},
             {"plan": "c", "calibration": False, "error": "boom"}]

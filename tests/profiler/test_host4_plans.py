@@ -26,3 +26,12 @@ def test_host4_plans_cover_the_issue_and_fit() -> None:
         est = estimate(plan, cluster)
         assert not est.oom, name
         assert math.isfinite(est.step_time_s) and est.step_time_s > 0
+
+
+def test_a_plan_that_leaves_memory_allocated_is_named() -> None:
+    from benchmarks.fidelity.host4 import leaks
+
+    launch = {"plans": [{"name": "dp4", "ranks": [{"device": "g0:0", "left_allocated_gib": 10.7},
+                                                  {"device": "g1:0", "left_allocated_gib": 0.0}]},
+                        {"name": "pp4", "ranks": [{"device": "g0:0", "left_allocated_gib": 0.05}]}]}
+    assert leaks(launch) == ["warning: dp4 left 10.70 GiB allocated on g0:0 after release"]
