@@ -81,13 +81,14 @@ def test_7b_dp4_zero1_mb2_fits_the_peers_h200_cap_only_compiled(peers_cluster) -
         for compile in (False, True):
             est = estimate(_dp4(mb, compile), peers_cluster, profiles)
             got[mb, compile] = (est.memory["n:0"].required / GIB, bool(est.oom))
-    # the eager formula (fused RMSNorm): 102.3 GiB at mb 1 (measured compiled: 93.1), 127.9 at mb 2
+    # the eager formula (fused RMSNorm): 105.3 GiB at mb 1 (measured compiled: 93.1), 131.7 at mb 2
     # (measured compiled: 111.0): over 119
-    assert got[1, False][0] == pytest.approx(102.3, abs=0.1) and not got[1, False][1]
-    assert got[2, False][0] == pytest.approx(127.9, abs=0.1) and got[2, False][1]
-    # compiled: 95.5 and 114.4 GiB, within 3.1 % above the measured peaks; mb 2 fits
-    assert got[1, True][0] == pytest.approx(95.5, abs=0.1) and not got[1, True][1]
-    assert got[2, True][0] == pytest.approx(114.4, abs=0.1) and not got[2, True][1]
+    assert got[1, False][0] == pytest.approx(105.3, abs=0.1) and not got[1, False][1]
+    assert got[2, False][0] == pytest.approx(131.7, abs=0.1) and got[2, False][1]
+    # compiled: 98.3 and 117.8 GiB, 5.6 / 6.1 % above the measured max_memory_allocated (the model
+    # counts the allocator's reserve: fragmentation); mb 2 fits
+    assert got[1, True][0] == pytest.approx(98.3, abs=0.1) and not got[1, True][1]
+    assert got[2, True][0] == pytest.approx(117.8, abs=0.1) and not got[2, True][1]
     assert 111.0 < got[2, True][0] < 119.0
 
 
