@@ -10,9 +10,9 @@ Configurations (each in fresh processes, one per GPU, NCCL; the same random toke
 
 * ``*-1``: one GPU, ``llama-1.3b`` (``--model-1``), seq 4096, 8 samples per step in micro-batches of 2.
 * ``*-4``: four GPUs, ``llama2-7b`` (``--model-4``), seq 4096, 16 samples per step.
-* ``ours``: our executor, compiled blocks; on 4 GPUs the planner's plan (``hexiscale plan``) for a
-  4-GPU cluster file of this machine's GPU type written by this program, memory capped at 85 % of
-  the card (the planner's peak-memory estimate under-predicts ZeRO/PP runs by up to 24 %, issue 19).
+* ``ours``: our executor, compiled blocks; on 4 GPUs the planner's plan (``hexiscale plan --compile``:
+  the memory model counts compiled blocks' activations) for a 4-GPU cluster file of this machine's
+  GPU type written by this program, memory capped at 85 % of the card.
 * ``titan``: torchtitan (see :mod:`peer_titan`); ``titan-4`` FSDP2 over 4, ``titan-4-tp2`` FSDP2 x TP2.
 * ``mcore``: Megatron-Core (see :mod:`peer_mcore`); ``mcore-4-tpX-ppY`` with DP the rest.
 * ``-mbZ``: micro-batches of Z samples instead of the default (``--micro-batch-1/4``); a peer's
@@ -110,6 +110,8 @@ def plan_for(job: Job, out: Path) -> Path:
     cluster.write_text(cluster_yaml(key, cap))
     cmd = [sys.executable, "-m", "hexiscale", "plan", str(cluster), "--model", job.model.name, "--global-batch",
            str(job.batch), "--seq-len", str(job.model.seq_len), "-o", str(path)]
+    if job.cuda:  # ours compiles its blocks on GPUs: the planner counts compiled activations (options.compile)
+        cmd.append("--compile")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     print(proc.stdout[-3000:], proc.stderr[-2000:], flush=True)
     if proc.returncode != 0:
