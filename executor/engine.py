@@ -141,9 +141,7 @@ class Engine:
     def params(self) -> dict[str, torch.nn.Parameter]:
         """This rank's parameters by name (local shards). Under ZeRO-1 the last step's weight
         all-gathers are waited for first, so whoever reads them sees the updated values."""
-        zero = getattr(self, "zero", None)
-        if zero is not None:
-            zero.wait_all()
+        self.drain()
         return self._params
 
     def drain(self) -> None:

@@ -227,6 +227,7 @@ def main() -> int:
         return rows
 
     runs: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     try:
         for name, sm, plans in launches(args.cpu):
             chosen = plans[:args.only] if args.only else plans
@@ -238,11 +239,11 @@ def main() -> int:
             print(f"launch {name}: {len(chosen)} plans in {res['seconds']:.0f} s", flush=True)
             for leak in leaks(res):
                 print(leak, flush=True)
-            save(runs)
+            rows = save(runs)
     finally:
         if not args.cpu:
             subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False)
-    print(table(save(runs)))
+    print(table(rows))
     return 0
 
 
