@@ -8,6 +8,12 @@ What is measured (one GPU; the link sweep over every local GPU):
   model's sequence length, every TP shard shape up to 4, selective and full recompute at two
   points; the optimizer step; the large-GEMM and device-copy ceilings (the tables the planner
   reads, chained layers as inside a stage);
+* the layer at TP 2 and 4 live, where the host has the GPUs (gloo processes at TP 2 on the CPU):
+  ``t`` ranks with their real all-reduces, the slowest rank's figure, at the same micro-batches
+  (rows flagged ``"collectives": true``, :mod:`executor.profiler.live_tp`). The cost model prices a
+  TP stage from them and adds none of the layer's all-reduces again (the shard-only rows plus the
+  link model under-predicted host-bound TP 2 passes by ~3x per layer on 4 x H200); the roofline fit
+  does not see them;
 * the layer of two more model widths (``WIDTHS``), micro-batches 1 and 2: the GEMM and attention
   shape terms of the roofline are only identifiable across widths, and the roofline is what
   answers for any model other than the profiled one;
@@ -70,10 +76,12 @@ def quick_config(model: ModelSpec, *, cpu: bool, comm_world: int) -> ProfileConf
     if cpu:
         return ProfileConfig(model=model, dtype="fp32", micro_batches=[1, 2], seq_lens=[model.seq_len], tps=[1, 2],
                              recompute_points=[(1, 1)], optimizer_layers=[1, 2], warmup=1, repeats=2,
-                             comm_world=comm_world, comm_sizes=[2**10, 2**14], cpu=True, gemm_dim=128, copy_mib=4)
+                             comm_world=comm_world, comm_sizes=[2**10, 2**14], cpu=True, gemm_dim=128, copy_mib=4,
+                             live_tps=[2])
     return ProfileConfig(model=model, micro_batches=[1, 2, 4], seq_lens=[model.seq_len], tps=[1, 2, 4],
                          recompute_points=[(1, 1), (2, 1)], optimizer_layers=[1, 4], warmup=2, repeats=5,
-                         comm_world=comm_world, comm_sizes=[4**k for k in range(8, 15)], layer_chain=4)
+                         comm_world=comm_world, comm_sizes=[4**k for k in range(8, 15)], layer_chain=4,
+                         live_tps=[2, 4])
 
 
 def _widths(cfg: ProfileConfig, device: torch.device, cpu: bool) -> list[dict[str, Any]]:
@@ -149,5 +157,6 @@ def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, p
                                                **({"collective_host_s": params.collective_host_s}
                                                   if "collective_host" in fits else {})},
                      fits=fits, provenance=provenance, applies_to=applies)
+    live = sorted({r["tp"] for r in pf.measured.get("layer", []) if r.get("collectives")})
     return {"key": key, "profile": str(out), "calibration": str(cal_path), "seconds": elapsed, "fits": fits,
-            "provenance": provenance}
+            "provenance": provenance, "live_tps": live}

@@ -4,6 +4,8 @@ A TP-``t`` shard is simulated on one device by building the module with ``tp=t``
 :class:`executor.tp_layers.ColumnParallelLinear` then holds ``out/t`` rows, ``RowParallelLinear`` ``in/t``
 columns, attention ``heads/t`` query heads and ``kv_heads/t`` KV heads — exactly one rank's shapes — and
 the TP collectives are skipped (they are measured separately, in :mod:`executor.profiler.comm`).
+:func:`measure_layer` with a real TP ``group`` runs the same shard on one rank of ``t`` with its
+all-reduces (:mod:`executor.profiler.live_tp` starts the ranks).
 
 Per point the profiler records:
 
@@ -26,9 +28,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from executor.model import Block, StageModule
@@ -69,9 +73,10 @@ def _mem(device: torch.device) -> int:
 
 
 def _measure_fwd_bwd(fwd_fn: Callable[[], torch.Tensor], params: list[torch.Tensor], device: torch.device,
-                     dtype: str, warmup: int, repeats: int) -> dict[str, Any]:
+                     dtype: str, warmup: int, repeats: int,
+                     before: Callable[[], object] | None = None) -> dict[str, Any]:
     """Time ``fwd_fn()`` (under the engine's autocast) then ``out.backward(grad)``; measure activation and
-    peak memory of one pass."""
+    peak memory of one pass. ``before`` runs ahead of every repetition, outside the timed region."""
     state: dict[str, Any] = {}
 
     def forward() -> torch.Tensor:
@@ -80,6 +85,8 @@ def _measure_fwd_bwd(fwd_fn: Callable[[], torch.Tensor], params: list[torch.Tens
 
 
     def step(mark: Callable[[int], None]) -> None:
+        if before is not None:
+            before()
         mark(0)
         out = forward()
         mark(1)
@@ -108,8 +115,14 @@ def _measure_fwd_bwd(fwd_fn: Callable[[], torch.Tensor], params: list[torch.Tens
 
 
 def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, recompute: str, dtype: str,
-                  device: torch.device, warmup: int, repeats: int, chain: int = 1) -> dict[str, Any]:
+                  device: torch.device, warmup: int, repeats: int, chain: int = 1, group: Any = None
+                  ) -> dict[str, Any]:
     """One transformer layer (``Block``) on a TP-``tp`` shard, one micro-batch.
+
+    ``group`` (a TP process group of ``tp`` ranks, every rank calling this with the same arguments):
+    the shard runs with its real all-reduces, and every repetition starts with a one-element
+    all-reduce on the group, so the ranks start each timed region together (this rank's figures;
+    :mod:`executor.profiler.live_tp` keeps the slowest rank's).
 
     With ``chain = k > 1`` the block runs ``k`` times back to back (forward through all, then backward
     through all) and every figure is divided by ``k``: as inside a stage, the host queues the next
@@ -120,9 +133,11 @@ def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, 
     the inputs of all but the first, and ONE set of autocast weight casts (cached within the region);
     :mod:`planner.cost.measured` undoes that with the row's ``chain``."""
     spec = replace(model, seq_len=max(model.seq_len, seq_len))
-    block = prepare(Block(spec, tp=tp, group=None, recompute=recompute, device=None), dtype, device)
+    block = prepare(Block(spec, tp=tp, group=group, recompute=recompute, device=None), dtype, device)
     cos, sin = _rope(spec, seq_len, device)
     x = torch.randn(micro_batch, seq_len, model.hidden_size, device=device, requires_grad=True)  # fp32 residual
+    # the ranks start each repetition together (on the device too: the all-reduce precedes mark 0)
+    before = None if group is None else partial(dist.all_reduce, torch.zeros(1, device=device), group=group)
 
     def forward() -> torch.Tensor:
         y = x
@@ -130,7 +145,7 @@ def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, 
             y = block(y, cos, sin)
         return y
 
-    res = _measure_fwd_bwd(forward, [*block.parameters(), x], device, dtype, warmup, repeats)
+    res = _measure_fwd_bwd(forward, [*block.parameters(), x], device, dtype, warmup, repeats, before)
     for key in ("forward_s", "backward_s", "activation_bytes"):
         if key in res:
             res[key] = res[key] / chain

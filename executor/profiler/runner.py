@@ -3,6 +3,12 @@
 GPU mode measures the model's layer over micro-batch sizes, sequence lengths and TP shard shapes; CPU mode
 runs the same path on tiny shapes with few repeats (for tests and CI). Points already in the output file
 are skipped, so a run can be interrupted and started again.
+
+``live_tps`` adds live TP layer rows (``"collectives": true``): the layer on ``t`` ranks with its real
+all-reduces, at the model's sequence length and every micro-batch of the grid
+(:mod:`executor.profiler.live_tp`), for each ``t`` this host has the devices for (``t`` GPUs; gloo
+processes on the CPU). They are measured together, in one set of rank processes, after the
+shard-only points.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import torch
 
 from executor.profiler import compute
 from executor.profiler.comm import measure_comm
-from executor.profiler.store import MEASURED_FORMAT, ProfileFile
+from executor.profiler.live_tp import live_points, measure_live_layers
+from executor.profiler.store import MEASURED_FORMAT, TABLE_KEYS, ProfileFile
 from planner.catalog import Catalog, DeviceType, default_catalog
 from planner.errors import SpecError
 from planner.model import ModelSpec
@@ -46,11 +53,18 @@ class ProfileConfig:
     gemm_dim: int = 8192
     copy_mib: int = 1024
     layer_chain: int = 1  # layers timed back to back per measurement (see compute.measure_layer)
+    live_tps: list[int] = field(default_factory=list)  # TP degrees timed live on t ranks (executor.profiler.live_tp)
 
-    def valid_tps(self) -> list[int]:
+    def valid_tps(self, tps: list[int] | None = None) -> list[int]:
         m = self.model
-        return [t for t in self.tps if m.num_heads % t == 0 and m.num_kv_heads % t == 0 and m.vocab_size % t == 0
-                and m.ffn_hidden_size % t == 0]
+        return [t for t in (self.tps if tps is None else tps) if m.num_heads % t == 0 and m.num_kv_heads % t == 0
+                and m.vocab_size % t == 0 and m.ffn_hidden_size % t == 0]
+
+    def available_live_tps(self) -> list[int]:
+        """``live_tps`` that shard the model and that this host can run: ``t`` local GPUs, or gloo
+        processes on the CPU."""
+        have = None if self.cpu else (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        return [t for t in self.valid_tps(self.live_tps) if t >= 2 and (have is None or have >= t)]
 
 
 def default_config(model: ModelSpec, *, cpu: bool, sm_percent: float | None = None,
@@ -167,6 +181,7 @@ def plan_points(cfg: ProfileConfig) -> list[tuple[str, dict[str, Any]]]:
     for tp in cfg.valid_tps():
         for n in cfg.optimizer_layers:
             pts.append(("optimizer", {"layers": n, "tp": tp}))
+    pts += [("layer", p) for p in live_points(cfg.model, cfg.available_live_tps(), cfg.micro_batches)]
     return pts
 
 
@@ -198,9 +213,11 @@ def run_profile(cfg: ProfileConfig, out: Path, *, key: str | None = None, base: 
     entry_key = key or out.stem
     pf = ProfileFile.open(out, fresh_entry(cfg, meta, entry_key, base_type), resume=resume)
     todo = [(t, p) for t, p in plan_points(cfg) if not pf.has(t, p)]
+    live = [p for _, p in todo if p.get("collectives")]
+    todo = [(t, p) for t, p in todo if not p.get("collectives")]
     need_ceilings = "ceilings" not in pf.measured
     need_comm = cfg.comm_world >= 2 and "comm" not in pf.measured
-    total = len(todo) + need_ceilings + need_comm
+    total = len(todo) + len(live) + need_ceilings + need_comm
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -222,6 +239,16 @@ def run_profile(cfg: ProfileConfig, out: Path, *, key: str | None = None, base: 
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             bar.advance(task)
+        if live:
+            bar.update(task, description="layer live TP " + ", ".join(str(t) for t in sorted({p["tp"] for p in live}))
+                       + " (ranks with their all-reduces)")
+            for row in measure_live_layers(cfg.model, live, cpu=cfg.cpu, dtype=cfg.dtype, warmup=cfg.warmup,
+                                           repeats=cfg.repeats, chain=cfg.layer_chain, sm_percent=cfg.sm_percent):
+                point = {k: row[k] for k in (*TABLE_KEYS["layer"], "collectives")}
+                pf.add("layer", point, {k: v for k, v in row.items() if k not in point})
+                if on_point is not None:
+                    on_point("layer", point, row)
+                bar.advance(task)
         if need_comm:
             bar.update(task, description=f"p2p / all-reduce over {cfg.comm_world} ranks")
             with tempfile.TemporaryDirectory() as tmp:

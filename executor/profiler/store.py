@@ -9,7 +9,9 @@ resumes where it stopped: points already in the file are skipped.
      "model": {ModelSpec fields},  "dtype": "bf16",
      "ceilings":  {"gemm_tflops", "copy_GBps", ...},
      "layer":     [{"micro_batch", "seq_len", "tp", "recompute", "forward_s", "backward_s",
-                    "activation_bytes", "peak_bytes", "chain"}, ...],   # per layer; peak_bytes of the chain
+                    "activation_bytes", "peak_bytes", "chain"}, ...,    # per layer; peak_bytes of the chain
+                   {"micro_batch", "seq_len", "tp", "recompute", "collectives": true, "forward_s",
+                    "backward_s", "chain", "ranks", "backend"}, ...],   # live TP rows (profiler.live_tp)
      "embedding": [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", ...}, ...],
      "head":      [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", ...}, ...],
      "optimizer": [{"layers", "tp", "seconds", "num_params", "num_tensors"}, ...],
@@ -68,8 +70,11 @@ class ProfileFile:
         return cls(path, fresh_entry)
 
     def has(self, table: str, point: dict[str, Any]) -> bool:
+        """Whether ``point`` has its row (a live row and a shard-only row of one point are two rows)."""
         keys = TABLE_KEYS[table]
-        return any(all(row.get(k) == point[k] for k in keys) for row in self.measured.get(table, []))
+        live = bool(point.get("collectives", False))
+        return any(all(row.get(k) == point[k] for k in keys) and bool(row.get("collectives", False)) == live
+                   for row in self.measured.get(table, []))
 
     def add(self, table: str, point: dict[str, Any], result: dict[str, Any]) -> None:
         self.measured.setdefault(table, []).append({**point, **result})

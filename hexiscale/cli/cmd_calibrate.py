@@ -51,5 +51,8 @@ def run(args: argparse.Namespace) -> int:
         link = summary["fits"]["link"]
         print(f"links: {link['measured_bandwidth_GBps']:.0f} GB/s measured, efficiency {link['link_efficiency']:.2f} "
               f"of {link['nominal_GBps']:.0f} GB/s nominal")
+    if summary["live_tps"]:
+        print(f"TP layers timed live (with their all-reduces) at tp {', '.join(map(str, summary['live_tps']))}: "
+              f"the cost model prices those TP degrees from them")
     print(f"wrote {summary['profile']} and {summary['calibration']}; plan, estimate and whatif use them from now on")
     return 0

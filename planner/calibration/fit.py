@@ -7,9 +7,10 @@ data shows up as a large remaining error rather than being hidden by a global fa
 
 * :func:`fit_compute` — ``gemm_efficiency``, ``gemm_half_dim``, ``attention_efficiency``,
   ``attention_half_seq``, ``memory_efficiency``, ``kernel_overhead_s`` and the host overheads
-  against a measured device's layer timings (its table and other widths; roofline of that
-  device's catalog peaks); the GEMM and memory efficiencies are capped by the measured ceilings
-  (large GEMM, large copy) when the profile has them.
+  against a measured device's layer timings (its shard-only table and other widths; roofline of
+  that device's catalog peaks; the live TP rows, which hold collectives, are not compute); the
+  GEMM and memory efficiencies are capped by the measured ceilings (large GEMM, large copy) when
+  the profile has them.
 * :func:`fit_link_efficiency` — ``link_efficiency`` = measured bandwidth / nominal link bandwidth
   (the p2p and all-reduce sweeps of the profiler; the fitted latency belongs to the cluster file).
 * :func:`fit_terms` — any terms against any observations, given a function that predicts them
@@ -110,7 +111,9 @@ def compute_observations(device: DeviceType) -> list[tuple[str, ModelSpec, dict[
     """``(table, model, row, 'forward_s'|'backward_s', seconds)`` for every measured compute time:
     the tables, plus the layer timings of other model widths (``measured.widths``, written by
     ``hexiscale calibrate``) that make the GEMM and attention shape terms identifiable — a fit to
-    one width cannot tell a small-GEMM penalty from a lower peak."""
+    one width cannot tell a small-GEMM penalty from a lower peak. Live TP rows (``collectives``) are
+    left out: they hold the TP all-reduces, which the roofline's compute terms do not model (the
+    shard-only rows of the same points are the compute)."""
     m = device.measured or {}
     sources = [(model_from_dict(m["model"]), {t: m.get(t) or [] for t in ("layer", "embedding", "head")})]
     for i, w in enumerate(m.get("widths") or []):
@@ -119,6 +122,8 @@ def compute_observations(device: DeviceType) -> list[tuple[str, ModelSpec, dict[
     for model, tables in sources:
         for table, rows in tables.items():
             for row in rows:
+                if row.get("collectives"):
+                    continue
                 for phase in ("forward_s", "backward_s"):
                     out.append((table, model, row, phase, float(row[phase])))
     return out

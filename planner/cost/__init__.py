@@ -27,10 +27,13 @@ where they touch profiles, plain arithmetic elsewhere). Stable signatures:
     per micro-batch: ``forward_s``/``backward_s`` = slowest device's compute + TP all-reduces
     and their local copies (split in ``forward_compute_s``, ``forward_tp_s``, ...); a launch-bound
     pass pays the host's cost of issuing the collectives (``collective_host_s``), a slowed device
-    slows the GPU share of a pass only (``DeviceProfile.pass_split``: GPU and host seconds).
+    slows the GPU share of a pass only (``DeviceProfile.pass_split``: GPU and host seconds). Where
+    ``DeviceProfile.layer_holds_collectives(...)`` (measured live TP rows) the layer time already
+    holds the layer's own all-reduces, and they are not added again.
 ``device_compute(model, profile, *, layers, first, last, micro_batch, tp, dtype, recompute) -> (fwd, bwd)``
 ``tp_comm_time(model, *, layers, first, last, micro_batch, tp, dtype, recompute, link, params) -> (fwd, bwd)``
-and ``tp_collectives(...) -> (fwd bytes list, bwd bytes list)``: the TP all-reduces themselves.
+and ``tp_collectives(...) -> (fwd bytes list, bwd bytes list)``: the TP all-reduces themselves
+(``in_layer_time=True``: without the layers' own, which live TP rows hold).
 ``boundary_time(nbytes, sender_devices, receiver_devices, cluster, params)`` and
 ``activation_bytes(model, micro_batch, dtype, params=...)``: p2p between two stages (TP-degree changes
 included; pass ``params`` so the residual dtype follows ``CostParams.fp32_residual``).

@@ -7,7 +7,7 @@ The layout (``hexiscale.measured/1``, written by the profiler; times in seconds)
       "format": "hexiscale.measured/1", "meta": {...}, "dtype": "bf16",
       "model": {ModelSpec fields},            # the model whose shapes were timed
       "layer":     [{"micro_batch", "seq_len", "tp", "recompute", "forward_s", "backward_s",
-                     "activation_bytes"?, "peak_bytes"?}, ...],
+                     "activation_bytes"?, "peak_bytes"?, "collectives"?}, ...],
       "embedding": [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", ...}, ...],
       "head":      [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", "activation_bytes"?}, ...],
       "optimizer": [{"layers", "tp", "seconds", "num_params", "num_tensors"}, ...],
@@ -33,6 +33,22 @@ Lookup of (model, micro_batch, tp, dtype, recompute, seq_len):
    per micro-batch (:func:`monotone_in_tokens`, an isotonic fit), and a recompute mode's forward
    and backward are never below the next lighter mode's (none <= selective <= full: the forward
    does the same work, the backward more).
+
+Live TP rows (``"collectives": true``, ``hexiscale calibrate`` on a host with ``tp`` devices,
+executor/profiler/live_tp.py): the layer timed on ``tp`` ranks with its real TP all-reduces, the
+slowest rank's figure. A launch-bound TP pass costs far more than shard compute plus modelled
+all-reduces (4 x H200, llama-1.3b, TP 2 at micro-batch 1: 2.35 ms forward per layer live, 0.8 ms
+shard-only + ~0.2 ms of all-reduce modelled), so where they exist they answer for their TP degree:
+
+6. Live rows form curves of their own (never mixed with the shard-only rows: monotone on their
+   own, never carried to another TP degree, never read for memory). A layer at a TP degree with a
+   live curve takes its time from that curve (rules 2-3 within the live curves: interpolated,
+   carried to another sequence length or micro-batch by the roofline's ratio), and
+   :meth:`MeasuredProfile.layer_holds_collectives` tells the stage model not to add the layer's
+   own all-reduces again (:mod:`planner.cost.stage`). Live rows are measured at recompute ``none``;
+   another mode adds to them what it adds on the shard-only tables (mode minus ``none``, >= 0), so
+   modes stay ordered. TP degrees without live rows, and profiles without any (every profile
+   from before, all packaged ones), read the shard-only rows exactly as before.
 
 Activation bytes (``activation_bytes`` column) are first brought to what the memory model counts
 per layer (:func:`_stage_bytes`: the input in, the weight casts out, the ``chain`` undone), then
@@ -79,6 +95,7 @@ class Curve:
     fwd: tuple[float, ...]
     bwd: tuple[float, ...]
     act: tuple[float, ...] | None
+    collectives: bool = False  # live TP rows: the layer's TP all-reduces are inside the times
 
 
 @dataclass(frozen=True)
@@ -142,7 +159,7 @@ def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
         rows = data.get(kind, [])
         if not isinstance(rows, list):
             raise SpecError(f"{path}.{kind}", "expected a list of rows", "re-run the profiler")
-        groups: dict[tuple[int, int, str], list[Mapping[str, Any]]] = {}
+        groups: dict[tuple[int, int, str, bool], list[Mapping[str, Any]]] = {}
         for i, r in enumerate(rows):
             p = f"{path}.{kind}[{i}]"
             if not isinstance(r, Mapping) or not (_num(r.get("forward_s")) and _num(r.get("backward_s"))):
@@ -157,23 +174,38 @@ def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
             if rc not in RECOMPUTE_MODES:
                 raise SpecError(f"{p}.recompute", f"{rc!r} is not one of {', '.join(RECOMPUTE_MODES)}",
                                 "re-run the profiler")
-            groups.setdefault((r["tp"], r["seq_len"], rc), []).append(r)
+            live = _live_flag(kind, r, p)
+            groups.setdefault((r["tp"], r["seq_len"], rc, live), []).append(r)
         out = []
-        for (tp, seq, rc), rs in sorted(groups.items()):
+        for (tp, seq, rc, live), rs in sorted(groups.items()):
             rs = sorted(rs, key=lambda r: r["micro_batch"])
             if len({r["micro_batch"] for r in rs}) != len(rs):
-                raise SpecError(f"{path}.{kind}", f"two rows for micro_batch of tp={tp} seq_len={seq} {rc}",
-                                "keep one row per point")
-            acts = tuple(_stage_bytes(kind, r, measured_model, str(dtype)) for r in rs) if all(
+                raise SpecError(f"{path}.{kind}", f"two rows for micro_batch of tp={tp} seq_len={seq} {rc}"
+                                + (" with collectives" if live else ""), "keep one row per point")
+            acts = tuple(_stage_bytes(kind, r, measured_model, str(dtype)) for r in rs) if not live and all(
                 _num(r.get("activation_bytes"), low_ok=True) for r in rs) else None
             out.append(Curve(tp, seq, rc, tuple(r["micro_batch"] for r in rs),
-                             tuple(float(r["forward_s"]) for r in rs), tuple(float(r["backward_s"]) for r in rs), acts))
+                             tuple(float(r["forward_s"]) for r in rs), tuple(float(r["backward_s"]) for r in rs), acts,
+                             live))
         curves[kind] = monotone_in_tokens(out)
     opt_rows = data.get("optimizer", [])
     if not isinstance(opt_rows, list):
         raise SpecError(f"{path}.optimizer", "expected a list of rows", "re-run the profiler")
     return MeasuredTables(str(dtype), {k: int(model[k]) for k in keys}, curves,
                           _fit_optimizer(opt_rows, f"{path}.optimizer"))
+
+
+def _live_flag(kind: str, row: Mapping[str, Any], path: str) -> bool:
+    """A row's ``collectives`` flag (absent: False), checked: live rows are layer rows at TP > 1 and
+    recompute ``none`` (what the profiler measures; rule 6 of the module docstring)."""
+    live = row.get("collectives", False)
+    if not isinstance(live, bool):
+        raise SpecError(f"{path}.collectives", f"expected true or false, got {shown(live)}", "re-run the profiler")
+    if live and (kind != "layer" or row["tp"] < 2 or row.get("recompute", "none") != "none"):
+        raise SpecError(f"{path}.collectives", f"live rows are layer rows at tp >= 2 and recompute none, got a "
+                        f"{kind} row at tp={row['tp']} recompute={row.get('recompute', 'none')}",
+                        "drop the flag or the row")
+    return live
 
 
 def isotonic(values: list[float]) -> list[float]:
@@ -192,11 +224,12 @@ def monotone_in_tokens(curves: list[Curve]) -> list[Curve]:
     """Measured times obey physics before anything reads them: within one (tp, recompute), more
     tokens per micro-batch never take less time (points ordered by tokens, then by sequence length,
     so at equal tokens the longer sequence is not cheaper). Timing noise (a larger micro-batch
-    measured faster) is replaced by the isotonic fit of its neighbours, so noise cannot decide a plan."""
-    out: dict[tuple[int, int, str], Curve] = {}
-    by_mode: dict[tuple[int, str], list[Curve]] = {}
+    measured faster) is replaced by the isotonic fit of its neighbours, so noise cannot decide a plan.
+    Live TP curves (``collectives``) are fitted apart from the shard-only ones of the same TP degree."""
+    out: dict[tuple[int, int, str, bool], Curve] = {}
+    by_mode: dict[tuple[int, str, bool], list[Curve]] = {}
     for c in curves:
-        by_mode.setdefault((c.tp, c.recompute), []).append(c)
+        by_mode.setdefault((c.tp, c.recompute, c.collectives), []).append(c)
     for group in by_mode.values():
         points = sorted((mb * c.seq_len, c.seq_len, ci, j) for ci, c in enumerate(group)
                         for j, mb in enumerate(c.mbs))
@@ -206,9 +239,9 @@ def monotone_in_tokens(curves: list[Curve]) -> list[Curve]:
         for (_, _, ci, j), f, b in zip(points, fwd, bwd):
             new[ci][0][j], new[ci][1][j] = f, b
         for ci, c in enumerate(group):
-            out[(c.tp, c.seq_len, c.recompute)] = Curve(c.tp, c.seq_len, c.recompute, c.mbs, tuple(new[ci][0]),
-                                                        tuple(new[ci][1]), c.act)
-    return [out[(c.tp, c.seq_len, c.recompute)] for c in curves]
+            out[(c.tp, c.seq_len, c.recompute, c.collectives)] = Curve(
+                c.tp, c.seq_len, c.recompute, c.mbs, tuple(new[ci][0]), tuple(new[ci][1]), c.act, c.collectives)
+    return [out[(c.tp, c.seq_len, c.recompute, c.collectives)] for c in curves]
 
 
 def _stage_bytes(kind: str, row: Mapping[str, Any], model: ModelSpec, dtype: str) -> float:
@@ -260,6 +293,7 @@ class MeasuredProfile(DeviceProfile):
         meta = (device.measured or {}).get("meta") or {}
         super().__init__(device, replace(params, fused_rms_norm=meta.get("fused_rms_norm") is True))
         self.tables = parse_measured(device.measured or {}, f"devices.{device.key}.measured")
+        self.live_tps = frozenset(c.tp for c in self.tables.curves["layer"] if c.collectives)
 
     def covers(self, kind: str, model: ModelSpec, dtype: str) -> bool:
         """Whether the tables apply to ``model`` in ``dtype`` for ``kind`` ('layer', 'embedding', 'head')."""
@@ -267,11 +301,17 @@ class MeasuredProfile(DeviceProfile):
         return dtype == t.dtype and all(getattr(model, k) == t.shape[k] for k in SHAPE_KEYS[kind]) and bool(
             t.curves[kind])
 
+    def layer_holds_collectives(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
+                                seq_len: int | None = None) -> bool:
+        """True where the tables hold live rows of ``tp`` for ``model`` (rule 6): then the layer time
+        includes the layer's own TP all-reduces."""
+        return tp in self.live_tps and self.covers("layer", model, dtype)
+
     def _lookup(self, kind: str, recompute: str, mb: int, tp: int, seq: int, spec: Spec,
-                value: Callable[[Curve], tuple[tuple[float, ...], tuple[float, ...]] | None]
+                value: Callable[[Curve], tuple[tuple[float, ...], tuple[float, ...]] | None], live: bool = False
                 ) -> tuple[float, float] | None:
-        cands = [(c, v) for c in self.tables.curves[kind] if c.recompute == recompute
-                 for v in [value(c)] if v is not None]
+        cands = [(c, v) for c in self.tables.curves[kind] if c.recompute == recompute and c.collectives == live
+                 and (not live or c.tp == tp) for v in [value(c)] if v is not None]
         if not cands:
             return None
         for c, (ys0, ys1) in cands:
@@ -294,22 +334,36 @@ class MeasuredProfile(DeviceProfile):
         return moved0[j] * want[0] / have[0], moved1[j] * want[1] / have[1]
 
     def _times(self, kind: str, model: ModelSpec, mb: int, tp: int, dtype: str, recompute: str, seq: int,
-               spec_fn: Callable[..., PassTime]) -> PassTime | None:
+               spec_fn: Callable[..., PassTime], live: bool = False) -> PassTime | None:
         def spec(b: int, t: int, s: int) -> tuple[float, float]:
             pt = spec_fn(model, b, t, dtype, s) if kind != "layer" else spec_fn(model, b, t, dtype, "none", s)
             return pt.forward_s, pt.backward_s
 
-        got = self._lookup(kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd))
+        got = self._lookup(kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd), live)
         return PassTime(*got) if got is not None else None
 
     def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                seq_len: int) -> PassTime:
+        shard = self._shard_layer(model, micro_batch, tp, dtype, recompute, seq_len)
+        if not self.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len):
+            return shard
+        live = self._times("layer", model, micro_batch, tp, dtype, "none", seq_len, self._spec_layer, live=True)
+        if live is None or recompute == "none":  # (never None: a live curve of this tp exists)
+            return live or shard
+        # the recompute mode's extra as the shard-only tables have it (rule 6)
+        base = self._shard_layer(model, micro_batch, tp, dtype, "none", seq_len)
+        return PassTime(live.forward_s + max(0.0, shard.forward_s - base.forward_s),
+                        live.backward_s + max(0.0, shard.backward_s - base.backward_s))
+
+    def _shard_layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
+                     seq_len: int) -> PassTime:
+        """The layer from the shard-only rows (compute of one TP rank, no collectives)."""
         if not self.covers("layer", model, dtype):
             return self._spec_layer(model, micro_batch, tp, dtype, recompute, seq_len)
         if recompute != "none":
             own = self._times("layer", model, micro_batch, tp, dtype, recompute, seq_len, self._spec_layer)
             if own is not None:  # more recompute is never faster: not below the next lighter mode
-                lighter = self._layer(model, micro_batch, tp, dtype, LIGHTER[recompute], seq_len)
+                lighter = self._shard_layer(model, micro_batch, tp, dtype, LIGHTER[recompute], seq_len)
                 return PassTime(max(own.forward_s, lighter.forward_s), max(own.backward_s, lighter.backward_s))
         got = self._times("layer", model, micro_batch, tp, dtype, "none", seq_len, self._spec_layer)
         if got is None:

@@ -25,7 +25,9 @@ step) takes on one device type. Two sources behind one interface (:class:`Device
 :class:`planner.cost.profile_set.ProfileSet` picks one of the two per device type.
 
 Times are for ONE device at nominal speed; a per-device ``slowdown`` (cluster overrides) is
-applied by the caller (``planner.cost.stage``), as is TP communication.
+applied by the caller (``planner.cost.stage``), as is TP communication — except where a measured
+profile timed the layer with its TP all-reduces (live TP rows): :meth:`DeviceProfile.layer_holds_collectives`
+says so, and the stage model then adds the layers' all-reduces no second time.
 """
 
 from __future__ import annotations
@@ -105,13 +107,19 @@ class DeviceProfile(ABC):
     def layer_time(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
                    recompute: str = "none", seq_len: int | None = None) -> PassTime:
         """One transformer layer, one micro-batch of ``micro_batch`` sequences, on a TP-``tp`` shard
-        (compute only; TP all-reduces are added by the stage model)."""
+        (compute only, TP all-reduces added by the stage model, unless :meth:`layer_holds_collectives`)."""
         key = ("layer", model, micro_batch, tp, dtype, recompute, seq_len)
         hit = self._cache.get(key)
         if hit is None:
             _check(dtype, recompute, micro_batch, tp)
             hit = self._cache[key] = self._layer(model, micro_batch, tp, dtype, recompute, seq_len or model.seq_len)
         return hit
+
+    def layer_holds_collectives(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
+                                seq_len: int | None = None) -> bool:
+        """Whether :meth:`layer_time` already includes the layer's own TP all-reduces (2 in the
+        forward, 2 in the backward: a layer measured live on ``tp`` ranks). The roofline never does."""
+        return False
 
     def embedding_time(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
                        seq_len: int | None = None) -> PassTime:

@@ -36,6 +36,16 @@ issued it (on 4 x H200, TP 4 at micro-batch 4 measured compute + all-reduces, an
 passes more, never less). ``slowdown`` (a slowed GPU, cluster overrides) scales the GPU share only:
 issuing kernels does not get slower with the GPU.
 
+Layers measured live (a measured profile's rows with ``collectives``: the layer timed on ``tp``
+ranks with its real all-reduces, :mod:`planner.cost.measured` rule 6) already hold their own
+collectives, GPU and host side: for a device whose profile says so
+(``DeviceProfile.layer_holds_collectives``) the 2 forward and 2 backward all-reduces per layer
+are left out of ``comm_gpu`` and ``comm_host`` (:func:`tp_collectives` with ``in_layer_time``); the
+embedding's, the head's and full recompute's repeated one stay (the live rows time none of them).
+The live figure is then the layer pass (GPU share ``T`` where ``T`` exceeds the kernels' host
+time), so a ``slowdown`` scales its all-reduce waits too. Profiles without live rows (all from
+before them) are composed exactly as above.
+
 P2P between stage ``i`` and ``i+1`` (any TP degrees), one activation (or gradient) of ``T·h·r``
 bytes, replicated on every TP rank of both stages (executor/p2p.py): the sending stage's leader
 sends to the receiving stage's leader, which broadcasts it inside its TP group::
@@ -92,31 +102,33 @@ def device_compute(model: ModelSpec, profile: DeviceProfile, *, layers: int, fir
 
 
 def tp_collectives(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_batch: int, dtype: str,
-                   recompute: str, params: CostParams = DEFAULT_PARAMS,
-                   seq_len: int | None = None) -> tuple[list[float], list[float]]:
-    """Bytes of every TP all-reduce of one micro-batch, (forward, backward) (module docstring)."""
+                   recompute: str, params: CostParams = DEFAULT_PARAMS, seq_len: int | None = None,
+                   in_layer_time: bool = False) -> tuple[list[float], list[float]]:
+    """Bytes of every TP all-reduce of one micro-batch, (forward, backward) (module docstring).
+    ``in_layer_time``: the layers' own 2 + 2 are inside the profile's layer time (live rows): left out."""
     tokens = micro_batch * (seq_len or model.seq_len)
     num = Numerics.of(dtype, params.fp32_residual, params.autocast_weight_copies, params.expand_kv_heads)
     act_e, act_r = float(tokens * model.hidden_size * num.e), float(tokens * model.hidden_size * num.r)
-    fwd = [act_e] * (2 * layers)
+    own = 0 if in_layer_time else layers  # layers whose own all-reduces are counted here
+    fwd = [act_e] * (2 * own)
     if first:
         fwd.append(act_r)  # the embedding's output is the residual stream
     if last:
         fwd += [tokens * 4.0, tokens * 8.0]  # cross-entropy: max, then (sum-exp, target logit)
     # full recompute repeats the attention's wo all-reduce but not w_down's (checkpoint early stop)
-    bwd = [act_r] * (2 * layers) + ([act_e] * layers if recompute == "full" else []) + ([act_r] if last else [])
+    bwd = [act_r] * (2 * own) + ([act_e] * layers if recompute == "full" else []) + ([act_r] if last else [])
     return fwd, bwd
 
 
 def tp_comm_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_batch: int, tp: int,
                  dtype: str, recompute: str, link: Link | None, params: CostParams = DEFAULT_PARAMS,
-                 seq_len: int | None = None) -> tuple[float, float]:
+                 seq_len: int | None = None, in_layer_time: bool = False) -> tuple[float, float]:
     """(forward, backward) TP all-reduce seconds of one micro-batch over ``link`` (the network part;
     :func:`stage_time` adds the local copy each all-reduce makes)."""
     if tp <= 1 or link is None:
         return 0.0, 0.0
     fwd, bwd = tp_collectives(model, layers=layers, first=first, last=last, micro_batch=micro_batch, dtype=dtype,
-                              recompute=recompute, params=params, seq_len=seq_len)
+                              recompute=recompute, params=params, seq_len=seq_len, in_layer_time=in_layer_time)
     return (sum(allreduce_time(x, tp, link, params) for x in fwd),
             sum(allreduce_time(x, tp, link, params) for x in bwd))
 
@@ -127,21 +139,22 @@ def stage_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_
                seq_len: int | None = None) -> StageTime:
     """Time of one micro-batch on a stage. ``devices`` lists (profile, slowdown) per device of the
     TP group (identical devices may be passed once); ``tp_link`` is the slowest link inside it."""
-    gf = gb = hf = hb = 0.0  # the TP collectives' GPU and host seconds (module docstring)
-    if tp > 1 and tp_link is not None:
-        gf, gb = tp_comm_time(model, layers=layers, first=first, last=last, micro_batch=micro_batch, tp=tp,
-                              dtype=dtype, recompute=recompute, link=tp_link, params=params, seq_len=seq_len)
-        fwd, bwd = tp_collectives(model, layers=layers, first=first, last=last, micro_batch=micro_batch,
-                                  dtype=dtype, recompute=recompute, params=params, seq_len=seq_len)
-        bw = min(p.device.memory_bandwidth_GBps / s for p, s in devices) * 1e9 * params.memory_efficiency
-        gf += sum(params.kernel_overhead_s + 2 * x / bw for x in fwd)  # each first copies its buffer
-        gb += sum(params.kernel_overhead_s + 2 * x / bw for x in bwd)
-        hf = len(fwd) * (params.collective_host_s + params.host_overhead_s)
-        hb = len(bwd) * (params.collective_host_s + params.host_overhead_backward_s)
+    comm: dict[bool, tuple[float, float, float, float]] = {}
+
+    def collectives(in_layer_time: bool) -> tuple[float, float, float, float]:
+        """The TP collectives' GPU and host seconds, forward and backward (module docstring)."""
+        if in_layer_time not in comm:
+            comm[in_layer_time] = tp_collective_time(
+                model, layers=layers, first=first, last=last, micro_batch=micro_batch, tp=tp, devices=devices,
+                tp_link=tp_link, dtype=dtype, recompute=recompute, params=params, seq_len=seq_len,
+                in_layer_time=in_layer_time)
+        return comm[in_layer_time]
+
     best = (-1.0, 0.0, 0.0, 0.0, 0.0)
     slowest = 0
     cache: dict[int, list[tuple[int, PassTime, PassTime]]] = {}
     for i, (prof, slow) in enumerate(devices):
+        gf, gb, hf, hb = collectives(tp > 1 and prof.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len))
         parts = cache.get(id(prof))
         if parts is None:
             parts = cache[id(prof)] = device_split(model, prof, layers=layers, first=first, last=last,
@@ -154,6 +167,29 @@ def stage_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_
         if pf + pb > best[0]:
             best, slowest = (pf + pb, cf, cb, pf - cf, pb - cb), i
     return StageTime(best[1], best[2], best[3], best[4], slowest)
+
+
+def tp_collective_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_batch: int, tp: int,
+                       devices: Sequence[tuple[DeviceProfile, float]], tp_link: Link | None, dtype: str,
+                       recompute: str, params: CostParams, seq_len: int | None,
+                       in_layer_time: bool) -> tuple[float, float, float, float]:
+    """(GPU forward, GPU backward, host forward, host backward) seconds of the stage's TP collectives
+    of one micro-batch: the all-reduces plus each one's local copy, and their issue cost on the host
+    (module docstring); ``in_layer_time`` leaves the layers' own out (:func:`tp_collectives`)."""
+    if tp <= 1 or tp_link is None:
+        return 0.0, 0.0, 0.0, 0.0
+    gf, gb = tp_comm_time(model, layers=layers, first=first, last=last, micro_batch=micro_batch, tp=tp,
+                          dtype=dtype, recompute=recompute, link=tp_link, params=params, seq_len=seq_len,
+                          in_layer_time=in_layer_time)
+    fwd, bwd = tp_collectives(model, layers=layers, first=first, last=last, micro_batch=micro_batch,
+                              dtype=dtype, recompute=recompute, params=params, seq_len=seq_len,
+                              in_layer_time=in_layer_time)
+    bw = min(p.device.memory_bandwidth_GBps / s for p, s in devices) * 1e9 * params.memory_efficiency
+    gf += sum(params.kernel_overhead_s + 2 * x / bw for x in fwd)  # each first copies its buffer
+    gb += sum(params.kernel_overhead_s + 2 * x / bw for x in bwd)
+    hf = len(fwd) * (params.collective_host_s + params.host_overhead_s)
+    hb = len(bwd) * (params.collective_host_s + params.host_overhead_backward_s)
+    return gf, gb, hf, hb
 
 
 def device_split(model: ModelSpec, profile: DeviceProfile, *, layers: int, first: bool, last: bool,

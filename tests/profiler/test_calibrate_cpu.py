@@ -6,12 +6,17 @@ datasheet-only."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from planner.catalog import parse_device_entry
+from planner.cost.measured import MeasuredProfile
+from planner.model import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -35,6 +40,20 @@ def test_calibrate_then_plan_and_estimate_use_it(tmp_path: Path) -> None:
     prov = cal["provenance"]
     assert prov["host_fingerprint"] and prov["torch"] and prov["date"] and prov["gpu_name"].startswith("cpu")
     assert set(cal["fits"]["compute"]["terms"]) >= {"gemm_efficiency", "gemm_half_dim", "memory_efficiency"}
+    # the layer at TP 2 live on two gloo ranks, with its all-reduces: flagged rows beside the shard-only
+    # ones (which the roofline fit keeps using), at the table's micro-batches
+    layer = entry["measured"]["layer"]
+    live = [r for r in layer if r.get("collectives")]
+    assert sorted((r["tp"], r["micro_batch"], r["seq_len"], r["recompute"]) for r in live) == [
+        (2, 1, 32, "none"), (2, 2, 32, "none")]
+    assert all(math.isfinite(r[k]) and r[k] > 0 for r in live for k in ("forward_s", "backward_s"))
+    assert all(r["collectives"] is True and r["ranks"] == 2 and r["backend"] == "gloo" for r in live)
+    assert {(r["tp"], r["micro_batch"]) for r in layer if not r.get("collectives") and r["recompute"] == "none"} == {
+        (t, b) for t in (1, 2) for b in (1, 2)}
+    assert "TP layers timed live (with their all-reduces) at tp 2" in run.stdout
+    prof = MeasuredProfile(parse_device_entry(entry, "cpu-measured"))
+    assert prof.layer_holds_collectives(PRESETS["tiny"], 1, 2, "fp32")
+    assert not prof.layer_holds_collectives(PRESETS["tiny"], 1, 1, "fp32")
     # the host cost of one TP all-reduce as the executor issues it, measured on the link sweep's ranks
     issue = entry["measured"]["comm"]["tp_issue_s"]
     assert 0 < issue < 0.1 and cal["params"]["collective_host_s"] == issue == cal["fitted"]["collective_host_s"]

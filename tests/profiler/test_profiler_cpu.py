@@ -74,6 +74,41 @@ def test_profile_comm_sweep_on_two_gloo_ranks(tmp_path: Path) -> None:
     assert 0 < comm["tp_issue_s"] < 0.1 and "tp_issue_s" not in comm["points"]
 
 
+@pytest.mark.slow
+def test_live_tp_rows_are_measured_on_gloo_ranks_once_beside_the_shard_rows(tmp_path: Path) -> None:
+    cfg = _cfg()
+    cfg.seq_lens, cfg.tps, cfg.recompute_points, cfg.optimizer_layers = [32], [1, 2], [], [1]
+    cfg.live_tps = [1, 2, 3, 4]  # 1 is no TP; 3 and 4 do not divide the tiny model's 2 KV heads
+    assert cfg.available_live_tps() == [2]
+    assert [p for _, p in plan_points(cfg) if p.get("collectives")] == [
+        {"micro_batch": b, "seq_len": 32, "tp": 2, "recompute": "none", "collectives": True} for b in (1, 2)]
+    out = tmp_path / "live.json"
+    seen: list[dict[str, object]] = []
+    run_profile(cfg, out, key="live", progress=False, on_point=lambda t, p, r: seen.append(p))
+    layer = json.loads(out.read_text())["measured"]["layer"]
+    live = [r for r in layer if r.get("collectives")]
+    assert [(r["tp"], r["micro_batch"]) for r in live] == [(2, 1), (2, 2)]
+    assert all(r["forward_s"] > 0 and r["backward_s"] > 0 and r["ranks"] == 2 for r in live)
+    assert {(r["tp"], r["micro_batch"]) for r in layer if not r.get("collectives")} == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    assert sum(1 for p in seen if p.get("collectives")) == 2
+    # resume: a live row and the shard-only row of the same point are two rows; only the missing one runs
+    data = json.loads(out.read_text())
+    data["measured"]["layer"] = [r for r in layer if not (r.get("collectives") and r["micro_batch"] == 2)]
+    out.write_text(json.dumps(data))
+    seen.clear()
+    run_profile(cfg, out, key="live", progress=False, on_point=lambda t, p, r: seen.append(p))
+    assert seen == [{"micro_batch": 2, "seq_len": 32, "tp": 2, "recompute": "none", "collectives": True}]
+
+
+def test_live_tps_need_the_devices() -> None:
+    cfg = _cfg()
+    cfg.live_tps = [2]
+    cfg.cpu = False  # a GPU profile on a host without as many CUDA devices: no live rows
+    import torch
+
+    assert cfg.available_live_tps() == ([2] if torch.cuda.device_count() >= 2 else [])
+
+
 def test_fit_link_recovers_latency_and_bandwidth() -> None:
     sizes = [4.0**k for k in range(5, 14)]
     lat, bw = 12e-6, 80e9
