@@ -12,9 +12,10 @@ Then: complete any checkpoint in flight, stop the epoch's watchdog, read the new
 state (:func:`executor.switch.switch`), and either leave (a device that is not in the new plan
 exits 0 once its state is handed over) or build the new epoch — groups, ``Engine(init=False)``, the
 installed state, the same data position, a watchdog under the epoch's own store prefix — and go on
-with the next step. Right after that step comes the *retire point*: the old plan's groups, kept
-alive through the switch, are destroyed there (:mod:`executor.group_retire`), and the new rank 0
-reports the switch with that destroy's time (``retire_s``) beside the switch's own.
+with the next step. Right after that step comes the *retire point*: the old plan's groups and the
+default groups the switch left, kept alive through it, are destroyed there
+(:mod:`executor.group_retire`), and the new rank 0 reports the switch with that destroy's time
+(``retire_s``) beside the switch's own.
 
 A joining rank (``HEXISCALE_ELASTIC_JOIN=e``, started by the supervisor with epoch ``e``'s plan)
 runs the local checks, pays its one-off first-use costs (:mod:`executor.warm_up`), reports
@@ -99,12 +100,12 @@ class _Move:
 
 @dataclass
 class _Report:
-    """A switch's report, sent once the old plan's groups are destroyed after the first step."""
+    """A switch's report, sent once the retired groups are destroyed after the first step."""
 
     rp: ReshardPlan
     stats: dict[str, Any]  # this rank's times of the switch
     step: int
-    retired: Retired | None  # this rank's old groups (None on a joiner)
+    retired: list[Retired]  # what this rank retired in the switch, in order (executor.switch)
 
 
 @dataclass
@@ -330,15 +331,15 @@ def _switch_into(job: _Job, move: _Move, ahead: bool, engine: Engine | None, pos
 
 
 def _retire(job: _Job, ep: _Epoch, step: int) -> None:
-    """The retire point, after the new plan's first step (every rank of it, in step): the old plan's
-    groups destroyed where nothing is in flight (:mod:`executor.group_retire`), then the switch's
-    report with that time, from the new rank 0. The next step waits for this."""
+    """The retire point, after the new plan's first step (every rank of it, in step): the groups the
+    switch retired destroyed in order where nothing is in flight (:mod:`executor.group_retire`), then
+    the switch's report with that time, from the new rank 0. The next step waits for this."""
     rep, ep.report = ep.report, None
     assert rep is not None
     retire_s = 0.0
-    if rep.retired is not None:
+    if rep.retired:
         ep.engine.drain()
-        retire_s = rep.retired.release()
+        retire_s = sum(r.release() for r in rep.retired)
     stats = dict(rep.stats, retire_s=retire_s)
     every = [None] * ep.plan.world_size
     dist.all_gather_object(every, stats, group=ep.engine.groups.world)
@@ -351,8 +352,9 @@ def _report(rp: Any, every: list[Any], step: int, cluster: ClusterSpec | None) -
     communicators created (``world_setup_s``), the exchanging pairs connected on them
     (``connect_s``) and the plan's communicators created (``groups_s``); ``switch_excl_comm_s``: the
     rest of the switch), the lower bound from the cluster file's link bandwidth. ``retire_s``: the
-    old plan's groups destroyed after the new plan's first step — not in ``switch_s``, but on the
-    job's critical path (the second step waits for it: ``retire_blocks_training``)."""
+    old plan's groups and the worlds left destroyed after the new plan's first step — not in
+    ``switch_s``, but on the job's critical path (the second step waits for it:
+    ``retire_blocks_training``)."""
     keys = ("switch_s", "transfer_s", "world_setup_s", "connect_s", "groups_s", "build_s", "plan_s", "wait_s",
             "comm_s", "switch_excl_comm_s", "install_s", *SWITCH_PARTS, "retire_s")
     worst: dict[str, Any] = {k: max(s[k] for s in every) for k in keys}

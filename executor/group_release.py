@@ -5,9 +5,9 @@ communicator takes 300-500 ms, the same after one element or 256 MiB of traffic 
 per communicator, which ``destroy_process_group`` pays group after group. Destroying each group in
 its own thread overlaps those costs: in the elastic benchmark on the same machine, closing the old
 plan's groups fell from 0.70-0.82 s to 0.38-0.45 s for the same events (benchmarks/README.md,
-"Elastic training", runs 1 and 2). The elastic switch closes groups this way
-(:meth:`executor.epoch_world.World.leave`; the old plan's groups through
-:mod:`executor.group_retire`, after the new plan's first step).
+"Elastic training", runs 1 and 2). The elastic job closes groups this way: those the switch
+retired (the old plan's and the worlds left) after the new plan's first step
+(:mod:`executor.group_retire`), its last world at its end (:meth:`executor.epoch_world.World.leave`).
 
 Every member must be past its last operation on these groups before they are released (the
 callers meet on a barrier or on the store first).

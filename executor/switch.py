@@ -13,7 +13,8 @@ Order of events (one :func:`switch` call on every process of the old or the new 
 2. **The switch world** — a default group holding every process that sends or receives
    (:mod:`executor.epoch_world`): if no device joins, the old world as it is; if none leaves, the
    new plan's world (joiners included); else a world of :attr:`ReshardPlan.devices` (the new
-   plan's devices, then the leaving ones).
+   plan's devices, then the leaving ones). A world left behind — here the old one, in step 5 the
+   switch world — is retired too, not destroyed.
 3. **Connecting**: a process posts one ``batch_isend_irecv`` holding, for each of its pairs of
    :meth:`ReshardPlan.pairs`, one element to the peer and one from it, and waits for them (and the
    device). NCCL sets up the connection between two ranks of a communicator inside their first
@@ -27,12 +28,14 @@ Order of events (one :func:`switch` call on every process of the old or the new 
    ``batch_isend_irecv`` holding, for each of its pairs of :meth:`ReshardPlan.pairs` in that global
    order, its message to the peer (one flat fp32 buffer: its pieces for the peer, packed in plan
    order) and a buffer for the peer's message; it waits for all of them, then unpacks.
-5. Leaving processes leave the world and release their retired groups, meeting the staying
-   processes at their retire point (their caller then exits); the new plan's processes enter the
-   new plan's world (unless the switch world is already it). The caller then builds
-   :class:`~executor.groups.ProcessGroups` and ``Engine(..., init=False)`` and installs the state
-   (:meth:`NewState.install`), continues at the next step with the same data position, and
-   releases :attr:`SwitchResult.retired` right after that step (:meth:`Retired.release`).
+5. Leaving processes retire the switch world and release everything they retired, in order,
+   meeting the other holders at their retire point (their caller then exits); the new plan's
+   processes enter the new plan's world (unless the switch world is already it). The caller then
+   builds :class:`~executor.groups.ProcessGroups` and ``Engine(..., init=False)`` and installs the
+   state (:meth:`NewState.install`), continues at the next step with the same data position, and
+   releases :attr:`SwitchResult.retired` right after that step, in order (:meth:`Retired.release`).
+   Each process's list is a subsequence of one order — the old plan's groups, the old world, the
+   switch world — and is released in it, so no two holders wait on each other's store meetings.
 
 Why no two processes wait on each other, in steps 3 and 4 alike: every posted send has its matching
 receive posted by the peer (both compute the same :class:`ReshardPlan`, hence the same pairs), and
@@ -45,7 +48,9 @@ Why no pair groups (the first version had one per pair, as the plan's p2p has): 
 or destroying one NCCL communicator costs 300-500 ms whatever it carried
 (``benchmarks/executor/group_teardown.py``), and the pair groups' set-up and tear-down were 1-2.5 s
 of each switch; the world's own communicator already joins every pair, and a batch to several
-peers on it is the pattern NCCL's all-to-all uses.
+peers on it is the pattern NCCL's all-to-all uses. For the same reason no communicator is
+destroyed inside the switch at all: the old plan's groups and the worlds left behind (119-487 ms
+each on 4x H200, run 4's ``leave``) are destroyed at the retire point.
 """
 
 from __future__ import annotations
@@ -80,9 +85,9 @@ class SwitchStats:
     pack_s: float = 0.0  # outgoing pieces packed into one buffer per peer
     exchange_s: float = 0.0  # posting every pair's batch to the last receive done
     unpack_s: float = 0.0  # received buffers copied into the new layout
-    leave_s: float = 0.0  # default groups left: settling on the store, their groups destroyed
-    # the old plan's groups destroyed (executor.group_retire), not in the switch: on a leaving
-    # process at its end, on a staying one after the new plan's first step (set by the caller)
+    leave_s: float = 0.0  # default groups left: retired (detached; destroyed later: retire_s)
+    # the old plan's groups and the worlds left destroyed (executor.group_retire), not in the switch:
+    # on a leaving process at its end, elsewhere after the new plan's first step (set by the caller)
     retire_s: float = 0.0
     peers: list[str] = field(default_factory=list)
 
@@ -102,9 +107,10 @@ SWITCH_PARTS = ("close_s", "alloc_s", "local_s", "pack_s", "exchange_s", "unpack
 class SwitchResult:
     state: NewState | None  # None on a process that leaves
     stats: SwitchStats
-    # the old plan's groups, alive until released after the new plan's first step (a process of
-    # both plans; None elsewhere: a joiner holds none, a leaving process released them)
-    retired: Retired | None = None
+    # what this process retired, in order (module docstring, step 5): the old plan's groups, the old
+    # world, the switch world — those it held; alive until released after the new plan's first step
+    # (empty on a leaving process: it released them)
+    retired: list[Retired] = field(default_factory=list)
 
 
 def switch_members(rp: ReshardPlan) -> tuple[str, ...]:
@@ -134,12 +140,13 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     clock = _Clock(world.device)
     new = NewState(new_state, world.device) if new_state is not None else None
     stats.alloc_s = clock.lap()
-    retired = None
+    retired: list[Retired] = []
     if engine is not None:
-        retired = Retired.take(engine.groups.hand_over(), store=world.store, key=f"{world.prefix}/retire/{tag}",
-                               count=len(rp.old.devices), device=world.device, who=me, timeout_s=world.timeout_s)
+        retired.append(Retired.take(engine.groups.hand_over(), store=world.store, key=f"{world.prefix}/retire/{tag}",
+                                    count=len(rp.old.devices), device=world.device, who=me,
+                                    timeout_s=world.timeout_s))
     stats.close_s = clock.lap()
-    world.enter(switch_members(rp), f"{tag}/switch")
+    world.enter(switch_members(rp), f"{tag}/switch", retire=retired)
     stats.world_setup_s += world.setup_s
     stats.leave_s += world.leave_s
     rank_of = {d: i for i, d in enumerate(world.members)}
@@ -192,12 +199,12 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
 
     held.clear()
     clock.lap()
-    if world.enter(rp.new.devices, f"{tag}/plan"):
+    if world.enter(rp.new.devices, f"{tag}/plan", retire=retired):
         stats.world_setup_s += world.setup_s
     stats.leave_s += world.leave_s
-    if new is None and retired is not None:  # a leaving process: with the staying ones, at their retire point
-        stats.retire_s = retired.release()
-        retired = None
+    if new is None:  # a leaving process: with the other holders, at their retire point
+        stats.retire_s = sum(r.release() for r in retired)
+        retired = []
     return SwitchResult(new, stats, retired)
 
 

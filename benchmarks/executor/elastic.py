@@ -13,14 +13,14 @@ Per switch: bytes moved, the most bytes one rank sends or receives, the lower bo
 fastest measured pair bandwidth: one ``batch_isend_irecv`` each way between two GPUs), the switch
 time without communicator set-up (slowest rank) and the set-up apart (its parts: default groups
 created, the exchanging pairs connected — NCCL connects two ranks in their first point-to-point
-call —, the new plan's groups created), the old plan's groups destroyed after the new plan's
-first step (``retire``: not in the switch, but the second step waits for it;
-:mod:`executor.group_retire`), and the downtime the event cost: ``time(step k+2 ends) - time(step k
-ends) - 2 x the new phase's steady step time`` for the elastic job (two steps, so that the retire
-point after step k+1 counts; ``gap(k, k+1) - steady + retire`` where the phase has one step); for
-checkpoint-restart ``time(step k+1) - time(step k) - steady`` across the two launches plus the
-re-plan time (the elastic supervisor re-plans while the job trains; a restart must re-plan while
-stopped).
+call —, the new plan's groups created), the old plan's groups and the default groups the switch
+left (``leave``: only their detaching) destroyed after the new plan's first step (``retire``: not
+in the switch, but the second step waits for it; :mod:`executor.group_retire`), and the downtime
+the event cost: ``time(step k+2 ends) - time(step k ends) - 2 x the new phase's steady step time``
+for the elastic job (two steps, so that the retire point after step k+1 counts;
+``gap(k, k+1) - steady + retire`` where the phase has one step); for checkpoint-restart
+``time(step k+1) - time(step k) - steady`` across the two launches plus the re-plan time (the
+elastic supervisor re-plans while the job trains; a restart must re-plan while stopped).
 Steady state: each phase's median step time (its first two steps left out) in the elastic job vs
 the non-elastic launch of the same plan. The plans: phase 0 by the planner, the others re-planned
 warm-started (planner.replan); both paths run the same plans. The smoke mode uses fixed plans and

@@ -19,15 +19,15 @@ from executor import checkpoint
 from executor.engine import Engine
 from executor.epoch_world import World
 from executor.group_release import distinct, subgroups
-from executor.group_retire import Retired
+from executor.group_retire import Retired, detach_world
 from executor.groups import ProcessGroups
 from executor.optim import OptimConfig
 from executor.state_pieces import held_tensors
-from executor.switch import switch
+from executor.switch import switch, switch_members
 from executor.warm_up import warm_up
 from planner.layout import build_topology
 from planner.plan import Plan
-from planner.reshard import reshard_plan
+from planner.reshard import ReshardPlan, reshard_plan
 from planner.state_layout import rank_states
 from tests.support.random_plans import UNIVERSE
 
@@ -82,11 +82,34 @@ def _alive(refs: list[weakref.ref]) -> int:
     return sum(r() is not None for r in refs)
 
 
-def _retired(retired: Retired | None, refs: list[weakref.ref]) -> dict[str, Any]:
-    """What the holder says about the old plan's groups, and whether torch still lists any."""
+def _retired(retired: list[Retired]) -> list[dict[str, Any]]:
+    """What the holder says about each group set it retired, and whether torch still lists or uses
+    any of its groups (as a subgroup or as the default group)."""
     listed = {id(g) for g in subgroups()}
-    return {"pending": retired is not None and retired.pending, "held": len(retired.groups) if retired else 0,
-            "alive": _alive(refs), "listed_by_torch": sum(r() is not None and id(r()) in listed for r in refs)}
+    return [{"count": r.count, "pending": r.pending, "held": len(r.groups),
+             "listed_by_torch": sum(id(g) in listed or g is dist.group.WORLD for g in r.groups)} for r in retired]
+
+
+def worlds_left(rp: ReshardPlan, me: str) -> list[tuple[str, ...]]:
+    """The default groups ``me`` leaves in a switch per ``rp`` (their members): the old world if the
+    switch world differs, the switch world if the new plan's does (:mod:`executor.switch`)."""
+    old, via, new = tuple(rp.old.devices), switch_members(rp), tuple(rp.new.devices)
+    return [a for a, b in ((old, via), (via, new)) if a != b and me in a]
+
+
+def _sum_on_worlds(rp: ReshardPlan, me: str, retired: list[Retired]) -> list[float]:
+    """An all-reduce of ones on each retired world whose members all trained the first step (the
+    others' holders are waiting at their retire point): the detached group still works."""
+    sums: list[float] = []
+    worlds = worlds_left(rp, me)
+    if len(retired) != (me in rp.old.devices) + len(worlds):
+        return sums  # not what check_retired expects (it fails there): no collective on an unknown group
+    for members, r in zip(worlds, retired[len(retired) - len(worlds):]):
+        if set(members) <= set(rp.new.devices):
+            one = torch.ones(1, device=_device())
+            r.groups[-1].allreduce([one]).wait()
+            sums.append(float(one))
+    return sums
 
 
 def _registry_is(engine: Engine) -> bool:
@@ -120,7 +143,9 @@ def switch_oracle_job(old: Plan, new: Plan, batches: list[torch.Tensor], split: 
     if me in old.devices or me in new.devices:
         old_groups = ([weakref.ref(g) for g in distinct(gr for _, _, gr in engine.groups.order)]
                       if engine is not None else [])
-        res = switch(reshard_plan(old, new), me=me, world=world, engine=engine, tag="switch")
+        rp = reshard_plan(old, new)
+        old_world = [weakref.ref(dist.group.WORLD)] if tuple(old.devices) in worlds_left(rp, me) else []
+        res = switch(rp, me=me, world=world, engine=engine, tag="switch")
         engine = None
         out["stats"] = res.stats.to_dict()
         out["old_groups"] = len(old_groups)
@@ -128,20 +153,26 @@ def switch_oracle_job(old: Plan, new: Plan, batches: list[torch.Tensor], split: 
             engine = _build(new, optim, init=False)
             res.state.install(engine, split)
             out["after_state"] = holdings(engine)
-            # the first step runs with the old plan's groups retired but alive (executor.group_retire)
+            # the first step runs with the old plan's groups and the worlds left retired but alive
+            # (executor.group_retire)
             out["new_losses"] = _train(engine, batches[split:split + 1])
-            out["retired_after_first_step"] = _retired(res.retired, old_groups)
-            if res.retired is not None:
+            out["retired_after_first_step"] = _retired(res.retired)
+            out["sums_on_retired_worlds"] = _sum_on_worlds(rp, me, res.retired)
+            retired_refs = [weakref.ref(g) for r in res.retired for g in r.groups]
+            if res.retired:
                 engine.drain()
-                res.stats.retire_s = res.retired.release()
+                res.stats.retire_s = sum(r.release() for r in res.retired)
+            out["retired_after_retire_point"] = _retired(res.retired)
+            out["retired_left"] = _alive(retired_refs)
             out["stats"] = res.stats.to_dict()
-            out["old_groups_left"] = _alive(old_groups)
+            out["old_groups_left"] = _alive(old_groups + old_world)
             out["registry_is_the_new_plans"] = _registry_is(engine)
             out["new_losses"] += _train(engine, batches[split + 1:])
             out["final_state"] = holdings(engine)
             engine.groups.close()
         else:
-            out["old_groups_left"] = _alive(old_groups)
+            out["retired_after_retire_point"] = _retired(res.retired)
+            out["old_groups_left"] = _alive(old_groups + old_world)
     if world.enter(new.devices, "restart"):
         engine = _build(new, optim, seed=99)  # another initialisation: the checkpoint must replace it
         checkpoint.load(engine, Path(ckpt))
@@ -176,5 +207,32 @@ def retire_job() -> dict[str, Any]:
     del g
     out["retire_s"] = retired.release()
     out["alive_after_release"] = _alive([ref])
+    restore_pool(world)
+    return out
+
+
+def detach_world_job() -> dict[str, Any]:
+    """A detached default group (:func:`executor.group_retire.detach_world`), and a group left
+    registered beside it, are no longer torch's: torch is uninitialised with its group counter
+    reset, a new default group and its subgroups are made beside them, and all of them work."""
+    world = shared_world("detach-world")
+    devices = UNIVERSE[:_POOL[0]]
+    world.enter(devices, "old")
+    old, sub = dist.group.WORLD, dist.new_group(list(range(len(devices))))
+    groups = detach_world()
+    out: dict[str, Any] = {"detached": [(g is sub, g is old) for g in groups], "initialized": dist.is_initialized(),
+                           "group_count": c10d._world.group_count}
+    del old, sub
+    world.enter(devices[::-1], "new")
+    new_sub = dist.new_group(list(range(len(devices))))
+    sums = []
+    for g in [*groups, dist.group.WORLD, new_sub]:
+        one = torch.ones(1)
+        g.allreduce([one]).wait()
+        sums.append(float(one))
+    out["sums"] = sums
+    refs = [weakref.ref(g) for g in groups]
+    Retired(groups, world.store, f"{world.prefix}/retire/w", len(devices), world.device, world.me, 60.0).release()
+    out["alive_after_release"] = _alive(refs)
     restore_pool(world)
     return out

@@ -1,8 +1,9 @@
 """The switch oracle on 4 NCCL ranks, one GPU each (skipped without 4 CUDA devices; ``make test-gpu``
 runs it): the in-process switch of :mod:`executor.switch` — epoch worlds, batched
-send/receive, the old plan's communicators retired and destroyed after the first step — on the
-backend an elastic job uses on GPUs, for a leave, a join, a disjoint move
-and random plan pairs on 4 devices (pipeline counts, TP degrees and ZeRO settings change).
+send/receive, the old plan's communicators and the default groups left retired and destroyed after
+the first step (a detached default communicator alive beside the new one) — on the backend an
+elastic job uses on GPUs, for a leave, a join, a disjoint move and random plan pairs on 4 devices
+(pipeline counts, TP degrees and ZeRO settings change).
 
 Tolerances: the moved state is copied, so it must equal the old layout's to 1e-6 here too. The
 losses are held to the dense CPU reference at the NCCL suite's 1e-4 (:mod:`test_exec_nccl4`:
@@ -61,7 +62,7 @@ def test_nccl4_switch_oracle(nccl4: DistPool, tmp_path, name: str) -> None:  # t
     res = check_switch(nccl4, old, new, tmp_path, ref_rtol=REF_RTOL, restart_rtol=RESTART_RTOL)
     stats = [r["stats"] for r in res if "stats" in r]
     assert sum(s["bytes_sent"] for s in stats) == sum(s["bytes_received"] for s in stats) > 0
-    check_retired(res, old, new)  # the old communicators: alive through the first step, then destroyed
+    check_retired(res, old, new)  # the old communicators and worlds: alive through the first step, then destroyed
 
 
 @settings(max_examples=3, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,

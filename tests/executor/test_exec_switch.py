@@ -18,7 +18,7 @@ import pytest
 import torch
 from exec_jobs import ORACLE_OPTIM, global_batches
 from hypothesis import HealthCheck, given, settings
-from switch_jobs import retire_job, switch_oracle_job
+from switch_jobs import detach_world_job, retire_job, switch_oracle_job, worlds_left
 from torch.testing import assert_close
 
 from executor.switch import SwitchStats
@@ -123,19 +123,31 @@ def test_switch_oracle(dist_pool, tmp_path, name: str) -> None:
 
 
 def check_retired(res: list[dict], old: Plan, new: Plan) -> None:
-    """The old plan's groups outlive the switch and the new plan's first step (retired: alive, no
-    longer torch's), then are destroyed on every process that held them — staying or leaving — with
-    their time reported (``retire_s``); torch then lists exactly the new plan's groups."""
+    """The old plan's groups and the default groups the switch left (the old world, the switch
+    world) outlive the switch and the new plan's first step (retired: alive, no longer torch's, a
+    world whose members all stayed still works), then are destroyed on every process that held
+    them — staying, joining or leaving — with their time reported (``retire_s``); torch then lists
+    exactly the new plan's groups."""
     by_dev = {r["device"]: r for r in res}
-    for d in old.devices:
+    rp = reshard_plan(old, new)
+    for d in set(old.devices) | set(new.devices):
         r = by_dev[d]
+        worlds = worlds_left(rp, d)
+        # what d retired, in order: the old plan's groups (one set), then each world it left
+        counts = [len(old.devices)] * (d in old.devices) + [len(w) for w in worlds]
         assert r["old_groups_left"] == 0, d  # destroyed and freed: no leak
-        assert r["stats"]["retire_s"] > 0, d  # every holder met the others and destroyed its groups
-        if d in new.devices:
-            n = r["old_groups"]
-            assert r["retired_after_first_step"] == {"pending": True, "held": n, "alive": n, "listed_by_torch": 0}, d
-    for d in new.devices:
-        assert by_dev[d]["registry_is_the_new_plans"], d
+        assert r["stats"]["retire_s"] > 0 or not counts, d  # every holder met the others and destroyed its groups
+        if d not in new.devices:  # a leaving process released everything inside the switch
+            assert r["retired_after_retire_point"] == [], d
+            continue
+        held = [r["old_groups"]] * (d in old.devices) + [1] * len(worlds)
+        assert r["retired_after_first_step"] == [{"count": c, "pending": True, "held": h, "listed_by_torch": 0}
+                                                 for c, h in zip(counts, held)], d
+        assert r["sums_on_retired_worlds"] == [float(len(w)) for w in worlds if set(w) <= set(new.devices)], d
+        assert r["retired_after_retire_point"] == [{"count": c, "pending": False, "held": 0, "listed_by_torch": 0}
+                                                   for c in counts], d
+        assert r["retired_left"] == 0, d
+        assert r["registry_is_the_new_plans"], d
 
 
 @settings(max_examples=3, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,
@@ -155,6 +167,28 @@ def test_cases_cover_the_matrix() -> None:
     assert any(set(b.devices) < set(a.devices) for a, b in pairs)  # pure leave
     assert any(set(a.devices) < set(b.devices) for a, b in pairs)  # pure join
     assert any(not set(a.devices) & set(b.devices) for a, b in pairs)
+
+
+def test_cases_retire_worlds() -> None:
+    """Among the cases, a world whose members all stay is retired (its detached group is used after
+    the switch: check_retired), and a joiner holds a retired switch world (a join and a leave in one
+    switch)."""
+    all_stay = joiner_holds = False
+    for old, new in CASES.values():
+        rp = reshard_plan(old, new)
+        for d in set(old.devices) | set(new.devices):
+            worlds = worlds_left(rp, d)
+            all_stay |= any(set(w) <= set(new.devices) for w in worlds)
+            joiner_holds |= d not in old.devices and bool(worlds)
+    assert all_stay and joiner_holds
+
+
+def test_detached_world_leaves_torch_to_a_new_one(dist_pool) -> None:  # type: ignore[no-untyped-def]
+    res = dist_pool.run(detach_world_job)
+    n = float(len(res))
+    for r in res:
+        assert r == {"detached": [(True, False), (False, True)], "initialized": False, "group_count": 0,
+                     "sums": [n] * 4, "alive_after_release": 0}
 
 
 def test_retired_group_outlives_its_world_then_is_destroyed(dist_pool) -> None:  # type: ignore[no-untyped-def]
