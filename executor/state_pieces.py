@@ -27,9 +27,8 @@ OPTIM = "optim/"
 
 
 def narrow(t: torch.Tensor, base: Chunk, part: Chunk) -> torch.Tensor:
-    """The ``part`` rectangle of ``t``, a tensor holding rectangle ``base`` (a strided view). One
-    ``as_strided`` rather than a ``narrow`` per dimension: a switch takes hundreds of these per
-    rank, and each torch call costs host time on its critical path."""
+    """The ``part`` rectangle of ``t``, a tensor holding rectangle ``base`` (a strided view): one
+    ``as_strided``, after checking that ``part`` lies inside ``base``."""
     strides = t.stride()
     starts = [o - b for o, b in zip(part.offsets, base.offsets)]
     if len(starts) != t.dim() or any(a < 0 or a + n > m for a, n, m in zip(starts, part.sizes, t.shape)):
