@@ -240,10 +240,10 @@ def main() -> int:
             for leak in leaks(res):
                 print(leak, flush=True)
             rows = save(runs)
+        print(table(rows), flush=True)  # before the MPS daemon's shutdown, which a call's time limit may cut
     finally:
         if not args.cpu:
-            subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False)
-    print(table(rows))
+            subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False, timeout=60)
     return 0
 
 
