@@ -4,8 +4,9 @@ pipelines, MPS-throttled GPUs — measured (step time, device memory) beside the
 ``plan``/``estimate`` would make by default on this host (its calibration found under
 ``HEXISCALE_HOME``). None of the plans was used to fit anything: calibration measures single layers.
 
-    python -m benchmarks.fidelity.host4 --out DIR            # GPU machine, 4 GPUs (~8 min)
+    python -m benchmarks.fidelity.host4 --out DIR            # GPU machine, 4 GPUs (~9.5 min at --steps 3)
     python -m benchmarks.fidelity.host4 --out DIR --cpu      # CPU rehearsal: tiny model, gloo
+    ... --alloc-conf expandable_segments:True                # the CUDA allocator setting for every process
 
 Memory is compared per process (``benchmarks.fidelity.accuracy.device_memory``: the allocator's
 peak reserve + the plan's NCCL communicators + the CUDA context measured alone by ``calibrate``),
@@ -198,11 +199,16 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--only", type=int, default=0, help="run only the first N plans of each launch (smoke)")
+    ap.add_argument("--alloc-conf", default=None,
+                    help="PYTORCH_CUDA_ALLOC_CONF for calibration and every worker, e.g. expandable_segments:True "
+                         "(run 3: 1F1B stages reserved 8-12 %% above their allocations with the default allocator)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     home = out / "hexiscale-home"
     os.environ["HEXISCALE_HOME"] = str(home)  # before planner reads its catalog
+    if args.alloc_conf is not None:  # inherited by the calibration and the workers, read at their CUDA start
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = args.alloc_conf
     cal = calibrate(home, args.cpu, "llama-1.3b")
     measured_key = cal["applies_to"][0]
     from benchmarks.fidelity.worker import run_launch
@@ -216,7 +222,8 @@ def main() -> int:
     context = (cal.get("fits", {}).get("framework_gib") or {}).get("measured_context_gib")
     meta = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "calibration_wall_s": cal["wall_s"], "calibration": cal["provenance"],
-            "fitted": cal.get("fitted"), "fits": cal.get("fits")}
+            "fitted": cal.get("fitted"), "fits": cal.get("fits"),
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
 
     def save(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Estimate what ran so far and write the JSON: a run cut short keeps its launches."""
