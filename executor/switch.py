@@ -79,7 +79,6 @@ class SwitchStats:
     connect_s: float = 0.0  # every exchanging pair of this process connected (step 3)
     transfer_s: float = 0.0  # local copies + the exchange (packing and unpacking included)
     # where the rest goes (each phase ends with a device sync, so the time is its own)
-    drain_s: float = 0.0  # the old engine's last collectives waited for, views of its state taken
     close_s: float = 0.0  # the old plan's groups retired (detached; destroyed later: retire_s)
     alloc_s: float = 0.0  # the new layout's state allocated
     local_s: float = 0.0  # pieces this process keeps, copied into the new layout
@@ -101,7 +100,7 @@ class SwitchStats:
         return dict(self.__dict__)
 
 
-SWITCH_PARTS = ("drain_s", "close_s", "alloc_s", "local_s", "pack_s", "exchange_s", "unpack_s", "leave_s")
+SWITCH_PARTS = ("close_s", "alloc_s", "local_s", "pack_s", "exchange_s", "unpack_s", "leave_s")
 
 
 @dataclass
@@ -135,11 +134,10 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     new_state = _state_of(rank_states(rp.new), me)
     if (engine is None) != (old_state is None):
         raise ValueError(f"{me}: an engine is given iff the device is in the old plan")
-    clock = _Clock(world.device)
     if engine is not None:
         engine.drain()  # ZeRO-1's weight all-gathers: the weights complete, nothing left on the old groups
     held = held_tensors(engine, old_state) if engine is not None and old_state is not None else []
-    stats.drain_s = clock.lap()
+    clock = _Clock(world.device)
     new = NewState(new_state, world.device) if new_state is not None else None
     stats.alloc_s = clock.lap()
     retired: list[Retired] = []
