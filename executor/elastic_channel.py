@@ -95,13 +95,6 @@ class Channel:
             raise RuntimeError(f"epoch {e} was due after step {at}, this rank is past it (step {step})")
         return at == step
 
-    def next_plan(self, e: int) -> Plan | None:
-        """Epoch ``e``'s plan if the supervisor has written it (before its joiners are ready; it is
-        not the go: a change whose joiner fails is dropped and ``e`` reused)."""
-        if not self.store.check([self._k(f"plan/{e}")]):
-            return None
-        return plan_from_dict(self._get_json(f"plan/{e}"))
-
     def published(self, e: int) -> bool:
         """Has the go of epoch ``e`` been given (its plans can be read without waiting)?"""
         return bool(self.store.check([self._k(f"epoch/{e}")]))

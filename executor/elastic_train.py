@@ -6,9 +6,8 @@ A rank is a *device* (``HEXISCALE_DEVICE``) more than a rank number: its rank ch
 epoch's plan. Order of events on a rank of the launch plan: the pre-flight of :mod:`executor.train`
 (plan, store, local checks, agreement) -> epoch 0's process group, engine, resume -> steps; after
 each step :meth:`executor.elastic_channel.Channel.switch_due` says whether the next epoch starts
-now; as soon as the next epoch's plan is known (written by the supervisor before it starts the
-joiners, then confirmed by the go), each rank plans its state move between two steps (the reshard
-plan of a 1.3B model takes ~0.1 s of Python), so the switch itself does not pay for it.
+now; once the next epoch is published, each rank plans its state move between two steps (the
+reshard plan of a 1.3B model takes ~0.1 s of Python), so the switch itself does not pay for it.
 Then: complete any checkpoint in flight, stop the epoch's watchdog, read the new plan, move the
 state (:func:`executor.switch.switch`), and either leave (a device that is not in the new plan
 exits 0 once its state is handed over) or build the new epoch — groups, ``Engine(init=False)``, the
@@ -89,15 +88,14 @@ class _Job:
 @dataclass(frozen=True)
 class _Move:
     """Epoch ``e``'s plans and the state move between them (:func:`planner.reshard.reshard_plan`,
-    the same on every rank), computed between two steps as soon as the epoch's plan is known, so
-    that the switch itself does not pay for it (:func:`_plan_ahead`)."""
+    the same on every rank), computed between two steps once the epoch is published, so that the
+    switch itself does not pay for it."""
 
     e: int
     old: Plan
     new: Plan
     rp: ReshardPlan
     plan_s: float
-    confirmed: bool = True  # planned from the go (else from the written plan, checked against the go)
 
 
 @dataclass
@@ -253,8 +251,8 @@ def _train(job: _Job, ep: _Epoch) -> bool:
         state = {"data": ep.stream.position.to_dict(), "plan_world_size": ep.plan.world_size}
         ep.saver.after_step(k + 1, k + 1 == args.steps, state, partial(maybe_inject, job.fault, rank, k, in_save=True))
         k += 1
-        if k < args.steps:
-            _plan_ahead(job, ep)
+        if k < args.steps and job.channel.published(ep.index + 1):
+            _plan_move(job, ep.index + 1, 0.0)
         if k < args.steps and job.channel.switch_due(ep.index + 1, k, rank0=rank == 0):
             return False
     engine.drain()
@@ -269,8 +267,9 @@ def _next(job: _Job, ep: _Epoch) -> _Epoch | None:
     ep.saver.finish()
     job.wd.finish()
     e = ep.index + 1
+    ahead = job.move is not None and job.move.e == e
     t0 = time.perf_counter()
-    move, ahead = _plan_move(job, e, job.args.hang_after)
+    move = _plan_move(job, e, job.args.hang_after)
     wait_s = time.perf_counter() - t0 - (0.0 if ahead else move.plan_s)
     if (move.old.pipelines, move.old.options) != (ep.plan.pipelines, ep.plan.options):
         raise RuntimeError(f"epoch {e} switches from another plan than the running one")
@@ -280,50 +279,19 @@ def _next(job: _Job, ep: _Epoch) -> _Epoch | None:
     return _switch_into(job, move, ahead, ep.engine, position, wait_s)
 
 
-def _plan_ahead(job: _Job, ep: _Epoch) -> None:
-    """Between two steps: the next epoch's move, as soon as its plan is known — from the go once it
-    is given, before that from the plan the supervisor writes before starting the joiners. A join's
-    go waits for the joiners' warm-up, often past the switch's step, and a move planned only at the
-    go was then planned inside the switch (179 ms of a 547 ms join on 4x H200, benchmarks/README.md
-    elastic run 6)."""
-    e, m = ep.index + 1, job.move
-    if m is not None and m.e == e:
-        if not m.confirmed and job.channel.published(e):
-            _plan_move(job, e, 0.0)
-        return
-    new = job.channel.next_plan(e)  # written before the go: one store look-up per step while none is
-    if new is None:
-        return
-    if job.channel.published(e):
-        _plan_move(job, e, 0.0)
-    else:
-        job.move = _planned(job, e, ep.plan, new, confirmed=False)
-
-
-def _plan_move(job: _Job, e: int, timeout_s: float) -> tuple[_Move, bool]:
-    """Epoch ``e``'s :class:`_Move`, waiting up to ``timeout_s`` for the go, and whether it was
-    planned before this call (a move planned from the written plan is kept if the go names the same
-    two plans, else planned again)."""
-    m = job.move
-    if m is not None and m.e == e and m.confirmed:
-        return m, True
-    old, new = job.channel.epoch(e, timeout_s)
-    if m is not None and m.e == e and (m.old, m.new) == (old, new):  # every rank's move the same
-        job.move = replace(m, confirmed=True)
-        return job.move, True
-    job.move = _planned(job, e, old, new, confirmed=True)
-    return job.move, False
-
-
-def _planned(job: _Job, e: int, old: Plan, new: Plan, *, confirmed: bool) -> _Move:
-    t0 = time.perf_counter()
-    rp = reshard_plan(old, new, job.cluster)
-    return _Move(e, old, new, rp, time.perf_counter() - t0, confirmed)
+def _plan_move(job: _Job, e: int, timeout_s: float) -> _Move:
+    """Epoch ``e``'s :class:`_Move` (computed once; waits up to ``timeout_s`` for the go)."""
+    if job.move is None or job.move.e != e:
+        old, new = job.channel.epoch(e, timeout_s)
+        t0 = time.perf_counter()
+        rp = reshard_plan(old, new, job.cluster)
+        job.move = _Move(e, old, new, rp, time.perf_counter() - t0)
+    return job.move
 
 
 def _join(job: _Job, e: int, plan: Plan) -> _Epoch | None:
     """A joining device: wait for epoch ``e``, receive its state, start training."""
-    move, _ = _plan_move(job, e, job.args.hang_after)
+    move = _plan_move(job, e, job.args.hang_after)
     if move.new != plan:
         raise SpecError("--plan", f"the joining process was started with another plan than epoch {e}'s",
                         "let the supervisor start joining devices")
