@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from executor import fast_path
 from executor.packed_docs import DocSpans, packed_attention
+from executor.recompute_core import recomputed_core
 from executor.tp_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -119,7 +120,7 @@ class Attention(nn.Module):
         v = self.wv(x, input_is_copied=True).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.recompute_core and torch.is_grad_enabled():
-            o = checkpoint(self._core, q, k, v, docs, use_reentrant=False)
+            o = recomputed_core(self._core, q, k, v, docs)
         else:
             o = self._core(q, k, v, docs)
         return self.wo(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
