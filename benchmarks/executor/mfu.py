@@ -53,6 +53,7 @@ os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from benchmarks.executor.device_gaps import format_gaps, gaps_of_file  # noqa: E402
 from executor.spawn import free_port, spawn  # noqa: E402
 from planner.model import PRESETS, ModelSpec  # noqa: E402
 from planner.plan import Pipeline, Plan, PlanOptions, Stage  # noqa: E402
@@ -146,6 +147,13 @@ def _profile(step: Any, device: torch.device, path: Path | None) -> dict[str, An
     with profile(activities=acts) as prof:
         step()
         _sync(device)
+    gaps = None
+    if path is not None and device.type == "cuda":  # where the GPU waited (benchmarks.executor.device_gaps)
+        trace = path.with_suffix(".trace.json")
+        prof.export_chrome_trace(str(trace))
+        gaps = gaps_of_file(trace)
+        path.with_suffix(".gaps.txt").write_text(format_gaps(gaps) + "\n")
+        trace.unlink()
     table = ""
     for sort in (("self_device_time_total", "self_cuda_time_total") if device.type == "cuda" else ("cpu_time_total",)):
         try:
@@ -180,7 +188,8 @@ def _profile(step: Any, device: torch.device, path: Path | None) -> dict[str, An
         cats[cat] += us
         agg[row.key] = agg.get(row.key, 0.0) + us
     total = sum(cats.values()) or 1.0
-    return {"table_file": path.name if path else None, "category_ms": {k: round(v / 1e3, 2) for k, v in cats.items()},
+    return {"table_file": path.name if path else None, "device_gaps": gaps,
+            "category_ms": {k: round(v / 1e3, 2) for k, v in cats.items()},
             "category_share": {k: round(v / total, 3) for k, v in cats.items()},
             "top_kernels_ms": [(n[:90], round(us / 1e3, 2)) for n, us in
                                sorted(agg.items(), key=lambda kv: -kv[1])[:15]]}

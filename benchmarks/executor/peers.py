@@ -48,6 +48,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from benchmarks.executor import mfu  # also sets the NCCL multicast variables (read when NCCL starts)
+from benchmarks.executor.device_gaps import format_gaps  # noqa: E402
 from executor.spawn import free_port, spawn  # noqa: E402
 from planner.model import PRESETS, ModelSpec  # noqa: E402
 from planner.plan import Plan, load_plan  # noqa: E402
@@ -335,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nprofile of {r['config']} (one step, rank 0): ms by category {r['profile']['category_ms']}")
             for kname, ms in r["profile"]["top_kernels_ms"]:
                 print(f"  {ms:>9.2f} ms  {kname}")
+            if r["profile"].get("device_gaps"):
+                print(format_gaps(r["profile"]["device_gaps"]))
     print_table(results, ratios(results))
     print(f"\nwrote {json_path}")
     return 1 if any("error" in r for r in results) else 0
