@@ -6,6 +6,7 @@ pipelines, MPS-throttled GPUs — measured (step time, device memory) beside the
 
     python -m benchmarks.fidelity.host4 --out DIR            # GPU machine, 4 GPUs (~9.5 min at --steps 3)
     python -m benchmarks.fidelity.host4 --out DIR --cpu      # CPU rehearsal: tiny model, gloo
+    python -m benchmarks.fidelity.host4 --out DIR --gpus 2   # a 2-GPU host: 11 plans (launches2)
     ... --alloc-conf expandable_segments:True                # the CUDA allocator setting for every process
 
 Memory is compared per process (``benchmarks.fidelity.accuracy.device_memory``: the allocator's
@@ -58,8 +59,13 @@ def _plan(model, pipes, **options):  # type: ignore[no-untyped-def]
     return Plan(model, sum(p[0] for p in pipes), tuple(out), PlanOptions(**options))
 
 
-def launches(cpu: bool) -> list[tuple[str, tuple[int, ...], list[tuple[str, Any]]]]:
-    """(name, SM share per GPU, [(plan name, plan)]): >= 16 plans, none used for fitting."""
+def launches(cpu: bool, gpus: int = N) -> list[tuple[str, tuple[int, ...], list[tuple[str, Any]]]]:
+    """(name, SM share per GPU, [(plan name, plan)]): >= 16 plans, none used for fitting; with
+    ``gpus=2`` the 2-GPU set (:func:`launches2`)."""
+    if gpus == 2:
+        return launches2(cpu)
+    if gpus != N:
+        raise ValueError(f"--gpus: {gpus} GPUs have no plan set; use 4 (the issue's) or 2")
     small, big = models(cpu)
     g0, g1, g2, g3 = DEVS
     n, m = small.num_layers, big.num_layers
@@ -97,6 +103,33 @@ def launches(cpu: bool) -> list[tuple[str, tuple[int, ...], list[tuple[str, Any]
                                                               ([g2], m // 4 - e), ([g3], m // 4 - e)])])),
     ]
     return [("sm100x4", (100,) * N, full), ("sm100-100-50-50", (100, 100, 50, 50), mixed)]
+
+
+def launches2(cpu: bool) -> list[tuple[str, tuple[int, ...], list[tuple[str, Any]]]]:
+    """The plans that fit 2 GPUs, for hosts lent with 2 (not the issue's >= 16-plan 4-GPU set):
+    DP, ZeRO-1, PP under 1F1B and GPipe, TP 2, uneven PP, selective recompute, the 7B over two
+    stages (full recompute: without it a stage needs 80.5 GiB, over an H100's 80), and an MPS 100/50
+    pair."""
+    small, big = models(cpu)
+    g0, g1 = DEVS[:2]
+    n, m = small.num_layers, big.num_layers
+    h, d = n // 2, max(1, n // 12)
+    full = [
+        ("1.3b-1gpu-m4", _plan(small, [(8, 4, "1f1b", [([g0], n)])])),
+        ("1.3b-dp2", _plan(small, [(4, 2, "1f1b", [([g], n)]) for g in (g0, g1)])),
+        ("1.3b-dp2-zero1", _plan(small, [(4, 2, "1f1b", [([g], n)]) for g in (g0, g1)], zero=1)),
+        ("1.3b-pp2-1f1b-m8", _plan(small, [(8, 8, "1f1b", [([g0], h), ([g1], h)])])),
+        ("1.3b-pp2-gpipe-m8", _plan(small, [(8, 8, "gpipe", [([g0], h), ([g1], h)])])),
+        ("1.3b-tp2-m4", _plan(small, [(8, 4, "1f1b", [([g0, g1], n)])])),
+        ("1.3b-pp2-uneven", _plan(small, [(8, 8, "1f1b", [([g0], h + d), ([g1], h - d)])])),
+        ("1.3b-pp2-selective", _plan(small, [(8, 8, "1f1b", [([g0], h), ([g1], h)])], recompute="selective")),
+        ("7b-pp2-full", _plan(big, [(8, 8, "1f1b", [([g0], m // 2), ([g1], m // 2)])], recompute="full")),
+    ]
+    mixed = [  # GPU 1 at 50 % of the SMs
+        ("mps-1.3b-dp2-12-4", _plan(small, [(12, 3, "1f1b", [([g0], n)]), (4, 1, "1f1b", [([g1], n)])])),
+        ("mps-1.3b-pp2-fast-first", _plan(small, [(16, 16, "1f1b", [([g0], h + d), ([g1], h - d)])])),
+    ]
+    return [("sm100x2", (100, 100), full), ("sm100-50", (100, 50), mixed)]
 
 
 def cluster_for(sm: tuple[int, ...], measured_key: str, cpu: bool, latency_us: float = 10.0):  # type: ignore[no-untyped-def]
@@ -198,6 +231,7 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--gpus", type=int, default=N, help="4 (the issue's plan set) or 2 (a smaller set for 2-GPU hosts)")
     ap.add_argument("--only", type=int, default=0, help="run only the first N plans of each launch (smoke)")
     ap.add_argument("--alloc-conf", default=None,
                     help="PYTORCH_CUDA_ALLOC_CONF for calibration and every worker, e.g. expandable_segments:True "
@@ -223,7 +257,7 @@ def main() -> int:
     meta = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "calibration_wall_s": cal["wall_s"], "calibration": cal["provenance"],
             "fitted": cal.get("fitted"), "fits": cal.get("fits"),
-            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "gpus": args.gpus}
 
     def save(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Estimate what ran so far and write the JSON: a run cut short keeps its launches."""
@@ -236,11 +270,11 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     try:
-        for name, sm, plans in launches(args.cpu):
+        for name, sm, plans in launches(args.cpu, args.gpus):
             chosen = plans[:args.only] if args.only else plans
             t0 = time.perf_counter()
             res = run_launch([{"name": pn, "plan": plan_to_dict(p)} for pn, p in chosen],
-                             [100] * N if args.cpu else list(sm), cpu=args.cpu, warmup=args.warmup, steps=args.steps)
+                             [100] * len(sm) if args.cpu else list(sm), cpu=args.cpu, warmup=args.warmup, steps=args.steps)
             res.update(name=name, sm=list(sm), seconds=time.perf_counter() - t0)
             runs.append(res)
             print(f"launch {name}: {len(chosen)} plans in {res['seconds']:.0f} s", flush=True)

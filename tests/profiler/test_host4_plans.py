@@ -35,3 +35,16 @@ def test_a_plan_that_leaves_memory_allocated_is_named() -> None:
                                                   {"device": "g1:0", "left_allocated_gib": 0.0}]},
                         {"name": "pp4", "ranks": [{"device": "g0:0", "left_allocated_gib": 0.05}]}]}
     assert leaks(launch) == ["warning: dp4 left 10.70 GiB allocated on g0:0 after release"]
+
+
+def test_the_2gpu_set_is_valid_and_fits_either_card() -> None:
+    plans = [(sm, name, p) for _, sm, ps in launches(cpu=False, gpus=2) for name, p in ps]
+    assert len(plans) == len({n for _, n, _ in plans}) == 11
+    assert {p.model.name for _, _, p in plans} == {"llama-1.3b", "llama2-7b"}
+    assert {p.options.recompute for _, _, p in plans} == {"none", "selective", "full"}
+    for key in ("h100-sxm-measured", "h200-measured"):
+        for sm, name, plan in plans:
+            cluster = cluster_for(sm, key, cpu=False)
+            assert len(cluster.devices) == 2
+            validate(plan, cluster)
+            assert not estimate(plan, cluster).oom, (key, name)
