@@ -274,7 +274,8 @@ def main() -> int:
             chosen = plans[:args.only] if args.only else plans
             t0 = time.perf_counter()
             res = run_launch([{"name": pn, "plan": plan_to_dict(p)} for pn, p in chosen],
-                             [100] * len(sm) if args.cpu else list(sm), cpu=args.cpu, warmup=args.warmup, steps=args.steps)
+                             [100] * len(sm) if args.cpu else list(sm), cpu=args.cpu, warmup=args.warmup,
+                             steps=args.steps)
             res.update(name=name, sm=list(sm), seconds=time.perf_counter() - t0)
             runs.append(res)
             print(f"launch {name}: {len(chosen)} plans in {res['seconds']:.0f} s", flush=True)
