@@ -18,6 +18,8 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from executor import allocator
+
 
 class RanksFailed(RuntimeError):
     """Some ranks exited with an error or were stopped; ``codes`` has each rank's exit code (None:
@@ -38,7 +40,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def start_processes(target: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *,
                     context: BaseContext | str = "spawn", daemon: bool = False) -> list[BaseProcess]:
-    """Start ``target(rank, *args)`` for rank 0..nprocs-1 and return the processes (not joined)."""
+    """Start ``target(rank, *args)`` for rank 0..nprocs-1 and return the processes (not joined). They
+    inherit the executor's CUDA allocator setting (:mod:`executor.allocator`)."""
+    allocator.use_default()
     ctx = mp.get_context(context) if isinstance(context, str) else context
     procs = [ctx.Process(target=target, args=(rank, *args), daemon=daemon) for rank in range(nprocs)]  # type: ignore[attr-defined]
     for p in procs:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from executor import checkpoint, fast_path
+from executor import allocator, checkpoint, fast_path
 from executor.data import BatchStream, DataPosition, pipeline_rows
 from executor.engine import Engine
 from executor.groups import ProcessGroups
@@ -55,6 +55,7 @@ from planner.varlen.pool import StrategyPool
 
 def run_training(args: TrainConfig) -> int:
     """Train per ``args`` on this rank; returns the exit code (never hangs; see module docstring)."""
+    allocator.use_default()  # before this rank's first CUDA allocation
     if os.environ.get("HEXISCALE_ELASTIC") == "1":  # started by an elastic supervisor
         from executor.elastic_train import run_elastic
 

@@ -7,7 +7,7 @@ pipelines, MPS-throttled GPUs — measured (step time, device memory) beside the
     python -m benchmarks.fidelity.host4 --out DIR            # GPU machine, 4 GPUs (~9.5 min at --steps 3)
     python -m benchmarks.fidelity.host4 --out DIR --cpu      # CPU rehearsal: tiny model, gloo
     python -m benchmarks.fidelity.host4 --out DIR --gpus 2   # a 2-GPU host: 11 plans (launches2)
-    ... --alloc-conf expandable_segments:True                # the CUDA allocator setting for every process
+    ... --alloc-conf ''                                       # torch's allocator default, not the executor's
 
 Memory is compared per process (``benchmarks.fidelity.accuracy.device_memory``: the allocator's
 peak reserve + the plan's NCCL communicators + the CUDA context measured alone by ``calibrate``),
@@ -234,8 +234,8 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=N, help="4 (the issue's plan set) or 2 (a smaller set for 2-GPU hosts)")
     ap.add_argument("--only", type=int, default=0, help="run only the first N plans of each launch (smoke)")
     ap.add_argument("--alloc-conf", default=None,
-                    help="PYTORCH_CUDA_ALLOC_CONF for calibration and every worker, e.g. expandable_segments:True "
-                         "(run 3: 1F1B stages reserved 8-12 %% above their allocations with the default allocator)")
+                    help="PYTORCH_CUDA_ALLOC_CONF for calibration and every worker; default: the executor's "
+                         "(expandable_segments:True, executor/allocator.py); '' for torch's own default")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from executor import allocator
 from executor.profiler import compute
 from executor.profiler.runner import ProfileConfig, detect_base, machine_meta, run_profile
 from planner.calibration.fit import fit_compute, fit_link_efficiency
@@ -114,6 +115,7 @@ def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, p
                   ) -> dict[str, Any]:
     """Measure, fit and write ``home/devices/<key>.json`` and ``home/calibration/<key>.json``; returns a summary."""
     t0 = time.perf_counter()
+    allocator.use_default()  # measure under the allocator setting training runs with
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     context_gib = 0.0
     if device.type == "cuda":

@@ -131,7 +131,17 @@ def stage_token_cap(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: 
     room = have - base
     if room < 0 or have < peak:
         return 0
-    return 1 + int(room / slope) if slope > 0 else 1 << 40
+    hi = 1 + int(room / slope) if slope > 0 else 1 << 40
+    if need(hi)[0] <= have:
+        return hi
+    # memory is convex in tokens, not linear, where a term is a max (full recompute's transient:
+    # :func:`planner.cost.memory.full_recompute_transient`), so the line from small micro-batches
+    # over-shoots: the largest fitting size lies below ``hi``
+    lo = 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if need(mid)[0] <= have else (lo, mid)
+    return lo
 
 
 @dataclass(frozen=True)
