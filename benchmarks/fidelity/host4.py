@@ -243,6 +243,9 @@ def main() -> int:
     os.environ["HEXISCALE_HOME"] = str(home)  # before planner reads its catalog
     if args.alloc_conf is not None:  # inherited by the calibration and the workers, read at their CUDA start
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = args.alloc_conf
+    from executor import allocator
+
+    allocator.use_default()  # what the executor's processes run with (recorded in the JSON's meta)
     cal = calibrate(home, args.cpu, "llama-1.3b")
     measured_key = cal["applies_to"][0]
     from benchmarks.fidelity.worker import run_launch
