@@ -2,10 +2,11 @@
 
 With the allocator's default segments, a pipeline stage at micro-batch 1 reserved 8.5-11.6 % above
 what it allocated (up to 4.1 GiB of an H200 on a GPipe stage of llama-1.3b), single-stage plans
-2.8-4 %: activation tensors of 1-10 MiB share 20 MiB segments that later requests of other sizes
-cannot fill. With ``expandable_segments:True`` the same 11 plans on 2x H200 (fidelity ``--gpus 2``,
-2026-11-26) allocated the same bytes and reserved 0.2-1.2 % above them (benchmarks/README.md, issue 19).
-The memory model's ``fragmentation`` describes what the executor runs, so it runs this by default.
+2.8-4 %. The likely cause: the allocator serves requests of 1-10 MiB, such as micro-batch 1's 8 MiB
+activations, from shared 20 MiB segments. With ``expandable_segments:True`` the same 11 plans on
+2x H200 (fidelity ``--gpus 2``, 2026-11-26) allocated the same bytes and reserved 0.2-1.2 % above
+them. The memory model then errs only on the safe side: on a held-out 2-GPU host it was never
+under, mean error 3.2 % (benchmarks/README.md, issue 19).
 
 A user's own ``PYTORCH_CUDA_ALLOC_CONF`` is kept. Torch reads the variable when the allocator first
 allocates, so :func:`use_default` must run before a process's first CUDA allocation; processes
