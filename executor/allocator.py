@@ -6,7 +6,8 @@ what it allocated (up to 4.1 GiB of an H200 on a GPipe stage of llama-1.3b), sin
 activations, from shared 20 MiB segments. With ``expandable_segments:True`` the same 11 plans on
 2x H200 (fidelity ``--gpus 2``, 2026-11-26) allocated the same bytes and reserved 0.2-1.2 % above
 them. The memory model then errs only on the safe side: on a held-out 2-GPU host it was never
-under, mean error 3.2 % (benchmarks/README.md, issue 19).
+under, mean error 3.2 % (benchmarks/README.md, issue 19). On one H100, llama-1.3b trained at the
+same speed either way (53.2-53.6 k tokens/s, runs interleaved).
 
 A user's own ``PYTORCH_CUDA_ALLOC_CONF`` is kept. Torch reads the variable when the allocator first
 allocates, so :func:`use_default` must run before a process's first CUDA allocation; processes
