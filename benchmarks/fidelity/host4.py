@@ -4,7 +4,8 @@ pipelines, MPS-throttled GPUs — measured (step time, device memory) beside the
 ``plan``/``estimate`` would make by default on this host (its calibration found under
 ``HEXISCALE_HOME``). None of the plans was used to fit anything: calibration measures single layers.
 
-    python -m benchmarks.fidelity.host4 --out DIR            # GPU machine, 4 GPUs (~9.5 min at --steps 3)
+    python -m benchmarks.fidelity.host4 --out DIR            # GPU machine, 4 GPUs (21 plans: over 10 min)
+    ... --launches sm100x4            then   --launches sm100-100-50-50    # the same in two calls
     python -m benchmarks.fidelity.host4 --out DIR --cpu      # CPU rehearsal: tiny model, gloo
     python -m benchmarks.fidelity.host4 --out DIR --gpus 2   # a 2-GPU host: 11 plans (launches2)
     ... --alloc-conf ''                                       # torch's allocator default, not the executor's
@@ -90,6 +91,10 @@ def launches(cpu: bool, gpus: int = N) -> list[tuple[str, tuple[int, ...], list[
         ("7b-tp2xpp2-m8", _plan(big, [(8, 8, "1f1b", [([g0, g1], m // 2), ([g2, g3], m // 2)])])),
         ("7b-pp2xdp2-zero1", _plan(big, [(4, 4, "1f1b", [([g0], m // 2), ([g1], m // 2)]),
                                          (4, 4, "1f1b", [([g2], m // 2), ([g3], m // 2)])], zero=1)),
+        # since session 7: full recompute's transient (the autocast cache of a stage's weight copies)
+        # and a GPipe stage at micro-batch 1 (the allocator's reserve without expandable segments)
+        ("7b-pp4-full-m8", _plan(big, [(8, 8, "1f1b", [([g], m // 4) for g in DEVS])], recompute="full")),
+        ("1.3b-pp4-gpipe-m16", _plan(small, [(16, 16, "gpipe", [([g], q) for g in DEVS])])),
     ]
     mixed = [  # GPUs 2 and 3 at 50 % of the SMs
         ("mps-1.3b-dp4-12-12-4-4", _plan(small, [(12, 3, "1f1b", [([g0], n)]), (12, 3, "1f1b", [([g1], n)]),
@@ -232,11 +237,23 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--gpus", type=int, default=N, help="4 (the issue's plan set) or 2 (a smaller set for 2-GPU hosts)")
+    ap.add_argument("--launches", default="", help="comma list of launch names to run (default: all), "
+                    "to split a run over calls, e.g. sm100x4 then sm100-100-50-50")
     ap.add_argument("--only", type=int, default=0, help="run only the first N plans of each launch (smoke)")
     ap.add_argument("--alloc-conf", default=None,
                     help="PYTORCH_CUDA_ALLOC_CONF for calibration and every worker; default: the executor's "
                          "(expandable_segments:True, executor/allocator.py); '' for torch's own default")
     args = ap.parse_args()
+    try:
+        todo = launches(args.cpu, args.gpus)
+    except ValueError as e:
+        ap.error(str(e))
+    wanted = [x for x in args.launches.split(",") if x]
+    unknown = sorted(set(wanted) - {name for name, _, _ in todo})
+    if unknown:
+        ap.error(f"--launches: no launch named {', '.join(unknown)}; choose from "
+                 f"{', '.join(name for name, _, _ in todo)}")
+    todo = [x for x in todo if not wanted or x[0] in wanted]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     home = out / "hexiscale-home"
@@ -273,7 +290,7 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     try:
-        for name, sm, plans in launches(args.cpu, args.gpus):
+        for name, sm, plans in todo:
             chosen = plans[:args.only] if args.only else plans
             t0 = time.perf_counter()
             res = run_launch([{"name": pn, "plan": plan_to_dict(p)} for pn, p in chosen],
