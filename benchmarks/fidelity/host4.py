@@ -265,6 +265,7 @@ def main() -> int:
     allocator.use_default()  # what the executor's processes run with (recorded in the JSON's meta)
     cal = calibrate(home, args.cpu, "llama-1.3b")
     measured_key = cal["applies_to"][0]
+    from benchmarks.fidelity.repredict import read_home
     from benchmarks.fidelity.worker import run_launch
     from planner.plan import plan_to_dict
 
@@ -277,7 +278,8 @@ def main() -> int:
     meta = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "calibration_wall_s": cal["wall_s"], "calibration": cal["provenance"],
             "fitted": cal.get("fitted"), "fits": cal.get("fits"),
-            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "gpus": args.gpus}
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "gpus": args.gpus,
+            "host_home": read_home(home)}  # this host's profile and calibration (benchmarks.fidelity.repredict)
 
     def save(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Estimate what ran so far and write the JSON: a run cut short keeps its launches."""

@@ -1,0 +1,110 @@
+"""A fidelity run's estimates made again with today's cost model, beside the ones the run made.
+
+Input: a ``benchmarks/fidelity/host4.py`` JSON (plans, measured step times and memory) and the
+host's measured profile and calibration, which ``hexiscale calibrate`` wrote there: the JSON's
+``meta.host_home`` (runs since session 7 carry it), or ``--home`` (a ``*.home.json`` of those files,
+as committed beside older results, or the run's ``hexiscale-home`` folder). Checks a model change
+against GPU measurements without a GPU:
+
+    python -m benchmarks.fidelity.repredict benchmarks/results/fidelity_host2_h200_20261126T172837Z.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+KINDS = ("devices", "calibration")
+
+
+def read_home(folder: Path) -> dict[str, Any]:
+    """``{"devices/<key>.json": ..., "calibration/<key>.json": ...}`` of a calibration home."""
+    return {f"{kind}/{f.name}": json.loads(f.read_text()) for kind in KINDS
+            for f in sorted((folder / kind).glob("*.json"))}
+
+
+def write_home(files: dict[str, Any], folder: Path) -> Path:
+    for rel, data in files.items():
+        kind, _, name = rel.partition("/")
+        if kind not in KINDS or not name.endswith(".json") or "/" in name:
+            raise SystemExit(f"repredict: home entry {rel!r} is not devices/<key>.json or calibration/<key>.json")
+        (folder / kind).mkdir(parents=True, exist_ok=True)
+        (folder / kind / name).write_text(json.dumps(data))
+    return folder
+
+
+def home_files(results: dict[str, Any], home: Path | None) -> dict[str, Any]:
+    if home is not None:
+        return read_home(home) if home.is_dir() else json.loads(home.read_text())
+    files = (results.get("meta") or {}).get("host_home")
+    if not files:
+        raise SystemExit("repredict: this run carries no host profile (meta.host_home); pass --home with its "
+                         "*.home.json or hexiscale-home folder")
+    return files
+
+
+def repredict(results: dict[str, Any], files: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's rows estimated again (``host4.predict_rows``) with the host's files as its home."""
+    from benchmarks.fidelity.host4 import predict_rows
+
+    [key] = [rel.split("/")[1].removesuffix(".json") for rel in files if rel.startswith("calibration/")]
+    meta = results.get("meta") or {}
+    cpu = meta.get("gpu") == "cpu"  # a CPU rehearsal (host4 --cpu): one measured type for every share
+    fits = meta.get("fits") or {}
+    latency = (fits.get("link") or {}).get("latency_us") or 10.0
+    context = (fits.get("framework_gib") or {}).get("measured_context_gib")
+    before = os.environ.get("HEXISCALE_HOME")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["HEXISCALE_HOME"] = str(write_home(files, Path(tmp)))
+        try:
+            return predict_rows(results["runs"], key, cpu, latency, context)
+        finally:
+            if before is None:
+                os.environ.pop("HEXISCALE_HOME", None)
+            else:
+                os.environ["HEXISCALE_HOME"] = before
+
+
+def compare(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str:
+    was = {r["plan"]: r for r in old}
+    out = ["| plan | step error then | now | memory errors then -> now |", "|---|---:|---:|---|"]
+    for r in new:
+        o = was.get(r["plan"], {})
+        if "time_err" not in r:
+            out.append(f"| {r['plan']} | failed | | |")
+            continue
+        mem = ", ".join(f"{a['err'] * 100:+.1f} -> {b['err'] * 100:+.1f} %"
+                        for a, b in zip(o.get("memory", []), r["memory"]))
+        out.append(f"| {r['plan']} | {o.get('time_err', float('nan')) * 100:+.1f} % | {r['time_err'] * 100:+.1f} % "
+                   f"| {mem} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("results", help="a host4 fidelity JSON")
+    ap.add_argument("--home", default=None, help="the host's *.home.json or hexiscale-home folder")
+    args = ap.parse_args(argv)
+    path = Path(args.results)
+    if not path.is_file():
+        ap.error(f"results: no file {path}")
+    results = json.loads(path.read_text())
+    home = Path(args.home) if args.home else None
+    if home is None and not (results.get("meta") or {}).get("host_home"):
+        beside = path.with_suffix(".home.json")
+        home = beside if beside.is_file() else None
+    rows = repredict(results, home_files(results, home))
+    from benchmarks.fidelity.host4 import table
+
+    print(compare(results.get("rows", []), rows))
+    print(table(rows).splitlines()[-1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
