@@ -265,7 +265,7 @@ def main() -> int:
     allocator.use_default()  # what the executor's processes run with (recorded in the JSON's meta)
     cal = calibrate(home, args.cpu, "llama-1.3b")
     measured_key = cal["applies_to"][0]
-    from benchmarks.fidelity.repredict import read_home
+    from benchmarks.fidelity.host_home import read_home
     from benchmarks.fidelity.worker import run_launch
     from planner.plan import plan_to_dict
 
