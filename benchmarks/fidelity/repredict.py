@@ -21,6 +21,7 @@ from typing import Any
 
 from benchmarks.fidelity.host_home import read_home, write_home
 
+
 def home_files(results: dict[str, Any], home: Path | None) -> dict[str, Any]:
     if home is not None:
         return read_home(home) if home.is_dir() else json.loads(home.read_text())
