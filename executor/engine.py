@@ -108,7 +108,8 @@ class Engine:
 
         self.module = StageModule(model, layers=self.stage.layers, first=self.stage.is_first,
                                   last=self.stage.is_last, tp=self.stage.tp, tp_rank=self.tp_rank,
-                                  group=groups.tp_group, device=self.device, recompute=plan.options.recompute)
+                                  group=groups.tp_group, device=self.device, recompute=plan.options.recompute,
+                                  residual=plan.options.residual_dtype)
         infos = stage_params(model, self.stage.layers, self.stage.is_first, self.stage.is_last)
         self.shard_dims = {p.name: p.shard_dim for p in infos}
         self._params: dict[str, torch.nn.Parameter] = dict(self.module.named_parameters())

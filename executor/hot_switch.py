@@ -80,7 +80,8 @@ class WorkingLayout:
         self.tp_rank = self.stage.ranks.index(rank)
         self.module = StageModule(plan.model, layers=self.stage.layers, first=self.stage.is_first,
                                   last=self.stage.is_last, tp=self.stage.tp, tp_rank=self.tp_rank,
-                                  group=groups.tp_group, device=device, recompute=plan.options.recompute)
+                                  group=groups.tp_group, device=device, recompute=plan.options.recompute,
+                                  residual=plan.options.residual_dtype)
         self.params = dict(self.module.named_parameters())
         self.shapes = {n: p.shape for n, p in self.params.items()}
         self.comm = StageComm(self.stage, rank, groups.tp_group, device=device,

@@ -5,7 +5,11 @@ Block (pre-norm)::
     x = x + Wo · Attn(RoPE(Wq · n1(x)), RoPE(Wk · n1(x)), Wv · n1(x))     n = RMSNorm
     x = x + W_down · (silu(W_gate · n2(x)) * (W_up · n2(x)))
 
-* RMSNorm: ``x / sqrt(mean(x²) + eps) * w`` (computed in fp32).
+* RMSNorm: ``x / sqrt(mean(x²) + eps) * w`` (statistics in fp32).
+* Residual stream: fp32 (``x`` stays fp32 under autocast), or with ``residual="bf16"``/``"fp16"``
+  the autocast dtype inside the stage (Megatron's default; half the traffic of the norms and
+  residual adds, and of the saved layer inputs). A stage's input and output stay fp32 either way,
+  so what crosses a pipeline boundary does not change (the round trip through fp32 is exact).
 * RoPE, rotate-half convention: for each head, pairs ``(x_i, x_{i+d/2})`` rotate by angle
   ``pos · θ^(-2i/d)`` (rescaled per ``rope_scaling``, :mod:`planner.rope`); applied as
   ``x·cos + rotate_half(x)·sin`` with precomputed tables (no loops).
@@ -80,11 +84,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # the residual stream (also under autocast): one fused kernel
-            return fast_path.rms_norm(x, self.weight, self.eps)
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        # one fused kernel in x's dtype: the fp32 residual stream, or a bf16 one (its fp32
+        # statistics, the scale rounded to bf16 as Megatron's bf16 weights are)
+        return fast_path.rms_norm(x, self.weight, self.eps)
 
 
 # ------------------------------------------------------------------------------ blocks
@@ -176,9 +178,11 @@ class StageModule(nn.Module):
     """
 
     def __init__(self, m: ModelSpec, *, layers: tuple[int, int], first: bool, last: bool, tp: int, tp_rank: int,
-                 group: Any, device: torch.device | None = None, recompute: str = "none"):
+                 group: Any, device: torch.device | None = None, recompute: str = "none",
+                 residual: str = "fp32"):
         super().__init__()
         self.spec = m
+        self.low_residual = residual != "fp32"  # the residual stream in the autocast dtype (if any)
         self.first, self.last = first, last
         self.tp, self.tp_rank, self.group = tp, tp_rank, group
         self.param_gate: Callable[[str], None] | None = None
@@ -204,6 +208,10 @@ class StageModule(nn.Module):
             if gate is not None:
                 gate("embed")
             x = self.embed(x)
+        dev = x.device.type
+        low = self.low_residual and torch.is_autocast_enabled(dev)
+        if low:
+            x = x.to(torch.get_autocast_dtype(dev))
         cos: torch.Tensor = self.rope_cos  # type: ignore[assignment]
         sin: torch.Tensor = self.rope_sin  # type: ignore[assignment]
         if docs is not None:  # per-token tables: [T, d], which apply_rope takes like a cut table
@@ -215,7 +223,7 @@ class StageModule(nn.Module):
             x = block(x, cos, sin, docs)
         if gate is not None and self.last:  # loss() follows on the last stage
             gate("head")
-        return x
+        return x.float() if low else x
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         assert self.final_norm is not None and self.lm_head is not None, "loss() is for the last stage"

@@ -78,7 +78,7 @@ def _step(plan: Plan, device_id: str, device: torch.device, optim: OptimConfig) 
     start, end = stage.layers
     module = StageModule(m, layers=(start, min(start + 1, end)), first=stage.is_first, last=stage.is_last,
                          tp=stage.tp, tp_rank=stage.ranks.index(rank), group=None, device=device,
-                         recompute=plan.options.recompute)
+                         recompute=plan.options.recompute, residual=plan.options.residual_dtype)
     params = list(module.named_parameters())
     with torch.no_grad():
         for _, p in params:

@@ -75,6 +75,8 @@ class PlanOptions:
     dtype: str = "bf16"  # compute dtype; master weights and gradient reduction stay fp32
     compile: bool = False  # blocks run torch.compile'd (the executor compiles them on CUDA; the
     # memory model counts the compiled path's activations, planner.cost.memory)
+    residual_dtype: str = "fp32"  # the residual stream between blocks: fp32, or the compute dtype
+    # (Megatron's default: half the norm and residual traffic; stage boundaries still carry fp32)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,9 @@ def check_structure(plan: Plan) -> None:
         raise SpecError("options.dtype", f"{o.dtype!r} is not one of {list(DTYPES)}", "use bf16 or fp32")
     if not isinstance(o.compile, bool):
         raise SpecError("options.compile", f"expected true or false, got {o.compile!r}", "write true or false")
+    if o.residual_dtype not in ("fp32", o.dtype):
+        raise SpecError("options.residual_dtype", f"{o.residual_dtype!r} is neither fp32 nor the compute dtype "
+                        f"{o.dtype!r}", f"use fp32 or {o.dtype}")
     total = 0
     seen: dict[str, str] = {}
     for pi, pipe in enumerate(plan.pipelines):
@@ -226,12 +231,13 @@ def _parse_pipeline(data: Any, path: str) -> Pipeline:
 
 def _parse_options(data: Any) -> PlanOptions:
     data = expect_mapping(data, "options")
-    check_keys(data, "options", (), ("recompute", "zero", "dtype", "compile"))
+    check_keys(data, "options", (), ("recompute", "zero", "dtype", "compile", "residual_dtype"))
     return PlanOptions(
         recompute=get_str(data, "recompute", "options", default="none", choices=RECOMPUTE_MODES),
         zero=get_int(data, "zero", "options", minimum=0, default=0),
         dtype=get_str(data, "dtype", "options", default="bf16", choices=DTYPES),
         compile=get_bool(data, "compile", "options", default=False),
+        residual_dtype=get_str(data, "residual_dtype", "options", default="fp32", choices=DTYPES),
     )
 
 
@@ -272,6 +278,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     }
     if plan.options.compile:  # written only when set: plans without it read as before
         out["options"]["compile"] = True
+    if plan.options.residual_dtype != "fp32":  # likewise
+        out["options"]["residual_dtype"] = plan.options.residual_dtype
     if plan.cluster is not None:
         out["cluster"] = plan.cluster
     if plan.estimate is not None:

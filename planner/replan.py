@@ -121,7 +121,7 @@ def replan(cluster: ClusterSpec, devices: Sequence[str], current: Plan, *,
     t0 = time.perf_counter()
     sub = sub_cluster(cluster, devices)
     cfg = config or PlannerConfig(time_limit_s=REPLAN_TIME_LIMIT_S, dtype=current.options.dtype,
-                                  compile=current.options.compile)
+                                  compile=current.options.compile, residual_dtype=current.options.residual_dtype)
     result = search(sub.cluster, current.model, current.global_batch_size, config=cfg,
                     start=warm_start(current, sub))
     plan = _rename(result.plan, sub.real)

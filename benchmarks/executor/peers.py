@@ -74,6 +74,7 @@ class Job:
     plan_path: str = ""  # ours: the plan (made by the driver)
     fixed_micro: int = 0  # ours on 4 GPUs: micro-batches of this many samples instead of the planner's
     profile: str = ""  # a file for one extra, profiled step's kernel table (rank 0), or none
+    residual: str = "fp32"  # ours: the plan's options.residual_dtype (fp32, or the compute dtype)
 
 
 def parse_config(name: str) -> tuple[str, int, int, int, int]:
@@ -102,6 +103,8 @@ def plan_for(job: Job, out: Path) -> Path:
                                                 steps=0, warmup=0, cuda=job.cuda, compile=True, profile=(), out=""))
         from planner.plan import save_plan
 
+        if job.cuda:
+            plan = dataclasses.replace(plan, options=dataclasses.replace(plan.options, residual_dtype=job.residual))
         save_plan(plan, path)
         return path
     name = torch.cuda.get_device_name(0) if job.cuda else "cpu"
@@ -288,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--profile", default="", help="comma list of configs to profile one extra step of")
     ap.add_argument("--cpu-smoke", action="store_true", help="ours only, tiny model, gloo")
+    ap.add_argument("--residual", default="fp32", choices=("fp32", "bf16"),
+                    help="ours: the residual stream's dtype (plan options.residual_dtype; 1 GPU)")
     args = ap.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     try:
@@ -305,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             "gpu": torch.cuda.get_device_name(0) if cuda else "cpu", "gpu_count": torch.cuda.device_count(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
             "host": platform.node(), "flops_formula": "6*N + 12*L*h*s (planner.model)",
-            "peak_tflops_per_gpu": mfu.H100_PEAK_TFLOPS, "timed_steps": args.steps, "warmup_steps": args.warmup}
+            "peak_tflops_per_gpu": mfu.H100_PEAK_TFLOPS, "timed_steps": args.steps, "warmup_steps": args.warmup,
+            "ours_residual_dtype": args.residual}
     results: list[dict[str, Any]] = []
     for name, (system, gpus, tp, pp, mb) in parsed.items():
         if args.cpu_smoke and system != "ours":
@@ -313,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         model = PRESETS[args.model_1 if gpus == 1 else args.model_4]
         batch, micro = (args.batch_1, args.micro_batch_1) if gpus == 1 else (args.batch_4, args.micro_batch_4)
         job = Job(system, gpus, tp, pp, model, batch, mb or micro, args.steps, args.warmup, cuda,
-                  fixed_micro=mb if system == "ours" and gpus > 1 else 0,
+                  fixed_micro=mb if system == "ours" and gpus > 1 else 0, residual=args.residual,
                   profile=str(out / f"profile_peers_{name}.txt") if name in args.profile.split(",") else "")
         if args.cpu_smoke:
             job = replace(job, model=replace(PRESETS["tiny"], num_layers=4), batch=4 * gpus, micro_batch=2,

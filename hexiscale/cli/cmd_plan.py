@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--compile", action="store_true",
                    help="the plan's blocks run compiled (options.compile; `hexiscale train` compiles them on "
                    "CUDA): the memory model counts the compiled path's smaller activations")
+    p.add_argument("--residual-dtype", default="fp32", choices=("fp32", "bf16"), dest="residual_dtype",
+                   help="the residual stream inside each stage (options.residual_dtype): fp32 (default), or bf16 "
+                   "like Megatron (less norm traffic and activation memory; stage boundaries stay fp32)")
     p.set_defaults(func=run)
 
 
@@ -68,11 +71,14 @@ def run(args: argparse.Namespace) -> int:
         if args.compile:
             raise SpecError("--compile", "a strategy pool runs eager (hexiscale train refuses --compile with "
                             "one)", "drop --compile or plan one batch shape without --lengths")
+        if args.residual_dtype != "fp32":
+            raise SpecError("--residual-dtype", "a strategy pool is planned with the fp32 residual",
+                            "drop --residual-dtype or plan one batch shape without --lengths")
         from hexiscale.cli import plan_lengths
 
         return plan_lengths.run(args, cluster, model, resolved.profiles)
     config = PlannerConfig(time_limit_s=args.time_limit, seed=args.seed, objective=args.objective,
-                           compile=args.compile)
+                           compile=args.compile, residual_dtype=args.residual_dtype)
     if args.output:
         check_writable(args.output, "-o")  # before a search of up to --time-limit seconds
     result = search(cluster, model, args.global_batch, config=config, profiles=resolved.profiles)

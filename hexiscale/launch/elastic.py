@@ -354,7 +354,8 @@ class Supervisor:
         cfg = None
         if self.opts.replan_time_s is not None:
             cfg = PlannerConfig(time_limit_s=self.opts.replan_time_s, dtype=self.plan.options.dtype,
-                                compile=self.plan.options.compile)
+                                compile=self.plan.options.compile,
+                                residual_dtype=self.plan.options.residual_dtype)
         return replan(self.cluster, devices, self.plan, config=cfg).plan
 
     def _save(self, plan: Plan, e: int) -> str:

@@ -240,7 +240,7 @@ def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool
 
 
 def _num(dtype: str, params: CostParams) -> Numerics:
-    return Numerics.of(dtype, params.fp32_residual, params.autocast_weight_copies, params.expand_kv_heads)
+    return Numerics.from_params(dtype, params)
 
 
 def _norm_saved(params: CostParams) -> int:
@@ -257,7 +257,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int, dtype: s
     if compile and recompute == "none":
         return compiled_layer_activation_bytes(model, micro_batch, tp, dtype, seq_len, params)
     num = _num(dtype, params)
-    e, r = num.e, num.r
+    e, r = num.e, num.rl
     h, f, kv, a = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.num_heads
     tokens = micro_batch * (seq_len or model.seq_len)
     if recompute == "full":
@@ -277,7 +277,7 @@ def compiled_layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int,
     """Bytes one COMPILED layer keeps for its backward per micro-batch without recompute (module
     docstring, "none, compiled"; the saved-tensor count of benchmarks/executor/activation_memory.py)."""
     num = _num(dtype, params)
-    e, r = num.e, num.r
+    e, r = num.e, num.rl
     h, f, kv, a = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.num_heads
     seq = seq_len or model.seq_len
     kv_saved = h if (num.expand_kv and kv != h) else kv

@@ -4,7 +4,8 @@ with their FLOPs and bytes moved, for one tensor-parallel shard. Pure counting, 
 Notation: ``T = micro_batch * seq_len`` tokens, ``h`` hidden, ``f`` ffn hidden, ``kv`` the K/V
 width (``num_kv_heads * head_dim``), ``t`` the TP degree, ``e`` bytes per element of the compute
 dtype, ``r`` bytes per element of the residual stream (:class:`Numerics`: 4 in the executor,
-which keeps the residual and RMSNorm in fp32 and autocasts matmuls). Megatron tensor parallelism
+which keeps the residual and RMSNorm in fp32 and autocasts matmuls; inside the layers ``Numerics.rl``,
+the compute dtype's ``e`` under a plan's ``options.residual_dtype``). Megatron tensor parallelism
 without sequence parallelism: norms and residual adds run on the full (replicated) activation on
 every TP rank; q/k/v, gate/up are column-parallel (N/t), wo and w_down row-parallel (K/t).
 
@@ -35,6 +36,7 @@ the gradients of the norm outputs' 3 + 2 consumers are summed (9·r·T·h); cast
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from planner.layout import layer_numel, stage_tensors
 from planner.model import ModelSpec
@@ -67,16 +69,28 @@ class Numerics:
     """Element sizes and implementation facts the op counts depend on (from ``CostParams``)."""
 
     e: int  # compute dtype bytes
-    r: int  # residual-stream bytes (RMSNorm, residual adds, stage-boundary activations)
+    r: int  # residual-stream bytes at a stage's ends (embedding output, stage-boundary activations)
     weight_casts: bool  # autocast casts the fp32 weights every forward
     expand_kv: bool  # GQA K/V expanded to the query heads
+    rl: int = 0  # residual-stream bytes inside the layers (RMSNorm inputs, residual adds); 0: ``r``
+
+    def __post_init__(self) -> None:
+        if not self.rl:
+            object.__setattr__(self, "rl", self.r)
 
     @staticmethod
     def of(dtype: str, fp32_residual: bool = False, autocast_weight_copies: bool = False,
-           expand_kv_heads: bool = False) -> Numerics:
+           expand_kv_heads: bool = False, residual_in_compute_dtype: bool = False) -> Numerics:
         e = DTYPE_BYTES[dtype]
         mixed = e != 4
-        return Numerics(e, 4 if fp32_residual else e, autocast_weight_copies and mixed, expand_kv_heads)
+        r = 4 if fp32_residual else e
+        return Numerics(e, r, autocast_weight_copies and mixed, expand_kv_heads, e if residual_in_compute_dtype else r)
+
+    @staticmethod
+    def from_params(dtype: str, params: Any) -> Numerics:
+        """The numerics ``params`` (a ``CostParams``) describe for compute dtype ``dtype``."""
+        return Numerics.of(dtype, params.fp32_residual, params.autocast_weight_copies, params.expand_kv_heads,
+                           params.residual_in_compute_dtype)
 
 
 def _gemm(name: str, m: float, k: float, n: float, e: int) -> Op:
@@ -117,7 +131,7 @@ def _norm(name: str, tokens: float, h: int, r: int) -> tuple[Op, Op]:
 
 
 def layer_forward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Numerics) -> list[Op]:
-    e, r = num.e, num.r
+    e, r = num.e, num.rl
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_dim
     t = micro_batch * seq_len
     gemms = {name: _gemm(name, m, k, n, e) for name, m, k, n in layer_gemms(model, t, tp)}
@@ -146,7 +160,7 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int,
 def layer_backward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Numerics,
                        attention_backward_flops_ratio: float) -> list[Op]:
     """Backward ops without recompute (recompute adds forward ops; see profile.py)."""
-    e, r = num.e, num.r
+    e, r = num.e, num.rl
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_dim
     t = micro_batch * seq_len
     ops: list[Op] = []

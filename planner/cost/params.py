@@ -71,6 +71,11 @@ class CostParams:
     # torch.autocast. With fp32_residual the residual stream, RMSNorm, stage-boundary activations
     # and their gradients are fp32 (4 B) while matmul inputs/outputs are in the compute dtype.
     fp32_residual: bool = True
+    # The plan's ``options.residual_dtype`` is the compute dtype: inside a stage the residual stream,
+    # the RMSNorm inputs and the residual adds are ``e`` bytes; a stage's input and output stay as
+    # ``fp32_residual`` says (executor/model.py casts at the stage's ends). A plan option, not a
+    # fitted term: :meth:`planner.cost.profile_set.ProfileSet.for_options` sets it from the plan.
+    residual_in_compute_dtype: bool = False
     # Each forward under autocast casts the stage's matmul weights to the compute dtype; the casts
     # stay alive (saved for the backward) for every micro-batch in flight.
     autocast_weight_copies: bool = True

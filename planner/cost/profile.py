@@ -198,7 +198,7 @@ class DeviceProfile(ABC):
 
     def numerics(self, dtype: str) -> Numerics:
         p = self.params
-        return Numerics.of(dtype, p.fp32_residual, p.autocast_weight_copies, p.expand_kv_heads)
+        return Numerics.from_params(dtype, p)
 
     # ----------------------------------------------------------------------- spec roofline
     def op_time(self, op: Op, dtype: str) -> float:

@@ -3,10 +3,13 @@ spec roofline elsewhere (the two :class:`planner.cost.profile.DeviceProfile` sou
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.catalog import Catalog, DeviceType, default_catalog
 from planner.cost.measured import MeasuredProfile
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, SpecProfile
+from planner.plan import PlanOptions
 
 
 class ProfileSet:
@@ -21,6 +24,17 @@ class ProfileSet:
         self.params = params
         self.prefer_measured = prefer_measured
         self._profiles: dict[str, DeviceProfile] = {}
+        self._variants: dict[CostParams, ProfileSet] = {}
+
+    def for_options(self, options: PlanOptions) -> ProfileSet:
+        """This set as a plan with ``options`` is costed: the residual stream inside the layers in
+        the compute dtype when ``options.residual_dtype`` says so (the same set otherwise)."""
+        params = replace(self.params, residual_in_compute_dtype=options.residual_dtype != "fp32")
+        if params == self.params:
+            return self
+        if params not in self._variants:
+            self._variants[params] = ProfileSet(self.catalog, params, self.prefer_measured)
+        return self._variants[params]
 
     def _measured_entry(self, device: DeviceType) -> DeviceType | None:
         """The measured entry to use for ``device``: its own ``measured`` section, else the profiler's

@@ -107,7 +107,7 @@ def tp_collectives(model: ModelSpec, *, layers: int, first: bool, last: bool, mi
     """Bytes of every TP all-reduce of one micro-batch, (forward, backward) (module docstring).
     ``in_layer_time``: the layers' own 2 + 2 are inside the profile's layer time (live rows): left out."""
     tokens = micro_batch * (seq_len or model.seq_len)
-    num = Numerics.of(dtype, params.fp32_residual, params.autocast_weight_copies, params.expand_kv_heads)
+    num = Numerics.from_params(dtype, params)
     act_e, act_r = float(tokens * model.hidden_size * num.e), float(tokens * model.hidden_size * num.r)
     own = 0 if in_layer_time else layers  # layers whose own all-reduces are counted here
     fwd = [act_e] * (2 * own)

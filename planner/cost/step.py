@@ -261,7 +261,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     Raises ``SpecError`` when the plan names devices the cluster lacks; running out of memory is
     reported in ``Estimate.oom`` (call ``check_fits()`` to turn it into an error)."""
     validate(plan, cluster)
-    profiles = profiles or ProfileSet(cluster.catalog)
+    profiles = (profiles or ProfileSet(cluster.catalog)).for_options(plan.options)
     params, m, o = profiles.params, plan.model, plan.options
     n_pipes = len(plan.pipelines)
     zero_shards = n_pipes if o.zero == 1 else 1

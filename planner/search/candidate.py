@@ -348,5 +348,6 @@ def to_plan(cand: Candidate, oracle: Oracle, global_batch: int, cluster_name: st
             start += n
         pipes.append(Pipeline(lay.batch, lay.micro_batches, tuple(stages), cand.setting.schedule))
     s = cand.setting
-    return Plan(oracle.model, global_batch, tuple(pipes), PlanOptions(s.recompute, s.zero, s.dtype, s.compile),
-                cluster_name)
+    residual = s.dtype if oracle.params.residual_in_compute_dtype else "fp32"
+    options = PlanOptions(s.recompute, s.zero, s.dtype, s.compile, residual)
+    return Plan(oracle.model, global_batch, tuple(pipes), options, cluster_name)

@@ -22,6 +22,7 @@ class PlannerConfig:
     schedules: tuple[str, ...] = SCHEDULES
     dtype: str = "bf16"
     compile: bool = False  # the plan's blocks are compiled (PlanOptions.compile): less activation memory
+    residual_dtype: str = "fp32"  # the plans' options.residual_dtype (fp32 or dtype), costed as such
     local_search: bool = True
     polish: bool = True  # move single layers under the full estimate at the end (small clusters)
     max_evaluations: int = 2000
@@ -37,3 +38,6 @@ class PlannerConfig:
                 raise SpecError("recompute", f"{r!r} is not one of {list(RECOMPUTE_MODES)}", "none, selective, full")
         if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:
             raise SpecError("micro_batch_sizes", "need positive micro-batch sizes", "e.g. (1, 2, 4)")
+        if self.residual_dtype not in ("fp32", self.dtype):
+            raise SpecError("--residual-dtype", f"{self.residual_dtype!r} is neither fp32 nor the compute dtype "
+                            f"{self.dtype!r}", f"use fp32 or {self.dtype}")

@@ -52,7 +52,7 @@ from planner.cluster import ClusterSpec
 from planner.cost import Estimate, ProfileSet, estimate
 from planner.errors import PlanInfeasible, SpecError
 from planner.model import ModelSpec
-from planner.plan import Plan
+from planner.plan import Plan, PlanOptions
 from planner.search.budget import BudgetSpent
 from planner.search.candidate import Candidate, evaluate, to_plan
 from planner.search.config import PlannerConfig
@@ -94,7 +94,9 @@ class Search:
         self.model = model
         self.B = global_batch
         self.config = config
-        self.profiles = profiles or ProfileSet(cluster.catalog)
+        # costed with the residual dtype the plans will carry (planner.search.candidate.to_plan)
+        self.profiles = (profiles or ProfileSet(cluster.catalog)).for_options(
+            PlanOptions(dtype=config.dtype, residual_dtype=config.residual_dtype))
         self.oracle = Oracle(cluster, model, self.profiles)
         self.fast = fast_cluster(cluster)  # same links, faster group queries (for the full estimate)
         self.start = time.perf_counter()

@@ -107,7 +107,8 @@ def _search(cluster: ClusterSpec, model: ModelSpec, batch: int, cfg: PlannerConf
 def _join(a: Plan, b: Plan, model: ModelSpec) -> Plan:
     """One plan with ``a``'s pipelines then ``b``'s (options: the heavier recompute, ZeRO if either)."""
     rec = max(a.options.recompute, b.options.recompute, key=RECOMPUTE_ORDER.index)
-    opts = PlanOptions(recompute=rec, zero=max(a.options.zero, b.options.zero), dtype=a.options.dtype)
+    opts = PlanOptions(recompute=rec, zero=max(a.options.zero, b.options.zero), dtype=a.options.dtype,
+                       residual_dtype=a.options.residual_dtype)
     pipes = a.pipelines + b.pipelines
     return Plan(model, sum(p.batch_size for p in pipes), pipes, opts)
 

@@ -191,7 +191,7 @@ def pipeline_costs(plan: Plan, cluster: ClusterSpec, *, context: int | None = No
     """The :class:`PipelineCost` of every pipeline of ``plan`` for sequences up to ``context``
     (default: the plan's ``seq_len``). With ``home`` (another plan of the pool), ``plan`` is a
     working layout: its token caps leave room for the home layout's resident state."""
-    profiles = profiles or ProfileSet(cluster.catalog)
+    profiles = (profiles or ProfileSet(cluster.catalog)).for_options(plan.options)
     o = plan.options
     ctx = context or plan.model.seq_len
     zero_shards = len(plan.pipelines) if o.zero == 1 else 1

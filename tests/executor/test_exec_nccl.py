@@ -79,8 +79,11 @@ def test_nccl_bf16_tracks_fp32(nccl_pool) -> None:
 
     fp32 = PLANS["two-stage-1f1b"]
     bf16 = replace(fp32, options=replace(fp32.options, dtype="bf16"))
+    low = replace(fp32, options=replace(fp32.options, dtype="bf16", residual_dtype="bf16"))  # a bf16 residual
     batches = global_batches(TINY8, 6, 6)
-    res = nccl_pool.run(train_plans, [fp32, bf16], [batches, batches], accelerator=True)
-    l32, l16 = res[0][0]["losses"], res[0][1]["losses"]
-    assert all(torch.isfinite(torch.tensor(l16)))
+    res = nccl_pool.run(train_plans, [fp32, bf16, low], [batches] * 3, accelerator=True)
+    l32, l16, lr16 = res[0][0]["losses"], res[0][1]["losses"], res[0][2]["losses"]
+    assert all(torch.isfinite(torch.tensor(l16 + lr16)))
     assert_close(l16, l32, rtol=2e-2, atol=0)
+    assert_close(lr16, l32, rtol=2e-2, atol=0)
+    assert lr16 != l16  # the residual option is in effect across the pipeline boundary

@@ -36,18 +36,21 @@ def nccl_rank() -> Iterator[None]:
     dist.destroy_process_group()
 
 
-def _train(dtype: str, *, compile_blocks: bool = False, head: bool = True, steps: int = STEPS) -> list[float]:
-    return [s.loss for s in _steps(dtype, compile_blocks=compile_blocks, head=head, steps=steps)]
+def _train(dtype: str, *, compile_blocks: bool = False, head: bool = True, steps: int = STEPS,
+           residual: str = "fp32") -> list[float]:
+    return [s.loss for s in _steps(dtype, compile_blocks=compile_blocks, head=head, steps=steps, residual=residual)]
 
 
-def _steps(dtype: str, *, compile_blocks: bool = False, head: bool = True, steps: int = STEPS) -> list:
+def _steps(dtype: str, *, compile_blocks: bool = False, head: bool = True, steps: int = STEPS,
+           residual: str = "fp32") -> list:
     from executor.engine import Engine
     from executor.groups import ProcessGroups
     from executor.optim import OptimConfig
     from planner.layout import build_topology
 
     pipe = Pipeline(batch_size=4, micro_batches=2, stages=(Stage(("g:0",), 1, (0, SMOKE.num_layers)),))
-    plan = Plan(model=SMOKE, global_batch_size=4, pipelines=(pipe,), options=PlanOptions(dtype=dtype))
+    plan = Plan(model=SMOKE, global_batch_size=4, pipelines=(pipe,),
+                options=PlanOptions(dtype=dtype, residual_dtype=residual))
     topo = build_topology(plan)
     engine = Engine(plan, topo, ProcessGroups.create(topo), device=torch.device("cuda", 0),
                     optim=OptimConfig(lr=3e-3, warmup_steps=1, fused=True), seed=0)
@@ -66,6 +69,19 @@ def test_bf16_steps_decrease_and_match_fp32() -> None:
     assert bf16[-1] < bf16[0] - 0.05, bf16
     assert abs(bf16[0] - math.log(SMOKE.vocab_size)) < 0.5  # a fresh model is near uniform
     torch.testing.assert_close(torch.tensor(bf16), torch.tensor(fp32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.usefixtures("nccl_rank")
+def test_bf16_residual_matches_fp32_residual_eager_and_compiled() -> None:
+    """options.residual_dtype=bf16: a different rounding, the same training within bf16 tolerance;
+    compiled blocks agree with eager ones under it."""
+    ref = _train("bf16")
+    eager = _train("bf16", residual="bf16")
+    compiled = _train("bf16", residual="bf16", compile_blocks=True)
+    assert eager != ref  # the option is in effect
+    assert eager[-1] < eager[0] - 0.05, eager
+    torch.testing.assert_close(torch.tensor(eager), torch.tensor(ref), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.usefixtures("nccl_rank")
