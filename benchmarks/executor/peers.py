@@ -24,6 +24,11 @@ Every system: bf16 compute over fp32 master weights, fp32 gradient reduction, Ad
 so. FLOPs/token ``6·N + 12·L·h·s`` (:meth:`planner.model.ModelSpec.model_flops_per_token`), MFU
 against 989 TFLOP/s; tokens/s from the median step time after warm-up steps (compilation happens
 there). A config that fails is reported as such and the run goes on.
+
+The residual stream: ours keeps it fp32 unless ``--residual bf16`` (the plan's
+``options.residual_dtype``: bf16 inside each stage, as Megatron-Core computes by default and
+torchtitan does under FSDP2's bf16 parameters; torchtitan on one GPU runs AMP, an fp32 residual).
+``benchmarks/executor/residual_quality.py`` compares the two on real text.
 """
 
 from __future__ import annotations
@@ -115,7 +120,7 @@ def plan_for(job: Job, out: Path) -> Path:
     cmd = [sys.executable, "-m", "hexiscale", "plan", str(cluster), "--model", job.model.name, "--global-batch",
            str(job.batch), "--seq-len", str(job.model.seq_len), "-o", str(path)]
     if job.cuda:  # ours compiles its blocks on GPUs: the planner counts compiled activations (options.compile)
-        cmd.append("--compile")
+        cmd += ["--compile", "--residual-dtype", job.residual]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     print(proc.stdout[-3000:], proc.stderr[-2000:], flush=True)
     if proc.returncode != 0:
@@ -292,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="", help="comma list of configs to profile one extra step of")
     ap.add_argument("--cpu-smoke", action="store_true", help="ours only, tiny model, gloo")
     ap.add_argument("--residual", default="fp32", choices=("fp32", "bf16"),
-                    help="ours: the residual stream's dtype (plan options.residual_dtype; 1 GPU)")
+                    help="ours: the residual stream's dtype (plan options.residual_dtype)")
     args = ap.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     try:
