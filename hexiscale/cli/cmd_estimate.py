@@ -124,7 +124,9 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
     m = plan.model
     console.print(styled((title, "bold"), f": {m.name}, global batch {plan.global_batch_size} x seq {m.seq_len}, "
                          f"{plan.world_size} devices on cluster {cluster.name!r}"
-                         + (", compiled blocks (options.compile)" if plan.options.compile else "")))
+                         + (", compiled blocks (options.compile)" if plan.options.compile else "")
+                         + (f", {plan.options.residual_dtype} residual (options.residual_dtype)"
+                            if plan.options.residual_dtype != "fp32" else "")))
     console.print(styled("step time ", (_s(est.step_time_s), "bold"), f", {est.tokens_per_s:,.0f} tokens/s, "
                          f"MFU {est.mfu * 100:.1f} %, HFU {est.hfu * 100:.1f} %"))
     bt = Table(title="step time: terms of the slowest pipeline's bottleneck stage", title_justify="left", min_width=64)

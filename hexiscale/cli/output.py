@@ -60,7 +60,8 @@ def _ranges(devices: tuple[str, ...] | list[str]) -> str:
 def plan_table(plan: Plan, cluster: ClusterSpec | None = None) -> Table:
     title = (f"plan: {plan.model.name}, global batch {plan.global_batch_size}, seq {plan.model.seq_len}, "
              f"{plan.world_size} devices, recompute={plan.options.recompute}, zero={plan.options.zero}, "
-             f"dtype={plan.options.dtype}" + (", compiled" if plan.options.compile else ""))
+             f"dtype={plan.options.dtype}" + (", compiled" if plan.options.compile else "")
+             + (f", residual {plan.options.residual_dtype}" if plan.options.residual_dtype != "fp32" else ""))
     table = Table(title=title, title_justify="left")
     for col in ("pipeline", "stage", "devices", "gpu", "tp", "layers", "batch", "micro-batches", "schedule"):
         table.add_column(col, justify="right" if col in ("tp", "batch", "micro-batches") else "left")

@@ -79,6 +79,9 @@ def test_hexiscale_plan_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["plan", str(cl), "--model", "tiny", "--global-batch", "8", "--time-limit", "3",
                  "--residual-dtype", "bf16", "-o", str(out)]) == 0
     assert load_plan(out).options.residual_dtype == "bf16"
+    assert "residual bf16" in capsys.readouterr().out  # the plan table says so
+    assert main(["estimate", str(out), "--cluster", str(cl)]) == 0
+    assert "bf16 residual (options.residual_dtype)" in capsys.readouterr().out
     assert main(["plan", str(cl), "--model", "tiny", "--lengths", "synthetic:github", "--step-tokens", "4096",
                  "--residual-dtype", "bf16"]) == 1
     assert "--residual-dtype" in capsys.readouterr().err
