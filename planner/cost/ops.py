@@ -72,11 +72,7 @@ class Numerics:
     r: int  # residual-stream bytes at a stage's ends (embedding output, stage-boundary activations)
     weight_casts: bool  # autocast casts the fp32 weights every forward
     expand_kv: bool  # GQA K/V expanded to the query heads
-    rl: int = 0  # residual-stream bytes inside the layers (RMSNorm inputs, residual adds); 0: ``r``
-
-    def __post_init__(self) -> None:
-        if not self.rl:
-            object.__setattr__(self, "rl", self.r)
+    rl: int  # residual-stream bytes inside the layers (RMSNorm inputs, residual adds)
 
     @staticmethod
     def of(dtype: str, fp32_residual: bool = False, autocast_weight_copies: bool = False,
