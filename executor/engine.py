@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from executor.gather import gather_logical
+from executor.gemm_check import ensure_right_products, linear_shapes
 from executor.grad_sync import DEFAULT_BUCKET_NUMEL, GradSync
 from executor.groups import ProcessGroups
 from executor.host_sync import to_host
@@ -105,6 +106,11 @@ class Engine:
         self.step = 0
         model = plan.model
         self.autocast_dtype = self._compute_dtype(plan.options.dtype)
+        if self.device.type == "cuda":  # cuBLAS can be wrong on partial GPUs (MPS shares): executor.gemm_check
+            micro_tokens = max(1, self.pipeline.batch_size // self.pipeline.micro_batches) * model.seq_len
+            ensure_right_products(self.device, self.autocast_dtype or torch.float32,
+                                  linear_shapes(model, self.stage.tp, first=self.stage.is_first,
+                                                last=self.stage.is_last), (micro_tokens,))
 
         self.module = StageModule(model, layers=self.stage.layers, first=self.stage.is_first,
                                   last=self.stage.is_last, tp=self.stage.tp, tp_rank=self.tp_rank,

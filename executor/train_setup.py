@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.gemm_check import GemmCheckError
 from executor.launch.env import RankEnv
 from executor.launch.watchdog import EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
 from executor.nonfinite import NonFiniteStep
@@ -107,7 +108,7 @@ def classify(exc: BaseException) -> tuple[str, int, bool]:
     """(reason, exit code, may be a symptom of another rank's failure)."""
     if isinstance(exc, SpecError):
         return str(exc), EXIT_USER_ERROR, False
-    if isinstance(exc, NonFiniteStep):
+    if isinstance(exc, (NonFiniteStep, GemmCheckError)):
         return str(exc), EXIT_RANK_FAILURE, False
     if isinstance(exc, torch.OutOfMemoryError):
         return f"out of memory: {exc}".splitlines()[0], EXIT_OOM, False
