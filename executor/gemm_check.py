@@ -11,7 +11,7 @@ backend alike, since the projections around attention were the culprit). At 50 %
 What this module does, once per process and dtype: run the stage's own products (forward ``x·Wᵀ``,
 input gradient ``dY·W`` and weight gradient ``dYᵀ·x`` of every distinct linear shape, at the plan's
 micro-batch token count and a few others, since the kernel choice depends on ``M``) into outputs
-poisoned with NaN, and check each with Freivalds' test (``C·r`` against ``A·(B·r)`` in float64,
+poisoned with NaN, and check each with Freivalds' test (``C·r`` against ``A·(B·r)`` in float64 for a Gaussian ``r``,
 matrix-vector products only, so a different kind of kernel), which any wrong or unwritten element
 fails. If a product fails, the matrix products go through cuBLASLt with a smaller SM-count target
 (``CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET``, torch's SM carve-out), which changes the heuristic's
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -67,10 +67,11 @@ def _matvec(a: torch.Tensor, v: torch.Tensor, rows: int = 1024) -> torch.Tensor:
 
 
 def _freivalds_ok(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, gen: torch.Generator) -> bool:
-    """``c == a @ b`` within bf16 rounding, every element weighed by a random sign."""
+    """``c == a @ b`` within bf16 rounding, every element weighed by a Gaussian draw (random signs
+    would miss a tile shifted by a constant whenever its column signs cancel)."""
     if not bool(torch.isfinite(c).all()):
         return False
-    r = torch.randint(0, 2, (b.shape[1], 1), generator=gen, device=c.device).to(torch.float64) * 2 - 1
+    r = torch.randn(b.shape[1], 1, generator=gen, device=c.device, dtype=torch.float64)
     want = _matvec(a, _matvec(b, r))
     got = _matvec(c, r)
     return float((got - want).norm()) <= TOLERANCE * float(want.norm()) + 1e-6
@@ -114,19 +115,27 @@ def ensure_right_products(device: torch.device, dtype: torch.dtype, shapes: tupl
     """Check the products once per (device, dtype, shapes, tokens); fix or refuse (module docstring)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     every = tuple(sorted(set(tokens) | set(EXTRA_TOKENS)))
-    failed = failing_products(device, dtype, shapes, every)
+    found = settle(sms, lambda: failing_products(device, dtype, shapes, every), _set_target)
+    if found.target is not None:
+        log.warning("cuBLAS %s matrix products on this GPU (%d SMs: an MPS share?) came back wrong (%s); "
+                    "they run through cuBLASLt targeting %d SMs instead, which checks right",
+                    str(dtype).removeprefix("torch."), sms, ", ".join(found.failed[:3]), found.target)
+    return found
+
+
+def settle(sms: int, check: Callable[[], list[str]], set_target: Callable[[int, int | None], None]) -> GemmCheck:
+    """The library default if ``check`` finds nothing wrong; else the largest SM-count target of
+    :func:`targets_below` under which it finds nothing; else :class:`GemmCheckError`."""
+    failed = check()
     if not failed:
         return GemmCheck(sms, None, ())
     if not hasattr(torch._C, "_set_sm_carveout_experimental"):
         raise GemmCheckError(_refusal(sms, failed, "this torch cannot set cuBLASLt's SM-count target"))
     for target in targets_below(sms):
-        _set_target(sms, target)
-        if not failing_products(device, dtype, shapes, every):
-            log.warning("cuBLAS %s matrix products on this GPU (%d SMs: an MPS share?) came back wrong (%s); "
-                        "they run through cuBLASLt targeting %d SMs instead, which checks right",
-                        str(dtype).removeprefix("torch."), sms, ", ".join(failed[:3]), target)
+        set_target(sms, target)
+        if not check():
             return GemmCheck(sms, target, tuple(failed))
-    _set_target(sms, None)
+    set_target(sms, None)
     raise GemmCheckError(_refusal(sms, failed, f"no SM-count target from {sms - 8} down to {sms // 2} fixed them"))
 
 
