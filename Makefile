@@ -28,7 +28,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
 
 # On a GPU machine (its own python with a CUDA torch; no venv): the GPU smoke tests and the NCCL
-# oracle suites (2 and 4 ranks, launch jobs). Carry pymetis/pulp/highspy there if missing.
+# oracle suites (2 and 4 ranks, launch jobs). Carry pymetis/highspy there if missing.
 test-gpu:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m pytest -m gpu -v -p no:cacheprovider tests $(PYTEST_ARGS)
 
