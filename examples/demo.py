@@ -5,7 +5,8 @@
 2. Estimate a hand-written plan for the same cluster, for comparison.
 3. Train a few CPU steps (one gloo process per device) from a small asymmetric plan: a TP-2 pipeline
    beside a 3-stage TP 1 -> 2 -> 1 pipeline with a different batch size and micro-batch count,
-   tracing their per-micro-batch events.
+   tracing their per-micro-batch events. Skipped, with one line saying so, under ``--planner-only``
+   or where torch is not installed (``make test-py312`` runs steps 1-2 so: the planner without torch).
 
 Pictures (PNG) go to ``demo-output/`` (``HEXISCALE_DEMO_OUT`` overrides): the planned plan's map
 and simulated step in ``planned/``, the CPU plan's map and measured step in ``measured/``;
@@ -14,6 +15,8 @@ and simulated step in ``planned/``, the CPU plan's map and measured step in ``me
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import sys
 import tempfile
@@ -36,7 +39,11 @@ def run(*argv: str) -> None:
         sys.exit(code)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m examples.demo",
+                                     description="make demo: plan, estimate, train a few CPU steps")
+    parser.add_argument("--planner-only", action="store_true", help="steps 1-2 only (plan, estimate): no torch needed")
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         planned = str(Path(tmp) / "plan.json")
         # --plot: where the plan's stages sit, and its step as the cost model simulates it (PNGs)
@@ -45,6 +52,10 @@ def main() -> None:
         print("\n# For comparison: a hand-written plan for the same cluster. The estimate shows where it is slow")
         print("# and which devices it would run out of memory on (the planner's plan above fits).")
         run("estimate", str(HAND_PLAN), "--cluster", str(CLUSTER))
+        if args.planner_only or importlib.util.find_spec("torch") is None:
+            why = "--planner-only" if args.planner_only else "torch is not installed (pip install -e '.[train]')"
+            print(f"\n# Step 3, CPU training, skipped: {why}.")
+            return
         print("\n# Train 4 CPU steps from a small asymmetric plan, one gloo process per device; trace steps 2-4.")
         cpu_cluster = str(HERE / "clusters" / "demo-cpu-6.yaml")
         run("show", str(CPU_PLAN), "--cluster", cpu_cluster)

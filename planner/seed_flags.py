@@ -18,6 +18,7 @@ padded with its last value; a longer one is truncated (the seed's rule).
 from __future__ import annotations
 
 import ast
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,11 +56,15 @@ class SeedFlags:
 
 
 def parse_literal(text: Any, flag: str) -> Any:
-    """A Python literal from a flag value; anything else is a ``SpecError`` naming the flag."""
+    """A Python literal from a flag value; anything else is a ``SpecError`` naming the flag. Python's
+    own parser warnings (3.12: ``1and 2`` is an "invalid decimal literal") stay quiet: one line only."""
     if not isinstance(text, str):
         return text
     try:
-        return ast.literal_eval(text.strip())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.10/3.11: invalid escape sequence
+            return ast.literal_eval(text.strip())
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         raise SpecError(flag, f"cannot parse {text!r}", "write a Python list such as \"[[1, 2], [2]]\"") from None
 

@@ -58,7 +58,7 @@ def mixed_cluster(num_gpus: int) -> ClusterSpec:
 def machine() -> dict[str, Any]:
     """Where and with what the benchmark ran."""
     versions = {}
-    for pkg in ("networkx", "pymetis", "pulp", "highspy", "scipy", "numpy"):
+    for pkg in ("networkx", "pymetis", "highspy", "scipy", "numpy"):
         try:
             versions[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:

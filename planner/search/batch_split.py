@@ -1,9 +1,9 @@
 """Batch split: samples and micro-batch counts to pipelines (ILP, HiGHS; greedy waterfill).
 
-**The ILP** — :func:`allocate_batch`. Pipelines come in *types* (identical pipelines
-share one), type ``j`` with ``c_j`` pipelines, slowest stage ``M_j``, one-micro-batch sum
-``Σ_j`` (both from the layer split), fixed per-step time ``F_j`` and at most ``mmax_j``
-micro-batches (memory, GPipe). With ``μ`` the micro-batch size, ``B`` the global batch:
+**The ILP** — :func:`ilp_split`. Pipelines come in *types* (identical pipelines share one),
+type ``j`` with ``c_j`` pipelines, slowest stage ``M_j``, one-micro-batch sum ``Σ_j`` (both
+from the layer split), fixed per-step time ``F_j`` and at most ``mmax_j`` micro-batches (memory,
+GPipe). With ``μ`` the micro-batch size, ``B`` the global batch:
 
     variables  q_j ∈ Z≥0   samples of each of the type's pipelines
                r_j ∈ Z, 0..c_j   how many of them take one sample more (q_j + 1)
@@ -20,19 +20,17 @@ The product "micro-batches × slowest stage" is linear because the layer split (
 is fixed inside the ILP; :func:`planner.search.candidate.evaluate` alternates the layer split
 (:mod:`.layer_split`, for the micro-batch counts the ILP chose) and the ILP until the counts stop
 changing. Pipelines of a type that end up with 0 samples are dropped from the plan. HiGHS solves
-it through pulp; on any solver failure a greedy allocation by bisection on ``T`` (:func:`waterfill`,
-also the search's inner loop) is used instead.
+it (:func:`ilp_split`, through :mod:`planner.milp`); where it reports no optimum a greedy
+allocation by bisection on ``T`` (:func:`waterfill`, also the search's inner loop) is used instead.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import pulp
+from planner.milp import Milp, solve
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,7 @@ def allocate_batch(types: Sequence[PipeType], global_batch: int, micro_batch_siz
 
     ``use_ilp=False`` uses :func:`waterfill` (the search's inner loop); the ILP is the final word."""
     if use_ilp:
-        split = _allocate_ilp(types, global_batch, micro_batch_size)
+        split = ilp_split(types, global_batch, micro_batch_size)
         if split is not None:
             return split
     return waterfill(types, global_batch, micro_batch_size)
@@ -131,65 +129,41 @@ def _step_time(types: Sequence[PipeType], base: Sequence[int], extra: Sequence[i
     return max((t.time(m) for t, q, r, m in zip(types, base, extra, mbs) if q + r > 0), default=math.inf)
 
 
-_HIGHS_READY = False
-
-
-def _silence_highs_banner() -> None:
-    """HiGHS prints a banner on stdout the first time a solver object is built in a process (even
-    with output off); build that first one with the stdout file descriptor pointed at /dev/null."""
-    global _HIGHS_READY
-    if _HIGHS_READY:
-        return
-    _HIGHS_READY = True
-    try:
-        import highspy
-    except ImportError:
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def _allocate_ilp(types: Sequence[PipeType], B: int, mu: int) -> BatchSplit | None:
-    _silence_highs_banner()
-    prob = pulp.LpProblem("batch_split", pulp.LpMinimize)
-    T = prob.add_variable("T", lowBound=0)
-    q, r, m, z, a = [], [], [], [], []
-    for j, t in enumerate(types):
+def ilp_split(types: Sequence[PipeType], B: int, mu: int) -> BatchSplit | None:
+    """The ILP of the module docstring, solved to optimality by HiGHS (no time or node cap, as the
+    instance is small: five integers per pipeline type). ``None`` where HiGHS reports anything but
+    an optimum (infeasible, or a limit hit) or the answer does not add up to ``B``."""
+    model = Milp()
+    T = model.var(cost=1.0)
+    scale = max((t.bottleneck_s for t in types), default=1.0) * 1e-6  # ε: fewest micro-batches on ties
+    q: list[int] = []  # column indices
+    r: list[int] = []
+    m: list[int] = []
+    for t in types:
         mmax = min(t.max_micro_batches, B)
-        q.append(prob.add_variable(f"q{j}", 0, B, cat="Integer"))
-        r.append(prob.add_variable(f"r{j}", 0, t.count, cat="Integer"))
-        m.append(prob.add_variable(f"m{j}", 0, mmax, cat="Integer"))
-        z.append(prob.add_variable(f"z{j}", 0, 1, cat="Integer"))
-        a.append(prob.add_variable(f"a{j}", 0, 1, cat="Integer"))
-        prob += r[j] <= t.count * z[j]
-        prob += q[j] + z[j] <= mu * m[j]
-        prob += m[j] >= a[j]
-        prob += m[j] <= mmax * a[j]
-        prob += q[j] + r[j] <= B * a[j]
-        prob += T >= t.bottleneck_s * m[j] + (t.sum_s - t.bottleneck_s + t.fixed_s) * a[j]
-    prob += pulp.lpSum(t.count * q[j] + r[j] for j, t in enumerate(types)) == B
-    scale = max((t.bottleneck_s for t in types), default=1.0) * 1e-6
-    prob += T + scale * pulp.lpSum(m)
-    try:
-        prob.solve(pulp.HiGHS(msg=False, threads=1))
-    except pulp.PulpSolverError:
+        qj, rj = model.var(0.0, 0, B, integer=True), model.var(0.0, 0, t.count, integer=True)
+        mj, zj, aj = model.var(scale, 0, mmax, integer=True), model.binary(), model.binary()
+        model.row([(rj, 1), (zj, -t.count)], hi=0)                    # r_j <= c_j·z_j
+        model.row([(qj, 1), (zj, 1), (mj, -mu)], hi=0)                # q_j + z_j <= μ·m_j
+        model.row([(mj, 1), (aj, -1)], lo=0)                          # a_j <= m_j
+        model.row([(mj, 1), (aj, -mmax)], hi=0)                       # m_j <= mmax_j·a_j
+        model.row([(qj, 1), (rj, 1), (aj, -B)], hi=0)                 # q_j + r_j <= B·a_j
+        model.row([(T, 1), (mj, -t.bottleneck_s), (aj, -(t.sum_s - t.bottleneck_s + t.fixed_s))], lo=0)
+        q.append(qj)
+        r.append(rj)
+        m.append(mj)
+    model.row([(v, float(t.count)) for v, t in zip(q, types)] + [(v, 1.0) for v in r], lo=B, hi=B)
+    res = solve(model, time_limit_s=None, max_nodes=None)
+    if not res.optimal or res.x is None:
         return None
-    if pulp.LpStatus[prob.status] != "Optimal":
-        return None
-    base_l = [int(round(v.value() or 0)) for v in q]
-    extra_l = [int(round(v.value() or 0)) for v in r]
+    x = res.x
+    base_l = [int(round(x[v])) for v in q]
+    extra_l = [int(round(x[v])) for v in r]
     for j, t in enumerate(types):
         if extra_l[j] == t.count:  # every pipeline of the type takes one more: same thing, said simply
             base_l[j], extra_l[j] = base_l[j] + 1, 0
     base, extra = tuple(base_l), tuple(extra_l)
-    mbs = tuple(int(round(v.value() or 0)) for v in m)
+    mbs = tuple(int(round(x[v])) for v in m)
     if sum(t.count * b + e for t, b, e in zip(types, base, extra)) != B:
         return None
     return BatchSplit(base, extra, mbs, _step_time(types, base, extra, mbs))

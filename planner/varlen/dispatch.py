@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.errors import SpecError
-from planner.varlen.milp import Milp, solve
+from planner.milp import Milp, solve
 from planner.varlen.packing import pack
 from planner.varlen.seq_cost import PipelineCost
 

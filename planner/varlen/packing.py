@@ -13,7 +13,7 @@ except for ``c_k`` per micro-batch, while the fill and drain of the pipeline cos
    micro-batch's bottleneck cost under the token cap. Greedy: longest-processing-time first (each
    sequence, most costly first, to the cheapest micro-batch it fits). Then, unless the greedy is
    already within 1 % of the lower bound ``max(W/M, max_i w_i)``, the ILP below refines it,
-   warm-started from the greedy, capped in time and nodes (:mod:`planner.varlen.milp`):
+   warm-started from the greedy, capped in time and nodes (:mod:`planner.milp`):
 
        variables  x_ij ∈ {0,1}   sequence i goes to micro-batch j;   z ≥ 0 the largest cost
        minimise   z
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.errors import SpecError
-from planner.varlen.milp import Milp, solve
+from planner.milp import Milp, solve
 from planner.varlen.seq_cost import PipelineCost
 
 ILP_MAX_CELLS = 6000

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ from planner.cluster import load_cluster
 from planner.errors import SpecError
 from planner.model import PRESETS
 from planner.plan import load_plan
-from planner.seed_flags import pad_to, plan_from_flags, plan_to_flags
+from planner.seed_flags import pad_to, parse_literal, plan_from_flags, plan_to_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = load_cluster(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml")
@@ -118,3 +119,17 @@ def test_seed_layout_from_command_line_flags() -> None:
         layout.plan(None)
     with pytest.raises(SpecError, match="--chunks"):
         SeedLayout(hetero_configs="[[1]]", layer_partitions="[[4]]", global_bsz_size=("1",)).plan("x.yaml")
+
+
+@pytest.mark.parametrize("text,want", [("[[1a]]", None), ("[1and 2]", None), ("[1if 2]", None), ("'\\d'", "\\d")])
+def test_literal_parsing_shows_no_python_warning(text: str, want: str | None) -> None:
+    """Python 3.12 warns (SyntaxWarning, printed on stderr) while parsing ``1and 2`` or ``'\\d'``: the
+    user must see our one line (or nothing, for a valid value) and no Python warning."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        if want is None:
+            with pytest.raises(SpecError, match="--devices_id"):
+                parse_literal(text, "--devices_id")
+        else:
+            assert parse_literal(text, "--devices_id") == want
+    assert [str(w.message) for w in seen] == []
