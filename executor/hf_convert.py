@@ -6,8 +6,8 @@
   casts to fp32). Any plan of the model resumes from it: ``hexiscale train --resume CKPT``
   fine-tunes the imported model.
 * :func:`export_hf`: a checkpoint written under any plan becomes ``config.json`` + safetensors
-  (sharded above ``max_shard_bytes``) in the dtype asked for, each tensor read, cast and written
-  in turn; ``transformers.LlamaForCausalLM.from_pretrained`` loads the folder. The folder is
+  (sharded above ``max_shard_bytes``) in the dtype asked for, each tensor read and cast in turn
+  and written a shard at a time; ``transformers.LlamaForCausalLM.from_pretrained`` loads the folder. The folder is
   written under a fresh sibling and swapped in whole (:mod:`executor.folder_swap`), so no file of
   an earlier export survives to be read instead; a non-empty folder that is not an earlier export
   of ours (:func:`is_export`) is refused and never touched.

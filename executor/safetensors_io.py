@@ -101,6 +101,9 @@ def model_entries(folder: Path) -> dict[str, Entry]:
     listed = _weight_map(index)
     out: dict[str, Entry] = {}
     for file in sorted(set(listed.values())):
+        if not (folder / file).is_file():
+            held = sorted(k for k, v in listed.items() if v == file)
+            raise _bad(index, f"lists {held[0]} in {file}, which is missing or not a regular file")
         for name, entry in read_header(folder / file).items():
             if name in out:
                 raise _bad(index, f"{name} is in two shards, {out[name].file.name} and {file}")
