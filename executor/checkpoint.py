@@ -17,9 +17,12 @@ same model. Each rank writes only what it holds and nothing passes through one h
 :func:`write_logical` and :func:`read_logical` do the same from one process without an engine, a
 tensor at a time (Hugging Face import and export, :mod:`executor.hf_convert`).
 
-Atomicity: ranks write into ``<path>.tmp``; global rank 0 adds ``meta.json`` last and then renames
-the folder to ``<path>``, so a folder named like a checkpoint is complete, and a save killed
-half-way leaves only ``<path>.tmp``. ``DIR/latest`` moves after that (``executor.train_setup``).
+Atomicity: ranks write into ``<path>.tmp`` (marked as an unfinished save of ours, so that only such a
+leftover is ever deleted); global rank 0 adds ``meta.json`` last and then swaps the folder in as
+``<path>`` (:mod:`executor.folder_swap`: an older checkpoint there is replaced in one rename and
+deleted only after it; a folder that is not a checkpoint is refused, never deleted), so a folder
+named like a checkpoint is complete, and a save killed half-way leaves only ``<path>.tmp``.
+``DIR/latest`` moves after that (``executor.train_setup``).
 :func:`start_save` can write in the background (``--async-save``): the pieces are copied to host
 memory, training goes on, and :meth:`PendingSave.finish` completes the checkpoint later.
 
@@ -45,9 +48,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from executor.checkpoint_index import DAMAGED
 from executor.checkpoint_pieces import Piece, load_targets, save_pieces
-from executor.checkpoint_verify import CKPT_FORMAT, METADATA, expected_tensors
+from executor.checkpoint_verify import CKPT_FORMAT, METADATA, PARTIAL, expected_tensors, is_checkpoint
 from executor.engine import Engine
+from executor.folder_swap import check_replaceable, fresh_sibling, swap_in
 from executor.groups import ProcessGroups
 from executor.nonfinite import NonFiniteStep
 from executor.zero import MOMENTS
@@ -59,7 +64,7 @@ from planner.model import ModelSpec, model_from_dict
 if TYPE_CHECKING:
     from executor.checkpoint_io import Writing
 
-DAMAGED = "the checkpoint is damaged: resume from an earlier one"
+A_CHECKPOINT = "a hexiscale checkpoint"
 
 
 def _barrier(groups: ProcessGroups, device: torch.device) -> None:
@@ -99,8 +104,10 @@ class PendingSave:
         _barrier(groups, engine.device)
 
 
-def _finish(tmp: Path, path: Path, model: ModelSpec, step: int, extra: dict[str, Any], sums: list[Any]) -> None:
-    """Rank 0, after every rank wrote into ``tmp``: ``meta.json`` last, then ``tmp`` becomes ``path``."""
+def _finish(tmp: Path, path: Path, model: ModelSpec, step: int, extra: dict[str, Any], sums: list[Any],
+            flag: str = "--checkpoint-dir") -> None:
+    """Rank 0, after every rank wrote into ``tmp``: ``meta.json`` last, then ``tmp`` becomes ``path``
+    (an older checkpoint there is replaced atomically; anything else there is refused)."""
     checksums = {f: s for part in sums for f, s in part.items()}
     index = (tmp / METADATA).read_bytes()  # DCP's index (a pickle): checked before anything reads it
     checksums[METADATA] = {"0": [len(index), zlib.crc32(index)]}
@@ -108,9 +115,19 @@ def _finish(tmp: Path, path: Path, model: ModelSpec, step: int, extra: dict[str,
             "tensors": expected_tensors(model), "checksums": checksums}
     (tmp / "meta.json.tmp").write_text(json.dumps(meta, indent=1) + "\n")
     os.replace(tmp / "meta.json.tmp", tmp / "meta.json")
-    if path.exists():  # saved again at the same step: the new one replaces it
-        shutil.rmtree(path)
-    os.replace(tmp, path)
+    (tmp / PARTIAL).unlink(missing_ok=True)
+    swap_in(tmp, path, is_checkpoint, flag, A_CHECKPOINT)  # saved again at the same step: the new one wins
+
+
+def _fresh_partial(tmp: Path) -> None:
+    """An empty ``tmp`` for a save, marked as ours; only a leftover of ours is deleted first."""
+    if tmp.exists() or tmp.is_symlink():
+        if tmp.is_symlink() or not (tmp / PARTIAL).is_file():
+            raise SpecError("--checkpoint-dir", f"{tmp} exists and is not an unfinished save of hexiscale's; "
+                            "nothing was deleted", "move it away or pass another --checkpoint-dir")
+        shutil.rmtree(tmp)  # a save of ours that was killed half-way
+    tmp.mkdir(parents=True)
+    (tmp / PARTIAL).touch()
 
 
 def start_save(engine: Engine, path: str | Path, extra: dict[str, Any], *, background: Any = None,
@@ -123,8 +140,7 @@ def start_save(engine: Engine, path: str | Path, extra: dict[str, Any], *, backg
     tmp = path.with_name(path.name + ".tmp")
     groups = engine.groups
     if engine.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        _fresh_partial(tmp)
     _barrier(groups, engine.device)
     pieces = save_pieces(engine)
     _refuse_nonfinite(engine, pieces, path)
@@ -220,9 +236,8 @@ def write_logical(path: str | Path, model: ModelSpec, weights: dict[str, torch.T
     taken one at a time as they are written: memory-mapped weights and the moments (expanded zeros)
     never exist whole in memory at once."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    check_replaceable(path, is_checkpoint, "-o", A_CHECKPOINT)  # before any work
+    tmp = fresh_sibling(path)
     from executor.checkpoint_io import write_pieces
 
     pieces = []
@@ -231,7 +246,10 @@ def write_logical(path: str | Path, model: ModelSpec, weights: dict[str, torch.T
         pieces.append(Piece(replace(full, name=f"model/{info.name}"), info.shape, weights[info.name]))
         zero = torch.zeros((), dtype=torch.float32).expand(info.shape)
         pieces += [Piece(replace(full, name=f"optim/{k}/{info.name}"), info.shape, zero) for k in MOMENTS]
-    _finish(tmp, path, model, 0, {}, [write_pieces(tmp, pieces, None, single=True).wait()])
+    try:
+        _finish(tmp, path, model, 0, {}, [write_pieces(tmp, pieces, None, single=True).wait()], "-o")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # ours alone (a fresh sibling); gone once swapped in
 
 
 def read_logical(path: str | Path) -> tuple[ModelSpec, Iterator[tuple[str, torch.Tensor]]]:

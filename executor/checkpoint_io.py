@@ -12,6 +12,8 @@ what it holds, whatever plan wrote them.
   rectangles overlapping it (DCP's resharding), after checking that the checkpoint has the tensor
   and with the full logical shape expected. The reader checks each stored item it opens against
   its CRC32 and length: a truncated, missing or altered file fails with the file and tensor named.
+  DCP's index (``.metadata``, a pickle) is never unpickled by DCP: it is checked against its CRC32
+  and read with a restricted unpickler first (:mod:`executor.checkpoint_index`).
 * **Errors**: DCP gathers every rank's exception and raises it on all of them; :func:`one_line`
   turns that into one ``SpecError`` line (the lowest failing rank's reason).
 """
@@ -34,6 +36,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, Def
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     MetadataIndex,
+    StorageMeta,
     TensorProperties,
     TensorStorageMetadata,
 )
@@ -41,6 +44,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem, SavePlan, T
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.checkpoint.storage import WriteResult
 
+from executor.checkpoint_index import index_bytes, read_index
 from executor.checkpoint_pieces import Piece
 from planner.errors import SpecError
 
@@ -101,6 +105,11 @@ class _PieceLoadPlanner(DefaultLoadPlanner):
             items += create_read_items_for_chunk_list(p.chunk.name, md, [local])
         return LoadPlan(items)
 
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        """Never: DCP would ``torch.load(weights_only=False)`` the bytes (only tensors are asked for)."""
+        raise SpecError("checkpoint", f"it stores {read_item.dest_index.fqn} as bytes, not as a tensor",
+                        "the checkpoint is damaged: resume from an earlier one")
+
     def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
         piece = self.pieces[_key(read_item.dest_index.fqn, read_item.dest_index.offset or ())]
         out = piece.tensor
@@ -121,11 +130,20 @@ class _CapturingWriter(dcp.FileSystemWriter):
 
 
 class _VerifyingReader(dcp.FileSystemReader):
-    """A file reader that checks every stored item it opens against its length and CRC32."""
+    """A file reader that checks every stored item it opens against its length and CRC32, and
+    hands DCP the index read and checked before DCP started (DCP's own ``read_metadata`` is a plain
+    ``pickle.load`` of the file: :mod:`executor.checkpoint_index`)."""
 
-    def __init__(self, path: Path, checksums: Checksums):
+    def __init__(self, path: Path, checksums: Checksums, index: Any):
         super().__init__(path)
-        self.checksums = checksums
+        self.checksums, self.index = checksums, index
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("rank") is not None:  # a per-rank index: we never write one, DCP must not read it
+            raise SpecError("checkpoint", "it has no index .metadata", "the checkpoint is damaged: resume from an "
+                            "earlier one")
+        self.index.storage_meta = StorageMeta(load_id=getattr(self, "load_id", None))
+        return self.index
 
     def _slice_file(self, file: Any, sinfo: Any) -> Any:
         file.seek(sinfo.offset)
@@ -187,10 +205,12 @@ def item_checksums(path: Path, written: list[WriteResult]) -> Checksums:
 
 def read_pieces(path: Path, pieces: list[Piece], checksums: Checksums, group: Any, *, single: bool) -> None:
     """Collective over ``group``: fill every rank's pieces from the checkpoint under ``path`` (any
-    plan wrote it). ``single``: a one-rank plan."""
+    plan wrote it). ``single``: a one-rank plan. The index is checked against its checksum and read
+    without running anything from it before DCP starts (:mod:`executor.checkpoint_index`)."""
+    index = read_index(index_bytes(path, checksums), path)
     with _one_line(path), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        dcp.load({}, storage_reader=_VerifyingReader(path, checksums), planner=_PieceLoadPlanner(pieces),
+        dcp.load({}, storage_reader=_VerifyingReader(path, checksums, index), planner=_PieceLoadPlanner(pieces),
                  process_group=group, no_dist=single)
 
 

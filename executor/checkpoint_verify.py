@@ -6,7 +6,9 @@ Two levels, both raising one ``SpecError`` line that names the checkpoint and wh
   this format; it holds the plan's model; its step is a count that agrees with the folder name
   (``step-000006`` holds step 6) and with the data position; it lists every logical tensor of the
   model with its full shape (weights and both Adam moments); every file it has checksums for
-  exists and is long enough, ``.metadata`` (DCP's index, which DCP unpickles) included.
+  exists and is long enough, ``.metadata`` (DCP's index, a pickle) included; the index matches its
+  checksum, is read without running anything from it, and agrees with ``meta.json`` (every tensor,
+  shape and stored item: :mod:`executor.checkpoint_index`).
 * :func:`verify_files` (a share of the files per rank, so the job reads each byte once): every
   stored item's length and CRC32 against ``meta.json`` (``.metadata`` as a whole), and every stored
   tensor is finite (a checkpoint saved from a diverged run is refused).
@@ -27,6 +29,7 @@ from typing import Any
 
 import torch
 
+from executor.checkpoint_index import METADATA, index_bytes, index_problem, read_index
 from executor.data import DataPosition
 from executor.zero import MOMENTS
 from planner.documents import load_json_file
@@ -35,7 +38,7 @@ from planner.layout import logical_params
 from planner.model import ModelSpec
 
 CKPT_FORMAT = "hexiscale.ckpt/2"
-METADATA = ".metadata"
+PARTIAL = ".hexiscale-partial"  # in ``step-N.tmp`` while a save of ours writes it
 _STEP_DIR = re.compile(r"step-(\d+)")
 
 
@@ -66,6 +69,30 @@ def candidates(resume: str) -> tuple[list[Path], bool]:
         raise SpecError("--resume", f"{p} holds no complete checkpoint (no step-N/meta.json)",
                         "train with --checkpoint-dir first, or drop --resume")
     return out, False
+
+
+def is_checkpoint(path: Path) -> bool:
+    """``path`` holds a ``meta.json`` of this format: a checkpoint that a new one may replace."""
+    try:
+        meta = load_json_file(path / "meta.json", "checkpoint meta.json")
+    except SpecError:
+        return False
+    return isinstance(meta, dict) and meta.get("format") == CKPT_FORMAT
+
+
+def check_checkpoint_dir(directory: str) -> None:
+    """Pre-flight: every ``step-N`` (``step-N.tmp``) under ``directory`` is a checkpoint (an unfinished
+    save) of ours, so that saving will never meet, let alone delete, somebody else's folder."""
+    d = Path(directory)
+    for entry in sorted(d.iterdir()) if d.is_dir() else []:
+        name = entry.name.removesuffix(".tmp")
+        if not _STEP_DIR.fullmatch(name):
+            continue
+        ours = (entry.is_dir() and not entry.is_symlink()
+                and ((entry / PARTIAL).is_file() if entry.name.endswith(".tmp") else is_checkpoint(entry)))
+        if not ours:
+            raise SpecError("--checkpoint-dir", f"{entry} is named like a checkpoint but is not one of hexiscale's",
+                            "move it away or pass another --checkpoint-dir (saving never deletes it)")
 
 
 def expected_tensors(model: ModelSpec) -> dict[str, list[int]]:
@@ -133,7 +160,19 @@ def verify_meta(ck: Path, model: ModelSpec) -> dict[str, Any]:
             raise _damaged(ck, f"file {name} is missing")
         if path.stat().st_size < end:
             raise _damaged(ck, f"file {name} is truncated ({path.stat().st_size} bytes, items end at {end})")
+    _check_index(ck, meta)
     return meta  # type: ignore[no-any-return]
+
+
+def _check_index(ck: Path, meta: dict[str, Any]) -> None:
+    """DCP's index: its checksum, then read without running anything from it
+    (:mod:`executor.checkpoint_index`) and compared with ``meta.json``."""
+    try:
+        problem = index_problem(read_index(index_bytes(ck, meta["checksums"]), ck), meta)
+    except SpecError as exc:
+        problem = exc.message.removeprefix(f"{ck}: ")
+    if problem:
+        raise _damaged(ck, problem)
 
 
 def verify_files(ck: Path, meta: dict[str, Any], rank: int = 0, world: int = 1) -> None:

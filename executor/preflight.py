@@ -3,7 +3,8 @@
 Local checks (:func:`local_checks`): the device the plan gives this rank is visible (on GPU), its
 step fits the rank's memory (:mod:`executor.preflight_memory`), the data file is present and valid
 for the model (see :func:`executor.data_format.check_token_file`; global rank 0 also scans every
-token), the output paths are writable (:mod:`executor.preflight_paths`), and rank 0 can write
+token), the output paths are writable (:mod:`executor.preflight_paths`; a ``--checkpoint-dir`` holds
+no ``step-N`` folder that is not ours), and rank 0 can write
 TensorBoard files if asked to. Then the checkpoint to resume is chosen and verified by all ranks
 together (:mod:`executor.resume`). World size and plan/cluster mismatches are found earlier,
 identically on every rank, from the environment.
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from executor.checkpoint_verify import check_checkpoint_dir
 from executor.launch.env import RankEnv
 from executor.model import check_supported
 from executor.preflight_memory import check_memory
@@ -119,6 +121,7 @@ def local_checks(plan: Plan, renv: RankEnv, args: TrainConfig, *, pool: bool = F
     source = make_source(plan, data=None if pool else args.data, seed=args.seed, scan=renv.rank == 0)
     if args.checkpoint_dir:
         check_output_dir(args.checkpoint_dir, "--checkpoint-dir")
+        check_checkpoint_dir(args.checkpoint_dir)
     if args.log_jsonl and renv.rank == 0:
         check_output_file(args.log_jsonl, "--log-jsonl")
     return Prepared(dev, source)

@@ -1,87 +1,128 @@
-"""The safetensors file format, read and written one tensor at a time (no whole-model copy).
+"""A Hugging Face model folder's safetensors weights, read and written with the ``safetensors``
+package (the format's reference implementation: it bounds and checks every header, offset and
+length, so a hostile or truncated file is one :class:`SpecError` naming the file and the reason).
 
-A file is ``uint64 LE n`` + ``n`` bytes of JSON header + the data: the header maps each name to
-``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets into the data, row-major little-endian
-bytes; ``"__metadata__"`` holds strings). Reading memory-maps each tensor where it lies (the OS
-pages it in as it is used); writing lays out the header from the names, shapes and dtypes first,
-then streams each tensor's bytes. A sharded model has ``model.safetensors.index.json``:
-``{"metadata": {"total_size": bytes}, "weight_map": {name: file}}``.
+Which files hold the weights is decided as transformers' ``from_pretrained`` decides it (transformers
+5, ``modeling_utils._get_resolved_checkpoint_files``): ``model.safetensors`` when it exists, else
+the shards that ``model.safetensors.index.json`` names (``{"metadata": {"total_size": bytes},
+"weight_map": {name: file}}``); every tensor of those files counts. The index must agree with its
+shards: a tensor a shard holds but the index does not list (an index edited to drop it), a tensor
+listed under a file that does not hold it, or one name in two shards is refused, naming the tensor
+and the files.
+
+Reading memory-maps each file (``safe_open``: ``get_tensor`` is a view of the mapping; the OS pages
+it in as it is used). Writing makes one shard's tensors and writes them with ``save_file``, so one
+shard (at most ``max_shard_bytes``, or one larger tensor) is in memory at a time, as with
+``save_pretrained``. Each file says in its metadata that hexiscale wrote it (:data:`WRITER`).
 """
 
 from __future__ import annotations
 
 import json
-import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from planner.errors import SpecError
 
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-_NUMPY = {"F32": np.float32, "BF16": np.uint16, "F16": np.float16}  # bf16 is read as raw 16-bit words
-_NAMES = {v: k for k, v in DTYPES.items()}
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+WRITER = {"format": "pt", "writer": "hexiscale"}
+_HINT = "pass a Hugging Face model folder (save_pretrained writes one)"
 
 
 @dataclass(frozen=True)
 class Entry:
     file: Path
+    name: str
     dtype: str
     shape: tuple[int, ...]
-    offset: int  # absolute byte offset of the data in ``file``
+
+
+def _bad(file: Path, what: str) -> SpecError:
+    return SpecError("", what, _HINT, str(file))
+
+
+def _open(file: Path) -> safe_open:
+    if not file.is_file():
+        raise _bad(file, "missing, or not a regular file")
+    try:
+        return safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError) as exc:
+        reason = str(exc).removeprefix("Error while deserializing header: ")
+        raise _bad(file, f"not a valid safetensors file: {reason} ({file.stat().st_size} bytes)") from None
 
 
 def read_header(file: Path) -> dict[str, Entry]:
     """The tensors of one safetensors file (SpecError naming the file if it is not one)."""
-    try:
-        with open(file, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError("", f"not a safetensors file ({exc})", "pass a Hugging Face model folder", str(file)) from None
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info.get("dtype") not in DTYPES:
-            raise SpecError(name, f"dtype {info.get('dtype')} is not one of {', '.join(DTYPES)}",
-                            "convert the weights to float32, bfloat16 or float16", str(file))
-        out[name] = Entry(file, info["dtype"], tuple(info["shape"]), 8 + n + info["data_offsets"][0])
+    with _open(file) as f:
+        out = {}
+        for name in f.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
+            part = f.get_slice(name)
+            if part.get_dtype() not in DTYPES:
+                raise SpecError(name, f"dtype {part.get_dtype()} is not one of {', '.join(DTYPES)}",
+                                "convert the weights to float32, bfloat16 or float16", str(file))
+            out[name] = Entry(file, name, part.get_dtype(), tuple(part.get_shape()))
     return out
 
 
+def file_metadata(file: Path) -> dict[str, str]:
+    """The text metadata of one safetensors file (SpecError if it is not one)."""
+    with _open(file) as f:
+        return dict(f.metadata() or {})
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    try:
+        raw = json.loads(index.read_text())
+        weight_map = raw["weight_map"]
+    except (OSError, KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _bad(index, f"not a model index ({type(exc).__name__}: {exc})") from None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v and "/" not in v and "\\" not in v and v not in (".", "..")
+            for k, v in weight_map.items()):
+        raise _bad(index, "weight_map must map each tensor name to a file name in the folder")
+    return weight_map
+
+
 def model_entries(folder: Path) -> dict[str, Entry]:
-    """Every tensor of a model folder: ``model.safetensors``, or the shards its index names."""
+    """Every tensor that ``from_pretrained`` reads from ``folder`` (module docstring)."""
+    if (folder / SINGLE).is_file():
+        return read_header(folder / SINGLE)
     index = folder / INDEX
-    if index.exists():
-        try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, KeyError, AttributeError, json.JSONDecodeError) as exc:
-            raise SpecError("", f"bad index ({exc})", "pass a folder written by save_pretrained", str(index)) from None
-    elif (folder / SINGLE).exists():
-        files = [SINGLE]
-    else:
+    if not index.is_file():
         raise SpecError("HF_DIR", f"{folder} has neither {SINGLE} nor {INDEX}",
                         "pass a Hugging Face model folder with safetensors weights")
+    listed = _weight_map(index)
     out: dict[str, Entry] = {}
-    for name in files:
-        out.update(read_header(folder / name))
+    for file in sorted(set(listed.values())):
+        if not (folder / file).is_file():
+            held = sorted(k for k, v in listed.items() if v == file)
+            raise _bad(index, f"lists {held[0]} in {file}, which is missing or not a regular file")
+        for name, entry in read_header(folder / file).items():
+            if name in out:
+                raise _bad(index, f"{name} is in two shards, {out[name].file.name} and {file}")
+            if name not in listed:
+                raise _bad(index, f"does not list {name}, which {file} holds (an edited or stale index)")
+            if listed[name] != file:
+                raise _bad(index, f"lists {name} in {listed[name]}, but {file} holds it")
+            out[name] = entry
+    missing = sorted(set(listed) - set(out))
+    if missing:
+        raise _bad(index, f"lists {missing[0]} in {listed[missing[0]]}, which does not hold it "
+                   f"({len(missing)} such)")
     return out
 
 
 def tensor(entry: Entry) -> torch.Tensor:
-    """The tensor, memory-mapped (copy-on-write: nothing is read until used)."""
-    count = int(np.prod(entry.shape)) if entry.shape else 1
-    arr = np.memmap(entry.file, dtype=_NUMPY[entry.dtype], mode="c", offset=entry.offset, shape=(count,))
-    out = torch.from_numpy(arr)
-    if entry.dtype == "BF16":
-        out = out.view(torch.bfloat16)
-    return out.view(entry.shape)
+    """The tensor, memory-mapped (nothing is read until used)."""
+    with _open(entry.file) as f:
+        return f.get_tensor(entry.name)
 
 
 @dataclass(frozen=True)
@@ -95,26 +136,18 @@ class Planned:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * torch.empty((), dtype=self.dtype).element_size()
+        return torch.Size(self.shape).numel() * torch.empty((), dtype=self.dtype).element_size()
 
 
-def write_file(file: Path, tensors: Iterable[Planned]) -> None:
-    """One safetensors file: the header from the plan, then each tensor made and written in turn."""
-    items = list(tensors)
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    off = 0
-    for t in items:
-        header[t.name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + t.nbytes]}
-        off += t.nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
-    with open(file, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)) + blob)
-        for t in items:
-            value = t.make().to(t.dtype).contiguous()
-            if tuple(value.shape) != t.shape:
-                raise ValueError(f"{t.name}: made {tuple(value.shape)}, planned {t.shape}")
-            f.write(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+def write_file(file: Path, tensors: list[Planned]) -> None:
+    """One safetensors file of ``tensors``, each made in turn (module docstring)."""
+    made = {}
+    for t in tensors:
+        value = t.make().to(t.dtype).contiguous()
+        if tuple(value.shape) != t.shape:
+            raise ValueError(f"{t.name}: made {tuple(value.shape)}, planned {t.shape}")
+        made[t.name] = value
+    save_file(made, str(file), metadata=WRITER)
 
 
 def write_model(folder: Path, tensors: list[Planned], max_shard_bytes: int) -> list[Path]:

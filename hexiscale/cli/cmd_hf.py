@@ -7,7 +7,8 @@
         a checkpoint (any plan wrote it; or a --checkpoint-dir: its latest) -> a folder that
         transformers' LlamaForCausalLM.from_pretrained loads
 
-Both stream a tensor at a time; neither needs the model in memory.
+Import memory-maps the weights; export holds one shard at a time. Neither overwrites a folder that
+is not an earlier checkpoint (export) of its own.
 """
 
 from __future__ import annotations

@@ -1,21 +1,27 @@
 """Corrupted checkpoints never load silently. Pre-flight verification (executor.checkpoint_verify)
 names what is wrong with a flipped byte, a truncated or missing file, another step's file, a wrong
 shape, another model, a step that disagrees with its folder, NaN weights under a valid checksum, a
-damaged DCP index or meta.json; ``--resume DIR`` then falls back to the newest intact checkpoint
-with one line saying which was skipped and why, and a checkpoint named directly is refused."""
+damaged DCP index or meta.json, an index edited to drop or move a tensor (its checksum updated);
+``--resume DIR`` then falls back to the newest intact checkpoint with one line saying which was
+skipped and why, and a checkpoint named directly is refused."""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+import zlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from executor.checkpoint_index import read_index
 from executor.checkpoint_verify import verify_files, verify_meta
 from planner.errors import SpecError
 from planner.model import PRESETS
@@ -85,6 +91,22 @@ def _damage_index(ck: Path) -> None:
     (ck / ".metadata").write_bytes(b"cos\nsystem\n(S'touch pwned'\ntR.".ljust(size))  # a pickle that runs a command
 
 
+def _edit_index(edit: Callable[[Any], None]) -> Callable[[Path], None]:
+    """Edit DCP's index and record its new checksum: only comparing it with meta.json can tell."""
+    def apply(ck: Path) -> None:
+        md = read_index((ck / ".metadata").read_bytes(), ck)
+        edit(md)
+        data = pickle.dumps(md)
+        (ck / ".metadata").write_bytes(data)
+        _edit_meta(lambda m: m["checksums"].update({".metadata": {"0": [len(data), zlib.crc32(data)]}}))(ck)
+    return apply
+
+
+def _move_item(md: Any) -> None:
+    key = next(k for k in md.storage_data if k.fqn == "model/layers.1.attn.wq.weight")
+    md.storage_data[key] = replace(md.storage_data[key], offset=md.storage_data[key].offset + 8)
+
+
 CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
     "flipped byte": (_flip_byte, "does not match its checksum"),
     "truncated file": (_truncate, "truncated"),
@@ -97,6 +119,10 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
     "step of another folder": (_edit_meta(lambda m: m.update(step=2)), "named for step 3 but holds step 2"),
     "data position": (_edit_meta(lambda m: m["extra"]["data"].update(step=1)), "data position is at step 1"),
     "no checksums": (_edit_meta(lambda m: m.pop("checksums")), "no valid checksums"),
+    "index drops a tensor": (_edit_index(lambda md: md.state_dict_metadata.pop("optim/exp_avg/lm_head.weight")),
+                             "index .metadata has no tensor optim/exp_avg/lm_head.weight (meta.json lists it"),
+    "index moves a stored item": (_edit_index(_move_item), "places model/layers.1.attn.wq.weight at offset [0, 0] "
+                                  "where meta.json has no stored item"),
     "meta.json garbage": (lambda ck: (ck / "meta.json").write_bytes(b"\xff{"), "meta.json"),
 }
 

@@ -1,7 +1,8 @@
 """Checkpoints through pre-flight verification (executor.checkpoint_verify, what ``train --resume``
 runs before anything loads): a mutated ``meta.json``, any flipped byte inside a stored item or
 DCP's index, and any truncation is a ``SpecError`` naming ``--resume``, never another exception;
-a flip can never pass unnoticed."""
+a flip can never pass unnoticed. DCP's index rewritten with random bytes under an updated checksum
+(only reading it can tell) is refused the same way, and nothing in it runs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -111,3 +113,22 @@ def test_every_truncation_is_caught(checkpoint: Path, work: Path, data: st.DataO
         with pytest.raises(SpecError) as err:
             _verify(work)
     assert err.value.path == "--resume"
+
+
+@fuzz(80)
+@given(data=st.data())
+def test_index_edited_under_a_valid_checksum(checkpoint: Path, work: Path, data: st.DataObject) -> None:
+    raw = bytearray((work / ".metadata").read_bytes())
+    for _ in range(data.draw(st.integers(1, 6))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.one_of(st.none(), st.integers(0, len(raw))))
+    edited = bytes(raw[:cut])
+    meta = json.loads((work / "meta.json").read_text())
+    meta["checksums"][".metadata"] = {"0": [len(edited), zlib.crc32(edited)]}
+    with damaged(checkpoint, work, ".metadata") as path, damaged(checkpoint, work, "meta.json") as meta_path:
+        path.write_bytes(edited)
+        meta_path.write_text(json.dumps(meta))
+        try:
+            _verify(work)
+        except SpecError as exc:
+            assert exc.path == "--resume" and exc.message
