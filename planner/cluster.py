@@ -246,6 +246,7 @@ def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
         raise SpecError("groups", "duplicate group name", "give each group a unique name")
 
     pairs = []
+    first_at: dict[frozenset[str], int] = {}
     for i, pl in enumerate(expect_list(data.get("links", []), "links")):
         p = join("links", i)
         pl = expect_mapping(pl, p)
@@ -253,6 +254,11 @@ def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
         ends = _parse_node_refs(pl["between"], join(p, "between"), known)
         if len(ends) != 2 or ends[0] == ends[1]:
             raise SpecError(join(p, "between"), "needs exactly two different nodes", "write [node-a, node-b]")
+        pair = frozenset(ends)
+        if pair in first_at:
+            raise SpecError(join(p, "between"), f"the pair {ends[0]}, {ends[1]} is also links[{first_at[pair]}]",
+                            "keep one entry per node pair")
+        first_at[pair] = i
         pairs.append((ends[0], ends[1], parse_link(pl["link"], join(p, "link"))))
 
     overrides = []
@@ -281,6 +287,7 @@ def load_cluster(path: str | Path, catalog: Catalog | None = None) -> ClusterSpe
     """Read and validate a cluster file; errors carry the file name and line."""
     path = Path(path)
     data, lines = load_yaml_document(read_user_text(path, "cluster", MAX_YAML_BYTES), str(path))
+    catalog = catalog or default_catalog()  # its errors ($HEXISCALE_PROFILES, a profile file) are not this file's
     try:
         return parse_cluster(data, catalog)
     except SpecError as exc:

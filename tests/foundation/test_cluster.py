@@ -77,6 +77,8 @@ def test_device_overrides() -> None:
         (lambda d: d["nodes"][0].update(gpus="four"), "nodes[0].gpus", "integer"),
         (lambda d: d.update(devices={"zz:0": {"slowdown": 2}}), "devices.zz:0", "no device"),
         (lambda d: d.update(links=[{"between": ["a", "q"], "link": LINK}]), "links[0].between[1]", "unknown node"),
+        (lambda d: d.update(links=[{"between": ["a", "b-0"], "link": LINK}, {"between": ["b-1", "a"], "link": LINK},
+                                   {"between": ["b-0", "a"], "link": LINK}]), "links[2].between", "also links[0]"),
         (lambda d: d["nodes"][0].pop("intra_link"), "nodes[0].intra_link", "missing"),
         (lambda d: d["nodes"][0].update(intra_lnk=1), "nodes[0].intra_lnk", "did you mean 'intra_link'"),
     ],
@@ -122,3 +124,22 @@ def test_field_errors_carry_the_line(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_cluster(bad)
     assert info.value.line == 4 and info.value.path == "lnks"
+
+
+def test_a_bad_device_profile_is_named_not_the_cluster_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broken entry of this host's catalog met while a cluster file is read: the error names the
+    profile file and its field (the cluster file and its line have nothing wrong)."""
+    from planner.catalog import _cached
+
+    (tmp_path / "devices").mkdir()
+    profile = tmp_path / "devices" / "a100-sxm-80g.json"
+    profile.write_text((ROOT / "planner" / "profiles" / "devices" / "a100-sxm-80g.json").read_text()
+                       .replace('"memory_gib": 80', '"memory_gib": "x"'))
+    monkeypatch.setenv("HEXISCALE_HOME", str(tmp_path))
+    _cached.cache_clear()
+    try:
+        with pytest.raises(SpecError) as info:
+            load_cluster(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml")
+    finally:
+        _cached.cache_clear()
+    assert info.value.file == str(profile) and info.value.path == "memory_gib" and info.value.line is None
