@@ -41,7 +41,7 @@ from planner.fields import (
     get_str,
     join,
 )
-from planner.names import check_name
+from planner.names import check_label, check_name
 from planner.ranges import check_number
 
 MAX_GPUS_PER_NODE = 64
@@ -240,7 +240,8 @@ def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
         p = join("groups", i)
         g = expect_mapping(g, p)
         check_keys(g, p, ("name", "nodes", "link"))
-        groups.append(Group(get_str(g, "name", p), _parse_node_refs(g["nodes"], join(p, "nodes"), known),
+        name = check_label(get_str(g, "name", p), join(p, "name"), "group name")
+        groups.append(Group(name, _parse_node_refs(g["nodes"], join(p, "nodes"), known),
                             parse_link(g["link"], join(p, "link"))))
     if len({g.name for g in groups}) != len(groups):
         raise SpecError("groups", "duplicate group name", "give each group a unique name")
@@ -277,7 +278,7 @@ def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
         overrides.append((dev_id, DeviceOverride(mem, slow)))
 
     return ClusterSpec(
-        name=get_str(data, "name", "", default="cluster"),
+        name=check_label(get_str(data, "name", "", default="cluster"), "name", "the cluster's name"),
         nodes=tuple(nodes), inter_node=inter, groups=tuple(groups), pair_links=tuple(pairs),
         overrides=tuple(overrides), catalog=catalog,
     )
