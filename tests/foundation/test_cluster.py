@@ -143,3 +143,20 @@ def test_a_bad_device_profile_is_named_not_the_cluster_file(tmp_path: Path, monk
     finally:
         _cached.cache_clear()
     assert info.value.file == str(profile) and info.value.path == "memory_gib" and info.value.line is None
+
+
+@pytest.mark.parametrize("written, message, hint", [
+    ("3e2", "got the text '3e2': YAML 1.1 reads an exponent as text", "write 300 or 3.0e+2"),
+    ("1e-3", "got the text '1e-3': YAML 1.1 reads an exponent as text", "write 1.0e-3"),
+    ('"25"', "got the text '25'", "write 25 without quotes"),
+])
+def test_a_number_yaml_reads_as_text_says_how_to_write_it(tmp_path: Path, written: str, message: str,
+                                                           hint: str) -> None:
+    """PyYAML (YAML 1.1) reads ``3e2`` as the text '3e2': an exponent needs a dot and a sign."""
+    bad = tmp_path / "c.yaml"
+    bad.write_text(f"nodes:\n  - {{name: a, gpu: a100, gpus: 2, intra_link: {{bandwidth_GBps: {written}}}}}\n"
+                   "inter_node: {bandwidth_GBps: 1}\n")
+    with pytest.raises(SpecError) as info:
+        load_cluster(bad)
+    assert info.value.path == "nodes[0].intra_link.bandwidth_GBps"
+    assert message in info.value.message and info.value.hint == hint
