@@ -160,3 +160,56 @@ def test_a_number_yaml_reads_as_text_says_how_to_write_it(tmp_path: Path, writte
         load_cluster(bad)
     assert info.value.path == "nodes[0].intra_link.bandwidth_GBps"
     assert message in info.value.message and info.value.hint == hint
+
+
+def test_compact_entries_are_counted_before_they_are_expanded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """300 lines of ``count: 4096`` (26 KB of YAML) were expanded to 1.2 million nodes before the
+    4,096-node limit was checked (seconds and a quarter GB; a 2 MB file, minutes and gigabytes):
+    the entry that crosses the limit is refused with no node of it built."""
+    import planner.cluster as cluster_module
+
+    built = []
+    monkeypatch.setattr(cluster_module, "Node", lambda *a: built.append(a) or cluster_module.Link("x", 1, 0))
+    data = base()
+    data["nodes"] = [{"name": f"n{i}", "count": 4096, "gpu": "rtx4090", "gpus": 64, "intra_link": LINK}
+                     for i in range(300)]
+    with pytest.raises(SpecError) as info:
+        parse_cluster(data)
+    assert info.value.path == "nodes[1].count" and "8,192 nodes" in info.value.message
+    assert len(built) == 4096
+
+
+class _CountedTuple(tuple):  # type: ignore[type-arg]
+    """A tuple that counts how often it is walked."""
+
+    walks = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_a_link_query_walks_no_list_of_pairs_or_groups() -> None:
+    """Each ``link`` query used to scan every ``links`` pair and every group's node list: with
+    thousands of either, a planner asking for many device pairs did (pairs x groups) work per
+    question. The lookups are built once, at construction; queries walk neither list."""
+    from dataclasses import replace
+
+    data = base()
+    data["nodes"][1]["count"] = 400
+    names = ["a"] + [f"b-{i}" for i in range(400)]
+    data["links"] = [{"between": [names[i], names[i + 1]], "link": {"bandwidth_GBps": 7}} for i in range(400)]
+    data["groups"] = [{"name": "all", "nodes": names, "link": {"bandwidth_GBps": 3}}] + [
+        {"name": f"g{i}", "nodes": names[i:i + 40], "link": {"bandwidth_GBps": 9 + i}} for i in range(0, 400, 20)]
+    c = parse_cluster(data)
+    counted = replace(c, pair_links=_CountedTuple(c.pair_links), groups=_CountedTuple(c.groups))
+    walks = _CountedTuple.walks
+    answers = [counted.link(f"{x}:0", f"{y}:1").bandwidth_GBps for x in names[::7] for y in names[::5]]
+    assert _CountedTuple.walks == walks  # no query walked either list
+    assert answers == [c.link(f"{x}:0", f"{y}:1").bandwidth_GBps for x in names[::7] for y in names[::5]]
+    assert counted.link("a:0", "b-0:0").bandwidth_GBps == 7  # a pair override
+    assert counted.link("b-2:0", "b-5:0").bandwidth_GBps == 9  # the smallest group holding both
+    assert counted.link("b-25:0", "b-30:0").bandwidth_GBps == 9  # of two as small, the first in the file
+    assert counted.link("b-2:0", "b-300:0").bandwidth_GBps == 3  # only the group of all
+    del data["groups"]
+    assert parse_cluster(data).link("a:0", "b-300:0").bandwidth_GBps == 1.25  # no pair, no group: inter_node
