@@ -22,6 +22,7 @@ from planner.fields import check_keys, expect_mapping, get_float, get_str, join
 ENTRY_KEYS_REQUIRED = ("key", "name", "memory_gib", "peak_tflops", "memory_bandwidth_GBps", "source",
                        "derived")
 ENTRY_KEYS_OPTIONAL = ("aliases", "measured", "notes", "sm_percent", "base")
+PROFILES_VAR = "HEXISCALE_PROFILES"
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,17 @@ class DeviceType:
 def profiles_dir() -> Path:
     """Where device/link profiles live: ``$HEXISCALE_PROFILES``, else the ``profiles`` package data
     of :mod:`planner` (found through the installed package, editable or not)."""
-    env = os.environ.get("HEXISCALE_PROFILES")
-    return Path(env) if env else Path(str(resources.files("planner") / "profiles"))
+    env = os.environ.get(PROFILES_VAR)
+    if not env:
+        return Path(str(resources.files("planner") / "profiles"))
+    folder = Path(env)
+    if not folder.is_dir():
+        raise SpecError(PROFILES_VAR, f"{env!r} is not a folder", f"point {PROFILES_VAR} at a profiles folder "
+                        "(one holding devices/*.json) or unset it")
+    if not any((folder / "devices").glob("*.json")):
+        raise SpecError(PROFILES_VAR, f"{env!r} holds no device profiles (devices/*.json)",
+                        f"point {PROFILES_VAR} at a profiles folder or unset it")
+    return folder
 
 
 def parse_device_entry(data: Any, path: str = "") -> DeviceType:

@@ -41,7 +41,7 @@ from planner.fields import (
     get_str,
     join,
 )
-from planner.names import check_name
+from planner.names import check_label, check_name
 from planner.ranges import check_number
 
 MAX_GPUS_PER_NODE = 64
@@ -112,6 +112,16 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_devices", self._build_devices())
         object.__setattr__(self, "_node_by_name", {n.name: n for n in self.nodes})
+        # link lookups in O(1) (plus the groups holding one node), not a scan of every pair and group
+        # per query: the planner asks for links between many device pairs of clusters of 4,096 nodes
+        object.__setattr__(self, "_pair_link", {frozenset((a, b)): lk for a, b, lk in reversed(self.pair_links)})
+        members = [frozenset(g.nodes) for g in self.groups]
+        by_node: dict[str, list[int]] = {}
+        for i in sorted(range(len(self.groups)), key=lambda i: len(members[i])):  # smallest first, then file order
+            for name in members[i]:
+                by_node.setdefault(name, []).append(i)
+        object.__setattr__(self, "_groups_of", {n: [(members[i], self.groups[i].link) for i in gs]
+                                                for n, gs in by_node.items()})
 
     def _build_devices(self) -> dict[str, Device]:
         over = dict(self.overrides)
@@ -149,16 +159,17 @@ class ClusterSpec:
         return self._node_by_name[name]  # type: ignore[attr-defined,no-any-return]
 
     def node_link(self, a: str, b: str) -> Link:
+        """The link between two nodes: the node's own on one node, else a ``links`` pair override,
+        else the smallest group holding both (the first in the file among equals), else ``inter_node``."""
         if a == b:
             return self.node(a).intra_link
-        for x, y, link in self.pair_links:
-            if {x, y} == {a, b}:
-                return link
-        best: Group | None = None
-        for g in self.groups:
-            if a in g.nodes and b in g.nodes and (best is None or len(g.nodes) < len(best.nodes)):
-                best = g
-        return best.link if best is not None else self.inter_node
+        pair: Link | None = self._pair_link.get(frozenset((a, b)))  # type: ignore[attr-defined]
+        if pair is not None:
+            return pair
+        for members, link in self._groups_of.get(a, ()):  # type: ignore[attr-defined]
+            if b in members:
+                return link  # type: ignore[no-any-return]
+        return self.inter_node
 
     def link(self, dev_a: str, dev_b: str) -> Link:
         """The link two devices talk over."""
@@ -204,11 +215,11 @@ def _parse_nodes(raw: Any, catalog: Catalog) -> list[Node]:
         gpus = get_int(item, "gpus", p, minimum=1, maximum=MAX_GPUS_PER_NODE)
         link = parse_link(item["intra_link"], join(p, "intra_link"))
         count = get_int(item, "count", p, minimum=1, default=0, maximum=MAX_NODES) if "count" in item else 0
+        if len(nodes) + max(count, 1) > MAX_NODES:  # before expanding: 300 lines of count 4096 are 1.2M nodes
+            raise SpecError(join(p, "count") if count else p, f"brings the cluster to {len(nodes) + max(count, 1):,} "
+                            f"nodes, more than the {MAX_NODES} HexiScale handles", "split the cluster")
         names = [f"{name}-{k}" for k in range(count)] if count else [name]
         nodes.extend(Node(n, gpu, gpus, link) for n in names)
-    if len(nodes) > MAX_NODES:
-        raise SpecError("nodes", f"{len(nodes)} nodes is more than the {MAX_NODES} HexiScale handles",
-                        "split the cluster")
     seen: set[str] = set()
     for n in nodes:
         if n.name in seen:
@@ -240,12 +251,14 @@ def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
         p = join("groups", i)
         g = expect_mapping(g, p)
         check_keys(g, p, ("name", "nodes", "link"))
-        groups.append(Group(get_str(g, "name", p), _parse_node_refs(g["nodes"], join(p, "nodes"), known),
+        name = check_label(get_str(g, "name", p), join(p, "name"), "group name")
+        groups.append(Group(name, _parse_node_refs(g["nodes"], join(p, "nodes"), known),
                             parse_link(g["link"], join(p, "link"))))
     if len({g.name for g in groups}) != len(groups):
         raise SpecError("groups", "duplicate group name", "give each group a unique name")
 
     pairs = []
+    first_at: dict[frozenset[str], int] = {}
     for i, pl in enumerate(expect_list(data.get("links", []), "links")):
         p = join("links", i)
         pl = expect_mapping(pl, p)
@@ -253,6 +266,11 @@ def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
         ends = _parse_node_refs(pl["between"], join(p, "between"), known)
         if len(ends) != 2 or ends[0] == ends[1]:
             raise SpecError(join(p, "between"), "needs exactly two different nodes", "write [node-a, node-b]")
+        pair = frozenset(ends)
+        if pair in first_at:
+            raise SpecError(join(p, "between"), f"the pair {ends[0]}, {ends[1]} is also links[{first_at[pair]}]",
+                            "keep one entry per node pair")
+        first_at[pair] = i
         pairs.append((ends[0], ends[1], parse_link(pl["link"], join(p, "link"))))
 
     overrides = []
@@ -271,7 +289,7 @@ def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
         overrides.append((dev_id, DeviceOverride(mem, slow)))
 
     return ClusterSpec(
-        name=get_str(data, "name", "", default="cluster"),
+        name=check_label(get_str(data, "name", "", default="cluster"), "name", "the cluster's name"),
         nodes=tuple(nodes), inter_node=inter, groups=tuple(groups), pair_links=tuple(pairs),
         overrides=tuple(overrides), catalog=catalog,
     )
@@ -281,6 +299,7 @@ def load_cluster(path: str | Path, catalog: Catalog | None = None) -> ClusterSpe
     """Read and validate a cluster file; errors carry the file name and line."""
     path = Path(path)
     data, lines = load_yaml_document(read_user_text(path, "cluster", MAX_YAML_BYTES), str(path))
+    catalog = catalog or default_catalog()  # its errors ($HEXISCALE_PROFILES, a profile file) are not this file's
     try:
         return parse_cluster(data, catalog)
     except SpecError as exc:

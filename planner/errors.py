@@ -36,8 +36,12 @@ class SpecError(ValueError):
         return type(self), (self.path, self.message, self.hint, self.file, self.line)
 
     def with_file(self, file: str, line: int | None = None) -> SpecError:
-        """The same error, annotated with the file (and line) it came from."""
-        return SpecError(self.path, self.message, self.hint, file, line or self.line)
+        """The same error, annotated with the file (and line) it came from. An error that already
+        names its file keeps it: a bad device profile met while a cluster file is read is the
+        profile's fault, not the cluster file's."""
+        if self.file is not None:
+            return self
+        return type(self)(self.path, self.message, self.hint, file, line or self.line)
 
 
 class PlanInfeasible(SpecError):

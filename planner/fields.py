@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -46,6 +47,37 @@ def check_keys(
             raise SpecError(join(path, key), "missing required key", f"add '{key}: ...'")
 
 
+_EXPONENT = re.compile(r"([-+]?[0-9][0-9_]*(?:\.[0-9_]*)?)[eE]([-+]?[0-9]+)")
+_YAML11_FLOAT = re.compile(r"[-+]?[0-9][0-9_]*\.[0-9_]*[eE][-+][0-9]+")  # PyYAML's form of an exponent
+
+
+def _text_number(value: Any, integer: bool) -> tuple[str, str] | None:
+    """(message, hint) for a number written as text (``None`` when ``value`` is no such text): ``3e2``,
+    which YAML 1.1 (PyYAML) reads as text because an exponent needs a dot in the mantissa and a
+    sign (``3.0e+2``), or a number in quotes."""
+    what = "an integer" if integer else "a number"
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    try:
+        number = float(text.replace("_", ""))
+    except ValueError:
+        return None
+    if number != number or number in (float("inf"), float("-inf")):
+        return None
+    if integer and not number.is_integer():
+        return None
+    exponent = _EXPONENT.fullmatch(text)
+    if exponent is None or _YAML11_FLOAT.fullmatch(text):
+        return f"expected {what}, got the text {value!r}", f"write {text} without quotes"
+    mantissa, power = exponent.groups()
+    fixes = [f"{mantissa if '.' in mantissa else mantissa + '.0'}e{int(power):+d}"]
+    if number.is_integer() and abs(number) < 1e15:
+        fixes = [str(int(number))] + ([] if integer else fixes)
+    return (f"expected {what}, got the text {value!r}: YAML 1.1 reads an exponent as text unless the mantissa "
+            "has a dot and the exponent a sign", f"write {' or '.join(fixes)}")
+
+
 def get_int(data: Mapping[str, Any], key: str, path: str, *, minimum: int | None = None,
             default: int | None = None, maximum: int | None = None) -> int:
     p = join(path, key)
@@ -55,6 +87,9 @@ def get_int(data: Mapping[str, Any], key: str, path: str, *, minimum: int | None
         return default
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, int):
+        text = _text_number(value, integer=True)
+        if text is not None:
+            raise SpecError(p, *text)
         raise SpecError(p, f"expected an integer, got {value!r}", "write a whole number")
     if minimum is not None and value < minimum:
         raise SpecError(p, f"must be >= {minimum}, got {value}", f"use a value of at least {minimum}")
@@ -72,6 +107,9 @@ def get_float(data: Mapping[str, Any], key: str, path: str, *, positive: bool = 
         return default
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
+        text = _text_number(value, integer=False)
+        if text is not None:
+            raise SpecError(p, *text)
         raise SpecError(p, f"expected a number, got {value!r}", "write a number such as 25 or 1.5")
     try:
         value = float(value)

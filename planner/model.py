@@ -19,6 +19,7 @@ from typing import Any
 
 from planner.errors import SpecError
 from planner.fields import check_keys, expect_mapping, get_bool, get_float, get_int, get_str
+from planner.names import check_label
 from planner.rope import RopeScaling, rope_scaling_from_dict
 
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -44,6 +45,9 @@ class ModelSpec:
     rope_scaling: RopeScaling | None = None  # None: plain RoPE (planner.rope)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise SpecError("model.name", f"expected text, got {self.name!r}", "write the model's name in quotes")
+        check_label(self.name, "model.name", "the model's name")
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads",
                      "vocab_size", "seq_len"):
             value = getattr(self, name)

@@ -31,6 +31,23 @@ def check_name(value: str, path: str, what: str = "name") -> str:
     return value
 
 
+MAX_TEXT = 200
+
+
+def check_label(value: str, path: str, what: str = "name") -> str:
+    """``value`` itself, or a ``SpecError`` at ``path``: a free-text name (a model's, a cluster's)
+    is printed in tables and titles and written into checkpoints, so it holds no control characters
+    (a NUL, an escape sequence that clears the terminal, a line break) and at most ``MAX_TEXT``
+    characters; spaces and any printable letter are fine."""
+    bad = next((c for c in value if not c.isprintable() and c != " "), None)
+    if bad is not None:
+        raise SpecError(path, f"{what} holds the control character {bad!r} at position {value.index(bad)}",
+                        "write the name with printable characters only")
+    if len(value) > MAX_TEXT:
+        raise SpecError(path, f"{what} is {len(value)} characters long", f"use at most {MAX_TEXT}")
+    return value
+
+
 def safe_name_from(text: str, prefix: str) -> str:
     """A safe name derived from free text (e.g. a file's stem): unsafe runs become ``-``."""
     cleaned = _UNSAFE_RUN.sub("-", text).strip("-.")

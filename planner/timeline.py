@@ -19,12 +19,11 @@ gradient reduction left after the schedule, waits for the other pipelines includ
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.documents import read_user_text
+from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.fields import expect_list, expect_mapping
 from planner.plan import Plan, plan_from_dict
@@ -98,10 +97,8 @@ def trace_timelines(data: Any) -> tuple[Plan, list[Timeline]]:
 
 def read_trace(path: str | Path) -> tuple[Plan, list[Timeline]]:
     """:func:`trace_timelines` of a trace file (errors name the file)."""
-    text = read_user_text(Path(path), "trace")
+    data = load_json_file(path, "trace")
     try:
-        return trace_timelines(json.loads(text))
-    except json.JSONDecodeError as exc:
-        raise SpecError("", f"not valid JSON: {exc.msg}", "pass a trace file", str(path)) from None
+        return trace_timelines(data)
     except SpecError as exc:
         raise exc.with_file(str(path)) from None

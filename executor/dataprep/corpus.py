@@ -166,6 +166,10 @@ def parse_records(batch: Batch, field: str) -> list[str]:
             obj: Any = json.loads(line)
         except json.JSONDecodeError as exc:
             raise SpecError("INPUT", f"not a JSON line ({exc.msg})", "one JSON object a line", where) from None
+        except (ValueError, RecursionError) as exc:  # a number of > 4,300 digits; nested too deep for the parser
+            what = "nested too deep" if isinstance(exc, RecursionError) else "a number too long to read"
+            raise SpecError("INPUT", f"not a readable JSON line ({what})", "one flat JSON object a line",
+                            where) from None
         if not isinstance(obj, dict) or field not in obj:
             raise SpecError("--field", f"the record has no field {field!r}", "pass --field with the text field",
                             where)

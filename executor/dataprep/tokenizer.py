@@ -7,11 +7,11 @@ document, so that packed documents stay apart in the token stream.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.documents import load_json_file
 from planner.errors import SpecError
 
 INSTALL_HINT = "pip install 'hexiscale[data]' (the tokenizers package)"
@@ -44,9 +44,13 @@ def _config_eos(folder: Path) -> str | None:
     if not cfg.exists():
         return None
     try:
-        eos = json.loads(cfg.read_text()).get("eos_token")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-        raise SpecError("--tokenizer", f"cannot read {cfg}: {exc}", "fix or remove tokenizer_config.json") from None
+        data = load_json_file(cfg, "tokenizer config")
+    except SpecError as exc:
+        raise SpecError("--tokenizer", f"cannot read {cfg}: {exc.message}", "fix or remove tokenizer_config.json"
+                        ) from None
+    if not isinstance(data, dict):
+        raise SpecError("--tokenizer", f"{cfg} is not a JSON object", "fix or remove tokenizer_config.json")
+    eos = data.get("eos_token")
     if isinstance(eos, dict):  # AddedToken serialised as {"content": "</s>", ...}
         eos = eos.get("content")
     return eos if isinstance(eos, str) and eos else None

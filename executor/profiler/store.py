@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from planner.documents import load_json_file
 from planner.errors import SpecError
 
 MEASURED_FORMAT = "hexiscale.measured/1"
@@ -54,9 +55,12 @@ class ProfileFile:
         from ``fresh_entry``)."""
         if resume and path.exists():
             try:
-                old = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise SpecError("--out", f"cannot read {path}: {exc}", "delete it or pass --no-resume") from None
+                old = load_json_file(path, "profile")
+            except SpecError as exc:
+                raise SpecError("--out", f"cannot read {path}: {exc.message}",
+                                "delete it or pass --no-resume") from None
+            if not isinstance(old, dict):
+                raise SpecError("--out", f"{path} is not a JSON object", "delete it or pass --no-resume")
             m_old, m_new = old.get("measured") or {}, fresh_entry["measured"]
             same = (m_old.get("format") == MEASURED_FORMAT and m_old.get("model") == m_new["model"]
                     and m_old.get("dtype") == m_new["dtype"]

@@ -3,9 +3,9 @@
 Prints the cost model's estimate of one training step: the step time and its breakdown, tokens/s,
 MFU and HFU, each pipeline's time and idle wait at the gradient sync, each stage's per-micro-batch
 times and memory, the bottleneck with a hint on what to change, and any device out of memory.
-Without ``--cluster`` the plan's ``cluster`` name is looked up as ``NAME.yaml`` in the plan's
-directory, ``../clusters/`` next to it, and ``examples/clusters/``. ``--plot DIR`` writes the plan
-map and the simulated step's timeline as PNGs.
+Without ``--cluster`` the plan's ``cluster`` name (a plain name, never a path) is looked up as
+``NAME.yaml`` in the plan's directory, ``../clusters/`` next to it, and ``examples/clusters/``.
+``--plot DIR`` writes the plan map and the simulated step's timeline as PNGs.
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ from typing import Any
 
 from rich.table import Table
 
-from hexiscale.cli.output import _ranges, console, styled
+from hexiscale.cli.output import _ranges, console, print_warning, styled
 from hexiscale.cli.pictures import PLAN_MAP, SIMULATED, write_pictures
 from hexiscale.cli.writing import writing
 from planner.cluster import ClusterSpec, load_cluster
 from planner.cost import BREAKDOWN_TERMS, CostParams, Estimate, ProfileSet, estimate
 from planner.documents import load_json_file
 from planner.errors import SpecError
+from planner.names import is_safe_name
 from planner.plan import Plan, load_plan, save_plan
+from planner.validate import other_cluster, validate
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,10 +47,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def find_cluster(plan: Plan, plan_path: str, cluster_arg: str | None) -> ClusterSpec:
+    """``--cluster`` (a warning when the plan was made for another cluster), else the plan's
+    ``cluster`` looked up by name (module docstring). The name is a plain name, never a path: a plan
+    cannot make a command read a file outside the places looked in (``"../../../base"``)."""
     if cluster_arg:
-        return load_cluster(cluster_arg)
+        cluster = load_cluster(cluster_arg)
+        validate(plan, cluster)
+        print_warning(other_cluster(plan, cluster))
+        return cluster
     if not plan.cluster:
         raise SpecError("--cluster", "missing, and the plan names no cluster", "pass --cluster CLUSTER.yaml")
+    if not is_safe_name(plan.cluster):
+        raise SpecError("cluster", f"{plan.cluster!r} is not a plain cluster name, so no file is looked up for it",
+                        "a plan names its cluster, it does not point at a file: pass --cluster CLUSTER.yaml",
+                        plan_path)
     here = Path(plan_path).resolve().parent
     for cand in (here / f"{plan.cluster}.yaml", here.parent / "clusters" / f"{plan.cluster}.yaml",
                  Path("examples/clusters") / f"{plan.cluster}.yaml"):

@@ -7,13 +7,13 @@ from __future__ import annotations
 import argparse
 
 from hexiscale.cli.loading import load_any
-from hexiscale.cli.output import cluster_table, console, plan_table
+from hexiscale.cli.output import cluster_table, console, plan_table, print_warning
 from hexiscale.cli.pictures import MEASURED, timeline_table, write_pictures
 from planner.cluster import ClusterSpec, load_cluster
 from planner.errors import SpecError
 from planner.plan import Plan
 from planner.timeline import Timeline
-from planner.validate import validate
+from planner.validate import other_cluster, validate
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster) if args.cluster else None
     if cluster is not None:
         validate(plan, cluster)
+        print_warning(other_cluster(plan, cluster))
     console.print(plan_table(plan, cluster))
     timeline = _pick(timelines, args.step) if timelines else None
     if timeline is not None:

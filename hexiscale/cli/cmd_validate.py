@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 from hexiscale.cli.loading import load_any
-from hexiscale.cli.output import console
+from hexiscale.cli.output import console, print_warning
 from planner.cluster import load_cluster
 from planner.plan import Plan
-from planner.validate import validate
+from planner.validate import other_cluster, validate
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(obj, Plan):
             if cluster is not None:
                 validate(obj, cluster)
+                print_warning(other_cluster(obj, cluster))
             console.print(f"{file}: OK (plan, {len(obj.pipelines)} pipelines, {obj.world_size} devices)",
                           highlight=False)
         elif isinstance(obj, tuple):

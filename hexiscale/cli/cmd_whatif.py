@@ -41,7 +41,7 @@ from planner.cost import BREAKDOWN_TERMS, Estimate, estimate
 from planner.documents import MAX_YAML_BYTES, load_yaml_text, read_user_text
 from planner.errors import PlanInfeasible, SpecError
 from planner.fields import expect_mapping
-from planner.plan import MAX_GLOBAL_BATCH, Plan, load_plan
+from planner.plan import MAX_GLOBAL_BATCH, MAX_MICRO_BATCHES, Plan, load_plan
 from planner.ranges import check_int, check_number
 
 
@@ -170,12 +170,9 @@ def changed_cluster(cluster: ClusterSpec, args: argparse.Namespace) -> tuple[Clu
         raise SpecError(exc.path, exc.message, exc.hint, "changed cluster") from None
 
 
-def scale_batch(plan: Plan, new_global: int) -> Plan:
-    """Scale every pipeline's batch to sum to ``new_global`` (largest remainder), keeping each
-    pipeline's micro-batch size about the same."""
-    if new_global < len(plan.pipelines):
-        raise SpecError("--global-batch", f"{new_global} is fewer than the plan's {len(plan.pipelines)} pipelines",
-                        "every pipeline needs at least one sample")
+def _scaled(plan: Plan, new_global: int) -> list[tuple[int, int]]:
+    """(batch size, micro-batches) of each pipeline scaled to sum to ``new_global`` (largest
+    remainder), each pipeline's micro-batch size kept about the same."""
     old = plan.global_batch_size
     exact = [p.batch_size * new_global / old for p in plan.pipelines]
     sizes = [max(1, int(x)) for x in exact]
@@ -188,10 +185,35 @@ def scale_batch(plan: Plan, new_global: int) -> Plan:
         elif sizes[i] > 1:
             sizes[i] -= 1
         k += 1
-    pipes = []
-    for p, b in zip(plan.pipelines, sizes, strict=True):
-        mb = p.batch_size / p.micro_batches
-        pipes.append(replace(p, batch_size=b, micro_batches=min(b, max(1, round(b / mb)))))
+    return [(b, min(b, max(1, round(b / (p.batch_size / p.micro_batches)))))
+            for p, b in zip(plan.pipelines, sizes, strict=True)]
+
+
+def _largest_global(plan: Plan, upto: int) -> int:
+    """The largest global batch below ``upto`` whose scaled pipelines stay within
+    ``MAX_MICRO_BATCHES`` (bisection: the counts grow with the global batch)."""
+    lo, hi = len(plan.pipelines), upto
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if max(m for _, m in _scaled(plan, mid)) <= MAX_MICRO_BATCHES else (lo, mid)
+    return lo
+
+
+def scale_batch(plan: Plan, new_global: int) -> Plan:
+    """Scale every pipeline's batch to sum to ``new_global`` (largest remainder), keeping each
+    pipeline's micro-batch size about the same; refused, naming the flag, where that takes more
+    micro-batches than a pipeline may run."""
+    if new_global < len(plan.pipelines):
+        raise SpecError("--global-batch", f"{new_global} is fewer than the plan's {len(plan.pipelines)} pipelines",
+                        "every pipeline needs at least one sample")
+    scaled = _scaled(plan, new_global)
+    for i, (p, (_, micro)) in enumerate(zip(plan.pipelines, scaled, strict=True)):
+        if micro > MAX_MICRO_BATCHES:
+            raise SpecError("--global-batch", f"{new_global} would give pipelines[{i}] {micro:,} micro-batches "
+                            f"(keeping the plan's {p.batch_size / p.micro_batches:g} samples per micro-batch); a "
+                            f"pipeline runs at most {MAX_MICRO_BATCHES:,}",
+                            f"pass at most {_largest_global(plan, new_global)}, or a plan with larger micro-batches")
+    pipes = [replace(p, batch_size=b, micro_batches=m) for p, (b, m) in zip(plan.pipelines, scaled, strict=True)]
     return replace(plan, global_batch_size=new_global, pipelines=tuple(pipes), estimate=None)
 
 

@@ -32,6 +32,12 @@ def print_error(message: str) -> None:
     err_console.print(styled(("error:", "bold red"), " ", message), soft_wrap=True)
 
 
+def print_warning(message: str | None) -> None:
+    """One ``warning: ...`` line on stderr (nothing for ``None``)."""
+    if message:
+        err_console.print(styled(("warning:", "bold yellow"), " ", message), soft_wrap=True)
+
+
 def _ranges(devices: tuple[str, ...] | list[str]) -> str:
     """Compact device list: a100:0-3 instead of a100:0, a100:1, a100:2, a100:3."""
     parts: list[str] = []

@@ -18,7 +18,6 @@ and which GPU types have datasheet figures only.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,8 @@ from planner.catalog import calibration_home, profiles_dir
 from planner.cluster import ClusterSpec
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile_set import ProfileSet
+from planner.documents import load_json_file
+from planner.errors import SpecError
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,8 @@ class Calibration:
 
 def _read(path: Path, host: bool) -> Calibration | None:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON, 10**5000, nested deep
+        data = load_json_file(path, "calibration")
+    except SpecError:  # unreadable, a FIFO, not UTF-8, not JSON, 10**5000, nested deep: not a calibration
         return None
     if not isinstance(data, dict) or not isinstance(data.get("applies_to"), list):
         return None

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.documents import read_user_text
+from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.fields import check_keys, expect_list, expect_mapping
 
@@ -174,13 +174,7 @@ def histogram_from_dict(data: Any, file: str | None = None) -> LengthHistogram:
 
 
 def load_histogram(path: str | Path) -> LengthHistogram:
-    text = read_user_text(Path(path), "length histogram")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError("", f"not valid JSON ({exc.msg}, line {exc.lineno})", "pass a hexiscale.lengths/1 file",
-                        str(path)) from None
-    return histogram_from_dict(data, str(path))
+    return histogram_from_dict(load_json_file(path, "length histogram"), str(path))
 
 
 def draw_step(hist: LengthHistogram, step_tokens: int, rng: np.random.Generator, context: int | None = None

@@ -31,7 +31,7 @@ from planner.cluster import ClusterSpec
 from planner.cost import ProfileSet
 from planner.cost.memory import stage_params
 from planner.cost.ops import DTYPE_BYTES, GRAD_BYTES
-from planner.documents import read_user_text
+from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.fields import check_keys, expect_list, expect_mapping, get_int, get_str, join
 from planner.model import ModelSpec
@@ -119,12 +119,9 @@ def pool_from_dict(data: Any) -> StrategyPool:
 
 
 def load_pool(path: str | Path) -> StrategyPool:
-    text = read_user_text(Path(path), "strategy pool")
+    data = load_json_file(path, "strategy pool")
     try:
-        return pool_from_dict(json.loads(text))
-    except json.JSONDecodeError as exc:
-        raise SpecError("", f"not valid JSON ({exc.msg}, line {exc.lineno})", "pass a hexiscale.pool/1 file",
-                        str(path)) from None
+        return pool_from_dict(data)
     except SpecError as exc:
         raise exc.with_file(str(path)) from None
 
@@ -133,8 +130,8 @@ def load_plan_or_pool(path: str | Path) -> tuple[Plan, StrategyPool | None]:
     """A plan file, or a strategy pool by its ``format`` (then its home plan, which numbers the ranks,
     and the pool): what ``hexiscale train --plan`` and ``hexiscale launch`` read."""
     try:
-        data = json.loads(read_user_text(Path(path), "plan"))
-    except json.JSONDecodeError:
+        data = load_json_file(path, "plan")
+    except SpecError:
         data = None  # load_plan says what is wrong
     if isinstance(data, dict) and data.get("format") == POOL_FORMAT:
         pool = load_pool(path)

@@ -105,6 +105,8 @@ def test_parquet_without_pyarrow_says_what_to_install(tmp_path: Path, monkeypatc
     (['{"text": "ok"}', '{"body": "x"}'], r"c.jsonl:2: --field: the record has no field 'text'"),
     (['{"text": "ok"}', "", "{not json"], r"c.jsonl:3: INPUT: not a JSON line"),
     (['{"text": 3}'], r"c.jsonl:1: --field: 'text' holds int"),
+    (['{"text": "ok"}', '{"text": ' + "[" * 100_000 + "]" * 100_000 + "}"], r"c.jsonl:2: INPUT: .*nested too deep"),
+    (['{"text": ' + "9" * 5000 + "}"], r"c.jsonl:1: INPUT: .*a number too long"),
 ])
 def test_bad_jsonl_names_file_and_line(tmp_path: Path, bpe_folder: Path, lines: list[str], message: str) -> None:
     src = tmp_path / "c.jsonl"
@@ -120,6 +122,13 @@ def test_bad_tokenizers(tmp_path: Path, bpe_folder: Path) -> None:
     (tmp_path / "t.json").write_text("{}")
     with pytest.raises(SpecError, match="cannot load"):
         load_tokenizer_spec(tmp_path / "t.json")
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "tokenizer.json").write_text((bpe_folder / "tokenizer.json").read_text())
+    for config, message in (("[" * 100_000 + "]" * 100_000, "nested more than"), ("[]", "not a JSON object")):
+        (deep / "tokenizer_config.json").write_text(config)
+        with pytest.raises(SpecError, match=message):
+            load_tokenizer_spec(deep)
     with pytest.raises(SpecError, match="not a token"):
         load_tokenizer_spec(bpe_folder, eos="<eos>")
     assert load_tokenizer_spec(bpe_folder, eos=EOS).eos_id == load_tokenizer_spec(bpe_folder).eos_id

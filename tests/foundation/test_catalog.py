@@ -35,3 +35,16 @@ def test_bad_entry_names_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_catalog_dir(tmp_path)
     assert "x.json" in str(info.value) and info.value.path == "memory_gib"
+
+
+@pytest.mark.parametrize("where, message", [("missing", "is not a folder"), ("empty", "holds no device profiles")])
+def test_profiles_variable_pointing_nowhere_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str,
+                                                        message: str) -> None:
+    """``$HEXISCALE_PROFILES`` naming no profiles folder would give an empty catalog (every GPU
+    type unknown, ``hexiscale devices`` an empty table with exit 0): refused, naming the variable."""
+    (tmp_path / "empty" / "devices").mkdir(parents=True)
+    monkeypatch.setenv("HEXISCALE_PROFILES", str(tmp_path / where))
+    with pytest.raises(SpecError) as info:
+        default_catalog()
+    assert info.value.path == "HEXISCALE_PROFILES" and message in str(info.value) and str(tmp_path / where) in str(
+        info.value)

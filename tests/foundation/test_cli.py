@@ -77,3 +77,32 @@ def test_train_flags_become_a_checked_config(capsys: pytest.CaptureFixture[str])
     assert main(["train", "--plan", "p.json", "--log-every", "0"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --log-every") and "\n" not in err
+
+
+def test_a_plan_checked_against_another_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan made for cluster 'demo-cpu-6': against another cluster holding its devices it passes
+    with one warning line naming both clusters; against one lacking them the error names the plan's."""
+    plan = str(ROOT / "examples" / "plans" / "demo-cpu-6-tiny.json")
+    twin = tmp_path / "lab-b.yaml"
+    twin.write_text((ROOT / "examples/clusters/demo-cpu-6.yaml").read_text().replace("name: demo-cpu-6", "name: lab-b"))
+    for command in (["validate", plan], ["show", plan], ["estimate", plan]):
+        assert main([*command, "--cluster", str(twin)]) == 0
+        err = capsys.readouterr().err.strip()
+        assert err == ("warning: the plan was made for cluster 'demo-cpu-6' but is checked against cluster 'lab-b' "
+                       "(pass demo-cpu-6's file as --cluster if that is what you meant)"), command
+    assert main(["validate", plan, "--cluster", str(ROOT / "examples/clusters/h20-h800.yaml")]) == 1
+    assert "the plan was made for cluster 'demo-cpu-6'" in capsys.readouterr().err
+
+
+def test_a_plans_cluster_name_is_never_a_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``cluster: "../../../base"`` would have read base.yaml three folders above the plan."""
+    (tmp_path / "base.yaml").write_text((ROOT / "examples/clusters/demo-cpu-6.yaml").read_text())
+    folder = tmp_path / "a" / "b" / "c"
+    folder.mkdir(parents=True)
+    doc = json.loads((ROOT / "examples/plans/demo-cpu-6-tiny.json").read_text())
+    for name in ("../../../base", "/etc/base", "sub/base"):
+        doc["cluster"] = name
+        (folder / "p.json").write_text(json.dumps(doc))
+        assert main(["estimate", str(folder / "p.json")]) == 1
+        err = capsys.readouterr().err
+        assert f"cluster: {name!r} is not a plain cluster name" in err and "--cluster" in err

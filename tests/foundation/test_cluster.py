@@ -77,6 +77,8 @@ def test_device_overrides() -> None:
         (lambda d: d["nodes"][0].update(gpus="four"), "nodes[0].gpus", "integer"),
         (lambda d: d.update(devices={"zz:0": {"slowdown": 2}}), "devices.zz:0", "no device"),
         (lambda d: d.update(links=[{"between": ["a", "q"], "link": LINK}]), "links[0].between[1]", "unknown node"),
+        (lambda d: d.update(links=[{"between": ["a", "b-0"], "link": LINK}, {"between": ["b-1", "a"], "link": LINK},
+                                   {"between": ["b-0", "a"], "link": LINK}]), "links[2].between", "also links[0]"),
         (lambda d: d["nodes"][0].pop("intra_link"), "nodes[0].intra_link", "missing"),
         (lambda d: d["nodes"][0].update(intra_lnk=1), "nodes[0].intra_lnk", "did you mean 'intra_link'"),
     ],
@@ -122,3 +124,92 @@ def test_field_errors_carry_the_line(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_cluster(bad)
     assert info.value.line == 4 and info.value.path == "lnks"
+
+
+def test_a_bad_device_profile_is_named_not_the_cluster_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broken entry of this host's catalog met while a cluster file is read: the error names the
+    profile file and its field (the cluster file and its line have nothing wrong)."""
+    from planner.catalog import _cached
+
+    (tmp_path / "devices").mkdir()
+    profile = tmp_path / "devices" / "a100-sxm-80g.json"
+    profile.write_text((ROOT / "planner" / "profiles" / "devices" / "a100-sxm-80g.json").read_text()
+                       .replace('"memory_gib": 80', '"memory_gib": "x"'))
+    monkeypatch.setenv("HEXISCALE_HOME", str(tmp_path))
+    _cached.cache_clear()
+    try:
+        with pytest.raises(SpecError) as info:
+            load_cluster(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml")
+    finally:
+        _cached.cache_clear()
+    assert info.value.file == str(profile) and info.value.path == "memory_gib" and info.value.line is None
+
+
+@pytest.mark.parametrize("written, message, hint", [
+    ("3e2", "got the text '3e2': YAML 1.1 reads an exponent as text", "write 300 or 3.0e+2"),
+    ("1e-3", "got the text '1e-3': YAML 1.1 reads an exponent as text", "write 1.0e-3"),
+    ('"25"', "got the text '25'", "write 25 without quotes"),
+])
+def test_a_number_yaml_reads_as_text_says_how_to_write_it(tmp_path: Path, written: str, message: str,
+                                                           hint: str) -> None:
+    """PyYAML (YAML 1.1) reads ``3e2`` as the text '3e2': an exponent needs a dot and a sign."""
+    bad = tmp_path / "c.yaml"
+    bad.write_text(f"nodes:\n  - {{name: a, gpu: a100, gpus: 2, intra_link: {{bandwidth_GBps: {written}}}}}\n"
+                   "inter_node: {bandwidth_GBps: 1}\n")
+    with pytest.raises(SpecError) as info:
+        load_cluster(bad)
+    assert info.value.path == "nodes[0].intra_link.bandwidth_GBps"
+    assert message in info.value.message and info.value.hint == hint
+
+
+def test_compact_entries_are_counted_before_they_are_expanded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """300 lines of ``count: 4096`` (26 KB of YAML) were expanded to 1.2 million nodes before the
+    4,096-node limit was checked (seconds and a quarter GB; a 2 MB file, minutes and gigabytes):
+    the entry that crosses the limit is refused with no node of it built."""
+    import planner.cluster as cluster_module
+
+    built = []
+    monkeypatch.setattr(cluster_module, "Node", lambda *a: built.append(a) or cluster_module.Link("x", 1, 0))
+    data = base()
+    data["nodes"] = [{"name": f"n{i}", "count": 4096, "gpu": "rtx4090", "gpus": 64, "intra_link": LINK}
+                     for i in range(300)]
+    with pytest.raises(SpecError) as info:
+        parse_cluster(data)
+    assert info.value.path == "nodes[1].count" and "8,192 nodes" in info.value.message
+    assert len(built) == 4096
+
+
+class _CountedTuple(tuple):  # type: ignore[type-arg]
+    """A tuple that counts how often it is walked."""
+
+    walks = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_a_link_query_walks_no_list_of_pairs_or_groups() -> None:
+    """Each ``link`` query used to scan every ``links`` pair and every group's node list: with
+    thousands of either, a planner asking for many device pairs did (pairs x groups) work per
+    question. The lookups are built once, at construction; queries walk neither list."""
+    from dataclasses import replace
+
+    data = base()
+    data["nodes"][1]["count"] = 400
+    names = ["a"] + [f"b-{i}" for i in range(400)]
+    data["links"] = [{"between": [names[i], names[i + 1]], "link": {"bandwidth_GBps": 7}} for i in range(400)]
+    data["groups"] = [{"name": "all", "nodes": names, "link": {"bandwidth_GBps": 3}}] + [
+        {"name": f"g{i}", "nodes": names[i:i + 40], "link": {"bandwidth_GBps": 9 + i}} for i in range(0, 400, 20)]
+    c = parse_cluster(data)
+    counted = replace(c, pair_links=_CountedTuple(c.pair_links), groups=_CountedTuple(c.groups))
+    walks = _CountedTuple.walks
+    answers = [counted.link(f"{x}:0", f"{y}:1").bandwidth_GBps for x in names[::7] for y in names[::5]]
+    assert _CountedTuple.walks == walks  # no query walked either list
+    assert answers == [c.link(f"{x}:0", f"{y}:1").bandwidth_GBps for x in names[::7] for y in names[::5]]
+    assert counted.link("a:0", "b-0:0").bandwidth_GBps == 7  # a pair override
+    assert counted.link("b-2:0", "b-5:0").bandwidth_GBps == 9  # the smallest group holding both
+    assert counted.link("b-25:0", "b-30:0").bandwidth_GBps == 9  # of two as small, the first in the file
+    assert counted.link("b-2:0", "b-300:0").bandwidth_GBps == 3  # only the group of all
+    del data["groups"]
+    assert parse_cluster(data).link("a:0", "b-300:0").bandwidth_GBps == 1.25  # no pair, no group: inter_node

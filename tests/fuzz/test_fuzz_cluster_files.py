@@ -33,6 +33,9 @@ OUT_OF_RANGE: dict[tuple[Any, ...], list[Any]] = {
     ("inter_node", "bandwidth_GBps"): [0, 2e6, float("-inf")],
     ("devices", "r4090:3", "memory_gib"): [0, -16, 1e7, float("nan")],
     ("devices", "r4090:3", "slowdown"): [0, 0.5, 0.999, 2e6, float("inf")],
+    ("name",): ["lab\x00", "a\x1b[2Jb", "x\ny", "x" * 201],
+    ("links",): [[{"between": ["a100", "r4090"], "link": {"bandwidth_GBps": 1}},
+                  {"between": ["r4090", "a100"], "link": {"bandwidth_GBps": 2}}]],
 }
 
 

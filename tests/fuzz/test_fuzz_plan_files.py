@@ -42,6 +42,7 @@ OUT_OF_RANGE: dict[tuple[Any, ...], list[Any]] = {
     ("model", "rope_theta"): [0, -1.0, float("inf"), float("nan")],
     ("options", "zero"): [2, -1, 10**9],
     ("options", "compile"): [1, 0, "true", None, [True]],
+    ("model", "name"): ["ti\x00ny", "a\x1b[2Jb", "x\ny", "x" * 201, 3],
 }
 
 

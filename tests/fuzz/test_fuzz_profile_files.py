@@ -6,6 +6,7 @@ traceback or a hang."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,13 @@ def test_out_of_range_measured_rows_are_refused(home: Path, field: str) -> None:
         assert _write(home / "devices" / "h100-sxm-measured.json", entry)
         outcome = run_cli(["estimate", PLAN, "--cluster", CLUSTER])
         assert outcome.code == 1 and f"measured.layer[1].{field}" in outcome.error, (value, outcome.err)
+
+
+def test_unreadable_host_calibrations_are_skipped_at_once(home: Path) -> None:
+    """A FIFO (``open`` would block for ever) and a document nested 100,000 deep in the calibration
+    folder are not calibrations: skipped (the default terms apply), never a hang or a traceback."""
+    os.mkfifo(home / "calibration" / "fifo.json")
+    (home / "calibration" / "deep.json").write_text('{"applies_to": ["h100-sxm"], "x": ' + "[" * 100_000
+                                                    + "]" * 100_000 + "}")
+    outcome = run_cli(["estimate", PLAN, "--cluster", CLUSTER], timeout_s=20)
+    assert outcome.code == 0 and "calibration" in outcome.out, outcome.err

@@ -9,6 +9,7 @@ import pytest
 
 from hexiscale.cli.cmd_whatif import scale_batch
 from hexiscale.cli.main import main
+from planner.errors import SpecError
 from planner.plan import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +81,12 @@ def test_whatif_global_batch(capsys: pytest.CaptureFixture[str]) -> None:
     assert [p.micro_batches for p in doubled.pipelines] == [28, 40, 32]
     odd = scale_batch(plan, 65)
     assert sum(p.batch_size for p in odd.pipelines) == 65
+    with pytest.raises(SpecError, match=r"--global-batch: .* \(hint: pass at most (\d+), or a plan") as info:
+        scale_batch(plan, 10**7)  # 2,187,500 micro-batches in a pipeline: more than the 100,000 a plan may hold
+    largest = int(info.value.hint.split()[3].rstrip(","))
+    assert max(p.micro_batches for p in scale_batch(plan, largest).pipelines) <= 100_000  # the hint is right
+    with pytest.raises(SpecError, match=f"hint: pass at most {largest},"):
+        scale_batch(plan, largest + 1)
     data = _whatif(capsys, "--global-batch", "128")
     assert data["after"]["step_time_s"] > data["before"]["step_time_s"]
     assert data["after"]["tokens_per_s"] >= data["before"]["tokens_per_s"]  # same bubble over more work
@@ -92,6 +99,7 @@ def test_whatif_global_batch(capsys: pytest.CaptureFixture[str]) -> None:
     (["--link", "a100=3"], "NODE_A,NODE_B"),
     ([], "no change given"),
     (["--global-batch", "2"], "fewer than the plan's 3 pipelines"),
+    (["--global-batch", "10000000"], "--global-batch: 10000000 would give pipelines[0] 2,187,500 micro-batches"),
 ])
 def test_whatif_refusals(changes: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["whatif", str(SEED), "--cluster", str(SEED_CLUSTER), *changes]) == 1
