@@ -4,6 +4,7 @@ elastic :class:`~hexiscale.launch.elastic.Supervisor` (checked first, one ``Spec
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from hexiscale.launch.elastic import ElasticOptions, Supervisor, _flag
@@ -22,7 +23,7 @@ def launch_elastic(args: argparse.Namespace, plan: Plan, run_id: str, *, env: di
     if cluster is not None:
         validate(plan, cluster)
     trace = None
-    train_args = list(args.train_args) + (["--cluster", args.cluster] if args.cluster else [])
+    train_args = list(args.train_args) + (["--cluster", os.path.abspath(args.cluster)] if args.cluster else [])
     if args.trace:
         if cluster is None:
             raise SpecError("--cluster", "missing", "a trace names devices of a cluster file: pass --cluster")

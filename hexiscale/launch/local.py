@@ -69,6 +69,26 @@ def _pump(stream: IO[bytes], log: IO[bytes] | None) -> None:
     stream.close()
 
 
+def rank_argv(plan_path: str, device: str, train_args: Sequence[str]) -> list[str]:
+    """One rank's command: this interpreter running ``hexiscale train``."""
+    return [sys.executable, *TRAIN_ENTRY, "--plan", plan_path, "--device", device, *train_args]
+
+
+def rank_commands(plan_path: str, world_size: int, train_args: Sequence[str], *, device: str = "cpu",
+                  rank_env: dict[int, dict[str, str]] | None = None) -> list[str]:
+    """The shell line of every rank that :func:`run_local` starts (for ``--dry-run``; the store's port
+    is chosen when it runs, so it shows as ``$MASTER_PORT``)."""
+    from hexiscale.launch.shell import word, words
+
+    cmd = rank_argv(plan_path, device, train_args)
+    out = []
+    for r in range(world_size):
+        env = {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world_size), **(rank_env or {}).get(r, {})}
+        assign = " ".join(f"{k}={word(v)}" for k, v in env.items())
+        out.append(f'{assign} MASTER_ADDR=127.0.0.1 MASTER_PORT="$MASTER_PORT" {words(cmd)}')
+    return out
+
+
 def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, device: str = "cpu",
               grace_s: float = 30.0, log_dir: str | None = None, run_id: str = "local",
               extra_env: dict[str, str] | None = None, rank_env: dict[int, dict[str, str]] | None = None) -> int:
@@ -93,7 +113,7 @@ def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, dev
           f", store at 127.0.0.1:{store.port}", file=sys.stderr, flush=True)
     ranks: list[RankProcess] = []
     pumps: list[threading.Thread] = []
-    cmd = [sys.executable, *TRAIN_ENTRY, "--plan", plan_path, "--device", device, *train_args]
+    cmd = rank_argv(plan_path, device, train_args)
     for r in range(world_size):
         env = dict(base, RANK=str(r), LOCAL_RANK=str(r), **(rank_env or {}).get(r, {}))
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
