@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,15 @@ class StepTrace:
                 {"rank": r, "events": _shifted(per_rank[i]["events"], per_rank[i]["wall0"] - wall0)}
                 for r, per_rank in enumerate(gathered)]})
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"format": TRACE_FORMAT, "plan": plan_to_dict(self.plan), "steps": steps}))
+        self.path.write_text(json.dumps({"format": TRACE_FORMAT, "plan": plan_to_dict(self.plan_as_run()),
+                                         "steps": steps}))
+
+    def plan_as_run(self) -> Plan:
+        """The plan with the dtypes this run computed in (a CPU run computes a bf16 plan in fp32;
+        ``executor.engine.compute_dtype``), so that what ``hexiscale show`` draws is what was measured."""
+        if self.device.type != "cpu" or self.plan.options.dtype == "fp32":
+            return self.plan
+        return replace(self.plan, options=replace(self.plan.options, dtype="fp32", residual_dtype="fp32"))
 
 
 def _shifted(events: list[list[Any]], offset: float) -> list[list[Any]]:

@@ -211,6 +211,7 @@ def sm_shares(items: list[str], plan) -> dict[int, dict[str, str]]:  # type: ign
 
 
 def _run_local(args: argparse.Namespace, plan, run_id: str) -> int:  # type: ignore[no-untyped-def]
+    from hexiscale.launch.elastic_cli import refuse_sm_share_on_cpu
     from hexiscale.launch.local import rank_commands, run_local
 
     world_size = plan.world_size
@@ -220,6 +221,7 @@ def _run_local(args: argparse.Namespace, plan, run_id: str) -> int:  # type: ign
         from executor.devices import cuda_device_count
 
         device = "cuda" if cuda_device_count() >= world_size else "cpu"
+    refuse_sm_share_on_cpu(args.sm_percent, device)
     train_args = list(args.train_args) + (["--cluster", os.path.abspath(args.cluster)] if args.cluster else [])
     if args.dry_run:
         print(f"# {world_size} ranks on this machine ({device}); the launcher picks MASTER_PORT when it runs")

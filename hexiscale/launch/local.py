@@ -26,6 +26,7 @@ from typing import IO
 
 from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
 from hexiscale.launch.scripts import TRAIN_ENTRY
+from planner.errors import SpecError
 
 
 @dataclass
@@ -91,12 +92,20 @@ def rank_commands(plan_path: str, world_size: int, train_args: Sequence[str], *,
 
 def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, device: str = "cpu",
               grace_s: float = 30.0, log_dir: str | None = None, run_id: str = "local",
-              extra_env: dict[str, str] | None = None, rank_env: dict[int, dict[str, str]] | None = None) -> int:
+              extra_env: dict[str, str] | None = None, rank_env: dict[int, dict[str, str]] | None = None,
+              store_port: int = 0, port_flag: str = "--master_port") -> int:
     """Start, supervise and reap every rank; return the job's exit code. ``rank_env`` adds
-    variables to single ranks (e.g. an MPS SM share)."""
+    variables to single ranks (e.g. an MPS SM share); ``store_port`` 0: any free port, else that one
+    (the flag ``port_flag`` asked for it)."""
     from executor.launch.env import serve_store
 
-    store = serve_store("127.0.0.1", 0)  # listens on loopback only: the job never leaves this machine
+    try:  # listens on loopback only: the job never leaves this machine
+        store = serve_store("127.0.0.1", store_port)
+    except OSError as exc:
+        if not store_port:
+            raise
+        raise SpecError(port_flag, f"cannot listen on 127.0.0.1:{store_port}: {exc.strerror or exc}",
+                        f"pass another port, or drop {port_flag} to take a free one") from None
     base = dict(os.environ)
     base.update({"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(store.port), "HEXISCALE_STORE_HOSTED": "1", "HEXISCALE_RUN_ID": run_id,

@@ -4,6 +4,7 @@ absolute paths."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -104,3 +105,38 @@ def test_a_mistyped_flag_names_the_nearest_one(argv: list[str], flag: str, near:
     assert cli(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {flag}: 'hexiscale {argv[0]}' has no such flag (hint: did you mean {near}?)"
+
+
+def test_sm_percent_on_a_cpu_run_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    _no_processes(monkeypatch)
+    node = json.loads(PLAN.read_text())["pipelines"][0]["stages"][0]["devices"][0].partition(":")[0]
+    assert cli(["launch", str(PLAN), "--local", "--device", "cpu", f"--sm-percent={node}=50"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --sm-percent: this run is on the CPU") and "\n" not in err
+
+
+SEED_LINE = ["train", "--model-size", "tiny", "--hetero_configs", "[[1, 1]]", "--layer_partitions", "[[2, 2]]",
+             "--global_batch_size", "2", "--chunks", "1", "--devices_id", "[[[0], [0]]]", "--device", "cpu"]
+
+
+def test_a_seed_line_starting_its_ranks_listens_on_its_master_port(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import errno
+
+    import executor.launch.env as launch_env
+
+    _no_processes(monkeypatch)
+    for key in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    asked: list[tuple[str, int]] = []
+
+    def busy(addr: str, port: int) -> None:
+        asked.append((addr, port))
+        raise OSError(errno.EADDRINUSE, "Address already in use")
+
+    monkeypatch.setattr(launch_env, "serve_store", busy)
+    assert cli([*SEED_LINE, "--master_port", "29611"]) == 1
+    assert asked == [("127.0.0.1", 29611)]
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: --master_port: cannot listen on 127.0.0.1:29611")
