@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.output_files import output_error, write_text
 from planner.plan import Plan, plan_to_dict
 from planner.timeline import TRACE_FORMAT
 
@@ -144,9 +145,12 @@ class StepTrace:
             steps.append({"step": rec["step"], "ranks": [
                 {"rank": r, "events": _shifted(per_rank[i]["events"], per_rank[i]["wall0"] - wall0)}
                 for r, per_rank in enumerate(gathered)]})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"format": TRACE_FORMAT, "plan": plan_to_dict(self.plan_as_run()),
-                                         "steps": steps}))
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise output_error(self.path.parent, "--trace", exc) from None
+        write_text(self.path, json.dumps({"format": TRACE_FORMAT, "plan": plan_to_dict(self.plan_as_run()),
+                                          "steps": steps}), "--trace")
 
     def plan_as_run(self) -> Plan:
         """The plan with the dtypes this run computed in (a CPU run computes a bf16 plan in fp32;
