@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from executor.output_files import write_text
 from executor.tensorboard_sink import TensorBoardSink
 from planner.cluster import ClusterSpec
 from planner.plan import Plan
@@ -86,8 +87,7 @@ class StepLogger:
                    "lr": stats.lr, "tokens": stats.tokens, "step_time_s": seconds, "tokens_per_s": tps, "mfu": gmfu,
                    "memory_gib_rank0": mem, "time": time.time(), "skipped": skipped}
             if self.jsonl:
-                with open(self.jsonl, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+                write_text(self.jsonl, json.dumps(rec) + "\n", "--log-jsonl", append=True)
             if self.tensorboard:
                 self.tensorboard.write(rec)
 

@@ -9,6 +9,7 @@ the nearest existing folder on its way is writable (folders are created when the
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from planner.errors import SpecError
@@ -26,6 +27,13 @@ def _writable_folder(folder: Path, flag: str, shown: str) -> None:
         raise SpecError(flag, f"{shown}: {folder} is not a folder", f"pass a path under a folder for {flag}")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise SpecError(flag, f"{shown}: folder {folder} is not writable", "pass a path you may write to")
+    try:  # access() says yes to root and on some mounts (/proc, /sys, root-squashed NFS) where writing fails
+        fd, probe = tempfile.mkstemp(prefix=".hexiscale-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise SpecError(flag, f"{shown}: cannot create a file in {folder}: {exc.strerror or exc}",
+                        "pass a path you may write to") from None
 
 
 def check_output_dir(path: str, flag: str) -> None:

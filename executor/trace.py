@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from executor.output_files import output_error, write_text
 from planner.plan import Plan, plan_to_dict
 from planner.timeline import TRACE_FORMAT
 
@@ -143,8 +145,19 @@ class StepTrace:
             steps.append({"step": rec["step"], "ranks": [
                 {"rank": r, "events": _shifted(per_rank[i]["events"], per_rank[i]["wall0"] - wall0)}
                 for r, per_rank in enumerate(gathered)]})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"format": TRACE_FORMAT, "plan": plan_to_dict(self.plan), "steps": steps}))
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise output_error(self.path.parent, "--trace", exc) from None
+        write_text(self.path, json.dumps({"format": TRACE_FORMAT, "plan": plan_to_dict(self.plan_as_run()),
+                                          "steps": steps}), "--trace")
+
+    def plan_as_run(self) -> Plan:
+        """The plan with the dtypes this run computed in (a CPU run computes a bf16 plan in fp32;
+        ``executor.engine.compute_dtype``), so that what ``hexiscale show`` draws is what was measured."""
+        if self.device.type != "cpu" or self.plan.options.dtype == "fp32":
+            return self.plan
+        return replace(self.plan, options=replace(self.plan.options, dtype="fp32", residual_dtype="fp32"))
 
 
 def _shifted(events: list[list[Any]], offset: float) -> list[list[Any]]:

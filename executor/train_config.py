@@ -84,6 +84,10 @@ class TrainConfig:
         check_int("--seed", self.seed, 0, MAX_SEED, "pass a non-negative seed")
         if self.warmup is not None:
             check_int("--warmup", self.warmup, 0, MAX_STEPS)
+            if self.warmup > self.steps:  # the learning rate would never reach --lr (1e9: 3e-13 throughout)
+                raise SpecError("--warmup", f"{self.warmup} warm-up steps, more than the run's --steps {self.steps}: "
+                                "the learning rate would never reach --lr",
+                                f"pass --warmup at most {self.steps} (default min(100, steps/10))")
         check_number("--lr", self.lr, 0.0, above=True)
         if self.min_lr is not None:
             check_number("--min-lr", self.min_lr, 0.0, self.lr, hint="pass a value from 0 to --lr")

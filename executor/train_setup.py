@@ -3,6 +3,7 @@ group, checkpoint directories and the classification of errors into exit codes."
 
 from __future__ import annotations
 
+import errno
 from datetime import timedelta
 from typing import Any
 
@@ -114,6 +115,9 @@ def classify(exc: BaseException) -> tuple[str, int, bool]:
         return f"out of memory: {exc}".splitlines()[0], EXIT_OOM, False
     if is_host_oom(exc):
         return f"out of host memory: {type(exc).__name__}: {exc}".splitlines()[0][:300], EXIT_OOM, False
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # e.g. a checkpoint's pieces
+        return (f"the disk is full: cannot write {exc.filename or 'a file'} ({exc.strerror}); the checkpoints "
+                "completed before are kept (free space, then continue with --resume)", EXIT_RANK_FAILURE, False)
     text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     comm_words = ("gloo", "nccl", "connection", "socket", "timed out", "timeout", "peer", "broken pipe")
     comm = isinstance(exc, dist.DistError) or any(w in str(exc).lower() for w in comm_words)

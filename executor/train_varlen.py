@@ -30,6 +30,7 @@ from executor.hot_switch import HotSwitchEngine, switch_groups
 from executor.launch.watchdog import Watchdog
 from executor.metrics import memory_gib
 from executor.optim import OptimConfig
+from executor.output_files import write_text
 from executor.saving import Saver
 from executor.step_prefetch import LayoutStream
 from executor.train_config import TrainConfig
@@ -73,8 +74,7 @@ def _log(args: TrainConfig, step: int, rec: dict[str, Any]) -> None:
           f"dispatch {rec['dispatch_s'] * 1e3:.1f} ms (waited {rec['wait_s'] * 1e3:.1f} ms) | "
           f"mem {rec['memory_gib_rank0']:.2f} GiB", flush=True)
     if args.log_jsonl:
-        with open(args.log_jsonl, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        write_text(args.log_jsonl, json.dumps(rec) + "\n", "--log-jsonl", append=True)
 
 
 def train_pool(args: TrainConfig, pool: StrategyPool, cluster: ClusterSpec | None, source: DocSource, *,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
 from hexiscale.cli.output import console, err_console
 from hexiscale.cli.writing import writing
@@ -15,6 +16,7 @@ from planner.cluster import load_cluster
 from planner.plan import load_plan, plan_to_dict, save_plan
 from planner.seed_flags import plan_to_flags
 from planner.seed_layout import SeedLayout, add_seed_flag_arguments
+from planner.seed_options import option_flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,7 +40,10 @@ def run(args: argparse.Namespace) -> int:
     if args.to_flags:
         plan = load_plan(args.to_flags)
         flags = plan_to_flags(plan, load_cluster(args.cluster) if args.cluster else None)
-        console.print(flags.as_command_line(), highlight=False, soft_wrap=True)
+        options, lost = option_flags(plan)
+        for note in lost:
+            err_console.print(f"note: not carried by the flags: {note}", soft_wrap=True)
+        console.print(f"{flags.as_command_line()} {shlex.join(options)}", soft_wrap=True)
         return 0
     layout = SeedLayout.from_args(args)
     plan = layout.plan(args.cluster)

@@ -17,9 +17,12 @@ bash script per node. Exit codes: 0 ok, 1 user error, 3 rank failure, 4 out of m
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
+import sys
 from pathlib import Path
 
+from hexiscale.cli.launch_train_args import checked_train_args
 from hexiscale.cli.output import console
 from hexiscale.cli.writing import writing
 from planner.errors import SpecError
@@ -63,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("-o", "--output", help="--slurm: write the script here; else the node-script folder "
                    "(default launch/RUN_ID)")
     p.add_argument("--run-id", help="rendezvous id and log folder name (default hexiscale-PLANNAME)")
-    p.add_argument("--python", default="python3", help="interpreter on the nodes")
+    p.add_argument("--python", default=sys.executable, help="interpreter on the nodes (default: this one, "
+                   f"{sys.executable.replace('%', '%%')}; the scripts check that it can import hexiscale)")
     p.add_argument("--log-dir", default="logs", help="where node scripts write rank logs")
     p.add_argument("--grace", type=int, default=30, help="seconds the others get to exit after a rank fails")
     p.add_argument("--nccl-socket-ifname", help="exported as NCCL_SOCKET_IFNAME")
@@ -115,8 +119,14 @@ def run(args: argparse.Namespace) -> int:
 
     check_int("--grace", args.grace, 0, 86400, "pass seconds, e.g. --grace 30")
     plan, _ = load_plan_or_pool(args.plan)  # a strategy pool: its home plan places the ranks
+    # every node gets absolute paths and checked train arguments (one error line here, not one per rank)
+    args.plan = os.path.abspath(args.plan)
+    args.train_args = checked_train_args(args.train_args, plan_path=args.plan)
     run_id = checked_run_id(args.run_id, args.plan)
     if args.elastic or args.trace:
+        if args.dry_run:
+            raise SpecError("--dry-run", "an elastic job's commands depend on what happens while it runs",
+                            "drop --dry-run (or --elastic/--trace to see the ranks' commands)")
         from hexiscale.launch.elastic_cli import launch_elastic
 
         return launch_elastic(args, plan, run_id, env=dict(_env(args)))
@@ -201,7 +211,8 @@ def sm_shares(items: list[str], plan) -> dict[int, dict[str, str]]:  # type: ign
 
 
 def _run_local(args: argparse.Namespace, plan, run_id: str) -> int:  # type: ignore[no-untyped-def]
-    from hexiscale.launch.local import run_local
+    from hexiscale.launch.elastic_cli import refuse_sm_share_on_cpu
+    from hexiscale.launch.local import rank_commands, run_local
 
     world_size = plan.world_size
     per_rank = sm_shares(args.sm_percent, plan)
@@ -210,6 +221,12 @@ def _run_local(args: argparse.Namespace, plan, run_id: str) -> int:  # type: ign
         from executor.devices import cuda_device_count
 
         device = "cuda" if cuda_device_count() >= world_size else "cpu"
-    train_args = list(args.train_args) + (["--cluster", args.cluster] if args.cluster else [])
+    refuse_sm_share_on_cpu(args.sm_percent, device)
+    train_args = list(args.train_args) + (["--cluster", os.path.abspath(args.cluster)] if args.cluster else [])
+    if args.dry_run:
+        print(f"# {world_size} ranks on this machine ({device}); the launcher picks MASTER_PORT when it runs")
+        for line in rank_commands(args.plan, world_size, train_args, device=device, rank_env=per_rank):
+            print(line)
+        return 0
     return run_local(args.plan, world_size, train_args, device=device, grace_s=args.grace,
                      log_dir=None, run_id=run_id, extra_env=dict(_env(args)), rank_env=per_rank)

@@ -37,7 +37,7 @@ def _seed_environment(args: argparse.Namespace) -> None:
         os.environ.setdefault("LOCAL_RANK", str(args.current_device))
 
 
-def _launch_here(config: TrainConfig) -> int | None:
+def _launch_here(config: TrainConfig, master_port: int | None) -> int | None:
     """Start the seed layout's ranks on this machine (None: a one-rank plan runs in this process)."""
     plan = config.seed_layout.plan(config.cluster)
     if plan.world_size == 1:
@@ -55,14 +55,15 @@ def _launch_here(config: TrainConfig) -> int | None:
     with tempfile.TemporaryDirectory(prefix="hexiscale-seed-") as tmp:
         path = Path(tmp) / "plan.json"
         save_plan(plan, path)
-        return run_local(str(path), plan.world_size, train_argv(config), device=device, run_id="seed-flags")
+        return run_local(str(path), plan.world_size, train_argv(config), device=device, run_id="seed-flags",
+                         store_port=master_port or 0)
 
 
 def run(args: argparse.Namespace) -> int:
     config = train_config(args)
     _seed_environment(args)
     if config.seed_layout.given() and not config.plan and "WORLD_SIZE" not in os.environ:
-        code = _launch_here(config)
+        code = _launch_here(config, args.master_port)
         if code is not None:
             return code
     import torch

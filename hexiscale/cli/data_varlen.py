@@ -19,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hexiscale.cli.output import console
+from hexiscale.cli.output import console, styled
 
 
 def register(dsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -93,9 +93,9 @@ def run_packing(args: argparse.Namespace) -> int:
                       "phases": [{"strategy": pool.strategies[ph.strategy].name,
                                   "pipelines": [[list(mb) for mb in pipe] for pipe in ph.pipelines]}
                                  for ph in lay.phases]})
-        console.print(f"[bold]step {k}[/]: {len(idx)} sequences, {sum(lengths):,} tokens (longest {max(lengths):,}); "
-                      f"estimated {lay.time_s:.3f} s, switches {lay.switch_s:.3f} s; dispatch + packing took "
-                      f"{lay.solve_s * 1e3:.1f} ms", highlight=False)
+        console.print(styled((f"step {k}", "bold"), f": {len(idx)} sequences, {sum(lengths):,} tokens (longest "
+                             f"{max(lengths):,}); estimated {lay.time_s:.3f} s, switches {lay.switch_s:.3f} s; "
+                             f"dispatch + packing took {lay.solve_s * 1e3:.1f} ms"))
         for ph in lay.phases:
             console.print(f"  phase {pool.strategies[ph.strategy].name}: {len(ph.sequences)} sequences, "
                           f"{ph.time_s:.3f} s", highlight=False)

@@ -58,17 +58,41 @@ def unusable_argument(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _command_parser(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The (sub-)sub-command parser that ``argv`` selects (``hexiscale data packing`` -> its parser)."""
+    words = iter(argv)
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return parser
+        chosen = next((w for w in words if w in subs[0].choices), None)
+        if chosen is None:
+            return parser
+        parser = subs[0].choices[chosen]
+
+
+def unknown_in(parser: argparse.ArgumentParser, argv: Sequence[str], extras: Sequence[str]) -> SpecError:
+    """The error for arguments that no flag of the selected command takes."""
+    from hexiscale.cli.flag_hints import unknown_arguments
+
+    return unknown_arguments(extras, _command_parser(parser, argv))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     problem = unusable_argument(argv)
     if problem:
         parser.error(problem)  # exit 2, as for any other usage error
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    from hexiscale.cli.output import print_error
+
+    if extras:  # one line naming the nearest flag, not the top-level usage text
+        print_error(str(unknown_in(parser, argv, extras)))
+        return 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from hexiscale.cli.output import print_error
 
     try:
         return int(args.func(args) or 0)

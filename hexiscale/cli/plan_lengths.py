@@ -19,7 +19,7 @@ import math
 
 from rich.table import Table
 
-from hexiscale.cli.output import console, plan_table
+from hexiscale.cli.output import console, plan_table, styled
 from planner.cluster import ClusterSpec
 from planner.cost import ProfileSet
 from planner.errors import SpecError
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace, cluster: ClusterSpec, model: ModelSpec, profil
     console.print(pool_table(pool, cluster, profiles))
     for k, st in enumerate(pool.strategies):
         home = " (home: master weights and optimizer)" if k == pool.home else ""
-        console.print(f"\n[bold]strategy {k}: {st.name}[/]{home}", highlight=False)
+        console.print(styled("\n", (f"strategy {k}: {st.name}", "bold"), home))
         console.print(plan_table(st.plan, cluster))
     e = prop.estimate
     hand = "n/a (a bucket plan cannot hold the longest sequences)" if math.isnan(e["hand_buckets_s"]) \
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace, cluster: ClusterSpec, model: ModelSpec, profil
                   f"({e['static_s'] / e['hot_switching_s']:.2f}x static; switches {e['switch_s']:.3f} s, "
                   f"dispatch {e['solve_s'] * 1e3:.0f} ms per step)", highlight=False)
     if args.explain:
-        console.print("\n[bold]search log[/]", highlight=False)
+        console.print(styled("\n", ("search log", "bold")))
         for line in prop.log:
             console.print("  " + line, highlight=False, markup=False)
     if args.output:

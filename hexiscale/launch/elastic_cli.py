@@ -4,6 +4,7 @@ elastic :class:`~hexiscale.launch.elastic.Supervisor` (checked first, one ``Spec
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from hexiscale.launch.elastic import ElasticOptions, Supervisor, _flag
@@ -22,7 +23,7 @@ def launch_elastic(args: argparse.Namespace, plan: Plan, run_id: str, *, env: di
     if cluster is not None:
         validate(plan, cluster)
     trace = None
-    train_args = list(args.train_args) + (["--cluster", args.cluster] if args.cluster else [])
+    train_args = list(args.train_args) + (["--cluster", os.path.abspath(args.cluster)] if args.cluster else [])
     if args.trace:
         if cluster is None:
             raise SpecError("--cluster", "missing", "a trace names devices of a cluster file: pass --cluster")
@@ -39,10 +40,18 @@ def launch_elastic(args: argparse.Namespace, plan: Plan, run_id: str, *, env: di
         from executor.devices import cuda_device_count
 
         device = "cuda" if cuda_device_count() >= len(devices) else "cpu"
+    refuse_sm_share_on_cpu(args.sm_percent, device)
     opts = ElasticOptions(train_args, device=device, run_id=run_id, grace_s=args.grace,
                           max_restarts=args.max_restarts, report_jsonl=args.elastic_log, extra_env=env,
                           shares=_shares(args.sm_percent, cluster, plan))
     return Supervisor(plan, cluster, opts, trace).run()
+
+
+def refuse_sm_share_on_cpu(items: list[str], device: str) -> None:
+    """``--sm-percent`` shares a GPU's SMs (CUDA MPS); a CPU run has none to share."""
+    if items and device == "cpu":
+        raise SpecError("--sm-percent", "this run is on the CPU (gloo), which has no SMs to share",
+                        "drop --sm-percent, or run on GPUs with --device cuda")
 
 
 def parse_sm_percent(items: list[str]) -> list[tuple[str, float]]:

@@ -26,6 +26,7 @@ from typing import IO
 
 from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
 from hexiscale.launch.scripts import TRAIN_ENTRY
+from planner.errors import SpecError
 
 
 @dataclass
@@ -69,14 +70,42 @@ def _pump(stream: IO[bytes], log: IO[bytes] | None) -> None:
     stream.close()
 
 
+def rank_argv(plan_path: str, device: str, train_args: Sequence[str]) -> list[str]:
+    """One rank's command: this interpreter running ``hexiscale train``."""
+    return [sys.executable, *TRAIN_ENTRY, "--plan", plan_path, "--device", device, *train_args]
+
+
+def rank_commands(plan_path: str, world_size: int, train_args: Sequence[str], *, device: str = "cpu",
+                  rank_env: dict[int, dict[str, str]] | None = None) -> list[str]:
+    """The shell line of every rank that :func:`run_local` starts (for ``--dry-run``; the store's port
+    is chosen when it runs, so it shows as ``$MASTER_PORT``)."""
+    from hexiscale.launch.shell import word, words
+
+    cmd = rank_argv(plan_path, device, train_args)
+    out = []
+    for r in range(world_size):
+        env = {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world_size), **(rank_env or {}).get(r, {})}
+        assign = " ".join(f"{k}={word(v)}" for k, v in env.items())
+        out.append(f'{assign} MASTER_ADDR=127.0.0.1 MASTER_PORT="$MASTER_PORT" {words(cmd)}')
+    return out
+
+
 def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, device: str = "cpu",
               grace_s: float = 30.0, log_dir: str | None = None, run_id: str = "local",
-              extra_env: dict[str, str] | None = None, rank_env: dict[int, dict[str, str]] | None = None) -> int:
+              extra_env: dict[str, str] | None = None, rank_env: dict[int, dict[str, str]] | None = None,
+              store_port: int = 0, port_flag: str = "--master_port") -> int:
     """Start, supervise and reap every rank; return the job's exit code. ``rank_env`` adds
-    variables to single ranks (e.g. an MPS SM share)."""
+    variables to single ranks (e.g. an MPS SM share); ``store_port`` 0: any free port, else that one
+    (the flag ``port_flag`` asked for it)."""
     from executor.launch.env import serve_store
 
-    store = serve_store("127.0.0.1", 0)  # listens on loopback only: the job never leaves this machine
+    try:  # listens on loopback only: the job never leaves this machine
+        store = serve_store("127.0.0.1", store_port)
+    except OSError as exc:
+        if not store_port:
+            raise
+        raise SpecError(port_flag, f"cannot listen on 127.0.0.1:{store_port}: {exc.strerror or exc}",
+                        f"pass another port, or drop {port_flag} to take a free one") from None
     base = dict(os.environ)
     base.update({"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(store.port), "HEXISCALE_STORE_HOSTED": "1", "HEXISCALE_RUN_ID": run_id,
@@ -93,7 +122,7 @@ def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, dev
           f", store at 127.0.0.1:{store.port}", file=sys.stderr, flush=True)
     ranks: list[RankProcess] = []
     pumps: list[threading.Thread] = []
-    cmd = [sys.executable, *TRAIN_ENTRY, "--plan", plan_path, "--device", device, *train_args]
+    cmd = rank_argv(plan_path, device, train_args)
     for r in range(world_size):
         env = dict(base, RANK=str(r), LOCAL_RANK=str(r), **(rank_env or {}).get(r, {}))
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -22,6 +22,7 @@ KEY=VALUE``) are exported as given; nothing names a device or interface on its o
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 from hexiscale.launch.layout import LaunchLayout, NodeLaunch
@@ -41,8 +42,8 @@ class LaunchOptions:
     train_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     run_id: str = "hexiscale"
-    python: str = "python3"
-    torchrun: str = "torchrun"
+    python: str = sys.executable  # absolute: the interpreter that generated the scripts has hexiscale
+    torchrun: str = ""  # empty: ``PYTHON -m torch.distributed.run`` (the torchrun of that interpreter)
     log_dir: str = "logs"
     grace_s: int = 30
 
@@ -67,6 +68,19 @@ class LaunchOptions:
     def train_argv(self) -> list[str]:
         return ["--plan", self.plan_path, *self.train_args]
 
+    def torchrun_argv(self) -> list[str]:
+        return [self.torchrun] if self.torchrun else [self.python, "-m", "torch.distributed.run"]
+
+
+def import_check(opts: LaunchOptions) -> str:
+    """A bash condition that is true when ``--python`` can import hexiscale on this node, else says
+    which flag fixes it (on stderr) and is false."""
+    py = word(opts.python)
+    env = f"{_assign(list(opts.env))} " if opts.env else ""  # a user's --env PYTHONPATH=... counts
+    return (f"{env}{py} -c 'import hexiscale' >/dev/null 2>&1 || {{ echo 'hexiscale launch: '{py}' cannot import "
+            "hexiscale on '\"$(hostname)\"' (hint: pass --python PATH, an interpreter with hexiscale installed on "
+            "every node, or --env PYTHONPATH=REPO to hexiscale launch)' >&2; false; }")
+
 
 def _assign(items: list[tuple[str, str]]) -> str:
     return " ".join(f"{k}={word(v)}" for k, v in items)
@@ -79,7 +93,7 @@ def node_env(layout: LaunchLayout, node: NodeLaunch, opts: LaunchOptions) -> lis
 
 
 def torchrun_argv(layout: LaunchLayout, node: NodeLaunch, opts: LaunchOptions) -> list[str]:
-    return [opts.torchrun, "--nnodes", str(len(layout.nodes)), "--nproc-per-node", str(node.nproc),
+    return [*opts.torchrun_argv(), "--nnodes", str(len(layout.nodes)), "--nproc-per-node", str(node.nproc),
             "--node-rank", str(node.node_rank), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"{opts.master_addr}:{opts.master_port}",
             "--rdzv-id", opts.run_id, "--max-restarts", "0", *TRAIN_ENTRY, *opts.train_argv()]
@@ -89,7 +103,7 @@ def torchrun_lines(layout: LaunchLayout, opts: LaunchOptions) -> list[tuple[Node
     """One shell line per node (only for layouts where every node runs as many processes)."""
     if not layout.uniform:
         raise ValueError("torchrun lines need the same process count on every node; use node scripts")
-    return [(n, f"{_assign(node_env(layout, n, opts))} {words(torchrun_argv(layout, n, opts))}")
+    return [(n, f"{import_check(opts)} && {_assign(node_env(layout, n, opts))} {words(torchrun_argv(layout, n, opts))}")
             for n in layout.nodes]
 
 
@@ -102,6 +116,7 @@ def _node_body(layout: LaunchLayout, node: NodeLaunch, opts: LaunchOptions, inde
         f"export WORLD_SIZE={layout.world_size} LOCAL_WORLD_SIZE={node.nproc}",
         *[f"export {k}={word(v)}" for k, v in node_env(layout, node, opts)],
         *default_var("LOG_DIR", "HEXISCALE_LOG_DIR", f"{opts.log_dir}/{opts.run_id}"),
+        f"{import_check(opts)} || exit 1",
         'mkdir -p "$LOG_DIR"',
         f"TRAIN=({train})",
         "pids=(); ranks=()",
@@ -175,6 +190,7 @@ def slurm_script(layout: LaunchLayout, opts: LaunchOptions) -> str:
              f'export MASTER_PORT="${{HEXISCALE_MASTER_PORT:-{opts.master_port}}}"',
              "read -r -d '' NODE_TASK <<'HEXISCALE_NODE_TASK'",
              "set -u",
+             f"{import_check(opts)} || exit 1",
              'case "${SLURMD_NODENAME:-}" in']
     body: list[str] = []
     for nd in layout.nodes:

@@ -57,7 +57,7 @@ FLAGS: list[tuple[list[str], str, type, Callable[[Any], bool], bool, str]] = [
     (TRAIN, "--save-every", int, ints(0, 10**9), False, "{}"),
     (TRAIN, "--log-every", int, ints(1, 10**9), False, "{}"),
     (TRAIN, "--seed", int, ints(0, 2**63 - 1), False, "{}"),
-    (TRAIN, "--warmup", int, ints(0, 10**9), False, "{}"),
+    (TRAIN, "--warmup", int, ints(0, 10), False, "{}"),  # at most --steps (default 10)
     (TRAIN, "--lr", float, floats(0, math.inf, True), False, "{}"),
     (TRAIN, "--min-lr", float, floats(0, 3e-4), False, "{}"),
     (TRAIN, "--weight-decay", float, floats(0, math.inf), False, "{}"),

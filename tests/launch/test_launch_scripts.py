@@ -48,7 +48,8 @@ def example_plan(name: str) -> Plan:
 
 
 CLUSTERS = sorted(p.stem for p in (EXAMPLES / "clusters").glob("*.yaml"))
-OPTS = LaunchOptions(plan_path="plan.json", master_addr="10.0.0.1", master_port=29500,
+OPTS = LaunchOptions(plan_path="/work/run/plan.json", master_addr="10.0.0.1", master_port=29500,
+                     python="/opt/venv/bin/python3",
                      train_args=("--steps", "100", "--data", "corpus"), env=(("NCCL_SOCKET_IFNAME", "eth0"),),
                      run_id="golden")
 

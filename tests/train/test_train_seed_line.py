@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from executor.spawn import free_port
 from tests.train.test_train_jobs import hexiscale
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs")]
@@ -18,7 +19,7 @@ def test_seed_line_trains_here(tmp_path: Path) -> None:
     run = hexiscale("train", "--model-size", "tiny", "--layer-num", "4", "--micro_batch_num", "1",
                     "--global_batch_size", "2", "--hetero_configs", "[[1, 2, 1],]", "--layer_partitions", "[[1, 2, 1]]",
                     "--devices_id", "[[[0], [0, 0], [0]],]", "--accum-iter", "2", "--run-iter", "5",
-                    "--master_addr", "127.0.0.1", "--master_port", "29599", "--current_device", "0",
+                    "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "--current_device", "0",
                     "--device", "cpu", "--dtype", "fp32", "--log-jsonl", str(log))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "starting the plan's 4 ranks here" in run.stderr and "--run-iter 5: 2 optimizer steps" in run.stderr

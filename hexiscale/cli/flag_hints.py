@@ -1,0 +1,48 @@
+"""One line for an unknown flag, with the nearest known one (``--stepz`` -> ``did you mean --steps?``).
+
+argparse answers an unknown flag with the whole usage text of the top-level parser and offers a
+suggestion only from Python 3.14 (``suggest_on_error``); the CLI supports 3.10-3.13, so the
+nearest flag is found here with :mod:`difflib`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections.abc import Sequence
+
+from planner.errors import SpecError
+
+
+def flags_of(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string the parser knows (``--steps``, ``-o``, ...)."""
+    return [s for action in parser._actions for s in action.option_strings]
+
+
+def nearest_flag(token: str, parser: argparse.ArgumentParser) -> str | None:
+    """The known flag closest to ``token`` (its ``=value`` part left out), if any is close."""
+    name = token.partition("=")[0]
+    close = difflib.get_close_matches(name, flags_of(parser), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def unknown_arguments(extras: Sequence[str], parser: argparse.ArgumentParser) -> SpecError:
+    """The one-line error for arguments ``parser`` did not recognise."""
+    flags = [e for e in extras if e.startswith("-") and e != "-"]
+    if not flags:
+        return SpecError(parser.prog, f"unexpected argument {' '.join(extras)!r}", f"see '{parser.prog} --help'")
+    first = flags[0].partition("=")[0]
+    near = nearest_flag(first, parser)
+    return SpecError(first, f"'{parser.prog}' has no such flag",
+                     f"did you mean {near}?" if near else f"see '{parser.prog} --help'")
+
+
+class UsageError(Exception):
+    """An argparse usage error raised instead of printing usage and exiting."""
+
+
+class RaisingParser(argparse.ArgumentParser):
+    """A parser whose usage errors raise :class:`UsageError` (for checking arguments of another command)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)

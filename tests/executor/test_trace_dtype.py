@@ -1,0 +1,33 @@
+"""A trace says what the run computed: a CPU run of a bf16 plan computes in fp32, and the trace (and
+so ``hexiscale show --plot``'s title) must say fp32, not the plan's bf16."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from executor.trace import StepTrace
+from planner.model import PRESETS
+from planner.plan import Pipeline, Plan, PlanOptions, Stage
+from planner.timeline import read_trace
+
+
+def _plan(dtype: str) -> Plan:
+    model = PRESETS["tiny"]
+    stage = Stage(("local:0",), 1, (0, model.num_layers))
+    return Plan(model, 2, (Pipeline(2, 1, (stage,)),), PlanOptions(dtype=dtype, residual_dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_a_cpu_trace_names_the_dtype_it_computed_in(dtype: str, tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    trace = StepTrace(path=str(path), plan=_plan(dtype), device=torch.device("cpu"), window=range(0, 1), rank=0,
+                      world=None)
+    trace.begin_step(0)
+    with trace.span("forward", 0):
+        pass
+    trace.end_step(0)
+    plan, _ = read_trace(path)
+    assert (plan.options.dtype, plan.options.residual_dtype) == ("fp32", "fp32")
