@@ -119,3 +119,16 @@ def test_unreadable_host_calibrations_are_skipped_at_once(home: Path) -> None:
                                                     + "]" * 100_000 + "}")
     outcome = run_cli(["estimate", PLAN, "--cluster", CLUSTER], timeout_s=20)
     assert outcome.code == 0 and "calibration" in outcome.out, outcome.err
+
+
+@pytest.mark.parametrize("command", [["devices"], ["validate", DEMO_CLUSTER], ["estimate", PLAN, "--cluster", CLUSTER]])
+def test_profiles_variable_pointing_nowhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+                                            ) -> None:
+    """``$HEXISCALE_PROFILES`` naming a missing folder gave an empty device table and exit 0."""
+    monkeypatch.setenv("HEXISCALE_PROFILES", str(tmp_path / "nowhere"))
+    _cached.cache_clear()
+    try:
+        outcome = run_cli(command)
+    finally:
+        _cached.cache_clear()
+    assert outcome.code == 1 and outcome.error.startswith(f"error: HEXISCALE_PROFILES: '{tmp_path / 'nowhere'}'")
