@@ -32,6 +32,7 @@ from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_RANK_FAILURE, EXIT_U
 from executor.metrics import StepLogger
 from executor.optim import OptimConfig
 from executor.preflight import Prepared, agree, local_checks, wait_all_seen
+from executor.progress import note
 from executor.resume import choose_checkpoint
 from executor.saving import Saver
 from executor.tensorboard_sink import TensorBoardSink
@@ -106,6 +107,7 @@ def run_training(args: TrainConfig) -> int:
     try:
         flight.enable()
         wd.start(store)  # before the process group: a peer or store host that freezes in set-up is named too
+        note(renv.rank, f"pre-flight passed on {renv.world_size} ranks; connecting the process group...")
         backend = init_process_group(renv, store, prep.device, timeout_s)
         if pool is not None:
             assert docs is not None
@@ -141,10 +143,13 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
                 opt: OptimConfig, wd: Watchdog, backend: str, fault: Any) -> None:
     """Steps of one plan on this rank (groups, engine, resume, data, logs, checkpoints, trace)."""
     topology = build_topology(plan)
+    note(renv.rank, "creating the communicators...")
     groups = ProcessGroups.create(topology, backend)
     if renv.rank == 0:
         print(f"hexiscale train: rank 0 connected {groups.members()} communicators in {groups.setup_s:.2f} s"
               + (f" ({groups.device_mib:.0f} MiB of device memory)" if backend == "nccl" else ""), flush=True)
+    note(renv.rank, f"building the model ({plan.model.name}, rank 0's stage: layers "
+                    f"{plan.pipelines[0].stages[0].layers[0]}-{plan.pipelines[0].stages[0].layers[1] - 1})...")
     engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed,
                     on_nonfinite=args.on_nonfinite)
     # --compile forces compilation; a plan whose options.compile is set asks for it itself
@@ -156,11 +161,13 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
               "compiles them)" if compiled else "the CPU runs eager (torch.compile is used on CUDA only)"), flush=True)
     position = DataPosition()
     if prep.resume is not None:
+        note(renv.rank, f"loading checkpoint {prep.resume.path}...")
         extra = checkpoint.load(engine, prep.resume.path)
         gbs = plan.global_batch_size
         position = DataPosition.from_dict(extra["data"], str(prep.resume.path)) if "data" in extra \
             else DataPosition(engine.step, engine.step * gbs)
     pipeline = engine.stage.pipeline
+    note(renv.rank, f"loading data ({args.data or 'synthetic tokens'})...")
     stream = BatchStream(prep.source, global_batch_size=plan.global_batch_size,
                          rows=pipeline_rows(plan, pipeline), position=position, device=prep.device)
     logger = StepLogger(plan, renv.rank, pipeline, leader=engine.stage.is_first and engine.tp_rank == 0,
@@ -177,6 +184,8 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
         print(f"hexiscale train: {plan.world_size} ranks, {len(plan.pipelines)} pipelines, model "
               f"{plan.model.name}, {prep.device.type} ({backend}), data {args.data or 'synthetic'}, steps "
               f"{start}..{args.end}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
+    note(renv.rank, f"step {start + 1} starting (the first step also warms up" + (", and compiles" if compiled else "")
+         + ")")
     for k in range(start, args.end):
         wd.begin_step(k + 1)
         maybe_inject(fault, renv.rank, k)

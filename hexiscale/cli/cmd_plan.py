@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from typing import TYPE_CHECKING
 
 from hexiscale.cli.output import console, plan_table, styled
 from hexiscale.cli.pictures import PLAN_MAP, SIMULATED, write_pictures
@@ -24,6 +26,9 @@ from planner.hf_config import resolve_model
 from planner.plan import MAX_GLOBAL_BATCH, plan_to_dict, save_plan
 from planner.ranges import check_int, check_number
 from planner.seed_flags import plan_to_flags
+
+if TYPE_CHECKING:
+    from planner.search.planner import SearchProgress
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -50,6 +55,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="the residual stream inside each stage (options.residual_dtype): fp32 (default), or bf16 "
                    "like Megatron (less norm traffic and activation memory; stage boundaries stay fp32)")
     p.set_defaults(func=run)
+
+
+def print_progress(note: SearchProgress) -> None:
+    """A line on stderr every few seconds of a long search (stdout stays the plan, or pure JSON)."""
+    best = f"best {note.best_s:.4f} s/step so far" if math.isfinite(note.best_s) else "nothing fits yet"
+    print(f"hexiscale plan: searching, {note.elapsed_s:.0f} s, {note.evaluations} candidates costed, {best}",
+          file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
                            compile=args.compile, residual_dtype=args.residual_dtype)
     if args.output:
         check_writable(args.output, "-o")  # before a search of up to --time-limit seconds
-    result = search(cluster, model, args.global_batch, config=config, profiles=resolved.profiles)
+    result = search(cluster, model, args.global_batch, config=config, profiles=resolved.profiles,
+                    progress=print_progress)
     plan, est = result.plan, result.estimate
     if args.output:
         with writing("-o", args.output):

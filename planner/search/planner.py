@@ -45,7 +45,7 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from planner.cluster import ClusterSpec
@@ -68,6 +68,7 @@ TOP_STRUCTURES = 2
 FINE_K = (0.6, 0.75, 0.85, 1.15, 1.3, 1.5)
 ARC_UNITS = 24  # ring splits into 2 pipelines up to this many units
 ARC3_UNITS = 12  # and into 3 up to this many
+PROGRESS_EVERY_S = 5.0  # a search shorter than this reports nothing
 FULL_ESTIMATE_DEVICES = 256  # above this only the best finalist that fits gets the full estimate
 
 
@@ -82,11 +83,20 @@ class SearchResult:
     cut_short: bool = False
 
 
+@dataclass(frozen=True)
+class SearchProgress:
+    """What a long search reports every ``PROGRESS_EVERY_S`` seconds (``best_s``: inf while nothing fits)."""
+
+    elapsed_s: float
+    evaluations: int
+    best_s: float
+
+
 class Search:
     """One planning run (holds the oracle, the budget and the cache of evaluated structures)."""
 
     def __init__(self, cluster: ClusterSpec, model: ModelSpec, global_batch: int, config: PlannerConfig,
-                 profiles: ProfileSet | None = None):
+                 profiles: ProfileSet | None = None, progress: Callable[[SearchProgress], None] | None = None):
         config.check()
         if global_batch < 1:
             raise SpecError("--global-batch", f"must be >= 1, got {global_batch}", "give the samples per step")
@@ -106,6 +116,9 @@ class Search:
         self.cache: dict[tuple[object, ...], Candidate] = {}
         self.log: list[str] = []
         self.problems: list[str] = []
+        self.progress = progress
+        self.best_s = math.inf  # the fastest feasible candidate's surrogate step time so far
+        self.next_note = self.start + PROGRESS_EVERY_S
 
     # ------------------------------------------------------------------ evaluation
     def check_budget(self) -> None:
@@ -124,6 +137,11 @@ class Search:
         self.evaluations += 1
         cand = evaluate(self.oracle, pipelines, s, self.B, explain=len(self.problems) < 5)
         self.cache[key] = cand
+        if cand.feasible:
+            self.best_s = min(self.best_s, cand.step_s)
+        if self.progress is not None and (now := time.perf_counter()) >= self.next_note:
+            self.next_note = now + PROGRESS_EVERY_S
+            self.progress(SearchProgress(now - self.start, self.evaluations, self.best_s))
         if not cand.feasible and len(self.problems) < 5 and cand.problem:
             self.problems.append(cand.problem)
         return cand
@@ -395,9 +413,11 @@ def make_plan(cluster: ClusterSpec, model: ModelSpec, global_batch: int, *, conf
 
 
 def search(cluster: ClusterSpec, model: ModelSpec, global_batch: int, *, config: PlannerConfig | None = None,
-           profiles: ProfileSet | None = None, start: Sequence[Sequence[Unit]] | None = None) -> SearchResult:
-    """:func:`make_plan` with the search's log, candidate and counters (``start``: see :meth:`Search.run`)."""
-    return Search(cluster, model, global_batch, config or PlannerConfig(), profiles).run(start)
+           profiles: ProfileSet | None = None, start: Sequence[Sequence[Unit]] | None = None,
+           progress: Callable[[SearchProgress], None] | None = None) -> SearchResult:
+    """:func:`make_plan` with the search's log, candidate and counters (``start``: see :meth:`Search.run`;
+    ``progress`` is called every ``PROGRESS_EVERY_S`` seconds of a long search)."""
+    return Search(cluster, model, global_batch, config or PlannerConfig(), profiles, progress).run(start)
 
 
-__all__ = ["PlanInfeasible", "PlannerConfig", "Search", "SearchResult", "make_plan", "search"]
+__all__ = ["PlanInfeasible", "PlannerConfig", "Search", "SearchProgress", "SearchResult", "make_plan", "search"]
