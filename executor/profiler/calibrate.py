@@ -30,7 +30,10 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
 import platform
+import shutil
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -42,6 +45,7 @@ from executor import allocator
 from executor.profiler import compute
 from executor.profiler.runner import ProfileConfig, detect_base, machine_meta, run_profile
 from planner.calibration.fit import fit_compute, fit_link_efficiency
+from planner.calibration.holdout import DEFAULT_MAX_MEAN, gate, held_out_compute
 from planner.calibration.local import calibrations
 from planner.calibration.store import load_params, save_calibration
 from planner.catalog import default_catalog, parse_device_entry
@@ -111,9 +115,27 @@ def _start_params(key: str) -> tuple[CostParams, str | None]:
     return DEFAULT_PARAMS, None
 
 
-def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, progress: bool = True
-                  ) -> dict[str, Any]:
-    """Measure, fit and write ``home/devices/<key>.json`` and ``home/calibration/<key>.json``; returns a summary."""
+def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, progress: bool = True,
+                  max_held_out: float = DEFAULT_MAX_MEAN, force: bool = False) -> dict[str, Any]:
+    """Measure, fit and write ``home/devices/<key>.json`` and ``home/calibration/<key>.json``; returns a
+    summary. Both are measured into a staging folder and installed only when the compute fit's held-out
+    error (:mod:`planner.calibration.holdout`) is within ``max_held_out`` or ``force`` is set; otherwise
+    ``summary["refused"]`` says why and ``home`` is left as it was."""
+    staging = Path(tempfile.mkdtemp(prefix=".calibrate-", dir=_made(home)))
+    try:
+        return _measure_and_fit(model, home, staging, cpu=cpu, comm_world=comm_world, progress=progress,
+                                max_held_out=max_held_out, force=force)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _made(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, comm_world: int, progress: bool,
+                     max_held_out: float, force: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     allocator.use_default()  # measure under the allocator setting training runs with
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
@@ -127,15 +149,16 @@ def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, p
     meta = machine_meta(cfg)
     base = None if cpu else detect_base(meta["gpu_name"], default_catalog())
     key = "cpu-measured" if cpu else measured_key(meta["gpu_name"], base.key if base else None)
-    out = home / "devices" / f"{key}.json"
+    out = staging / "devices" / f"{key}.json"
     pf = run_profile(cfg, out, key=key, base=base.key if base else None, resume=False, progress=progress)
     pf.set("widths", _widths(cfg, device, cpu))
     entry = parse_device_entry(json.loads(out.read_text()), str(out))
     start, started_from = _start_params(key)
     res = fit_compute(entry, start)
+    held = held_out_compute(entry, start)
     params = res.params
-    fits: dict[str, Any] = {"compute": {**res.to_dict(), "device": key, "widths": [w["model"]["name"] for w in
-                                                                                  pf.measured["widths"]]}}
+    fits: dict[str, Any] = {"compute": {**res.to_dict(), "held_out": held.to_dict(), "device": key,
+                                        "widths": [w["model"]["name"] for w in pf.measured["widths"]]}}
     comm = pf.measured.get("comm")
     if comm and comm.get("fit"):
         link = fit_link_efficiency(comm, NVLINK_NOMINAL_GBPS)
@@ -152,7 +175,7 @@ def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, p
                   "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "host_fingerprint": host_fingerprint(), "model": model.name, "seconds": round(elapsed, 1),
                   "started_from": started_from}
-    cal_path = home / "calibration" / f"{key}.json"
+    cal_path = staging / "calibration" / f"{key}.json"
     applies = [key] + ([base.key] if base is not None and key == f"{base.key}-measured" else [])
     save_calibration(cal_path, params, fitted={**res.terms, **({"link_efficiency": params.link_efficiency}
                                                                 if "link" in fits else {}),
@@ -160,5 +183,13 @@ def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, p
                                                   if "collective_host" in fits else {})},
                      fits=fits, provenance=provenance, applies_to=applies)
     live = sorted({r["tp"] for r in pf.measured.get("layer", []) if r.get("collectives")})
-    return {"key": key, "profile": str(out), "calibration": str(cal_path), "seconds": elapsed, "fits": fits,
-            "provenance": provenance, "live_tps": live}
+    refused = gate(held, max_held_out)
+    summary = {"key": key, "profile": str(home / "devices" / out.name),
+               "calibration": str(home / "calibration" / cal_path.name), "seconds": elapsed, "fits": fits,
+               "provenance": provenance, "live_tps": live, "refused": None if force else refused,
+               "forced": force and refused is not None}
+    if summary["refused"] is None:  # install: the measured entry and its calibration, each replaced whole
+        for staged in (out, cal_path):
+            target = _made(home / staged.parent.name) / staged.name
+            os.replace(staged, target)
+    return summary

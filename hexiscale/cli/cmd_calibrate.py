@@ -9,9 +9,10 @@ import argparse
 from pathlib import Path
 
 from hexiscale.cli.cmd_profile import MAX_COMM_RANKS
+from planner.calibration.holdout import DEFAULT_MAX_MEAN
 from planner.errors import SpecError
 from planner.hf_config import resolve_model
-from planner.ranges import check_int
+from planner.ranges import check_int, check_number
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -24,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--comm-ranks", type=int, dest="comm_ranks", help="ranks for the link sweep "
                    "(default: every local GPU; CPU: 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--max-held-out-error", type=float, dest="max_held_out", default=DEFAULT_MAX_MEAN * 100,
+                   metavar="PCT", help="install the fit only if it predicts the timings it was not fitted to "
+                   f"(5-fold cross-validation) within this mean error, in percent (default {DEFAULT_MAX_MEAN * 100:g})")
+    p.add_argument("--force", action="store_true", help="install the fit even above --max-held-out-error")
     p.set_defaults(func=run)
 
 
@@ -32,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.comm_ranks is not None:
         check_int("--comm-ranks", args.comm_ranks, 0, MAX_COMM_RANKS, "pass 0 to skip the link sweep")
+    check_number("--max-held-out-error", args.max_held_out, 0.0, 1e4, above=True, unit=" %")
     model = resolve_model("tiny" if args.cpu and args.model == "llama-1.3b" else args.model, args.seq_len)
     home = Path(args.home) if args.home else calibration_home()
     from executor.devices import cuda_device_count
@@ -40,13 +46,17 @@ def run(args: argparse.Namespace) -> int:
     if not args.cpu and cuda_device_count() == 0:
         raise SpecError("--cpu", "no CUDA device is visible", "run on a GPU host, or pass --cpu for the CPU rehearsal")
     comm = args.comm_ranks if args.comm_ranks is not None else (0 if args.cpu else cuda_device_count())
-    summary = run_calibrate(model, home, cpu=args.cpu, comm_world=comm if comm >= 2 else 0, progress=not args.quiet)
+    summary = run_calibrate(model, home, cpu=args.cpu, comm_world=comm if comm >= 2 else 0, progress=not args.quiet,
+                            max_held_out=args.max_held_out / 100, force=args.force)
     comp = summary["fits"]["compute"]
     print(f"calibrated {summary['key']} on {summary['provenance']['gpu_name']} in {summary['seconds']:.0f} s "
           f"(host {summary['provenance']['host_fingerprint']})")
     print(f"compute terms fitted to {comp['observations']} timings (model {model.name} + widths "
           f"{', '.join(comp['widths']) or '-'}): mean error {comp['error_before']['mean_abs_rel'] * 100:.1f} % -> "
           f"{comp['error_after']['mean_abs_rel'] * 100:.1f} %, worst {comp['error_after']['max_abs_rel'] * 100:.1f} %")
+    held = comp["held_out"]
+    print(f"held out ({held['folds']}-fold: fitted without them): mean error {held['mean_abs_rel'] * 100:.1f} %, "
+          f"worst {held['max_abs_rel'] * 100:.1f} %")
     if "link" in summary["fits"]:
         link = summary["fits"]["link"]
         print(f"links: {link['measured_bandwidth_GBps']:.0f} GB/s measured, efficiency {link['link_efficiency']:.2f} "
@@ -54,5 +64,10 @@ def run(args: argparse.Namespace) -> int:
     if summary["live_tps"]:
         print(f"TP layers timed live (with their all-reduces) at tp {', '.join(map(str, summary['live_tps']))}: "
               f"the cost model prices those TP degrees from them")
+    if summary["refused"]:
+        raise SpecError("--max-held-out-error", f"{summary['refused']}: nothing installed",
+                        "pass --force to install this fit anyway, or calibrate with another --model")
+    if summary["forced"]:
+        print(f"installed despite the held-out error (--force; limit {args.max_held_out:g} %)")
     print(f"wrote {summary['profile']} and {summary['calibration']}; plan, estimate and whatif use them from now on")
     return 0

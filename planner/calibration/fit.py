@@ -129,6 +129,11 @@ def compute_observations(device: DeviceType) -> list[tuple[str, ModelSpec, dict[
     return out
 
 
+def layer_observations(device: DeviceType) -> list[tuple[str, ModelSpec, dict[str, Any], str, float]]:
+    """The observations :func:`fit_compute` fits: the layer timings of every width."""
+    return [o for o in compute_observations(device) if o[0] == "layer"]
+
+
 def predict_compute(device: DeviceType, params: CostParams,
                     obs: list[tuple[str, ModelSpec, dict[str, Any], str, float]], dtype: str) -> list[float]:
     prof = SpecProfile(device, params)
@@ -153,7 +158,21 @@ def fit_compute(device: DeviceType, base: CostParams, terms: dict[str, tuple[flo
     and the head are left out: their tables answer for the profiled model directly, and their
     launch-bound sub-millisecond kernels dominated a log-error fit that included them (on a 4x H200
     host, 2026-11-26, it left the layers 10-46 % over-predicted)."""
-    obs = [o for o in compute_observations(device) if o[0] == "layer"]
+    obs = layer_observations(device)
+    dtype = str((device.measured or {}).get("dtype", "bf16"))
+    bounds = compute_bounds(device, terms)
+    result = fit_terms(base, bounds, lambda p: predict_compute(device, p, obs, dtype), [o[4] for o in obs])
+    pred = predict_compute(device, result.params, obs, dtype)
+    result.residuals = [{"table": t, **{k: r[k] for k in ("micro_batch", "seq_len", "tp") if k in r},
+                         "recompute": r.get("recompute"), "phase": ph, "measured_s": v, "predicted_s": p}
+                        for (t, _, r, ph, v), p in zip(obs, pred)]
+    return result
+
+
+def compute_bounds(device: DeviceType, terms: dict[str, tuple[float, float]] | None = None
+                   ) -> dict[str, tuple[float, float]]:
+    """The compute terms' bounds for ``device``: ``terms`` (default :data:`COMPUTE_TERMS`) capped by
+    its measured ceilings."""
     dtype = str((device.measured or {}).get("dtype", "bf16"))
     bounds = dict(terms or COMPUTE_TERMS)
     ceilings = (device.measured or {}).get("ceilings") or {}
@@ -165,12 +184,7 @@ def fit_compute(device: DeviceType, base: CostParams, terms: dict[str, tuple[flo
         if name in bounds and cap > 0:
             lo, hi = bounds[name]
             bounds[name] = (min(lo, cap), min(hi, cap))
-    result = fit_terms(base, bounds, lambda p: predict_compute(device, p, obs, dtype), [o[4] for o in obs])
-    pred = predict_compute(device, result.params, obs, dtype)
-    result.residuals = [{"table": t, **{k: r[k] for k in ("micro_batch", "seq_len", "tp") if k in r},
-                         "recompute": r.get("recompute"), "phase": ph, "measured_s": v, "predicted_s": p}
-                        for (t, _, r, ph, v), p in zip(obs, pred)]
-    return result
+    return bounds
 
 
 def fit_link_efficiency(comm: dict[str, Any], nominal_GBps: float) -> dict[str, float]:
