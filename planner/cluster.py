@@ -7,6 +7,7 @@ Example::
       - {name: a100, gpu: a100-sxm-80g, gpus: 8,
          intra_link: {kind: nvlink, bandwidth_GBps: 300, latency_us: 2}}
       - {name: r4090, count: 3, gpu: rtx4090, gpus: 8,          # compact: r4090-0 .. r4090-2
+         calibration: r4090-host/calibration/rtx4090-measured.json,   # optional: the host calibration pricing it
          intra_link: {kind: pcie, bandwidth_GBps: 25, latency_us: 8}}
     inter_node: {kind: ethernet, bandwidth_GBps: 1.25, latency_us: 50}
     groups:                     # optional: faster links inside a rack or site
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.calibration.ref import resolve_calibration_ref
 from planner.catalog import Catalog, default_catalog
 from planner.documents import MAX_YAML_BYTES, line_of, load_yaml_document, read_user_text
 from planner.errors import SpecError
@@ -72,6 +74,7 @@ class Node:
     gpu: str  # canonical catalog key
     gpus: int
     intra_link: Link
+    calibration: str | None = None  # the host calibration file pricing this node (planner.calibration.ref)
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,7 @@ def parse_link(data: Any, path: str) -> Link:
     )
 
 
-def _parse_nodes(raw: Any, catalog: Catalog) -> list[Node]:
+def _parse_nodes(raw: Any, catalog: Catalog, base_dir: Path | None) -> list[Node]:
     nodes: list[Node] = []
     items = expect_list(raw, "nodes")
     if not items:
@@ -209,7 +212,7 @@ def _parse_nodes(raw: Any, catalog: Catalog) -> list[Node]:
     for i, item in enumerate(items):
         p = join("nodes", i)
         item = expect_mapping(item, p)
-        check_keys(item, p, ("name", "gpu", "gpus", "intra_link"), ("count",))
+        check_keys(item, p, ("name", "gpu", "gpus", "intra_link"), ("count", "calibration"))
         name = check_name(get_str(item, "name", p), join(p, "name"), "node name")
         gpu = catalog.get(get_str(item, "gpu", p), join(p, "gpu")).key
         gpus = get_int(item, "gpus", p, minimum=1, maximum=MAX_GPUS_PER_NODE)
@@ -218,8 +221,10 @@ def _parse_nodes(raw: Any, catalog: Catalog) -> list[Node]:
         if len(nodes) + max(count, 1) > MAX_NODES:  # before expanding: 300 lines of count 4096 are 1.2M nodes
             raise SpecError(join(p, "count") if count else p, f"brings the cluster to {len(nodes) + max(count, 1):,} "
                             f"nodes, more than the {MAX_NODES} HexiScale handles", "split the cluster")
+        cal = resolve_calibration_ref(get_str(item, "calibration", p), join(p, "calibration"), base_dir) \
+            if "calibration" in item else None
         names = [f"{name}-{k}" for k in range(count)] if count else [name]
-        nodes.extend(Node(n, gpu, gpus, link) for n in names)
+        nodes.extend(Node(n, gpu, gpus, link, cal) for n in names)
     seen: set[str] = set()
     for n in nodes:
         if n.name in seen:
@@ -237,12 +242,13 @@ def _parse_node_refs(raw: Any, path: str, known: set[str]) -> tuple[str, ...]:
     return tuple(refs)
 
 
-def parse_cluster(data: Any, catalog: Catalog | None = None) -> ClusterSpec:
-    """Build a ``ClusterSpec`` from parsed YAML/JSON; every problem is a ``SpecError``."""
+def parse_cluster(data: Any, catalog: Catalog | None = None, base_dir: Path | None = None) -> ClusterSpec:
+    """Build a ``ClusterSpec`` from parsed YAML/JSON; every problem is a ``SpecError``. ``base_dir``: the
+    folder relative ``calibration:`` paths start from (the cluster file's; default the working folder)."""
     catalog = catalog or default_catalog()
     data = expect_mapping(data, "")
     check_keys(data, "", ("nodes", "inter_node"), ("name", "groups", "links", "devices"))
-    nodes = _parse_nodes(data["nodes"], catalog)
+    nodes = _parse_nodes(data["nodes"], catalog, base_dir)
     known = {n.name for n in nodes}
     inter = parse_link(data["inter_node"], "inter_node")
 
@@ -301,7 +307,7 @@ def load_cluster(path: str | Path, catalog: Catalog | None = None) -> ClusterSpe
     data, lines = load_yaml_document(read_user_text(path, "cluster", MAX_YAML_BYTES), str(path))
     catalog = catalog or default_catalog()  # its errors ($HEXISCALE_PROFILES, a profile file) are not this file's
     try:
-        return parse_cluster(data, catalog)
+        return parse_cluster(data, catalog, path.resolve().parent)
     except SpecError as exc:
         raise exc.with_file(str(path), line_of(lines, exc.path)) from None
 
@@ -314,8 +320,8 @@ def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
 
     out: dict[str, Any] = {
         "name": cluster.name,
-        "nodes": [{"name": n.name, "gpu": n.gpu, "gpus": n.gpus, "intra_link": link(n.intra_link)}
-                  for n in cluster.nodes],
+        "nodes": [{"name": n.name, "gpu": n.gpu, "gpus": n.gpus, "intra_link": link(n.intra_link),
+                   **({"calibration": n.calibration} if n.calibration else {})} for n in cluster.nodes],
         "inter_node": link(cluster.inter_node),
     }
     if cluster.groups:

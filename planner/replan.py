@@ -72,7 +72,7 @@ def sub_cluster(cluster: ClusterSpec, devices: Sequence[str]) -> SubCluster:
                       key=lambda d: d.local_index)
         if not mine:
             continue
-        nodes.append(Node(node.name, node.gpu, len(mine), node.intra_link))
+        nodes.append(Node(node.name, node.gpu, len(mine), node.intra_link, node.calibration))
         for k, d in enumerate(mine):
             real[f"{node.name}:{k}"] = d.id
             if d.id in over:

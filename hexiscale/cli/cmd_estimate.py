@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -28,6 +28,9 @@ from planner.errors import SpecError
 from planner.names import is_safe_name
 from planner.plan import Plan, load_plan, save_plan
 from planner.validate import other_cluster, validate
+
+if TYPE_CHECKING:
+    from planner.calibration.local import ResolvedProfiles
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,14 +91,18 @@ def load_params(path: str | None) -> CostParams:
 
 def profiles_for(args: argparse.Namespace, cluster: ClusterSpec, *, say: bool = True) -> ProfileSet:
     """This host's profiles and calibration when present (planner.calibration.local), ``--params``
-    overriding the terms; says which in one line (on stderr under ``--json``)."""
+    overriding the terms; says which, and what priced each node (on stderr under ``--json``)."""
+    return resolved_for(args, cluster, say=say).profiles
+
+
+def resolved_for(args: argparse.Namespace, cluster: ClusterSpec, *, say: bool = True) -> ResolvedProfiles:
     from planner.calibration.local import resolve_profiles
 
     resolved = resolve_profiles(cluster, params=load_params(args.params) if args.params else None,
                                 spec_only=args.spec_only)
     if say:
-        print(resolved.line, file=sys.stderr if getattr(args, "json", False) else sys.stdout, flush=True)
-    return resolved.profiles
+        resolved.say(sys.stderr if getattr(args, "json", False) else sys.stdout)
+    return resolved
 
 
 def _s(x: float) -> str:
@@ -204,8 +211,9 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     cluster = find_cluster(plan, args.plan, args.cluster)
-    est = estimate(plan, cluster, profiles_for(args, cluster), timeline=bool(args.plot))
-    data: dict[str, Any] = est.to_dict()
+    resolved = resolved_for(args, cluster)
+    est = estimate(plan, cluster, resolved.profiles, timeline=bool(args.plot))
+    data: dict[str, Any] = {**est.to_dict(), "priced_by": resolved.priced_by}
     if args.save:
         with writing("--save", args.save):
             save_plan(plan.with_estimate(data), args.save)

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     model = resolve_model(args.model, args.seq_len)
     resolved = resolve_profiles(cluster)
-    print(resolved.line, file=sys.stderr if args.json else sys.stdout, flush=True)
+    resolved.say(sys.stderr if args.json else sys.stdout)
     if args.lengths:
         if args.compile:
             raise SpecError("--compile", "a strategy pool runs eager (hexiscale train refuses --compile with "
@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     result = search(cluster, model, args.global_batch, config=config, profiles=resolved.profiles,
                     progress=print_progress)
     plan, est = result.plan, result.estimate
+    plan = plan.with_estimate({**(plan.estimate or {}), "priced_by": resolved.priced_by})
     if args.output:
         with writing("-o", args.output):
             save_plan(plan, args.output)

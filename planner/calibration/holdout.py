@@ -12,6 +12,7 @@ calibrate`` gates on (:func:`gate`) and records in the calibration file (``fits.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,7 @@ def held_out_compute(device: DeviceType, base: CostParams, folds: int = DEFAULT_
     for fold in range(k):
         train = [o for o, p in zip(obs, point_of) if p % k != fold]
         test = [o for o, p in zip(obs, point_of) if p % k == fold]
-        fit = fit_terms(base, bounds, lambda prm, t=train: predict_compute(device, prm, t, dtype), [o[4] for o in train])
+        fit = fit_terms(base, bounds, partial(predict_compute, device, obs=train, dtype=dtype), [o[4] for o in train])
         pred = predict_compute(device, fit.params, test, dtype)
         errors.extend(abs(p / o[4] - 1.0) for p, o in zip(pred, test))
     err = np.asarray(errors)

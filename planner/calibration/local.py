@@ -13,7 +13,8 @@ Choice of the cost-model terms for a cluster (one set per estimate): a calibrati
 that applies to any of the cluster's devices (their type, or the measured entry planning it)
 beats a packaged one; among those, the one covering most devices, then the newer; none
 matching: the defaults. :func:`describe` says in one line per estimate which profiles and calibration were used
-and which GPU types have datasheet figures only.
+and which GPU types have datasheet figures only, and in another which calibration priced each node. A
+node's ``calibration:`` field (:mod:`planner.calibration.ref`) picks the calibration over this choice.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from planner.calibration.priced_by import priced_by, priced_by_line
 from planner.catalog import calibration_home, profiles_dir
 from planner.cluster import ClusterSpec
 from planner.cost.params import DEFAULT_PARAMS, CostParams
@@ -38,6 +40,14 @@ class Calibration:
     host: bool  # written by ``hexiscale calibrate`` on this host (not packaged)
     date: str
     fingerprint: str
+    held_out: dict[str, float] | None = None  # fits.compute.held_out: the fit's cross-validated error
+
+    def quality(self) -> str:
+        """`` (held-out error M % mean, W % worst)``, or nothing for a calibration without the figure."""
+        h = self.held_out
+        if not h:
+            return ""
+        return f" (held-out error {h['mean_abs_rel'] * 100:.1f} % mean, {h['max_abs_rel'] * 100:.1f} % worst)"
 
 
 def _read(path: Path, host: bool) -> Calibration | None:
@@ -51,7 +61,19 @@ def _read(path: Path, host: bool) -> Calibration | None:
     if not isinstance(prov, dict):
         prov = {}
     return Calibration(path, tuple(str(k) for k in data["applies_to"]), host, str(prov.get("date", "")),
-                       str(prov.get("host_fingerprint", "")))
+                       str(prov.get("host_fingerprint", "")), _held_out(data))
+
+
+def _held_out(data: dict[str, Any]) -> dict[str, float] | None:
+    fits = data.get("fits")
+    held = fits.get("compute", {}).get("held_out") if isinstance(fits, dict) and isinstance(
+        fits.get("compute"), dict) else None
+    if not isinstance(held, dict):
+        return None
+    try:
+        return {k: float(held[k]) for k in ("mean_abs_rel", "max_abs_rel")}
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def calibrations() -> list[Calibration]:
@@ -70,7 +92,34 @@ def _planned_as(profiles: ProfileSet, gpu: str) -> str:
     return profiles.get(gpu).device.key
 
 
+def named(cluster: ClusterSpec, profiles: ProfileSet) -> Calibration | None:
+    """The calibration the cluster's nodes name (``calibration:``), checked: a readable calibration
+    measured for each naming node's GPU type; one for all of them (one set of cost terms prices an
+    estimate). None when no node names one."""
+    chosen: Calibration | None = None
+    for node in cluster.nodes:
+        if node.calibration is None:
+            continue
+        where = f"nodes.{node.name}.calibration"
+        if chosen is not None and str(chosen.path) != node.calibration:
+            raise SpecError(where, f"names {node.calibration} while another node names {chosen.path}; one set of "
+                            "cost terms prices an estimate", "point every node that names one at the same calibration")
+        cal = chosen or _read(Path(node.calibration), True)
+        if cal is None:
+            raise SpecError(where, f"{node.calibration} is not a calibration (no applies_to list)",
+                            "name a file written by 'hexiscale calibrate'")
+        if node.gpu not in cal.applies_to and _planned_as(profiles, node.gpu) not in cal.applies_to:
+            raise SpecError(where, f"{cal.path} was measured for {', '.join(cal.applies_to) or 'nothing'}, not "
+                            f"{node.gpu}", "point the node at a calibration of its GPU type")
+        chosen = cal
+    return chosen
+
+
 def choose(cluster: ClusterSpec, profiles: ProfileSet) -> Calibration | None:
+    """The calibration the nodes name (:func:`named`), else the best match (module docstring)."""
+    pointed = named(cluster, profiles)
+    if pointed is not None:
+        return pointed
     counts = Counter(d.gpu for d in cluster.devices)
     best: tuple[bool, int, str] | None = None
     chosen = None
@@ -90,6 +139,12 @@ class ResolvedProfiles:
     profiles: ProfileSet
     calibration: Calibration | None
     line: str  # what was used, for the user (one line)
+    priced_by: dict[str, dict[str, Any]]  # per node (planner.calibration.priced_by)
+
+    def say(self, file: TextIO) -> None:
+        """The two lines ``plan``, ``estimate`` and ``whatif`` print: profiles and terms; what priced each node."""
+        print(self.line, file=file, flush=True)
+        print(priced_by_line(self.priced_by), file=file, flush=True)
 
 
 def resolve_profiles(cluster: ClusterSpec, *, params: CostParams | None = None, spec_only: bool = False
@@ -103,7 +158,8 @@ def resolve_profiles(cluster: ClusterSpec, *, params: CostParams | None = None, 
     cal = None if params is not None else choose(cluster, probe)
     chosen = params or (load_params(cal.path) if cal is not None else DEFAULT_PARAMS)
     profiles = ProfileSet(catalog, chosen, prefer_measured=not spec_only)
-    return ResolvedProfiles(profiles, cal, describe(cluster, profiles, cal, params is not None))
+    return ResolvedProfiles(profiles, cal, describe(cluster, profiles, cal, params is not None),
+                            priced_by(cluster, profiles, cal, params is not None))
 
 
 def describe(cluster: ClusterSpec, profiles: ProfileSet, cal: Calibration | None, overridden: bool) -> str:
@@ -124,6 +180,7 @@ def describe(cluster: ClusterSpec, profiles: ProfileSet, cal: Calibration | None
         terms = "default terms (no calibration matches; run 'hexiscale calibrate' on such a host)"
     else:
         terms = f"host calibration {cal.path}" if cal.host else f"packaged calibration '{cal.path.stem}'"
+        terms += cal.quality()
     line = f"profiles: {', '.join(parts)}; cost terms: {terms}"
     if spec_only:
         line += (f". Warning: {', '.join(spec_only)}: datasheet figures only; run 'hexiscale calibrate' on such a "

@@ -68,7 +68,7 @@ def sub_cluster(cluster: ClusterSpec, devices: Sequence[str]) -> tuple[ClusterSp
         ids = sorted(keep.get(node.name, []), key=lambda x: cluster.device(x).local_index)
         if not ids:
             continue
-        nodes.append(Node(node.name, node.gpu, len(ids), node.intra_link))
+        nodes.append(Node(node.name, node.gpu, len(ids), node.intra_link, node.calibration))
         for i, d in enumerate(ids):
             back[f"{node.name}:{i}"] = d
             if d in over:
