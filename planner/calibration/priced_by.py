@@ -12,16 +12,28 @@ GPU type the chosen calibration does not apply to runs on terms measured for ano
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from planner.cluster import ClusterSpec
 from planner.cost.profile_set import ProfileSet
 
-if TYPE_CHECKING:
-    from planner.calibration.local import Calibration
+
+class CalibrationFacts(Protocol):
+    """What is said of a calibration (:class:`planner.calibration.local.Calibration` has it)."""
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def applies_to(self) -> tuple[str, ...]: ...
+    @property
+    def host(self) -> bool: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def held_out(self) -> dict[str, float] | None: ...
 
 
-def priced_by(cluster: ClusterSpec, profiles: ProfileSet, cal: Calibration | None, params_file: bool
+def priced_by(cluster: ClusterSpec, profiles: ProfileSet, cal: CalibrationFacts | None, params_file: bool
               ) -> dict[str, dict[str, Any]]:
     """``{node name: {"profile", "calibration", "host", "held_out", "note"}}`` (module docstring)."""
     out: dict[str, dict[str, Any]] = {}
