@@ -156,8 +156,10 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     start, started_from = _start_params(key)
     res = fit_compute(entry, start)
     held = held_out_compute(entry, start)
+    refused = gate(held, max_held_out)
     params = res.params
-    fits: dict[str, Any] = {"compute": {**res.to_dict(), "held_out": held.to_dict(), "device": key,
+    gated = {**held.to_dict(), "limit_mean_abs_rel": max_held_out, "forced": force and refused is not None}
+    fits: dict[str, Any] = {"compute": {**res.to_dict(), "held_out": gated, "device": key,
                                         "widths": [w["model"]["name"] for w in pf.measured["widths"]]}}
     comm = pf.measured.get("comm")
     if comm and comm.get("fit"):
@@ -183,11 +185,10 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
                                                   if "collective_host" in fits else {})},
                      fits=fits, provenance=provenance, applies_to=applies)
     live = sorted({r["tp"] for r in pf.measured.get("layer", []) if r.get("collectives")})
-    refused = gate(held, max_held_out)
     summary = {"key": key, "profile": str(home / "devices" / out.name),
                "calibration": str(home / "calibration" / cal_path.name), "seconds": elapsed, "fits": fits,
                "provenance": provenance, "live_tps": live, "refused": None if force else refused,
-               "forced": force and refused is not None}
+               "forced": gated["forced"]}
     if summary["refused"] is None:  # install: the measured entry and its calibration, each replaced whole
         for staged in (out, cal_path):
             target = _made(home / staged.parent.name) / staged.name

@@ -41,13 +41,15 @@ class Calibration:
     date: str
     fingerprint: str
     held_out: dict[str, float] | None = None  # fits.compute.held_out: the fit's cross-validated error
+    forced: bool = False  # installed above the held-out limit (calibrate --force)
 
     def quality(self) -> str:
         """`` (held-out error M % mean, W % worst)``, or nothing for a calibration without the figure."""
         h = self.held_out
         if not h:
             return ""
-        return f" (held-out error {h['mean_abs_rel'] * 100:.1f} % mean, {h['max_abs_rel'] * 100:.1f} % worst)"
+        forced = ", installed with --force above the limit" if self.forced else ""
+        return f" (held-out error {h['mean_abs_rel'] * 100:.1f} % mean, {h['max_abs_rel'] * 100:.1f} % worst{forced})"
 
 
 def _read(path: Path, host: bool) -> Calibration | None:
@@ -61,19 +63,20 @@ def _read(path: Path, host: bool) -> Calibration | None:
     if not isinstance(prov, dict):
         prov = {}
     return Calibration(path, tuple(str(k) for k in data["applies_to"]), host, str(prov.get("date", "")),
-                       str(prov.get("host_fingerprint", "")), _held_out(data))
+                       str(prov.get("host_fingerprint", "")), *_held_out(data))
 
 
-def _held_out(data: dict[str, Any]) -> dict[str, float] | None:
+def _held_out(data: dict[str, Any]) -> tuple[dict[str, float] | None, bool]:
+    """``fits.compute.held_out``'s errors and whether ``--force`` installed it (None, False: not recorded)."""
     fits = data.get("fits")
     held = fits.get("compute", {}).get("held_out") if isinstance(fits, dict) and isinstance(
         fits.get("compute"), dict) else None
     if not isinstance(held, dict):
-        return None
+        return None, False
     try:
-        return {k: float(held[k]) for k in ("mean_abs_rel", "max_abs_rel")}
+        return {k: float(held[k]) for k in ("mean_abs_rel", "max_abs_rel")}, held.get("forced") is True
     except (KeyError, TypeError, ValueError):
-        return None
+        return None, False
 
 
 def calibrations() -> list[Calibration]:

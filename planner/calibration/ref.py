@@ -20,11 +20,15 @@ def resolve_calibration_ref(value: str, path: str, base_dir: Path | None) -> str
     ``path`` when there is none."""
     is_file = value.endswith(".json") or "/" in value
     if is_file:
-        target = Path(value).expanduser()
+        target = Path(value)
         target = target if target.is_absolute() else (base_dir or Path.cwd()) / target
     else:
         target = calibration_home() / "calibration" / f"{value}.json"
-    if not target.is_file():
+    try:
+        found = target.is_file()
+    except OSError:  # a name too long for the file system, a component that is not a folder
+        found = False
+    if not found:
         what = "no calibration file" if is_file else "no host calibration with this id"
         raise SpecError(path, f"{what} {value!r} (looked for {target})",
                         "name a calibration file written by 'hexiscale calibrate', or the id of one under "

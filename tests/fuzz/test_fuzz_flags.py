@@ -77,6 +77,8 @@ FLAGS: list[tuple[list[str], str, type, Callable[[Any], bool], bool, str]] = [
     (PROFILE, "--tp", int, ints(1, 64), False, "{}"),
     (["calibrate", "--cpu", "--quiet", "--home", "TMP"], "--comm-ranks", int, ints(0, 64), False, "{}"),
     (["calibrate", "--cpu", "--quiet", "--home", "TMP"], "--seq-len", int, ints(1, BIG), False, "{}"),
+    (["calibrate", "--cpu", "--quiet", "--home", "TMP"], "--max-held-out-error", float, floats(0, 1e4, True), False,
+     "{}"),
     (["convert", "--from-flags", "--cluster", CLUSTER, "--model", "tiny", "--hetero_configs", "[[2], [1, 2, 1]]",
       "--layer_partitions", "[[4], [1, 2, 1]]", "--global_bsz_size", "5", "3", "--chunks", "2", "3"],
      "--seq-len", int, ints(1, BIG), True, "{}"),

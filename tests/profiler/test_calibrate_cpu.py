@@ -44,6 +44,7 @@ def test_calibrate_then_plan_and_estimate_use_it(tmp_path: Path) -> None:
     assert set(cal["fits"]["compute"]["terms"]) >= {"gemm_efficiency", "gemm_half_dim", "memory_efficiency"}
     held = cal["fits"]["compute"]["held_out"]
     assert held["folds"] == 5 and held["observations"] == cal["fits"]["compute"]["observations"]
+    assert held["forced"] is True and held["limit_mean_abs_rel"] == 0.10 < held["mean_abs_rel"]
     # the layer at TP 2 live on two gloo ranks, with its all-reduces: flagged rows beside the shard-only
     # ones (which the roofline fit keeps using), at the table's micro-batches
     layer = entry["measured"]["layer"]
@@ -73,7 +74,8 @@ def test_calibrate_then_plan_and_estimate_use_it(tmp_path: Path) -> None:
     line = run.stdout.splitlines()[0]
     assert line.startswith("profiles: cpu-measured (cpu-measured: measured ") and "rtx4090 (datasheet)" in line
     assert f"host calibration {home / 'calibration' / 'cpu-measured.json'} (held-out error " \
-           f"{held['mean_abs_rel'] * 100:.1f} % mean, {held['max_abs_rel'] * 100:.1f} % worst)" in line
+           f"{held['mean_abs_rel'] * 100:.1f} % mean, {held['max_abs_rel'] * 100:.1f} % worst, installed with " \
+           "--force above the limit)" in line
     assert "Warning: rtx4090: datasheet figures only" in line
     run = hexiscale("estimate", str(plan), "--cluster", str(cluster), "--json", home=home)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -78,6 +78,7 @@ def test_a_fit_that_predicts_held_out_timings_is_installed_with_its_held_out_err
     assert "held out (5-fold: fitted without them): mean error" in out and "wrote " in out
     held = json.loads((tmp_path / "calibration" / "cpu-measured.json").read_text())["fits"]["compute"]["held_out"]
     assert held["folds"] == 5 and held["observations"] == 2 * len(SHAPES) and held["mean_abs_rel"] < 0.02
+    assert held["forced"] is False and held["limit_mean_abs_rel"] == 0.10
     assert (tmp_path / "devices" / "cpu-measured.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calibration", "devices"]  # no staging left behind
 
@@ -93,6 +94,6 @@ def test_a_fit_that_cannot_predict_held_out_timings_is_refused_unless_forced(
     assert calibrate_cli(tmp_path, "--force") == 0
     assert "installed despite the held-out error (--force" in capsys.readouterr().out
     held = json.loads((tmp_path / "calibration" / "cpu-measured.json").read_text())["fits"]["compute"]["held_out"]
-    assert held["mean_abs_rel"] > 0.10
+    assert held["mean_abs_rel"] > 0.10 and held["forced"] is True
     # a looser limit accepts the same fit without --force
     assert calibrate_cli(tmp_path, "--max-held-out-error", "1000") == 0

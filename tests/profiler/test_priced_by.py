@@ -92,8 +92,9 @@ def test_a_bad_calibration_field_is_one_line_naming_it(tmp_path: Path, home: Pat
     with pytest.raises(SpecError, match=r"mixed.yaml:3: nodes\[0\].calibration: no host calibration with this "
                        r"id 'nope' .*hint: name a calibration file"):
         load_cluster(cluster_file(tmp_path, ", calibration: nope"))
-    with pytest.raises(SpecError, match=r"nodes\[1\].calibration: no calibration file 'x/missing.json'"):
-        load_cluster(cluster_file(tmp_path, h200_extra=", calibration: x/missing.json"))
+    for bad in ("x/missing.json", "~nouser/h100.json", "y" * 5000 + ".json", "mixed.yaml/h100.json"):
+        with pytest.raises(SpecError, match=rf"nodes\[1\].calibration: no calibration file '{bad[:20]}"):
+            load_cluster(cluster_file(tmp_path, h200_extra=f", calibration: {bad}"))
     with pytest.raises(SpecError, match=r"nodes.b.calibration: .*h100.json was measured for h100-sxm, "
                        r"not h200-measured"):
         resolve_profiles(load_cluster(cluster_file(tmp_path, h200_extra=", calibration: h100")))
