@@ -57,7 +57,14 @@ from planner.cluster import ClusterSpec
 from planner.cost.communicators import communicators
 from planner.cost.gradsync import sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
-from planner.cost.memory import GIB, ZERO_BUCKET_NUMEL, MemoryBreakdown, partial_params, stage_memory, stage_params
+from planner.cost.memory import (
+    GIB,
+    ZERO_BUCKET_NUMEL,
+    MemoryBreakdown,
+    partial_params_table,
+    stage_memory,
+    stage_params,
+)
 from planner.cost.profile_set import ProfileSet
 from planner.cost.schedule import held_with_grads, in_flight
 from planner.cost.sim_timeline import simulated_timeline, stage_lane
@@ -274,6 +281,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     oom: list[dict[str, Any]] = []
     optimizer: dict[str, float] = {}
     comms = communicators(plan)
+    partial = partial_params_table(plan)
     lanes: list[Lane] = []
     for pi, pipe in enumerate(plan.pipelines):
         est, b, pipe_lanes = _pipeline(plan, pi, cluster, profiles, record=timeline)
@@ -294,7 +302,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
                     layer_activation=None if o.compile and o.recompute == "none" else prof.activation_bytes(
                         "layer", m, mb, st.tp, o.dtype, o.recompute),
                     head_activation=prof.activation_bytes("head", m, mb, st.tp, o.dtype) if last else None,
-                    held_with_grads=with_grads, pipelines=n_pipes, partial=partial_params(plan, pi, si),
+                    held_with_grads=with_grads, pipelines=n_pipes, partial=partial[pi][si],
                     compile=o.compile)
             n_params = stage_params(m, st.num_layers, st.tp, first, last) / zero_shards
             n_tensors = stage_tensors(m, st.num_layers, first, last)

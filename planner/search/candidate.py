@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner.cluster import Link
-from planner.cost.memory import GIB, partial_params
+from planner.cost.memory import GIB, partial_params_table
 from planner.cost.schedule import in_flight
 from planner.layout import embed_param, finest_slices, head_params, layer_numel
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
@@ -190,14 +190,20 @@ def stage_bytes(oracle: Oracle, cand: Candidate, plan: Plan) -> list[list[float]
     """The surrogate's memory of every stage of a refined candidate (``plan``: its plan): the linear
     cost at the stage's layer count, plus the copies of the shards that the other pipelines' TP
     degrees cut into several sync slices (:meth:`Oracle.copy_bytes`; the split does not see them,
-    they depend on every pipeline's split)."""
+    they depend on every pipeline's split). Priced once per pipeline type (units, links, split and
+    micro-batches), the cut shards once per plan (:func:`partial_params_table`)."""
     k = len(cand.layouts)
+    partial = partial_params_table(plan)
     out = []
+    seen: dict[tuple[object, ...], list[float]] = {}
     for pi, lay in enumerate(cand.layouts):
-        costs = stage_costs(oracle, lay.units, lay.micro_batches, cand.setting, k)
-        out.append([c.fixed_bytes + c.per_layer_bytes * n
-                    + oracle.copy_bytes(partial_params(plan, pi, si), cand.setting, k)
-                    for si, (c, n) in enumerate(zip(costs, lay.counts))])
+        key = (tuple(u.signature for u in lay.units), _links(oracle, lay.units), lay.counts, lay.micro_batches)
+        hit = seen.get(key)
+        if hit is None:
+            costs = stage_costs(oracle, lay.units, lay.micro_batches, cand.setting, k)
+            hit = seen[key] = [c.fixed_bytes + c.per_layer_bytes * n + oracle.copy_bytes(x, cand.setting, k)
+                               for c, n, x in zip(costs, lay.counts, partial[pi])]
+        out.append(hit)
     return out
 
 
