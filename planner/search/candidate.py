@@ -89,6 +89,7 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
     """Refine and price one structure (module docstring). The rounds split the batch by bisection
     (:func:`.batch_split.waterfill`); ``use_ilp`` then solves the best round's batch split as the ILP
     (the same min-max; kept when it is not worse)."""
+    oracle.stats.refinements += 1
     cand = Candidate([list(p) for p in pipelines], s)
     L = oracle.model.num_layers
     k = len(pipelines)
@@ -194,6 +195,7 @@ def stage_bytes(oracle: Oracle, cand: Candidate, plan: Plan) -> list[list[float]
     micro-batches), the cut shards once per plan (:func:`partial_params_table`)."""
     k = len(cand.layouts)
     partial = partial_params_table(plan)
+    oracle.stats.partial_params += 1
     out = []
     seen: dict[tuple[object, ...], list[float]] = {}
     for pi, lay in enumerate(cand.layouts):

@@ -40,6 +40,7 @@ from planner.search.candidate import Candidate
 from planner.search.graph import Unit, merge_units, split_unit
 from planner.search.oracle import Setting
 from planner.search.stages import order_units, tp_choices
+from planner.search.stats import SearchStats
 
 MOVES_PER_ROUND = 24
 PATIENCE = 3
@@ -270,7 +271,7 @@ POLISH_ESTIMATES = 12
 
 
 def polish_layers(plan: Plan, est: Estimate, *, cluster: ClusterSpec, profiles: ProfileSet,
-                  log: list[str]) -> tuple[Plan, Estimate]:
+                  log: list[str], stats: SearchStats | None = None) -> tuple[Plan, Estimate]:
     """Move single layers between stages while the full cost-model estimate improves.
 
     The refinement's layer split is exact for the closed-form schedule; the estimate simulates
@@ -306,6 +307,8 @@ def polish_layers(plan: Plan, est: Estimate, *, cluster: ClusterSpec, profiles: 
                 trial = _with_counts(plan, members, counts)
                 calls += 1
                 trial_est = estimate(trial, cluster, profiles)
+                if stats is not None:
+                    stats.estimates += 1
                 if trial_est.fits and trial_est.step_time_s < est.step_time_s * (1 - 1e-6):
                     log.append(f"layer polish: {est.step_time_s:.4f} -> {trial_est.step_time_s:.4f} s")
                     plan, est, improved = trial, trial_est, True

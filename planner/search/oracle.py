@@ -32,6 +32,7 @@ from planner.layout import stage_tensors
 from planner.model import ModelSpec
 from planner.search.graph import Unit, slowest_link_among
 from planner.search.layer_split import StageCost
+from planner.search.stats import SearchStats
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class Oracle:
         self._sync_cache: dict[tuple[object, ...], tuple[float, float]] = {}
         self._slowest: dict[frozenset[str], Link | None] = {}
         self.type_cache: dict[tuple[object, ...], Any] = {}  # per pipeline type, see candidate._refine_type
+        self.stats = SearchStats()  # the search's work counters (planner.search.stats)
 
     def node_link(self, a: str, b: str) -> Link:
         """``cluster.node_link``, cached."""
@@ -103,12 +105,14 @@ class Oracle:
         them (the activation to ``nxt`` in the forward, the gradient to ``prev`` in the backward).
         Memory (cached per TP degree, position, in-flight count and setting): from
         :func:`planner.cost.memory.stage_memory`, which is linear in the layer count."""
+        self.stats.oracle_calls += 1
         link_prev = self.node_link(prev.node, unit.node) if prev is not None else None
         link_next = self.node_link(unit.node, nxt.node) if nxt is not None else None
         tkey = (unit.signature, first, last, link_prev, prev.tp if prev else 0, link_next, nxt.tp if nxt else 0,
                 s.micro_batch, s.recompute, s.dtype)
         times = self._time_cache.get(tkey)
         if times is None:
+            self.stats.oracle_misses += 1
             t0 = self.stage_seconds(unit, 0, first, last, s)
             t1 = self.stage_seconds(unit, 1, first, last, s)
             fixed = t0 + (self.send_seconds(unit, nxt, s) if nxt is not None else 0.0)
@@ -119,6 +123,7 @@ class Oracle:
                 s.compile)
         mem = self._mem_cache.get(mkey)
         if mem is None:
+            self.stats.oracle_misses += 1
             kw = dict(tp=unit.tp, first=first, last=last, micro_batch=s.micro_batch, in_flight=in_flight,
                       dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=self.params,
                       compile=s.compile)

@@ -62,6 +62,7 @@ from planner.search.local_search import Climb, improve, polish_layers
 from planner.search.oracle import Oracle, Setting
 from planner.search.partition import MetisGraph, chunk, unit_classes
 from planner.search.stages import node_kinds, order_stages, order_units, seed_numbering, tp_choices, tp_templates
+from planner.search.stats import SearchStats
 
 METIS_MAX_UNITS = 512
 TOP_STRUCTURES = 2
@@ -80,6 +81,7 @@ class SearchResult:
     evaluations: int = 0
     elapsed_s: float = 0.0
     cut_short: bool = False
+    stats: SearchStats = field(default_factory=SearchStats)
 
 
 class Search:
@@ -122,6 +124,7 @@ class Search:
             return hit
         self.check_budget()
         self.evaluations += 1
+        self.oracle.stats.candidates += 1
         cand = evaluate(self.oracle, pipelines, s, self.B, explain=len(self.problems) < 5)
         self.cache[key] = cand
         if not cand.feasible and len(self.problems) < 5 and cand.problem:
@@ -326,6 +329,7 @@ class Search:
                 continue
             plan = seed_numbering(to_plan(c, self.oracle, self.B, self.cluster.name), self.cluster)
             est = estimate(plan, self.fast, self.profiles)
+            self.oracle.stats.estimates += 1
             self.log.append(f"finalist {len(c.pipelines)} pipelines {c.setting.label()}: surrogate "
                             f"{c.step_s:.4f} s, estimate {est.step_time_s:.4f} s{'' if est.fits else ' (OOM)'}")
             if est.fits and (best is None or est.step_time_s < best[0] - 1e-12):
@@ -336,12 +340,13 @@ class Search:
             raise self.infeasible()
         _, plan, est, cand = best
         if self.config.polish:
-            plan, est = polish_layers(plan, est, cluster=self.fast, profiles=self.profiles, log=self.log)
+            plan, est = polish_layers(plan, est, cluster=self.fast, profiles=self.profiles, log=self.log,
+                                      stats=self.oracle.stats)
         elapsed = time.perf_counter() - self.start
         if self.cut_short:
             self.log.append(f"time limit {self.config.time_limit_s:g} s reached: the result may depend on speed")
         return SearchResult(plan.with_estimate(est.to_dict()), est, cand, self.log, self.evaluations, elapsed,
-                            self.cut_short)
+                            self.cut_short, self.oracle.stats)
 
 
 def _rank(c: Candidate) -> tuple[float, int]:
