@@ -36,7 +36,11 @@ Algorithm (every step deterministic for a fixed ``seed``):
    boundaries while the full estimate improves (:func:`.local_search.polish_layers`).
 
 The search spends a deterministic budget of evaluations; ``time_limit_s`` only stops it early
-(then the result can depend on the machine's speed; the log says so).
+(then the result can depend on the machine's speed; the log says so). The limit is wall time for
+the whole search, the finish included: past it, no new structure is scored once one fits, the
+finalists skip the ILP, only the first finalist that fits gets the full estimate, and the layer
+polish stops; the best plan so far is returned with ``cut_short`` set and a note in the log. The
+clock is injectable (``clock``), so the cut is tested without timing anything.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from planner.cluster import ClusterSpec
@@ -88,7 +92,12 @@ class Search:
     """One planning run (holds the oracle, the budget and the cache of evaluated structures)."""
 
     def __init__(self, cluster: ClusterSpec, model: ModelSpec, global_batch: int, config: PlannerConfig,
-                 profiles: ProfileSet | None = None):
+                 profiles: ProfileSet | None = None, *, clock: Callable[[], float] = time.perf_counter,
+                 started: float | None = None, must_find: bool = True):
+        """``clock``: seconds (the time limit's clock); ``started``: when the limit began on that clock
+        (default now; the CLI passes its own start); ``must_find``: past the limit, keep scoring until
+        one structure fits (a plan is always returned when one fits; the relaxed searches of
+        :mod:`.explain` pass False)."""
         config.check()
         if global_batch < 1:
             raise SpecError("--global-batch", f"must be >= 1, got {global_batch}", "give the samples per step")
@@ -101,8 +110,11 @@ class Search:
             PlanOptions(dtype=config.dtype, residual_dtype=config.residual_dtype))
         self.oracle = Oracle(cluster, model, self.profiles)
         self.fast = fast_cluster(cluster)  # same links, faster group queries (for the full estimate)
-        self.start = time.perf_counter()
+        self.clock = clock
+        self.start = clock() if started is None else started
         self.deadline = self.start + config.time_limit_s
+        self.must_find = must_find
+        self.found = False  # a feasible candidate exists
         self.evaluations = 0
         self.cut_short = False
         self.cache: dict[tuple[object, ...], Candidate] = {}
@@ -113,9 +125,14 @@ class Search:
     def check_budget(self) -> None:
         if self.evaluations >= self.config.max_evaluations:
             raise BudgetSpent
-        if time.perf_counter() > self.deadline:
-            self.cut_short = True
+        if (self.found or not self.must_find) and self.past_deadline():
             raise BudgetSpent
+
+    def past_deadline(self) -> bool:
+        """The time limit is spent (and the search is then cut short)."""
+        if self.clock() > self.deadline:
+            self.cut_short = True
+        return self.cut_short
 
     def evaluate(self, pipelines: Sequence[Sequence[Unit]], s: Setting) -> Candidate:
         key = (tuple(tuple(u.devices for u in p) for p in pipelines), s)
@@ -127,6 +144,7 @@ class Search:
         self.oracle.stats.candidates += 1
         cand = evaluate(self.oracle, pipelines, s, self.B, explain=len(self.problems) < 5)
         self.cache[key] = cand
+        self.found = self.found or cand.feasible
         if not cand.feasible and len(self.problems) < 5 and cand.problem:
             self.problems.append(cand.problem)
         return cand
@@ -308,7 +326,8 @@ class Search:
     def infeasible(self) -> PlanInfeasible:
         """Nothing fits: the error naming the smallest change that would (:mod:`.explain`)."""
         def step_time_with(config: PlannerConfig) -> float:
-            return Search(self.cluster, self.model, self.B, config, self.profiles).run().estimate.step_time_s
+            return Search(self.cluster, self.model, self.B, config, self.profiles, clock=self.clock,
+                          started=self.start, must_find=False).run().estimate.step_time_s
 
         return infeasible(cluster=self.cluster, model=self.model, global_batch=self.B, config=self.config,
                           oracle=self.oracle, problems=self.problems, solve=step_time_with)
@@ -319,6 +338,9 @@ class Search:
         finalists = _distinct(sorted(pool, key=_rank), self.config.finalists)
         refined = []
         for cand in finalists:
+            if self.past_deadline():  # the bisection's batch split stands
+                refined.append(cand)
+                continue
             r = evaluate(self.oracle, cand.pipelines, cand.setting, self.B, use_ilp=True)
             refined.append(r if r.feasible and r.step_s <= cand.step_s else cand)
         refined.sort(key=_rank)
@@ -334,17 +356,18 @@ class Search:
                             f"{c.step_s:.4f} s, estimate {est.step_time_s:.4f} s{'' if est.fits else ' (OOM)'}")
             if est.fits and (best is None or est.step_time_s < best[0] - 1e-12):
                 best = (est.step_time_s, plan, est, c)
-            if best is not None and not small:
+            if best is not None and (not small or self.past_deadline()):
                 break
         if best is None:
             raise self.infeasible()
         _, plan, est, cand = best
         if self.config.polish:
             plan, est = polish_layers(plan, est, cluster=self.fast, profiles=self.profiles, log=self.log,
-                                      stats=self.oracle.stats)
-        elapsed = time.perf_counter() - self.start
+                                      stats=self.oracle.stats, stop=self.past_deadline)
+        elapsed = self.clock() - self.start
         if self.cut_short:
-            self.log.append(f"time limit {self.config.time_limit_s:g} s reached: the result may depend on speed")
+            self.log.append(f"time limit {self.config.time_limit_s:g} s reached: the search was cut short and "
+                            "this is the best plan found so far (it may depend on the machine's speed)")
         return SearchResult(plan.with_estimate(est.to_dict()), est, cand, self.log, self.evaluations, elapsed,
                             self.cut_short, self.oracle.stats)
 
@@ -400,9 +423,12 @@ def make_plan(cluster: ClusterSpec, model: ModelSpec, global_batch: int, *, conf
 
 
 def search(cluster: ClusterSpec, model: ModelSpec, global_batch: int, *, config: PlannerConfig | None = None,
-           profiles: ProfileSet | None = None, start: Sequence[Sequence[Unit]] | None = None) -> SearchResult:
-    """:func:`make_plan` with the search's log, candidate and counters (``start``: see :meth:`Search.run`)."""
-    return Search(cluster, model, global_batch, config or PlannerConfig(), profiles).run(start)
+           profiles: ProfileSet | None = None, start: Sequence[Sequence[Unit]] | None = None,
+           clock: Callable[[], float] = time.perf_counter, started: float | None = None) -> SearchResult:
+    """:func:`make_plan` with the search's log, candidate and counters (``start``: see :meth:`Search.run`;
+    ``clock`` and ``started``: the time limit's clock and start, see :class:`Search`)."""
+    return Search(cluster, model, global_batch, config or PlannerConfig(), profiles, clock=clock,
+                  started=started).run(start)
 
 
 __all__ = ["PlanInfeasible", "PlannerConfig", "Search", "SearchResult", "make_plan", "search"]
