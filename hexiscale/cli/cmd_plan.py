@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
                          f"bottleneck: pipeline {b['pipeline']} stage {b['stage']} ({b['term']})"))
     terms = ", ".join(f"{k} {v:.3f}" for k, v in est.breakdown.items())
     console.print(f"breakdown (s, slowest pipeline's bottleneck stage): {terms}", highlight=False)
+    if result.idle:
+        console.print(result.idle, highlight=False, soft_wrap=True)
     peak = max(est.memory_gib.values())
     console.print(f"peak memory {peak:.1f} GiB; searched {result.evaluations} candidates in "
                   f"{result.elapsed_s:.2f} s{' (time limit reached)' if result.cut_short else ''}", highlight=False)

@@ -49,6 +49,7 @@ import dataclasses
 import itertools
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -62,6 +63,7 @@ from planner.search.candidate import Candidate, evaluate, to_plan
 from planner.search.config import PlannerConfig
 from planner.search.explain import infeasible
 from planner.search.graph import Unit, fast_cluster, make_units, unit_graph
+from planner.search.idle import idle_note
 from planner.search.local_search import Climb, improve, polish_layers
 from planner.search.oracle import Oracle, Setting
 from planner.search.partition import MetisGraph, chunk, unit_classes
@@ -74,6 +76,7 @@ FINE_K = (0.6, 0.75, 0.85, 1.15, 1.3, 1.5)
 ARC_UNITS = 24  # ring splits into 2 pipelines up to this many units
 ARC3_UNITS = 12  # and into 3 up to this many
 FULL_ESTIMATE_DEVICES = 256  # above this only the best finalist that fits gets the full estimate
+SMALL_DEVICES = 64  # up to this many devices the leave-out sweeps try the coarse pipeline-count grid
 
 
 @dataclass
@@ -86,6 +89,7 @@ class SearchResult:
     elapsed_s: float = 0.0
     cut_short: bool = False
     stats: SearchStats = field(default_factory=SearchStats)
+    idle: str | None = None  # which devices the plan leaves out and why (:func:`.idle.idle_note`)
 
 
 class Search:
@@ -115,6 +119,8 @@ class Search:
         self.deadline = self.start + config.time_limit_s
         self.must_find = must_find
         self.found = False  # a feasible candidate exists
+        self.best_all = math.inf  # the best surrogate step time of a structure using every device
+        self.capped = False  # the batch cap (usable) left units out
         self.evaluations = 0
         self.cut_short = False
         self.cache: dict[tuple[object, ...], Candidate] = {}
@@ -145,6 +151,8 @@ class Search:
         cand = evaluate(self.oracle, pipelines, s, self.B, explain=len(self.problems) < 5)
         self.cache[key] = cand
         self.found = self.found or cand.feasible
+        if cand.feasible and cand.step_s < self.best_all and _devices(cand) == self.cluster.num_devices:
+            self.best_all = cand.step_s
         if not cand.feasible and len(self.problems) < 5 and cand.problem:
             self.problems.append(cand.problem)
         return cand
@@ -236,6 +244,25 @@ class Search:
         best = min(pool, key=_rank)
         self.log.append(f"after ring splits: {len(best.pipelines)} pipelines, {best.step_s:.4f} s")
 
+    def leave_out(self, pool: list[Candidate]) -> None:
+        """Sweep the best template on the cluster without each node kind (GPU type and count) and
+        without each node group, every partitioner; the coarse pipeline-count grid up to
+        ``SMALL_DEVICES`` devices, else the best count scaled to the devices kept, halved and
+        doubled. :meth:`idle_note` explains the devices a plan leaves out."""
+        subsets = _leave_out_subsets(self.cluster)
+        if not subsets:
+            return
+        best = min(pool, key=_rank)
+        _, template = best.origin
+        k_best = len(best.pipelines)
+        for label, nodes in subsets:
+            kept = self.cluster.num_devices - sum(self.cluster.node(n).gpus for n in nodes)
+            ks = None
+            if self.cluster.num_devices > SMALL_DEVICES:
+                k = max(1, round(k_best * kept / self.cluster.num_devices))
+                ks = sorted({max(1, k // 2), k, k * 2})
+            self.sweep(template, ks, pool, f"without {label}", leave_out=nodes)
+
     def usable(self, units: list[Unit]) -> list[Unit]:
         """All units, unless the batch cannot use them all: at most ``B`` pipelines of at most ``L``
         stages each; then the ``B·L`` units with the most compute (re-indexed, node order kept)."""
@@ -243,6 +270,7 @@ class Search:
         if len(units) <= cap:
             return units
         keep = sorted(sorted(units, key=lambda u: (-u.compute, u.index))[:cap], key=lambda u: u.index)
+        self.capped = True
         if not any("leaves devices idle" in line for line in self.log):
             self.log.append(f"global batch {self.B} x {self.model.num_layers} layers leaves devices idle: "
                             f"planning on the {cap} fastest stage groups")
@@ -252,8 +280,12 @@ class Search:
         return [[units[i] for i in order_stages(self.cluster, units, p)] for p in parts if p]
 
     def sweep(self, template: dict[str, int], ks: Sequence[int] | None, pool: list[Candidate], label: str,
-              only: str | None = None) -> None:
-        units = self.usable(make_units(self.cluster, template, self.config.dtype))
+              only: str | None = None, leave_out: frozenset[str] = frozenset()) -> None:
+        """Score the structures of ``template`` (``leave_out``: nodes whose units are not used)."""
+        units = make_units(self.cluster, template, self.config.dtype)
+        if leave_out:
+            units = [dataclasses.replace(u, index=j) for j, u in enumerate(u for u in units if u.node not in leave_out)]
+        units = self.usable(units)
         for name, pipes in self.structures(units, ks if ks is not None else self.k_grid(len(units)), only):
             cand = self.score_structure(pipes)
             cand.origin = (name, template)
@@ -296,6 +328,9 @@ class Search:
                 only = name if self.cluster.num_devices > 64 else None  # large: the best partitioner only
                 for variant in _variations(self.cluster, self.model, template):
                     self.sweep(variant, [k_best], pool, f"tp={_template_label(self.cluster, variant)}", only)
+                # L: leave out one node kind or node group at a time (a slow link or slow GPUs can
+                # slow the whole job down), with the best template
+                self.leave_out(pool)
         except BudgetSpent:
             self.log.append("structure search stopped by the budget")
         if not pool:
@@ -364,12 +399,39 @@ class Search:
         if self.config.polish:
             plan, est = polish_layers(plan, est, cluster=self.fast, profiles=self.profiles, log=self.log,
                                       stats=self.oracle.stats, stop=self.past_deadline)
+        note = idle_note(self.cluster, plan, structure={d for p in cand.pipelines for u in p for d in u.devices},
+                         capped=self.capped, best_all_s=self.best_all, chosen_s=cand.step_s, global_batch=self.B)
+        if note:
+            self.log.append(note)
         elapsed = self.clock() - self.start
         if self.cut_short:
             self.log.append(f"time limit {self.config.time_limit_s:g} s reached: the search was cut short and "
                             "this is the best plan found so far (it may depend on the machine's speed)")
         return SearchResult(plan.with_estimate(est.to_dict()), est, cand, self.log, self.evaluations, elapsed,
-                            self.cut_short, self.oracle.stats)
+                            self.cut_short, self.oracle.stats, note)
+
+
+def _leave_out_subsets(cluster: ClusterSpec) -> list[tuple[str, frozenset[str]]]:
+    """Nodes to leave out, one set at a time: each node kind, and each node group, one of every set of
+    groups alike (the same node kinds and link: leaving out one rack of 64 identical ones is the same
+    question as any other); never every node."""
+    out: dict[frozenset[str], str] = {}
+    kinds = node_kinds(cluster)
+    if len(kinds) > 1:
+        for (gpu, gpus), names in kinds.items():
+            out.setdefault(frozenset(names), f"the {len(names)} {gpu} x{gpus} node(s)")
+    alike: set[tuple[object, ...]] = set()
+    for g in cluster.groups:
+        shape = (tuple(sorted(Counter((cluster.node(n).gpu, cluster.node(n).gpus) for n in g.nodes).items())), g.link)
+        if shape not in alike:
+            alike.add(shape)
+            out.setdefault(frozenset(g.nodes), f"group {g.name}")
+    everything = frozenset(n.name for n in cluster.nodes)
+    return [(label, nodes) for nodes, label in out.items() if nodes and nodes != everything]
+
+
+def _devices(c: Candidate) -> int:
+    return sum(u.tp for lay in c.layouts for u in lay.units)
 
 
 def _rank(c: Candidate) -> tuple[float, int]:
