@@ -203,8 +203,8 @@ def stage_bytes(oracle: Oracle, cand: Candidate, plan: Plan) -> list[list[float]
         hit = seen.get(key)
         if hit is None:
             costs = stage_costs(oracle, lay.units, lay.micro_batches, cand.setting, k)
-            hit = seen[key] = [c.fixed_bytes + c.per_layer_bytes * n + oracle.copy_bytes(x, cand.setting, k)
-                               for c, n, x in zip(costs, lay.counts, partial[pi])]
+            hit = seen[key] = [c.fixed_bytes + c.per_layer_bytes * n + oracle.copy_bytes(x, cand.setting, k, u.gpu)
+                               for u, c, n, x in zip(lay.units, costs, lay.counts, partial[pi])]
         out.append(hit)
     return out
 

@@ -119,15 +119,16 @@ class Oracle:
             fixed += self.send_seconds(unit, prev, s) if prev is not None else 0.0
             times = self._time_cache[tkey] = (t1 - t0, fixed)
         shards = zero_shards if s.zero else 1
+        device_params = self.profiles.params_for(unit.gpu)  # overhead terms per GPU type
         mkey = (unit.tp, unit.memory_gib, first, last, in_flight, s.micro_batch, s.recompute, s.dtype, shards,
-                s.compile)
+                s.compile, device_params)
         mem = self._mem_cache.get(mkey)
         if mem is None:
             self.stats.oracle_misses += 1
             kw = dict(tp=unit.tp, first=first, last=last, micro_batch=s.micro_batch, in_flight=in_flight,
-                      dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=self.params,
+                      dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=device_params,
                       compile=s.compile)
-            comm = stage_communicators(unit.tp, first, last) * self.params.comm_gib * GIB
+            comm = stage_communicators(unit.tp, first, last) * device_params.comm_gib * GIB
             mem0 = stage_memory(self.model, layers=0, **kw).required + comm  # type: ignore[arg-type]
             mem1 = stage_memory(self.model, layers=1, **kw).required + comm  # type: ignore[arg-type]
             mem = self._mem_cache[mkey] = StageCost(times[0], times[1], mem1 - mem0, mem0, unit.memory_gib * GIB)
@@ -135,14 +136,14 @@ class Oracle:
             mem = StageCost(times[0], times[1], mem.per_layer_bytes, mem.fixed_bytes, mem.capacity_bytes)
         return mem
 
-    def copy_bytes(self, elements: float, s: Setting, pipelines: int) -> float:
+    def copy_bytes(self, elements: float, s: Setting, pipelines: int, gpu: str) -> float:
         """Bytes a device holds for ``elements`` of its shards cut into several sync slices
         (:func:`planner.cost.memory.partial_params`): their own gradients, and under ZeRO-1 their own
         weights, beside their slots in the flat buffers (fragmentation included)."""
         if pipelines <= 1 or elements <= 0:
             return 0.0
         cut = state_bytes(0.0, pipelines=pipelines, zero_shards=pipelines if s.zero else 1, partial=elements)
-        return (cut.weights + cut.gradients) * (1 + self.params.fragmentation)
+        return (cut.weights + cut.gradients) * (1 + self.profiles.params_for(gpu).fragmentation)
 
     # ------------------------------------------------------------------ per step
     def allreduce_s(self, nbytes: float, ranks: int, link: Link | None) -> float:
