@@ -1,7 +1,9 @@
 """``hexiscale plan CLUSTER --model NAME|config.json --global-batch N``: search the best plan.
 
 Prints the plan table, the cost model's estimate (step time, tokens/s, MFU, breakdown,
-bottleneck) and the seed-style flags of the plan; ``-o`` writes the plan (estimate embedded);
+bottleneck) and the seed-style flags of the plan (up to ``SEED_FLAGS_CHARS`` characters, else their
+length; ``--seed-flags`` prints them whatever their length: on an 8,192-GPU cluster they run to
+100 KB); ``-o`` writes the plan (estimate and the calibration of each GPU type embedded);
 ``--explain`` adds the search log (structures, settings, local-search steps, finalists) and the
 estimate's per-stage tables; ``--plot DIR`` writes the plan map and the simulated step as PNGs.
 The search is :func:`planner.search.planner.search`. With ``--lengths HISTOGRAM --step-tokens N``
@@ -26,6 +28,8 @@ from planner.plan import MAX_GLOBAL_BATCH, plan_to_dict, save_plan
 from planner.ranges import check_int, check_number
 from planner.seed_flags import plan_to_flags
 
+SEED_FLAGS_CHARS = 4000
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("plan", help="search the best plan for a model on a cluster")
@@ -41,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--seed", type=int, default=0, help="seed of the partitioner and the local search")
     p.add_argument("--explain", action="store_true", help="print the search log and per-stage estimate")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
+    p.add_argument("--seed-flags", action="store_true", dest="seed_flags",
+                   help=f"print the seed-style flags whatever their length (default: up to {SEED_FLAGS_CHARS:,} "
+                   "characters)")
     p.add_argument("--plot", metavar="DIR", help=f"write {PLAN_MAP} and {SIMULATED} (the simulated step) to DIR")
     p.add_argument("--lengths", help="mixed-length data: a length histogram (hexiscale.lengths/1 JSON) or "
                    "synthetic:NAME; proposes a strategy pool per length bucket (-o writes the pool)")
@@ -110,8 +117,12 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"peak memory {peak:.1f} GiB; searched {result.evaluations} candidates in "
                   f"{result.elapsed_s:.2f} s{' (time limit reached)' if result.cut_short else ''}", highlight=False)
     try:
-        flags = plan_to_flags(plan, cluster)
-        console.print("seed-style flags: " + flags.as_command_line(), highlight=False, soft_wrap=True)
+        line = plan_to_flags(plan, cluster).as_command_line()
+        if len(line) <= SEED_FLAGS_CHARS or args.seed_flags:
+            console.print("seed-style flags: " + line, highlight=False, soft_wrap=True)
+        else:
+            console.print(f"seed-style flags: {len(line):,} characters (--seed-flags prints them; -o writes the "
+                          "plan, which the executor takes with --plan)", highlight=False)
     except SpecError as exc:
         console.print(f"seed-style flags: not expressible ({exc})", highlight=False, soft_wrap=True)
     if args.output:
