@@ -116,6 +116,7 @@ bytes (``CostParams``).
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 
 from planner.cost.ops import GRAD_BYTES, Numerics
@@ -217,8 +218,17 @@ def partial_params_table(plan: Plan) -> list[list[float]]:
     pipes = plan.pipelines
     if len(pipes) < 2:
         return [[0.0] * len(p.stages) for p in pipes]
-    m = plan.model
-    shapes = {tuple((s.tp, s.layers) for s in p.stages) for p in pipes}
+    shape_of = [tuple((s.tp, s.layers) for s in p.stages) for p in pipes]
+    by_shape = partial_params_by_shape(plan.model, set(shape_of))
+    return [by_shape[shape] for shape in shape_of]
+
+
+Shape = tuple[tuple[int, tuple[int, int]], ...]  # a pipeline's stages: (TP degree, layer range) each
+
+
+def partial_params_by_shape(m: ModelSpec, shapes: Collection[Shape]) -> dict[Shape, list[float]]:
+    """:func:`partial_params` of every stage of every distinct pipeline ``shape`` of a plan with
+    at least two pipelines (what :func:`partial_params_table` and the search's surrogate use)."""
     lcm_at = [1] * m.num_layers
     for shape in shapes:
         for tp, (lo, hi) in shape:
@@ -242,8 +252,8 @@ def partial_params_table(plan: Plan) -> list[list[float]]:
             memo[key] = hit
         return hit
 
-    return [[one(s.tp, s.layers, si == 0, si == len(p.stages) - 1) for si, s in enumerate(p.stages)]
-            for p in pipes]
+    return {shape: [one(tp, layers, si == 0, si == len(shape) - 1) for si, (tp, layers) in enumerate(shape)]
+            for shape in shapes}
 
 
 def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> float:

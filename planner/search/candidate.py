@@ -17,12 +17,13 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner.cluster import Link
-from planner.cost.memory import GIB, partial_params_table
+from planner.cost.memory import GIB, partial_params_by_shape
 from planner.cost.schedule import in_flight
 from planner.layout import embed_param, finest_slices, head_params, layer_numel
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
@@ -174,8 +175,7 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
         return again
     cand.layouts = layouts
     if k > 1:  # shards cut by the other pipelines' TP degrees: known once every split is
-        plan = to_plan(cand, oracle, global_batch, None)
-        for pi, (lay, needs) in enumerate(zip(layouts, stage_bytes(oracle, cand, plan))):
+        for pi, (lay, needs) in enumerate(zip(layouts, stage_bytes(oracle, cand))):
             for si, (u, need) in enumerate(zip(lay.units, needs)):
                 if need > u.memory_gib * GIB:
                     cand.layouts = []
@@ -187,24 +187,30 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
     return cand
 
 
-def stage_bytes(oracle: Oracle, cand: Candidate, plan: Plan) -> list[list[float]]:
-    """The surrogate's memory of every stage of a refined candidate (``plan``: its plan): the linear
-    cost at the stage's layer count, plus the copies of the shards that the other pipelines' TP
-    degrees cut into several sync slices (:meth:`Oracle.copy_bytes`; the split does not see them,
-    they depend on every pipeline's split). Priced once per pipeline type (units, links, split and
-    micro-batches), the cut shards once per plan (:func:`partial_params_table`)."""
+def stage_bytes(oracle: Oracle, cand: Candidate) -> list[list[float]]:
+    """The surrogate's memory of every stage of a refined candidate: the linear cost at the stage's
+    layer count, plus the copies of the shards that the other pipelines' TP degrees cut into several
+    sync slices (:meth:`Oracle.copy_bytes`; the split does not see them, they depend on every
+    pipeline's split). Priced once per pipeline type (units, links, split and micro-batches), the
+    cut shards once per distinct pipeline shape (:func:`partial_params_by_shape`), no plan built."""
     k = len(cand.layouts)
-    partial = partial_params_table(plan)
+    keys, shapes = [], []
+    for lay in cand.layouts:
+        keys.append((tuple(u.signature for u in lay.units), _links(oracle, lay.units), lay.counts,
+                     lay.micro_batches))
+        starts = list(itertools.accumulate(lay.counts, initial=0))
+        shapes.append(tuple((u.tp, (lo, hi)) for u, lo, hi in zip(lay.units, starts, starts[1:])))
+    partial = partial_params_by_shape(oracle.model, set(shapes)) if k > 1 else {}
     oracle.stats.partial_params += 1
     out = []
     seen: dict[tuple[object, ...], list[float]] = {}
-    for pi, lay in enumerate(cand.layouts):
-        key = (tuple(u.signature for u in lay.units), _links(oracle, lay.units), lay.counts, lay.micro_batches)
+    for lay, key, shape in zip(cand.layouts, keys, shapes):
         hit = seen.get(key)
         if hit is None:
             costs = stage_costs(oracle, lay.units, lay.micro_batches, cand.setting, k)
+            cut = partial.get(shape) or [0.0] * len(lay.units)
             hit = seen[key] = [c.fixed_bytes + c.per_layer_bytes * n + oracle.copy_bytes(x, cand.setting, k, u.gpu)
-                               for u, c, n, x in zip(lay.units, costs, lay.counts, partial[pi])]
+                               for u, c, n, x in zip(lay.units, costs, lay.counts, cut)]
         out.append(hit)
     return out
 
