@@ -45,7 +45,7 @@ from planner.names import check_name
 from planner.ranges import check_number
 
 MAX_GPUS_PER_NODE = 64
-MAX_NODES = 4096
+MAX_NODES = 8192  # 32,768 GPUs in nodes of 4 (the scaling benchmark; issue 31)
 LINK_KINDS = ("nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet", "tcp", "other")
 # Ranges far beyond real hardware (1 KB/s .. 1 PB/s, up to 1000 s of latency, 1 PiB of memory): values
 # outside are typos (a unit mix-up) and would make the cost model's arithmetic meaningless.
@@ -112,6 +112,18 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_devices", self._build_devices())
         object.__setattr__(self, "_node_by_name", {n.name: n for n in self.nodes})
+        # node_link's lookups, built once (a scan of every group per call took seconds at 8,192 nodes)
+        pairs: dict[tuple[str, str], Link] = {}
+        for x, y, link in self.pair_links:
+            pairs.setdefault((x, y), link)
+            pairs.setdefault((y, x), link)
+        groups_of: dict[str, list[tuple[Group, frozenset[str]]]] = {}
+        for g in self.groups:
+            members = frozenset(g.nodes)
+            for n in g.nodes:
+                groups_of.setdefault(n, []).append((g, members))
+        object.__setattr__(self, "_pairs", pairs)
+        object.__setattr__(self, "_groups_of", groups_of)
 
     def _build_devices(self) -> dict[str, Device]:
         over = dict(self.overrides)
@@ -149,14 +161,16 @@ class ClusterSpec:
         return self._node_by_name[name]  # type: ignore[attr-defined,no-any-return]
 
     def node_link(self, a: str, b: str) -> Link:
+        """The link between nodes ``a`` and ``b``: a pair override, else the smallest group holding
+        both (the first of equal size), else the default inter-node link."""
         if a == b:
             return self.node(a).intra_link
-        for x, y, link in self.pair_links:
-            if {x, y} == {a, b}:
-                return link
+        pair = self._pairs.get((a, b))  # type: ignore[attr-defined]
+        if pair is not None:
+            return pair  # type: ignore[no-any-return]
         best: Group | None = None
-        for g in self.groups:
-            if a in g.nodes and b in g.nodes and (best is None or len(g.nodes) < len(best.nodes)):
+        for g, members in self._groups_of.get(a, ()):  # type: ignore[attr-defined]
+            if b in members and (best is None or len(g.nodes) < len(best.nodes)):
                 best = g
         return best.link if best is not None else self.inter_node
 

@@ -60,7 +60,7 @@ class Candidate:
 
 
 def _links(oracle: Oracle, units: Sequence[Unit]) -> tuple[Link, ...]:
-    return tuple(oracle.node_link(a.node, b.node) for a, b in zip(units, units[1:]))
+    return oracle.chain_links(tuple(u.node for u in units))
 
 
 def stage_costs(oracle: Oracle, units: Sequence[Unit], m: int, s: Setting, shards: int) -> list[StageCost]:

@@ -64,6 +64,7 @@ class Oracle:
         self._links: dict[tuple[str, str], Link] = {}
         self._sync_cache: dict[tuple[object, ...], tuple[float, float]] = {}
         self._slowest: dict[frozenset[str], Link | None] = {}
+        self._chains: dict[tuple[str, ...], tuple[Link, ...]] = {}
         self.type_cache: dict[tuple[object, ...], Any] = {}  # per pipeline type, see candidate._refine_type
         self.stats = SearchStats()  # the search's work counters (planner.search.stats)
 
@@ -72,6 +73,14 @@ class Oracle:
         hit = self._links.get((a, b))
         if hit is None:
             hit = self._links[a, b] = self._links[b, a] = self.cluster.node_link(a, b)
+        return hit
+
+    def chain_links(self, nodes: tuple[str, ...]) -> tuple[Link, ...]:
+        """The links between consecutive stages on ``nodes`` (cached: identical pipelines recur on
+        the same nodes across structures and settings)."""
+        hit = self._chains.get(nodes)
+        if hit is None:
+            hit = self._chains[nodes] = tuple(self.node_link(a, b) for a, b in zip(nodes, nodes[1:]))
         return hit
 
     def slowest_link(self, nodes: frozenset[str]) -> Link | None:
