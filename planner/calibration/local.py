@@ -9,16 +9,17 @@ Layout under :func:`planner.catalog.calibration_home` (``$HEXISCALE_HOME``, else
     calibration/<key>.json    fitted CostParams terms (``hexiscale.calibration/1``) with
                               ``applies_to``: the catalog keys they were measured for
 
-Choice of the cost-model terms for a cluster (one set per estimate): a calibration of this host
-that applies to any of the cluster's devices (their type, or the measured entry planning it)
-beats a packaged one; among those, the one covering most devices, then the newer; none
-matching: the defaults. :func:`describe` says in one line per estimate which profiles and calibration were used
+Choice of the cost-model terms, per GPU type (issue 31: one set per cluster let an unused H100 node
+change an A100 plan's estimate): for each type of the cluster, a calibration of this host that
+applies to it (the type, or the measured entry planning it) beats a packaged one, then the newer;
+none matching: the defaults. Terms of what several types do together (links, collectives) are the
+types' own when they agree, else the defaults (:meth:`planner.cost.profile_set.ProfileSet.shared`).
+:func:`describe` says in one line per estimate which profiles and calibration were used
 and which GPU types have datasheet figures only.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,25 +71,29 @@ def _planned_as(profiles: ProfileSet, gpu: str) -> str:
     return profiles.get(gpu).device.key
 
 
-def choose(cluster: ClusterSpec, profiles: ProfileSet) -> Calibration | None:
-    counts = Counter(d.gpu for d in cluster.devices)
-    best: tuple[bool, int, str] | None = None
+def choose(gpu: str, profiles: ProfileSet, found: list[Calibration]) -> Calibration | None:
+    """The calibration for devices of type ``gpu`` among ``found``: this host's first, then the newer."""
+    best: tuple[bool, str] | None = None
     chosen = None
-    for cal in calibrations():
-        covered = sum(n for gpu, n in counts.items() if gpu in cal.applies_to
-                      or _planned_as(profiles, gpu) in cal.applies_to)
-        if covered == 0:
+    for cal in found:
+        if gpu not in cal.applies_to and _planned_as(profiles, gpu) not in cal.applies_to:
             continue
-        score = (cal.host, covered, cal.date)
+        score = (cal.host, cal.date)
         if best is None or score > best:
             best, chosen = score, cal
     return chosen
 
 
+def label(cal: Calibration) -> str:
+    """How a plan file names a calibration (``Estimate.calibration``)."""
+    where = f"host calibration {cal.path}" if cal.host else f"packaged calibration '{cal.path.stem}'"
+    return where + (f" ({cal.date[:10]})" if cal.date else "")
+
+
 @dataclass(frozen=True)
 class ResolvedProfiles:
     profiles: ProfileSet
-    calibration: Calibration | None
+    calibrations: dict[str, Calibration | None]  # per GPU type of the cluster
     line: str  # what was used, for the user (one line)
 
 
@@ -99,14 +104,23 @@ def resolve_profiles(cluster: ClusterSpec, *, params: CostParams | None = None, 
     from planner.calibration.store import load_params
 
     catalog = cluster.catalog  # the packaged catalog with this host's entries (planner.catalog.default_catalog)
+    types = sorted({d.gpu for d in cluster.devices})
+    if params is not None:
+        profiles = ProfileSet(catalog, params, prefer_measured=not spec_only, default_terms="--params file")
+        return ResolvedProfiles(profiles, {}, describe(cluster, profiles, {}, True))
     probe = ProfileSet(catalog, DEFAULT_PARAMS, prefer_measured=not spec_only)
-    cal = None if params is not None else choose(cluster, probe)
-    chosen = params or (load_params(cal.path) if cal is not None else DEFAULT_PARAMS)
-    profiles = ProfileSet(catalog, chosen, prefer_measured=not spec_only)
-    return ResolvedProfiles(profiles, cal, describe(cluster, profiles, cal, params is not None))
+    found = calibrations()
+    cals = {gpu: choose(gpu, probe, found) for gpu in types}
+    loaded = {cal.path: load_params(cal.path) for cal in cals.values() if cal is not None}
+    by_type = {gpu: loaded[cal.path] for gpu, cal in cals.items() if cal is not None}
+    terms = {gpu: label(cal) for gpu, cal in cals.items() if cal is not None}
+    distinct = {by_type.get(gpu, DEFAULT_PARAMS) for gpu in types}
+    base = distinct.pop() if len(distinct) == 1 else DEFAULT_PARAMS  # one cluster-wide set only where all agree
+    profiles = ProfileSet(catalog, base, prefer_measured=not spec_only, by_type=by_type, terms=terms)
+    return ResolvedProfiles(profiles, cals, describe(cluster, profiles, cals, False))
 
 
-def describe(cluster: ClusterSpec, profiles: ProfileSet, cal: Calibration | None, overridden: bool) -> str:
+def describe(cluster: ClusterSpec, profiles: ProfileSet, cals: dict[str, Calibration | None], overridden: bool) -> str:
     parts = []
     spec_only = []
     for gpu in sorted({d.gpu for d in cluster.devices}):
@@ -118,12 +132,17 @@ def describe(cluster: ClusterSpec, profiles: ProfileSet, cal: Calibration | None
         else:
             parts.append(f"{gpu} (datasheet)")
             spec_only.append(gpu)
+    def named(cal: Calibration | None) -> str:
+        if cal is None:
+            return "default terms (no calibration matches; run 'hexiscale calibrate' on such a host)"
+        return f"host calibration {cal.path}" if cal.host else f"packaged calibration '{cal.path.stem}'"
+
     if overridden:
         terms = "--params file"
-    elif cal is None:
-        terms = "default terms (no calibration matches; run 'hexiscale calibrate' on such a host)"
+    elif len({c.path if c else None for c in cals.values()}) <= 1:  # one set for every type
+        terms = named(next(iter(cals.values()), None))
     else:
-        terms = f"host calibration {cal.path}" if cal.host else f"packaged calibration '{cal.path.stem}'"
+        terms = "; ".join(f"{gpu}: {named(cal)}" for gpu, cal in cals.items())
     line = f"profiles: {', '.join(parts)}; cost terms: {terms}"
     if spec_only:
         line += (f". Warning: {', '.join(spec_only)}: datasheet figures only; run 'hexiscale calibrate' on such a "
