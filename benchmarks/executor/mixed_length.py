@@ -130,7 +130,7 @@ def _line(key: str, r: dict[str, Any]) -> str:
 
 
 def table(runs: dict[str, dict[str, Any]]) -> str:
-    """The markdown table of ``benchmarks/README.md``."""
+    """The results as a markdown table, one row per method."""
     rows = ["| context | lengths | method | strategies | tokens/s | s/step | vs static | switch s/step "
             "| dispatch ms (% of step) | estimated s/step | peak GiB |", "|---" * 11 + "|"]
     for key, r in runs.items():

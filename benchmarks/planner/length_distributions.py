@@ -7,8 +7,7 @@ gensim wheel), :mod:`benchmarks.planner.corpora`, are tokenized with one byte-le
 (``planner.varlen.histogram.chunk_lengths``). Writes every histogram to
 ``planner/varlen/data/<corpus>-<K>k.json`` (``hexiscale.lengths/1``, package data: what
 ``hexiscale plan --lengths`` and ``benchmarks/executor/mixed_length.py`` read), the synthetic
-presets beside them, and a summary JSON under ``benchmarks/results/``; prints the table of
-``benchmarks/README.md``.
+presets beside them, and a summary JSON under ``benchmarks/results/``; prints the summary table.
 """
 
 from __future__ import annotations
