@@ -64,7 +64,7 @@ bytes, ``r`` residual bytes, ``a`` heads; flash/SDPA keeps no s² scores; no dro
 
 Compiled blocks (``options.compile``: executor/fast_path.compile_blocks, Inductor) keep less,
 ``none`` recompute only (the saved-tensor count of benchmarks/executor/activation_memory.py,
-benchmarks/README.md "Activation memory per layer": the fp32 and bf16-autocast counts on CPU equal
+benchmarks/NOTES.md "Activation memory": the fp32 and bf16-autocast counts on CPU equal
 this term by term at llama2-7b shapes; scaled to seq 4096 it gives ~18 GiB per sample with the head
 where 4x H200 measured 17.9)::
 
