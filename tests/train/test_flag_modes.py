@@ -31,35 +31,31 @@ POOL = ROOT / "tests" / "data" / "pool-tiny-h100x4.json"
 CLUSTER = ROOT / "examples" / "clusters" / "h100x4.yaml"
 BASE = {"plan": ["--plan", str(PLAN)], "elastic": ["--plan", str(PLAN)],
         "pool": ["--plan", str(POOL), "--cluster", str(CLUSTER), "--step-tokens", "4096"]}
-# a value other than the default for every flag (dest -> argv)
-SAMPLE = {
-    "plan": [], "cluster": ["--cluster", str(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml")], "model": ["--model", "tiny"], "seq_len": ["--seq-len", "16"],
-    "recompute": ["--recompute", "full"], "zero": ["--zero", "1"], "dtype": ["--dtype", "fp16"],
-    "hetero_configs": ["--hetero_configs", "[[1]]"], "layer_partitions": ["--layer_partitions", "[[4]]"],
-    "global_bsz_size": ["--global_bsz_size", "4"], "chunks": ["--chunks", "2"], "devices_id": ["--devices_id", "[[[0]]]"],
-    "model_size": ["--model-size", "tiny"], "layer_num": ["--layer-num", "2"], "accum_iter": ["--accum-iter", "2"],
-    "run_iter": ["--run-iter", "6"], "master_addr": ["--master_addr", "10.0.0.1"], "master_port": ["--master_port", "7"],
-    "current_device": ["--current_device", "1"], "steps": ["--steps", "7"], "stop_at": ["--stop-at", "3"],
-    "data": ["--data", "corpus"], "synthetic": ["--synthetic"], "seed": ["--seed", "5"], "lr": ["--lr", "0.01"],
-    "min_lr": ["--min-lr", "0.0001"], "warmup": ["--warmup", "1"], "weight_decay": ["--weight-decay", "0.2"],
-    "clip": ["--clip", "2"], "device": ["--device", "cpu"], "compile": ["--compile"],
-    "step_tokens": ["--step-tokens", "8192"], "lengths": ["--lengths", "synthetic:github"],
-    "assign": ["--assign", "threshold"], "checkpoint_dir": ["--checkpoint-dir", "ck"], "save_every": ["--save-every", "2"],
-    "async_save": ["--async-save"], "resume": ["--resume", "ck"], "log_jsonl": ["--log-jsonl", "m.jsonl"],
-    "log_every": ["--log-every", "2"], "tensorboard": ["--tensorboard", "tb"], "trace": ["--trace", "t.json"],
-    "trace_steps": ["--trace-steps", "2"], "on_nonfinite": ["--on-nonfinite", "skip"],
-    "heartbeat": ["--heartbeat", "2"], "dead_after": ["--dead-after", "40"], "hang_after": ["--hang-after", "900"],
-    "startup_timeout": ["--startup-timeout", "60"], "pg_timeout": ["--pg-timeout", "2400"],
+# a value other than the default for every flag (dest -> the values after the flag; --plan is in BASE)
+SAMPLE: dict[str, list[str]] = {
+    "plan": [], "cluster": [str(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml")], "model": ["tiny"],
+    "seq_len": ["16"], "recompute": ["full"], "zero": ["1"], "dtype": ["fp16"], "hetero_configs": ["[[1]]"],
+    "layer_partitions": ["[[4]]"], "global_bsz_size": ["4"], "chunks": ["2"], "devices_id": ["[[[0]]]"],
+    "model_size": ["tiny"], "layer_num": ["2"], "accum_iter": ["2"], "run_iter": ["6"], "master_addr": ["10.0.0.1"],
+    "master_port": ["7"], "current_device": ["1"], "steps": ["7"], "stop_at": ["3"], "data": ["corpus"],
+    "synthetic": [], "seed": ["5"], "lr": ["0.01"], "min_lr": ["0.0001"], "warmup": ["1"], "weight_decay": ["0.2"],
+    "clip": ["2"], "device": ["cpu"], "compile": [], "step_tokens": ["8192"], "lengths": ["synthetic:github"],
+    "assign": ["threshold"], "checkpoint_dir": ["ck"], "save_every": ["2"], "async_save": [], "resume": ["ck"],
+    "log_jsonl": ["m.jsonl"], "log_every": ["2"], "tensorboard": ["tb"], "trace": ["t.json"], "trace_steps": ["2"],
+    "on_nonfinite": ["skip"], "heartbeat": ["2"], "dead_after": ["40"], "hang_after": ["900"],
+    "startup_timeout": ["60"], "pg_timeout": ["2400"],
 }
-SAMPLE_IN = {("cluster", "pool"): ["--cluster", str(CLUSTER)]}  # the pool's own cluster
+SAMPLE_IN = {("cluster", "pool"): [str(CLUSTER)]}  # the pool's own cluster
 # the name the loops read a field by, where it is another (TrainConfig.end: --stop-at, else --steps)
 READ_AS = {"stop_at": "end"}
 # the code each mode's loop runs (besides the checks every mode shares); a flag it honours is read there
 LOOP: dict[str, list[Any]] = {
-    "plan": [train.run_training, train._train_plan, train_setup, preflight.local_checks],
-    "pool": [train.run_training, train_varlen, train_setup, preflight.local_checks],
-    "elastic": [elastic_train, train_setup, preflight.local_checks],
+    "plan": [train.run_training, train._train_plan, train_setup],
+    "pool": [train.run_training, train_varlen, train_setup],
+    "elastic": [elastic_train, train_setup],
 }
+# made in pre-flight for every mode (the data source, the torch device): the loop takes them from there
+VIA_PREFLIGHT = {"data": "source", "device": "device"}
 # read by the CLI before the config (the environment's rendezvous fallbacks; --synthetic is no --data)
 CLI_ONLY = {"master_addr", "master_port", "current_device", "synthetic"}
 
@@ -91,7 +87,8 @@ def test_every_flag_has_a_row_and_a_sample() -> None:
 @pytest.mark.parametrize("dest", [d for d in _dests()])
 def test_flag_takes_effect_or_is_refused(dest: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     row = FLAGS[dest]
-    args = _parser().parse_args([*BASE[mode], *SAMPLE_IN.get((dest, mode), SAMPLE[dest])])
+    given = [] if dest == "plan" else [row.flag, *SAMPLE_IN.get((dest, mode), SAMPLE[dest])]
+    args = _parser().parse_args([*BASE[mode], *given])
     try:
         config = train_config(args)
         resolved = resolve_plan(config, elastic=mode == "elastic")
@@ -118,7 +115,12 @@ def test_flag_takes_effect_or_is_refused(dest: str, mode: str, monkeypatch: pyte
     if dest == "run_iter":  # it gives --steps
         assert config.steps == 6
         return
-    assert re.search(rf"\.{name}\b", _source(LOOP[mode])), f"the {mode} loop never reads {row.attr}"
+    loop = _source(LOOP[mode])
+    if dest in VIA_PREFLIGHT:  # pre-flight makes it (every mode), the loop takes pre-flight's
+        assert re.search(rf"\bargs\.{name}\b", inspect.getsource(preflight.local_checks))
+        assert re.search(rf"\bargs\.{name}\b|\bprep\.{VIA_PREFLIGHT[dest]}\b", loop), f"the {mode} loop drops it"
+        return
+    assert re.search(rf"\bargs\.{name}\b", loop), f"the {mode} loop never reads {row.attr}"
 
 
 def test_plan_option_flags_rewrite_the_plan_and_say_so(capsys: pytest.CaptureFixture[str]) -> None:
