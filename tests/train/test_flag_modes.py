@@ -174,3 +174,14 @@ def test_zero_flag_reaches_the_engine(tmp_path: Path, monkeypatch: pytest.Monkey
     assert [(o.zero, o.recompute, o.dtype) for o in built] == [(1, "full", "fp32")]
     assert "--recompute, --zero, --dtype replaced the plan's options.recompute none -> full, options.zero 0 -> 1, " \
            "options.dtype bf16 -> fp32" in capsys.readouterr().out
+
+
+def test_the_launcher_refuses_what_its_ranks_would() -> None:
+    """``hexiscale launch ... -- FLAGS`` says it once, before any rank starts."""
+    from hexiscale.cli.launch_train_args import checked_train_args
+
+    with pytest.raises(SpecError, match="^--zero: not available with an elastic job"):
+        checked_train_args(["--zero", "1"], plan_path=str(PLAN), mode="elastic")
+    with pytest.raises(SpecError, match="^--trace: not available with a strategy pool"):
+        checked_train_args(["--step-tokens", "4096", "--trace", "t.json"], plan_path=str(POOL), mode="pool")
+    assert checked_train_args(["--zero", "1"], plan_path=str(PLAN)) == ["--zero", "1"]
