@@ -185,3 +185,19 @@ def test_the_launcher_refuses_what_its_ranks_would() -> None:
     with pytest.raises(SpecError, match="^--trace: not available with a strategy pool"):
         checked_train_args(["--step-tokens", "4096", "--trace", "t.json"], plan_path=str(POOL), mode="pool")
     assert checked_train_args(["--zero", "1"], plan_path=str(PLAN)) == ["--zero", "1"]
+
+
+def test_an_elastic_trace_refuses_a_stop_before_its_last_change(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``--stop-at`` acts in an elastic job; one that stops before a trace's change would leave the
+    joining devices waiting for a switch that never comes."""
+    from hexiscale.cli.main import main
+
+    trace = tmp_path / "t.yaml"
+    trace.write_text("phases:\n  - steps: 2\n  - steps: 3\n    devices: [a100:0, r4090:3]\n")
+    cluster = str(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml")
+    assert main(["launch", str(PLAN), "--local", "--device", "cpu", "--trace", str(trace), "--cluster", cluster,
+                 "--", "--stop-at", "2"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --stop-at: 2, but the trace changes the devices after step 2 (hint: pass --stop-at 3 " \
+                  "or more, or end the trace sooner)"
