@@ -13,7 +13,8 @@ holds the next sequence (``varlen.cursor``), where a resumed run goes on.
 
 Per step, rank 0 prints the loss, the tokens and sequences, the phases (strategies used), the
 switch time, the dispatch + packing time and what training waited for it; ``--log-jsonl`` gets
-the same as one record.
+the same as one record, ``--tensorboard`` its numbers. ``--stop-at``, ``--on-nonfinite`` (the home
+engine's guard) and fault injection act as in a plan's loop (:mod:`executor.flag_modes`).
 """
 
 from __future__ import annotations
