@@ -57,6 +57,7 @@ from executor.preflight import Prepared, agree, local_checks
 from executor.resume import choose_checkpoint
 from executor.saving import Saver
 from executor.switch import SWITCH_PARTS, switch
+from executor.tensorboard_sink import TensorBoardSink
 from executor.train_config import TrainConfig
 from executor.train_setup import check_world, classify, init_process_group, optim_config, pg_timeout, resolve_plan
 from executor.warm_up import warm_up
@@ -83,6 +84,7 @@ class _Job:
     fault: tuple[int, int, str] | None
     wd: Watchdog
     move: _Move | None = None  # the next epoch's move, planned as soon as it was published
+    tensorboard: TensorBoardSink | None = None  # made once this process is an epoch's rank 0 (--tensorboard)
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def run_elastic(args: TrainConfig) -> int:
         if not renv.store_hosted:
             raise SpecError("HEXISCALE_ELASTIC", "elastic training needs the store of a supervisor",
                             "start it with 'hexiscale launch PLAN --local --elastic' (or --trace)")
-        plan, cluster, pool = resolve_plan(args)
+        plan, cluster, pool = resolve_plan(args, elastic=True)
         if pool is not None:
             raise SpecError("--plan", "is a strategy pool; an elastic job trains one plan at a time",
                             "pass a plan file (hexiscale plan -o PLAN.json)")
@@ -210,11 +212,13 @@ def _start(job: _Job, index: int, plan: Plan, engine: Engine, position: DataPosi
                       hang_after=job.args.hang_after)
     job.wd.start(job.store)
     pipeline = engine.stage.pipeline
+    if job.args.tensorboard and renv.rank == 0 and job.tensorboard is None:
+        job.tensorboard = TensorBoardSink(job.args.tensorboard)
     stream = BatchStream(job.prep.source, global_batch_size=plan.global_batch_size,
                          rows=pipeline_rows(plan, pipeline), position=position, device=job.prep.device)
     logger = StepLogger(plan, renv.rank, pipeline, leader=engine.stage.is_first and engine.tp_rank == 0,
                         device=job.prep.device, cluster=job.cluster, jsonl=job.args.log_jsonl,
-                        every=job.args.log_every)
+                        every=job.args.log_every, tensorboard=job.tensorboard if renv.rank == 0 else None)
     saver = Saver(engine, job.args.checkpoint_dir, job.args.save_every, job.args.async_save)
     return _Epoch(index, plan, renv, engine, stream, logger, saver)
 
@@ -231,7 +235,7 @@ def _first(job: _Job, plan: Plan, timeout_s: float) -> _Epoch:
             else DataPosition(engine.step, engine.step * plan.global_batch_size)
     if job.base.rank == 0:
         print(f"hexiscale train: elastic, {plan.world_size} ranks, model {plan.model.name}, steps "
-              f"{engine.step}..{job.args.steps}" + (f", resumed from {job.prep.resume.path}" if job.prep.resume
+              f"{engine.step}..{job.args.end}" + (f", resumed from {job.prep.resume.path}" if job.prep.resume
                                                      else ""), flush=True)
     return _start(job, 0, plan, engine, position)
 
@@ -240,7 +244,7 @@ def _train(job: _Job, ep: _Epoch) -> bool:
     """Steps until the job ends (True) or the next epoch is due (False)."""
     args, engine, rank = job.args, ep.engine, ep.renv.rank
     start = k = engine.step
-    while k < args.steps:
+    while k < args.end:
         job.wd.begin_step(k + 1)
         maybe_inject(job.fault, rank, k)
         t0 = time.perf_counter()
@@ -249,11 +253,11 @@ def _train(job: _Job, ep: _Epoch) -> bool:
         if ep.report is not None:  # before the step's checkpoint: no save in flight while groups are destroyed
             _retire(job, ep, k + 1)
         state = {"data": ep.stream.position.to_dict(), "plan_world_size": ep.plan.world_size}
-        ep.saver.after_step(k + 1, k + 1 == args.steps, state, partial(maybe_inject, job.fault, rank, k, in_save=True))
+        ep.saver.after_step(k + 1, k + 1 == args.end, state, partial(maybe_inject, job.fault, rank, k, in_save=True))
         k += 1
-        if k < args.steps and job.channel.published(ep.index + 1):
+        if k < args.end and job.channel.published(ep.index + 1):
             _plan_move(job, ep.index + 1, 0.0)
-        if k < args.steps and job.channel.switch_due(ep.index + 1, k, rank0=rank == 0):
+        if k < args.end and job.channel.switch_due(ep.index + 1, k, rank0=rank == 0):
             return False
     engine.drain()
     ep.saver.finish()

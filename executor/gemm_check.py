@@ -116,6 +116,7 @@ def ensure_right_products(device: torch.device, dtype: torch.dtype, shapes: tupl
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     every = tuple(sorted(set(tokens) | set(EXTRA_TOKENS)))
     found = settle(sms, lambda: failing_products(device, dtype, shapes, every), _set_target)
+    torch.cuda.empty_cache()  # the check's operands (a few GiB for a large vocabulary) go back to the device
     if found.target is not None:
         log.warning("cuBLAS %s matrix products on this GPU (%d SMs: an MPS share?) came back wrong (%s); "
                     "they run through cuBLASLt targeting %d SMs instead, which checks right",

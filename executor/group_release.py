@@ -4,8 +4,8 @@ Measured on 4x H200 (NCCL 2.28, ``benchmarks/executor/group_teardown.py``): dest
 communicator takes 300-500 ms, the same after one element or 256 MiB of traffic — a fixed cost
 per communicator, which ``destroy_process_group`` pays group after group. Destroying each group in
 its own thread overlaps those costs: in the elastic benchmark on the same machine, closing the old
-plan's groups fell from 0.70-0.82 s to 0.38-0.45 s for the same events (benchmarks/README.md,
-"Elastic training", runs 1 and 2). The elastic job closes groups this way: those the switch
+plan's groups fell from 0.70-0.82 s to 0.38-0.45 s for the same events (benchmarks/executor/elastic.py,
+2026-11-26). The elastic job closes groups this way: those the switch
 retired (the old plan's and the worlds left) after the new plan's first step
 (:mod:`executor.group_retire`), its last world at its end (:meth:`executor.epoch_world.World.leave`).
 

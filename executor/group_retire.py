@@ -3,8 +3,8 @@ the switch, destroyed after the new plan's first step.
 
 Why: destroying an NCCL communicator costs a fixed 300-370 ms whatever it carried
 (``benchmarks/executor/group_teardown.py``), and closing the old plan's groups was 65-530 ms of
-each switch on 4x H200, destroying the old world another 119-487 ms (benchmarks/README.md,
-"Elastic training", run 4) — before the new plan could run its first step.
+each switch on 4x H200, destroying the old world another 119-487 ms (benchmarks/executor/elastic.py,
+2026-11-26) — before the new plan could run its first step.
 
 1. **Retire** (in :func:`executor.switch.switch`, after the old engine drained its last
    collectives): the groups are *detached* — removed from torch.distributed's registry, the

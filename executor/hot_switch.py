@@ -153,11 +153,14 @@ class HotSwitchEngine:
     """Training steps over a pool's strategies on this rank (module docstring)."""
 
     def __init__(self, plans: Sequence[Plan], home: int, groups: SwitchGroups, *, device: torch.device,
-                 optim: OptimConfig = OptimConfig(), seed: int = 0, wire_dtype: torch.dtype | None = None):
+                 optim: OptimConfig = OptimConfig(), seed: int = 0, wire_dtype: torch.dtype | None = None,
+                 on_nonfinite: str = "stop"):
         self.plans = list(plans)
         self.home_index = home
         topos = groups.topologies
-        self.home = Engine(plans[home], topos[home], groups.home, device=device, optim=optim, seed=seed)
+        # the step's update is the home engine's, and so is its NaN/Inf guard (executor.nonfinite)
+        self.home = Engine(plans[home], topos[home], groups.home, device=device, optim=optim, seed=seed,
+                           on_nonfinite=on_nonfinite)
         self.layouts = {k: WorkingLayout(plans[k], topos[k], g, self.home, groups.reshard, wire_dtype)
                         for k, g in groups.working.items()}
 

@@ -5,8 +5,8 @@ instead of keeping what it saves for its own backward. ``torch.utils.checkpoint`
 does that through saved-tensor hooks and frame bookkeeping, a host cost of ~50 us a forward and
 ~240 us a forward + backward per call on a CPU host (against 8 / 75 us for the plain core; 13 /
 160 us this way), paid per layer and micro-batch. On 4x H200 an eager 1F1B stage of llama-1.3b at
-micro-batch 1 ran ~1.8 ms a layer slower with it than without recompute (benchmarks/README.md,
-fidelity run 3): at that size the layer is launch-bound, so host time is step time. On 1x H100
+micro-batch 1 ran ~1.8 ms a layer slower with it than without recompute (benchmarks/NOTES.md,
+"Cost-model fidelity"): at that size the layer is launch-bound, so host time is step time. On 1x H100
 (``benchmarks/executor/recompute_cost.py``, 2026-11-26) the selective forward of this node costs
 what the plain forward costs (1.38 / 1.42 ms a layer at micro-batch 1 / 2, against 1.64 / 2.21
 through the checkpoint), with gradients bit-equal to the checkpoint's.

@@ -232,7 +232,7 @@ def _pack(views: list[torch.Tensor], device: torch.device) -> torch.Tensor:
 
 def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     """``dst[i].copy_(src[i])`` for every i, in one torch call (still one copy kernel per strided
-    piece: on 4x H200 the parts took as long as with a Python loop, benchmarks/README.md run 6)."""
+    piece: on 4x H200 the parts took as long as with a Python loop, benchmarks/executor/elastic.py, 2026-11-26)."""
     torch._foreach_copy_(dst, src)
 
 

@@ -65,9 +65,9 @@ def run_training(args: TrainConfig) -> int:
     store = None
     try:
         renv = rank_env()
-        plan, cluster, pool = resolve_plan(args)
+        plan, cluster, pool = resolve_plan(args, say=partial(_say, renv.rank))
         if pool is not None:
-            _refuse_compiled_pool(args, pool)
+            _refuse_compiled_pool(pool)
         check_world(plan, renv)
         opt = optim_config(args)
         timeout_s = pg_timeout(args)
@@ -112,7 +112,7 @@ def run_training(args: TrainConfig) -> int:
         if pool is not None:
             assert docs is not None
             train_pool(args, pool, cluster, docs, rank=renv.rank, device=prep.device, optim=opt,
-                       resume=str(prep.resume.path) if prep.resume else None, wd=wd)
+                       resume=str(prep.resume.path) if prep.resume else None, wd=wd, fault=fault)
         else:
             _train_plan(args, plan, cluster, renv, prep, opt, wd, backend, fault)
     except KeyboardInterrupt:
@@ -127,15 +127,18 @@ def run_training(args: TrainConfig) -> int:
     return 0
 
 
-def _refuse_compiled_pool(args: TrainConfig, pool: StrategyPool) -> None:
+def _say(rank: int, text: str) -> None:
+    if rank == 0:
+        print(f"hexiscale train: {text}", flush=True)
+
+
+def _refuse_compiled_pool(pool: StrategyPool) -> None:
     """Hot switching builds its working layouts per step: no compiled blocks there yet, whether
-    ``--compile`` or a strategy's ``options.compile`` asks for them."""
-    why = "is not supported with a strategy pool yet (hot switching builds its working layouts per step)"
-    if args.compile:
-        raise SpecError("--compile", why, "drop --compile, or train one plan of the pool")
+    ``--compile`` (refused by :mod:`executor.flag_modes`) or a strategy's ``options.compile`` asks."""
     for i, st in enumerate(pool.strategies):
         if st.plan.options.compile:
-            raise SpecError(f"strategies[{i}].plan.options.compile", why,
+            raise SpecError(f"strategies[{i}].plan.options.compile", "is not supported with a strategy pool yet "
+                            "(hot switching builds its working layouts per step)",
                             "set it to false, or train one plan of the pool")
 
 

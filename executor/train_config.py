@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from executor.nonfinite import POLICIES
 from planner.errors import SpecError
+from planner.model import RECOMPUTE_MODES
+from planner.plan import DTYPES
 from planner.ranges import check_int, check_number
 from planner.seed_layout import SeedLayout
 
@@ -45,6 +47,10 @@ class TrainConfig:
     save_every: int = 0  # 0: only at the end
     async_save: bool = False  # write checkpoints in the background (executor.saving)
     compile: bool = False  # torch.compile every block on CUDA (executor.fast_path.compile_blocks)
+    # the plan's options, where given (None: the plan's own); a plan file's are rewritten (executor.flag_modes)
+    recompute: str | None = None
+    zero: int | None = None
+    dtype: str | None = None
     resume: str | None = None  # a checkpoint, or a checkpoint_dir (its latest)
     log_jsonl: str | None = None
     log_every: int = 1
@@ -68,11 +74,14 @@ class TrainConfig:
         return self.steps if self.stop_at is None else min(self.steps, self.stop_at)
 
     def __post_init__(self) -> None:
-        for flag, value, choices in (("--device", self.device, DEVICES),
-                                     ("--on-nonfinite", self.on_nonfinite, POLICIES),
-                                     ("--assign", self.assign, ASSIGN)):
+        choice_flags: tuple[tuple[str, object, tuple[object, ...]], ...] = (
+            ("--device", self.device, DEVICES), ("--on-nonfinite", self.on_nonfinite, POLICIES),
+            ("--assign", self.assign, ASSIGN), ("--recompute", self.recompute, (None, *RECOMPUTE_MODES)),
+            ("--zero", self.zero, (None, 0, 1)), ("--dtype", self.dtype, (None, *DTYPES)))
+        for flag, value, choices in choice_flags:
             if value not in choices:
-                raise SpecError(flag, f"{value!r} is not one of {', '.join(choices)}", f"pass {flag} {choices[0]}")
+                named = [str(c) for c in choices if c is not None]
+                raise SpecError(flag, f"{value!r} is not one of {', '.join(named)}", f"pass {flag} {named[0]}")
         check_int("--steps", self.steps, 1, MAX_STEPS, "pass the number of optimizer steps to reach, e.g. --steps 100")
         if self.stop_at is not None:
             check_int("--stop-at", self.stop_at, 1, MAX_STEPS, "pass the step to stop after, e.g. --stop-at 50")

@@ -4,12 +4,14 @@ group, checkpoint directories and the classification of errors into exit codes."
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from executor.flag_modes import apply_option_flags, check_flags
 from executor.gemm_check import GemmCheckError
 from executor.launch.env import RankEnv
 from executor.launch.watchdog import EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
@@ -23,28 +25,29 @@ from planner.validate import validate
 from planner.varlen.pool import StrategyPool, load_plan_or_pool
 
 
-def resolve_plan(args: TrainConfig) -> tuple[Plan, ClusterSpec | None, StrategyPool | None]:
+def resolve_plan(args: TrainConfig, *, elastic: bool = False, say: Callable[[str], None] | None = None,
+                 ) -> tuple[Plan, ClusterSpec | None, StrategyPool | None]:
     """``--plan`` (checked against ``--cluster`` when given) or the seed-style flags; a strategy
-    pool as ``--plan`` gives its home plan (which numbers the ranks) and the pool."""
+    pool as ``--plan`` gives its home plan (which numbers the ranks) and the pool. The flags are
+    checked against the mode (``elastic``, else pool or plan; :mod:`executor.flag_modes`), and the
+    plan-option flags rewrite a plan's options (``say`` gets the line that says so)."""
     cluster = load_cluster(args.cluster) if args.cluster else None
-    seed_given = args.seed_layout.given()
     pool = None
     if args.plan:
-        if seed_given:
-            raise SpecError(f"--{seed_given[0]}", "given together with --plan", "use either --plan or the seed flags")
+        check_flags(args, "elastic" if elastic else "plan", seed_only=True)  # before reading the file
         plan, pool = load_plan_or_pool(args.plan)
     else:
         if args.seed_layout.hetero_configs is None:
             raise SpecError("--plan", "missing", "pass --plan PLAN.json, or the seed-style flags (with --model "
                             "or --model-size, and --cluster unless every device is on this machine)")
         plan = args.seed_layout.plan(args.cluster)
+    check_flags(args, "elastic" if elastic else "pool" if pool is not None else "plan")
     if pool is not None and cluster is None:
         raise SpecError("--cluster", "missing", "a strategy pool's dispatch needs the cluster file it was planned for")
-    if pool is None:
-        for flag, value in (("--step-tokens", args.step_tokens), ("--lengths", args.lengths)):
-            if value is not None:
-                raise SpecError(flag, "is for mixed-length data, but --plan is not a strategy pool",
-                                "pass the pool of 'hexiscale plan --lengths ... -o POOL.json' as --plan")
+    if pool is None and not elastic:  # elastic: every epoch's plan is the supervisor's (--compile acts per epoch)
+        plan, line = apply_option_flags(plan, args)
+        if line is not None and say is not None:
+            say(line)
     if cluster is not None:
         for i, st in enumerate(pool.strategies if pool is not None else ()):
             try:

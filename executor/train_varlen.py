@@ -13,13 +13,15 @@ holds the next sequence (``varlen.cursor``), where a resumed run goes on.
 
 Per step, rank 0 prints the loss, the tokens and sequences, the phases (strategies used), the
 switch time, the dispatch + packing time and what training waited for it; ``--log-jsonl`` gets
-the same as one record.
+the same as one record, ``--tensorboard`` its numbers. ``--stop-at``, ``--on-nonfinite`` (the home
+engine's guard) and fault injection act as in a plan's loop (:mod:`executor.flag_modes`).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -27,12 +29,14 @@ import torch
 from executor import checkpoint
 from executor.doc_source import DocSource, SyntheticDocs, TokenFileDocs
 from executor.hot_switch import HotSwitchEngine, switch_groups
+from executor.launch.faults import maybe_inject
 from executor.launch.watchdog import Watchdog
 from executor.metrics import memory_gib
 from executor.optim import OptimConfig
 from executor.output_files import write_text
 from executor.saving import Saver
 from executor.step_prefetch import LayoutStream
+from executor.tensorboard_sink import TensorBoardSink
 from executor.train_config import TrainConfig
 from planner.cluster import ClusterSpec
 from planner.errors import SpecError
@@ -47,10 +51,6 @@ def doc_source(args: TrainConfig, pool: StrategyPool, *, scan: bool) -> DocSourc
     if args.step_tokens < pool.context:
         raise SpecError("--step-tokens", f"{args.step_tokens} is fewer than the pool's context {pool.context}",
                         "give a global batch that holds at least one full-length sequence")
-    if args.trace:
-        raise SpecError("--trace", "not available with a strategy pool", "trace a single plan")
-    if args.tensorboard:
-        raise SpecError("--tensorboard", "not available with a strategy pool", "use --log-jsonl")
     model = pool.model
     if args.data:
         if args.lengths:
@@ -67,26 +67,32 @@ def doc_source(args: TrainConfig, pool: StrategyPool, *, scan: bool) -> DocSourc
     return SyntheticDocs(hist, pool.context, model.vocab_size, seed=args.seed)
 
 
-def _log(args: TrainConfig, step: int, rec: dict[str, Any]) -> None:
+def _log(args: TrainConfig, step: int, rec: dict[str, Any], sink: TensorBoardSink | None) -> None:
     print(f"step {step}/{args.steps} | loss {rec['loss']:.4f} | grad-norm {rec['grad_norm']:.3f} | lr {rec['lr']:.2e} "
+          + ("| skipped (not finite) " if rec["skipped"] else "") +
           f"| {rec['tokens']:,} tokens in {rec['sequences']} sequences (longest {rec['longest']:,}) | "
           f"{rec['tokens_per_s']:,.0f} tok/s | phases {'+'.join(rec['phases'])} | switch {rec['switch_s']:.3f} s | "
           f"dispatch {rec['dispatch_s'] * 1e3:.1f} ms (waited {rec['wait_s'] * 1e3:.1f} ms) | "
           f"mem {rec['memory_gib_rank0']:.2f} GiB", flush=True)
     if args.log_jsonl:
         write_text(args.log_jsonl, json.dumps(rec) + "\n", "--log-jsonl", append=True)
+    if sink is not None:
+        sink.write(rec)
 
 
 def train_pool(args: TrainConfig, pool: StrategyPool, cluster: ClusterSpec | None, source: DocSource, *,
-               rank: int, device: torch.device, optim: OptimConfig, resume: str | None, wd: Watchdog) -> None:
-    """Steps ``start..args.steps`` of hot switching on this rank (module docstring); ``cluster`` and
-    ``args.step_tokens`` were checked in pre-flight."""
+               rank: int, device: torch.device, optim: OptimConfig, resume: str | None, wd: Watchdog,
+               fault: tuple[int, int, str] | None = None) -> None:
+    """Steps ``start..args.end`` of hot switching on this rank (module docstring); ``cluster`` and
+    ``args.step_tokens`` were checked in pre-flight; ``fault``: an injected one (tests)."""
     assert cluster is not None and args.step_tokens is not None
     costs = strategy_costs(pool, cluster)
     plans = [s.plan for s in pool.strategies]
     groups = switch_groups(plans, pool.home)
     wire = torch.bfloat16 if device.type == "cuda" and pool.home_plan.options.dtype == "bf16" else None
-    eng = HotSwitchEngine(plans, pool.home, groups, device=device, optim=optim, seed=args.seed, wire_dtype=wire)
+    eng = HotSwitchEngine(plans, pool.home, groups, device=device, optim=optim, seed=args.seed, wire_dtype=wire,
+                          on_nonfinite=args.on_nonfinite)
+    sink = TensorBoardSink(args.tensorboard) if args.tensorboard and rank == 0 else None
     cursor = 0
     if resume is not None:
         extra = checkpoint.load(eng.home, resume)
@@ -99,30 +105,35 @@ def train_pool(args: TrainConfig, pool: StrategyPool, cluster: ClusterSpec | Non
         print(f"hexiscale train: strategy pool of {len(plans)} ({', '.join(s.name for s in pool.strategies)}; home "
               f"{pool.strategies[pool.home].name}), {pool.home_plan.world_size} ranks, model {pool.model.name}, "
               f"context {pool.context:,}, {args.step_tokens:,} tokens per step, data {args.data or args.lengths}, "
-              f"{device.type}, steps {start}..{args.steps}" + (f", resumed from {resume}" if resume else ""),
+              f"{device.type}, steps {start}..{args.end}" + (f", resumed from {resume}" if resume else ""),
               flush=True)
     t_all, tokens_all = 0.0, 0
-    for k in range(start, args.steps):
+    for k in range(start, args.end):
         wd.begin_step(k + 1)
+        maybe_inject(fault, rank, k)
         step = stream.next()
         t0 = time.perf_counter()
         st = eng.train_step(step.docs, step.layout, global_tokens=step.docs.label_tokens)
         seconds = time.perf_counter() - t0
         if k > start:  # the first step includes warm-up
             t_all, tokens_all = t_all + seconds, tokens_all + step.docs.label_tokens
-        if rank == 0 and ((k + 1) % args.log_every == 0 or k + 1 == args.steps):
+        if rank == 0 and ((k + 1) % args.log_every == 0 or k + 1 == args.end):
             _log(args, k + 1, {"step": k + 1, "loss": st.step.loss, "grad_norm": st.step.grad_norm, "lr": st.step.lr,
+                               "skipped": st.step.skipped,
                                "tokens": st.step.tokens, "sequences": len(step.docs),
                                "longest": max(step.docs.lengths), "step_time_s": seconds,
                                "tokens_per_s": st.step.tokens / seconds,
                                "phases": [pool.strategies[ph.strategy].name for ph in step.layout.phases],
                                "switch_s": st.switch_s, "dispatch_s": step.solve_s, "wait_s": step.wait_s,
                                "estimate_s": step.layout.time_s, "memory_gib_rank0": memory_gib(device),
-                               "time": time.time()})
-        saver.after_step(k + 1, k + 1 == args.steps, {"varlen": {"cursor": step.next_cursor},
-                                                      "plan_world_size": pool.home_plan.world_size}, lambda: None)
+                               "time": time.time()}, sink)
+        saver.after_step(k + 1, k + 1 == args.end, {"varlen": {"cursor": step.next_cursor},
+                                                     "plan_world_size": pool.home_plan.world_size},
+                         partial(maybe_inject, fault, rank, k, in_save=True))
     eng.home.drain()
     saver.finish()
+    if sink is not None:
+        sink.close()
     if rank == 0 and t_all > 0:
-        print(f"summary: steps {start + 1}..{args.steps}, {tokens_all / t_all:,.0f} tok/s after the first step",
+        print(f"summary: steps {start + 1}..{args.end}, {tokens_all / t_all:,.0f} tok/s after the first step",
               flush=True)

@@ -47,7 +47,7 @@ from planner.names import check_label, check_name
 from planner.ranges import check_number
 
 MAX_GPUS_PER_NODE = 64
-MAX_NODES = 4096
+MAX_NODES = 8192  # 32,768 GPUs in nodes of 4 (the scaling benchmark; issue 31)
 LINK_KINDS = ("nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet", "tcp", "other")
 # Ranges far beyond real hardware (1 KB/s .. 1 PB/s, up to 1000 s of latency, 1 PiB of memory): values
 # outside are typos (a unit mix-up) and would make the cost model's arithmetic meaningless.
@@ -220,7 +220,7 @@ def _parse_nodes(raw: Any, catalog: Catalog, base_dir: Path | None) -> list[Node
         count = get_int(item, "count", p, minimum=1, default=0, maximum=MAX_NODES) if "count" in item else 0
         if len(nodes) + max(count, 1) > MAX_NODES:  # before expanding: 300 lines of count 4096 are 1.2M nodes
             raise SpecError(join(p, "count") if count else p, f"brings the cluster to {len(nodes) + max(count, 1):,} "
-                            f"nodes, more than the {MAX_NODES} HexiScale handles", "split the cluster")
+                            f"nodes, more than the {MAX_NODES:,} HexiScale handles", "split the cluster")
         cal = resolve_calibration_ref(get_str(item, "calibration", p), join(p, "calibration"), base_dir) \
             if "calibration" in item else None
         names = [f"{name}-{k}" for k in range(count)] if count else [name]

@@ -50,6 +50,7 @@ B1=3 B2=4 B3=5 B4=6.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -125,16 +126,23 @@ def decays(name: str) -> bool:
     return not name.endswith("norm.weight")
 
 
+@functools.lru_cache(maxsize=64)
 def layer_numel(model: ModelSpec) -> tuple[int, int]:
-    """Elements of one layer: (TP-sharded weights, replicated norm scales)."""
+    """Elements of one layer: (TP-sharded weights, replicated norm scales). Cached: the search's
+    cost terms ask for it hundreds of thousands of times per plan (models are frozen, hashable)."""
     infos = layer_params(model, 0)
     return (sum(i.numel for i in infos if i.shard_dim is not None), sum(i.numel for i in infos if i.shard_dim is None))
 
 
 def stage_tensors(model: ModelSpec, num_layers: int, first: bool, last: bool) -> int:
     """Parameter tensors one device of a stage holds (what a per-tensor optimizer step launches)."""
-    return (num_layers * len(layer_params(model, 0)) + (1 if first else 0)
+    return (num_layers * _layer_tensors(model) + (1 if first else 0)
             + (len(head_params(model)) if last else 0))
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_tensors(model: ModelSpec) -> int:
+    return len(layer_params(model, 0))
 
 
 def finest_slices(tps: Sequence[int]) -> list[tuple[int, ...]]:

@@ -100,7 +100,8 @@ class SeedLayout:
         return cls(hetero_configs=args.hetero_configs, layer_partitions=args.layer_partitions,
                    global_bsz_size=strings(args.global_bsz_size), chunks=strings(args.chunks),
                    devices_id=args.devices_id, model=args.model, seq_len=args.seq_len,
-                   options=PlanOptions(recompute=args.recompute, zero=args.zero, dtype=args.dtype),
+                   options=PlanOptions(**{k: getattr(args, k) for k in ("recompute", "zero", "dtype")
+                                          if getattr(args, k, None) is not None}),
                    model_size=args.model_size, layer_num=args.layer_num, accum_iter=args.accum_iter,
                    run_iter=args.run_iter)
 

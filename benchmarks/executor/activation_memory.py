@@ -35,7 +35,7 @@ only when ``--modes`` names them (``compile_blocks(force=True)``, about a minute
 On CPU (torch 2.13, llama2-7b shapes at seq 256) the eager count equals the formula to the byte,
 in fp32 and under CPU bf16 autocast (weight copies included); compiled blocks keep the weight
 copies and 0.615 of the activations per sample under bf16 autocast (0.774 in fp32):
-benchmarks/README.md, "Activation memory per layer".
+benchmarks/NOTES.md, "Activation memory".
 
     # on the GPU machine (one device, about a minute, most of it compiling; llama2-7b, seq 4096, 2 layers;
     # the JSON is rewritten after every row, so a run cut short keeps the eager rows):

@@ -1,7 +1,7 @@
 """What creating and destroying a process group costs, per group, on 4 ranks (the elastic switch's
 largest parts on 4x H200 were closing the old plan's groups, 0.7-0.8 s, and destroying its pair
-groups, ~0.95 s: benchmarks/README.md, "Elastic training"). Decides how to take tear-down off the
-switch's critical path: is it a fixed cost per communicator, does it grow with the traffic a
+groups, ~0.95 s: the first run of benchmarks/executor/elastic.py, 2026-11-26). Decides how to take
+tear-down off the switch's critical path: is it a fixed cost per communicator, does it grow with the traffic a
 communicator carried, and how much of it is waiting for the peers.
 
 For each group kind — a pair (2 ranks), all 4 ranks — and each traffic size (one element, or a

@@ -6,8 +6,8 @@ hand strategies, on the code, web-like and uniform length distributions, at 16K 
     # CI / a laptop: tiny model on 4 gloo ranks, seconds; measures nothing
     python -m benchmarks.executor.mixed_length --smoke --out /tmp/ml
 
-For every context and distribution (``benchmarks/results/lengths/<code|web>-<K>k.json``, measured
-by ``benchmarks.planner.length_distributions``; ``uniform``: every sequence at the context):
+For every context and distribution (``planner/varlen/data/<code|web>-<K>k.json``, measured by
+``benchmarks.planner.length_distributions``, read as package data; ``uniform``: every sequence at the context):
 
 * **hot** — the pool :func:`planner.varlen.propose.propose_pool` proposes (per-bucket plans from the
   planner's search, asymmetric ones included), cost-based assignment, hot switching within a step;
@@ -49,21 +49,21 @@ import numpy as np
 from benchmarks.executor.mixed_length_job import run_job
 
 ROOT = Path(__file__).resolve().parents[2]
-LENGTHS = ROOT / "benchmarks" / "results" / "lengths"
 CLUSTER = ROOT / "examples" / "clusters" / "h100x4.yaml"
 HAND = ("<4,1,1>", "<2,2,1>", "<1,4,1>")
 
 
 def histogram(dist: str, context: int, smoke: bool):  # type: ignore[no-untyped-def]
     """The distribution's histogram at ``context`` (smoke: the 16K one scaled down to it)."""
-    from planner.varlen.histogram import LengthHistogram, load_histogram
+    from planner.varlen.histogram import LengthHistogram
+    from planner.varlen.measured import measured_histogram
 
     if dist == "uniform":
         return LengthHistogram.from_lengths([context], "uniform", context=context,
                                             source="every sequence at the context")
     if not smoke:
-        return load_histogram(LENGTHS / f"{dist}-{context // 1024}k.json")
-    base = load_histogram(LENGTHS / f"{dist}-16k.json")
+        return measured_histogram(f"{dist}-{context // 1024}k")
+    base = measured_histogram(f"{dist}-16k")
     rng = np.random.Generator(np.random.PCG64(0))
     scaled = [max(1, round(s * context / 16384)) for s in base.sample(4000, rng)]
     return LengthHistogram.from_lengths(scaled, f"{dist}-scaled", context=context, source=f"{base.name} scaled")
@@ -130,7 +130,7 @@ def _line(key: str, r: dict[str, Any]) -> str:
 
 
 def table(runs: dict[str, dict[str, Any]]) -> str:
-    """The markdown table of ``benchmarks/README.md``."""
+    """The results as a markdown table, one row per method."""
     rows = ["| context | lengths | method | strategies | tokens/s | s/step | vs static | switch s/step "
             "| dispatch ms (% of step) | estimated s/step | peak GiB |", "|---" * 11 + "|"]
     for key, r in runs.items():

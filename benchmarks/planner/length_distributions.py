@@ -5,10 +5,9 @@ The code corpus (CPython's standard library) and the web-like one (Wikipedia art
 gensim wheel), :mod:`benchmarks.planner.corpora`, are tokenized with one byte-level BPE of
 ``--vocab`` tokens trained here on both (``tokenizers``); documents are then cut to each context
 (``planner.varlen.histogram.chunk_lengths``). Writes every histogram to
-``benchmarks/results/lengths/<corpus>-<K>k.json`` (``hexiscale.lengths/1``: what
+``planner/varlen/data/<corpus>-<K>k.json`` (``hexiscale.lengths/1``, package data: what
 ``hexiscale plan --lengths`` and ``benchmarks/executor/mixed_length.py`` read), the synthetic
-presets beside them, and a summary JSON under ``benchmarks/results/``; prints the table of
-``benchmarks/README.md``.
+presets beside them, and a summary JSON under ``benchmarks/results/``; prints the summary table.
 """
 
 from __future__ import annotations
@@ -21,12 +20,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.planner.common import RESULTS, write_result
+from benchmarks.planner.common import write_result
 from benchmarks.planner.corpora import gensim_wheel, stdlib_documents, wikipedia_documents
 from planner.varlen.histogram import LengthHistogram
+from planner.varlen.measured import measured_dir
 from planner.varlen.synthetic import PRESETS
 
-LENGTHS = RESULTS / "lengths"
+LENGTHS = measured_dir()
 
 
 def train_bpe(docs: list[str], vocab: int):  # type: ignore[no-untyped-def]

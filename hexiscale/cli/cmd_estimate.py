@@ -211,9 +211,11 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     cluster = find_cluster(plan, args.plan, args.cluster)
+    from planner.calibration.priced_by import used_by
+
     resolved = resolved_for(args, cluster)
     est = estimate(plan, cluster, resolved.profiles, timeline=bool(args.plot))
-    data: dict[str, Any] = {**est.to_dict(), "priced_by": resolved.priced_by}
+    data: dict[str, Any] = {**est.to_dict(), "priced_by": used_by(resolved.priced_by, cluster, plan.devices)}
     if args.save:
         with writing("--save", args.save):
             save_plan(plan.with_estimate(data), args.save)

@@ -118,10 +118,11 @@ def run(args: argparse.Namespace) -> int:
     from planner.varlen.pool import load_plan_or_pool
 
     check_int("--grace", args.grace, 0, 86400, "pass seconds, e.g. --grace 30")
-    plan, _ = load_plan_or_pool(args.plan)  # a strategy pool: its home plan places the ranks
+    plan, pool = load_plan_or_pool(args.plan)  # a strategy pool: its home plan places the ranks
     # every node gets absolute paths and checked train arguments (one error line here, not one per rank)
     args.plan = os.path.abspath(args.plan)
-    args.train_args = checked_train_args(args.train_args, plan_path=args.plan)
+    mode = "elastic" if args.elastic or args.trace else "pool" if pool is not None else "plan"
+    args.train_args = checked_train_args(args.train_args, plan_path=args.plan, mode=mode)
     run_id = checked_run_id(args.run_id, args.plan)
     if args.elastic or args.trace:
         if args.dry_run:

@@ -1,7 +1,9 @@
 """``hexiscale plan CLUSTER --model NAME|config.json --global-batch N``: search the best plan.
 
 Prints the plan table, the cost model's estimate (step time, tokens/s, MFU, breakdown,
-bottleneck) and the seed-style flags of the plan; ``-o`` writes the plan (estimate embedded);
+bottleneck) and the seed-style flags of the plan (up to ``SEED_FLAGS_CHARS`` characters, else their
+length; ``--seed-flags`` prints them whatever their length: on an 8,192-GPU cluster they run to
+100 KB); ``-o`` writes the plan (estimate, the calibration of each GPU type and of each node used embedded);
 ``--explain`` adds the search log (structures, settings, local-search steps, finalists) and the
 estimate's per-stage tables; ``--plot DIR`` writes the plan map and the simulated step as PNGs.
 The search is :func:`planner.search.planner.search`. With ``--lengths HISTOGRAM --step-tokens N``
@@ -14,6 +16,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from hexiscale.cli.output import console, plan_table, styled
@@ -30,6 +33,8 @@ from planner.seed_flags import plan_to_flags
 if TYPE_CHECKING:
     from planner.search.planner import SearchProgress
 
+SEED_FLAGS_CHARS = 4000
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("plan", help="search the best plan for a model on a cluster")
@@ -40,10 +45,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("-o", "--output", help="write the plan (with its estimate) to this JSON file")
     p.add_argument("--objective", default="throughput", choices=("throughput",), help="what to optimise")
     p.add_argument("--time-limit", type=float, default=30.0, dest="time_limit",
-                   help="stop the search after this many seconds (default 30; it usually ends sooner)")
+                   help="wall seconds for the whole command (default 30; it usually ends sooner): past it the "
+                   "best plan found so far is returned, with a note")
     p.add_argument("--seed", type=int, default=0, help="seed of the partitioner and the local search")
     p.add_argument("--explain", action="store_true", help="print the search log and per-stage estimate")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
+    p.add_argument("--seed-flags", action="store_true", dest="seed_flags",
+                   help=f"print the seed-style flags whatever their length (default: up to {SEED_FLAGS_CHARS:,} "
+                   "characters)")
     p.add_argument("--plot", metavar="DIR", help=f"write {PLAN_MAP} and {SIMULATED} (the simulated step) to DIR")
     p.add_argument("--lengths", help="mixed-length data: a length histogram (hexiscale.lengths/1 JSON) or "
                    "synthetic:NAME; proposes a strategy pool per length bucket (-o writes the pool)")
@@ -65,6 +74,7 @@ def print_progress(note: SearchProgress) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()  # --time-limit is wall time for the whole command
     from planner.search.planner import PlannerConfig, search
 
     if args.global_batch is None and not args.lengths:
@@ -74,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     check_number("--time-limit", args.time_limit, 0.0, 86400.0, above=True, unit=" seconds")
     check_int("--seed", args.seed, 0, 2**32 - 1, "pass a non-negative seed")
     from planner.calibration.local import resolve_profiles
+    from planner.calibration.priced_by import used_by
 
     cluster = load_cluster(args.cluster)
     model = resolve_model(args.model, args.seq_len)
@@ -94,9 +105,14 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         check_writable(args.output, "-o")  # before a search of up to --time-limit seconds
     result = search(cluster, model, args.global_batch, config=config, profiles=resolved.profiles,
-                    progress=print_progress)
+                    progress=print_progress, clock=time.perf_counter, started=started)
     plan, est = result.plan, result.estimate
-    plan = plan.with_estimate({**(plan.estimate or {}), "priced_by": resolved.priced_by})
+    if result.cut_short:
+        print(f"note: the time limit ({args.time_limit:g} s) cut the search short; this is the best plan found "
+              "so far (a longer --time-limit may find a faster one)", file=sys.stderr if args.json else sys.stdout,
+              flush=True)
+    priced = used_by(resolved.priced_by, cluster, plan.devices)
+    plan = plan.with_estimate({**(plan.estimate or {}), "priced_by": priced})
     if args.output:
         with writing("-o", args.output):
             save_plan(plan, args.output)
@@ -110,12 +126,18 @@ def run(args: argparse.Namespace) -> int:
                          f"bottleneck: pipeline {b['pipeline']} stage {b['stage']} ({b['term']})"))
     terms = ", ".join(f"{k} {v:.3f}" for k, v in est.breakdown.items())
     console.print(f"breakdown (s, slowest pipeline's bottleneck stage): {terms}", highlight=False)
+    if result.idle:
+        console.print(result.idle, highlight=False, soft_wrap=True)
     peak = max(est.memory_gib.values())
     console.print(f"peak memory {peak:.1f} GiB; searched {result.evaluations} candidates in "
                   f"{result.elapsed_s:.2f} s{' (time limit reached)' if result.cut_short else ''}", highlight=False)
     try:
-        flags = plan_to_flags(plan, cluster)
-        console.print("seed-style flags: " + flags.as_command_line(), highlight=False, soft_wrap=True)
+        line = plan_to_flags(plan, cluster).as_command_line()
+        if len(line) <= SEED_FLAGS_CHARS or args.seed_flags:
+            console.print("seed-style flags: " + line, highlight=False, soft_wrap=True)
+        else:
+            console.print(f"seed-style flags: {len(line):,} characters (--seed-flags prints them; -o writes the "
+                          "plan, which the executor takes with --plan)", highlight=False)
     except SpecError as exc:
         console.print(f"seed-style flags: not expressible ({exc})", highlight=False, soft_wrap=True)
     if args.output:

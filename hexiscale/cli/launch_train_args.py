@@ -11,6 +11,7 @@ import argparse
 import os
 from collections.abc import Sequence
 
+from executor.flag_modes import check_flags
 from hexiscale.cli.flag_hints import RaisingParser, UsageError, unknown_arguments
 from hexiscale.cli.train_args import add_train_arguments, train_config
 from planner.errors import SpecError
@@ -56,9 +57,9 @@ def with_absolute_paths(argv: Sequence[str], parser: argparse.ArgumentParser) ->
     return out
 
 
-def checked_train_args(train_args: Sequence[str], *, plan_path: str) -> list[str]:
-    """``train_args`` as every rank will parse them (a ``SpecError`` naming the flag if not), with
-    absolute paths."""
+def checked_train_args(train_args: Sequence[str], *, plan_path: str, mode: str = "plan") -> list[str]:
+    """``train_args`` as every rank will parse them (a ``SpecError`` naming the flag if not, or a
+    flag the ranks' ``mode`` refuses: :mod:`executor.flag_modes`), with absolute paths."""
     parser = _train_parser()
     try:
         ns, extras = parser.parse_known_args(["--plan", plan_path, *train_args])
@@ -66,5 +67,5 @@ def checked_train_args(train_args: Sequence[str], *, plan_path: str) -> list[str
         raise SpecError(WHERE, str(exc), "see 'hexiscale train --help'") from None
     if extras:
         raise unknown_arguments(extras, parser)
-    train_config(ns)  # every value checked, one line naming the flag
+    check_flags(train_config(ns), mode)  # every value checked, one line naming the flag
     return with_absolute_paths(train_args, parser)

@@ -2,7 +2,7 @@
 strategy pool for mixed-length data (:func:`planner.varlen.propose.propose_pool`).
 
 ``HISTOGRAM`` is a ``hexiscale.lengths/1`` file (``hexiscale data lengths`` writes one from a token
-file; ``benchmarks/results/lengths/`` holds the measured code and web ones) or ``synthetic:NAME``
+file; ``planner/varlen/data/`` holds the measured code and web ones) or ``synthetic:NAME``
 (``commoncrawl``, ``github``: :mod:`planner.varlen.synthetic`). Prints a table of the pool (per
 strategy: its role, pipelines and their stages' TP degrees, the most tokens a micro-batch of it
 holds next to the home layout's state), every strategy's plan, the search log and the estimated

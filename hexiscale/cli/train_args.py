@@ -18,7 +18,8 @@ FLAGS = {"cluster": "--cluster", "steps": "--steps", "data": "--data", "seed": "
          "trace_steps": "--trace-steps", "heartbeat": "--heartbeat", "dead_after": "--dead-after",
          "hang_after": "--hang-after", "startup_timeout": "--startup-timeout", "pg_timeout": "--pg-timeout",
          "step_tokens": "--step-tokens", "lengths": "--lengths", "assign": "--assign", "stop_at": "--stop-at",
-         "on_nonfinite": "--on-nonfinite", "compile": "--compile"}
+         "on_nonfinite": "--on-nonfinite", "compile": "--compile", "recompute": "--recompute", "zero": "--zero",
+         "dtype": "--dtype"}
 NOT_FLAGS = ("plan", "device", "seed_layout")
 
 
@@ -30,10 +31,13 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "needed with seed-style flags and with a strategy pool")
     layout.add_argument("--model", help="model preset or config.json (seed-style flags)")
     layout.add_argument("--seq-len", type=int, dest="seq_len", help="sequence length (seed-style flags)")
-    layout.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
-    layout.add_argument("--zero", type=int, default=0, choices=(0, 1))
-    layout.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"),
-                        help="compute dtype for seed-style flags (a plan file carries its own)")
+    layout.add_argument("--recompute", choices=("none", "selective", "full"),
+                        help="activation recomputation (default none; with a plan file: replaces its "
+                        "options.recompute)")
+    layout.add_argument("--zero", type=int, choices=(0, 1),
+                        help="ZeRO stage (default 0; with a plan file: replaces its options.zero)")
+    layout.add_argument("--dtype", choices=("fp32", "bf16", "fp16"),
+                        help="compute dtype (default bf16; with a plan file: replaces its options.dtype)")
     add_seed_flag_arguments(layout)
 
     run = p.add_argument_group("training")
@@ -110,7 +114,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         weight_decay=args.weight_decay, clip=args.clip, device=args.device, checkpoint_dir=args.checkpoint_dir,
         save_every=args.save_every, async_save=args.async_save, resume=args.resume, log_jsonl=args.log_jsonl,
         log_every=args.log_every, tensorboard=args.tensorboard, trace=args.trace, trace_steps=args.trace_steps,
-        on_nonfinite=args.on_nonfinite, compile=args.compile,
+        on_nonfinite=args.on_nonfinite, compile=args.compile, recompute=args.recompute, zero=args.zero,
+        dtype=args.dtype,
         heartbeat=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after,
         startup_timeout=args.startup_timeout, pg_timeout=args.pg_timeout, step_tokens=args.step_tokens,
         lengths=args.lengths, assign=args.assign)

@@ -34,6 +34,11 @@ def launch_elastic(args: argparse.Namespace, plan: Plan, run_id: str, *, env: di
         elif steps != str(trace.total_steps):
             raise SpecError("--steps", f"{steps}, but the trace's phases last {trace.total_steps} steps",
                             "drop --steps (the trace sets it) or fix the trace")
+        stop = _flag(train_args, "--stop-at")
+        late = [p.start for p in trace.phases[1:] if stop is not None and p.start >= int(stop)]
+        if late:  # its joining devices would wait for a switch that never comes
+            raise SpecError("--stop-at", f"{stop}, but the trace changes the devices after step {late[0]}",
+                            f"pass --stop-at {trace.phases[-1].start + 1} or more, or end the trace sooner")
     devices = {d for d in plan.devices} | {d for p in (trace.phases if trace else ()) for d in p.devices}
     device = args.device
     if device == "auto":

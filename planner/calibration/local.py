@@ -9,17 +9,19 @@ Layout under :func:`planner.catalog.calibration_home` (``$HEXISCALE_HOME``, else
     calibration/<key>.json    fitted CostParams terms (``hexiscale.calibration/1``) with
                               ``applies_to``: the catalog keys they were measured for
 
-Choice of the cost-model terms for a cluster (one set per estimate): a calibration of this host
-that applies to any of the cluster's devices (their type, or the measured entry planning it)
-beats a packaged one; among those, the one covering most devices, then the newer; none
-matching: the defaults. :func:`describe` says in one line per estimate which profiles and calibration were used
-and which GPU types have datasheet figures only, and in another which calibration priced each node. A
-node's ``calibration:`` field (:mod:`planner.calibration.ref`) picks the calibration over this choice.
+Choice of the cost-model terms, per GPU type (issue 31: one set per cluster let an unused H100 node
+change an A100 plan's estimate): for each type of the cluster, a calibration a node of that type names
+(its ``calibration:`` field, :mod:`planner.calibration.ref`; :func:`named`), else a calibration of this
+host that applies to it (the type, or the measured entry planning it), else a packaged one, then the
+newer; none matching: the defaults. Terms of what several types do together (links, collectives) are
+the types' own when they agree, else the defaults (:meth:`planner.cost.profile_set.ProfileSet.shared`).
+:func:`describe` says in one line per estimate which profiles and calibration were used and which GPU
+types have datasheet figures only; :mod:`planner.calibration.priced_by`, in another, which calibration
+priced each node.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -95,52 +97,57 @@ def _planned_as(profiles: ProfileSet, gpu: str) -> str:
     return profiles.get(gpu).device.key
 
 
-def named(cluster: ClusterSpec, profiles: ProfileSet) -> Calibration | None:
-    """The calibration the cluster's nodes name (``calibration:``), checked: a readable calibration
-    measured for each naming node's GPU type; one for all of them (one set of cost terms prices an
-    estimate). None when no node names one."""
-    chosen: Calibration | None = None
+def named(cluster: ClusterSpec, profiles: ProfileSet) -> dict[str, Calibration]:
+    """GPU type -> the calibration its nodes name (``calibration:``), checked: a readable calibration
+    measured for that type. Cost terms are per GPU type, so nodes of different types may name
+    different calibrations, nodes of one type the same one (it then prices every node of the type)."""
+    chosen: dict[str, Calibration] = {}
     for node in cluster.nodes:
         if node.calibration is None:
             continue
         where = f"nodes.{node.name}.calibration"
-        if chosen is not None and str(chosen.path) != node.calibration:
-            raise SpecError(where, f"names {node.calibration} while another node names {chosen.path}; one set of "
-                            "cost terms prices an estimate", "point every node that names one at the same calibration")
-        cal = chosen or _read(Path(node.calibration), True)
+        have = chosen.get(node.gpu)
+        if have is not None:
+            if str(have.path) != node.calibration:
+                raise SpecError(where, f"names {node.calibration} while another {node.gpu} node names {have.path}; "
+                                "cost terms are per GPU type", f"point every {node.gpu} node that names one at the "
+                                "same calibration")
+            continue
+        cal = _read(Path(node.calibration), True)
         if cal is None:
             raise SpecError(where, f"{node.calibration} is not a calibration (no applies_to list)",
                             "name a file written by 'hexiscale calibrate'")
         if node.gpu not in cal.applies_to and _planned_as(profiles, node.gpu) not in cal.applies_to:
             raise SpecError(where, f"{cal.path} was measured for {', '.join(cal.applies_to) or 'nothing'}, not "
                             f"{node.gpu}", "point the node at a calibration of its GPU type")
-        chosen = cal
+        chosen[node.gpu] = cal
     return chosen
 
 
-def choose(cluster: ClusterSpec, profiles: ProfileSet) -> Calibration | None:
-    """The calibration the nodes name (:func:`named`), else the best match (module docstring)."""
-    pointed = named(cluster, profiles)
-    if pointed is not None:
-        return pointed
-    counts = Counter(d.gpu for d in cluster.devices)
-    best: tuple[bool, int, str] | None = None
+def choose(gpu: str, profiles: ProfileSet, found: list[Calibration]) -> Calibration | None:
+    """The calibration for devices of type ``gpu`` among ``found``: this host's first, then the newer
+    (a node's ``calibration:`` field goes before this choice: :func:`named`)."""
+    best: tuple[bool, str] | None = None
     chosen = None
-    for cal in calibrations():
-        covered = sum(n for gpu, n in counts.items() if gpu in cal.applies_to
-                      or _planned_as(profiles, gpu) in cal.applies_to)
-        if covered == 0:
+    for cal in found:
+        if gpu not in cal.applies_to and _planned_as(profiles, gpu) not in cal.applies_to:
             continue
-        score = (cal.host, covered, cal.date)
+        score = (cal.host, cal.date)
         if best is None or score > best:
             best, chosen = score, cal
     return chosen
 
 
+def label(cal: Calibration) -> str:
+    """How a plan file names a calibration (``Estimate.calibration``)."""
+    where = f"host calibration {cal.path}" if cal.host else f"packaged calibration '{cal.path.stem}'"
+    return where + (f" ({cal.date[:10]})" if cal.date else "")
+
+
 @dataclass(frozen=True)
 class ResolvedProfiles:
     profiles: ProfileSet
-    calibration: Calibration | None
+    calibrations: dict[str, Calibration | None]  # per GPU type of the cluster
     line: str  # what was used, for the user (one line)
     priced_by: dict[str, dict[str, Any]]  # per node (planner.calibration.priced_by)
 
@@ -157,15 +164,26 @@ def resolve_profiles(cluster: ClusterSpec, *, params: CostParams | None = None, 
     from planner.calibration.store import load_params
 
     catalog = cluster.catalog  # the packaged catalog with this host's entries (planner.catalog.default_catalog)
+    types = sorted({d.gpu for d in cluster.devices})
+    if params is not None:
+        profiles = ProfileSet(catalog, params, prefer_measured=not spec_only, default_terms="--params file")
+        return ResolvedProfiles(profiles, {}, describe(cluster, profiles, {}, True),
+                                priced_by(cluster, profiles, {}, True))
     probe = ProfileSet(catalog, DEFAULT_PARAMS, prefer_measured=not spec_only)
-    cal = None if params is not None else choose(cluster, probe)
-    chosen = params or (load_params(cal.path) if cal is not None else DEFAULT_PARAMS)
-    profiles = ProfileSet(catalog, chosen, prefer_measured=not spec_only)
-    return ResolvedProfiles(profiles, cal, describe(cluster, profiles, cal, params is not None),
-                            priced_by(cluster, profiles, cal, params is not None))
+    found = calibrations()
+    pointed = named(cluster, probe)
+    cals = {gpu: pointed.get(gpu) or choose(gpu, probe, found) for gpu in types}
+    loaded = {cal.path: load_params(cal.path) for cal in cals.values() if cal is not None}
+    by_type = {gpu: loaded[cal.path] for gpu, cal in cals.items() if cal is not None}
+    terms = {gpu: label(cal) for gpu, cal in cals.items() if cal is not None}
+    distinct = {by_type.get(gpu, DEFAULT_PARAMS) for gpu in types}
+    base = distinct.pop() if len(distinct) == 1 else DEFAULT_PARAMS  # one cluster-wide set only where all agree
+    profiles = ProfileSet(catalog, base, prefer_measured=not spec_only, by_type=by_type, terms=terms)
+    return ResolvedProfiles(profiles, cals, describe(cluster, profiles, cals, False),
+                            priced_by(cluster, profiles, cals, False))
 
 
-def describe(cluster: ClusterSpec, profiles: ProfileSet, cal: Calibration | None, overridden: bool) -> str:
+def describe(cluster: ClusterSpec, profiles: ProfileSet, cals: dict[str, Calibration | None], overridden: bool) -> str:
     parts = []
     spec_only = []
     for gpu in sorted({d.gpu for d in cluster.devices}):
@@ -177,13 +195,18 @@ def describe(cluster: ClusterSpec, profiles: ProfileSet, cal: Calibration | None
         else:
             parts.append(f"{gpu} (datasheet)")
             spec_only.append(gpu)
+    def said(cal: Calibration | None) -> str:
+        if cal is None:
+            return "default terms (no calibration matches; run 'hexiscale calibrate' on such a host)"
+        where = f"host calibration {cal.path}" if cal.host else f"packaged calibration '{cal.path.stem}'"
+        return where + cal.quality()
+
     if overridden:
         terms = "--params file"
-    elif cal is None:
-        terms = "default terms (no calibration matches; run 'hexiscale calibrate' on such a host)"
+    elif len({c.path if c else None for c in cals.values()}) <= 1:  # one set for every type
+        terms = said(next(iter(cals.values()), None))
     else:
-        terms = f"host calibration {cal.path}" if cal.host else f"packaged calibration '{cal.path.stem}'"
-        terms += cal.quality()
+        terms = "; ".join(f"{gpu}: {said(cal)}" for gpu, cal in cals.items())
     line = f"profiles: {', '.join(parts)}; cost terms: {terms}"
     if spec_only:
         line += (f". Warning: {', '.join(spec_only)}: datasheet figures only; run 'hexiscale calibrate' on such a "

@@ -1,16 +1,22 @@
 """Which calibration priced each node of an estimate: ``priced_by`` in the plan JSON's ``estimate`` and a
 line of ``plan``/``estimate`` output.
 
-Per node: the catalog entry its GPU type is planned with (``profile``: a measured entry, or the
-datasheet), and the calibration whose cost terms were measured for it (``calibration``: its file, with
-the host fingerprint of the machine it was measured on), or none: ``"shipped profile, uncalibrated"``
-(a packaged measured entry priced with terms not measured for it) or ``"datasheet, uncalibrated"``.
-One set of cost terms prices an estimate (:func:`planner.calibration.local.choose`), so a node whose
-GPU type the chosen calibration does not apply to runs on terms measured for another GPU.
+Per node: its GPU type (``gpu``), the catalog entry that type is planned with (``profile``: a measured
+entry, or the datasheet), and the calibration whose cost terms priced that type (``calibration``: its
+file, with the host fingerprint of the machine it was measured on and its held-out error), or none:
+``"shipped profile, uncalibrated"`` (a packaged measured entry priced with the default terms) or
+``"datasheet, uncalibrated"``. Cost terms are chosen per GPU type
+(:func:`planner.calibration.local.resolve_profiles`), so this table is the per-node view of the same
+choice that the estimate's ``calibration`` (GPU type -> the label of its terms,
+:meth:`planner.cost.profile_set.ProfileSet.terms_of`) records per type: ``estimate.calibration[row["gpu"]]``
+names the calibration of ``row["calibration"]`` for every row; the plan JSON keeps only the rows of the
+nodes the plan uses (:func:`used_by`), each of whose types ``estimate.calibration`` has.
 """
+
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,8 +30,6 @@ class CalibrationFacts(Protocol):
     @property
     def path(self) -> Path: ...
     @property
-    def applies_to(self) -> tuple[str, ...]: ...
-    @property
     def host(self) -> bool: ...
     @property
     def fingerprint(self) -> str: ...
@@ -33,23 +37,33 @@ class CalibrationFacts(Protocol):
     def held_out(self) -> dict[str, float] | None: ...
 
 
-def priced_by(cluster: ClusterSpec, profiles: ProfileSet, cal: CalibrationFacts | None, params_file: bool
-              ) -> dict[str, dict[str, Any]]:
-    """``{node name: {"profile", "calibration", "host", "held_out", "note"}}`` (module docstring)."""
+def priced_by(cluster: ClusterSpec, profiles: ProfileSet, cals: Mapping[str, CalibrationFacts | None],
+              params_file: bool) -> dict[str, dict[str, Any]]:
+    """``{node name: {"gpu", "profile", "calibration", "host", "held_out", "note"}}`` from ``cals``, the
+    calibration chosen for each GPU type (module docstring)."""
     out: dict[str, dict[str, Any]] = {}
     for node in cluster.nodes:
         prof = profiles.get(node.gpu)
         measured = prof.source == "measured"
-        entry: dict[str, Any] = {"profile": prof.device.key, "calibration": None, "host": None, "held_out": None}
+        cal = cals.get(node.gpu)
+        entry: dict[str, Any] = {"gpu": node.gpu, "profile": prof.device.key, "calibration": None, "host": None,
+                                 "held_out": None}
         if params_file:
             entry["note"] = "--params file"
-        elif cal is not None and (node.gpu in cal.applies_to or prof.device.key in cal.applies_to):
+        elif cal is not None:
             entry.update(calibration=str(cal.path), host=cal.fingerprint or None, held_out=cal.held_out,
                          note="host calibration" if cal.host else "packaged calibration")
         else:
             entry["note"] = "shipped profile, uncalibrated" if measured else "datasheet, uncalibrated"
         out[node.name] = entry
     return out
+
+
+def used_by(table: dict[str, dict[str, Any]], cluster: ClusterSpec, devices: Iterable[str]
+            ) -> dict[str, dict[str, Any]]:
+    """The rows of ``table`` for the nodes of ``devices`` (a plan's): the nodes its estimate priced."""
+    nodes = {cluster.device(d).node for d in devices}
+    return {name: row for name, row in table.items() if name in nodes}
 
 
 def priced_by_line(table: dict[str, dict[str, Any]]) -> str:

@@ -94,6 +94,7 @@ from planner.cost.memory import (
     compiled_layer_activation_bytes,
     layer_activation_bytes,
     partial_params,
+    partial_params_table,
     stage_memory,
     stage_params,
     state_bytes,
@@ -131,7 +132,8 @@ __all__ = [
     "device_compute", "estimate", "fold_p2p", "gpipe_time", "group_allreduce_time", "group_broadcast_time",
     "compiled_layer_activation_bytes",
     "held_with_grads", "hierarchical_allreduce_time", "in_flight", "layer_activation_bytes", "one_f_one_b_lower_bound",
-    "one_f_one_b_time", "p2p_time", "partial_params", "pipeline_time", "reduce_scatter_time", "ring_allreduce_time",
+    "one_f_one_b_time", "p2p_time", "partial_params", "partial_params_table", "pipeline_time", "reduce_scatter_time",
+    "ring_allreduce_time",
     "simulate", "stage_memory", "stage_params", "stage_time", "state_bytes", "sync_groups", "tp_collectives",
     "tp_comm_time", "tree_allreduce_time", "weight_cast_bytes",
 ]

@@ -64,7 +64,7 @@ bytes, ``r`` residual bytes, ``a`` heads; flash/SDPA keeps no s² scores; no dro
 
 Compiled blocks (``options.compile``: executor/fast_path.compile_blocks, Inductor) keep less,
 ``none`` recompute only (the saved-tensor count of benchmarks/executor/activation_memory.py,
-benchmarks/README.md "Activation memory per layer": the fp32 and bf16-autocast counts on CPU equal
+benchmarks/NOTES.md "Activation memory": the fp32 and bf16-autocast counts on CPU equal
 this term by term at llama2-7b shapes; scaled to seq 4096 it gives ~18 GiB per sample with the head
 where 4x H200 measured 17.9)::
 
@@ -116,6 +116,7 @@ bytes (``CostParams``).
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 
 from planner.cost.ops import GRAD_BYTES, Numerics
@@ -202,27 +203,57 @@ def partial_params(plan: Plan, pipeline: int, stage: int) -> float:
     """Elements of ONE device of ``plan.pipelines[pipeline].stages[stage]`` whose local shard is
     cut into several sync slices (``X`` in the module docstring): a TP-sharded tensor is cut when
     the finest common layout of its holders (``lcm`` of their TP degrees, :mod:`planner.layout`)
-    is finer than this stage's TP degree. 0 with one pipeline (nothing is synchronised)."""
-    if len(plan.pipelines) < 2:
-        return 0.0
-    m = plan.model
-    st = plan.pipelines[pipeline].stages[stage]
-    t = st.tp
+    is finer than this stage's TP degree. 0 with one pipeline (nothing is synchronised). For
+    every stage of a plan use :func:`partial_params_table` (one pass over the plan, not one a stage)."""
+    return partial_params_table(plan)[pipeline][stage]
 
-    def cut(tps: list[int]) -> bool:
-        return math.lcm(t, *tps) != t
 
-    def tp_at(layer: int) -> list[int]:
-        return [next(s.tp for s in p.stages if s.layers[0] <= layer < s.layers[1]) for p in plan.pipelines]
+def partial_params_table(plan: Plan) -> list[list[float]]:
+    """:func:`partial_params` of every stage of ``plan`` (``[pipeline][stage]``), in one pass.
 
-    sharded = layer_numel(m)[0] / t
-    out = sum(sharded for i in range(*st.layers) if cut(tp_at(i)))
-    if stage == 0 and cut([p.stages[0].tp for p in plan.pipelines]):
-        out += m.embedding_params() / t
-    last = len(plan.pipelines[pipeline].stages) - 1
-    if stage == last and not m.tie_embeddings and cut([p.stages[-1].tp for p in plan.pipelines]):
-        out += m.vocab_size * m.hidden_size / t
-    return out
+    A stage of TP degree ``t`` has layer ``i`` cut when ``M_i``, the lcm of every pipeline's TP
+    degree at layer ``i``, does not divide ``t`` (``lcm(t, M_i) != t``). ``M`` is built once from
+    the distinct pipeline shapes (TP degree and layer range per stage), so the cost is
+    ``shapes x layers + stages`` rather than ``pipelines^2 x layers`` (issue 31)."""
+    pipes = plan.pipelines
+    if len(pipes) < 2:
+        return [[0.0] * len(p.stages) for p in pipes]
+    shape_of = [tuple((s.tp, s.layers) for s in p.stages) for p in pipes]
+    by_shape = partial_params_by_shape(plan.model, set(shape_of))
+    return [by_shape[shape] for shape in shape_of]
+
+
+Shape = tuple[tuple[int, tuple[int, int]], ...]  # a pipeline's stages: (TP degree, layer range) each
+
+
+def partial_params_by_shape(m: ModelSpec, shapes: Collection[Shape]) -> dict[Shape, list[float]]:
+    """:func:`partial_params` of every stage of every distinct pipeline ``shape`` of a plan with
+    at least two pipelines (what :func:`partial_params_table` and the search's surrogate use)."""
+    lcm_at = [1] * m.num_layers
+    for shape in shapes:
+        for tp, (lo, hi) in shape:
+            for i in range(lo, hi):
+                lcm_at[i] = math.lcm(lcm_at[i], tp)
+    lcm_first = math.lcm(*(shape[0][0] for shape in shapes))
+    lcm_last = math.lcm(*(shape[-1][0] for shape in shapes))
+    sharded = layer_numel(m)[0]
+    memo: dict[tuple[int, tuple[int, int], bool, bool], float] = {}
+
+    def one(tp: int, layers: tuple[int, int], first: bool, last: bool) -> float:
+        key = (tp, layers, first, last)
+        hit = memo.get(key)
+        if hit is None:
+            per = sharded / tp
+            hit = sum(per for i in range(*layers) if tp % lcm_at[i])  # summed as before, bit for bit
+            if first and tp % lcm_first:
+                hit += m.embedding_params() / tp
+            if last and not m.tie_embeddings and tp % lcm_last:
+                hit += m.vocab_size * m.hidden_size / tp
+            memo[key] = hit
+        return hit
+
+    return {shape: [one(tp, layers, si == 0, si == len(shape) - 1) for si, (tp, layers) in enumerate(shape)]
+            for shape in shapes}
 
 
 def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> float:

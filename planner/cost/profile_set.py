@@ -1,8 +1,11 @@
 """The profile of every device type of a catalog: measured tables where the catalog has them, the
-spec roofline elsewhere (the two :class:`planner.cost.profile.DeviceProfile` sources)."""
+spec roofline elsewhere (the two :class:`planner.cost.profile.DeviceProfile` sources), each with the
+cost-model terms of its own type (a calibration applies to the GPU types it was measured on, not
+to every device of a cluster that holds one of them: issue 31)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from planner.catalog import Catalog, DeviceType, default_catalog
@@ -16,25 +19,72 @@ class ProfileSet:
     """Profiles of every device type, built on demand from a catalog.
 
     A catalog entry with a usable ``measured`` section gets a ``MeasuredProfile`` (unless
-    ``prefer_measured=False``); every other entry a ``SpecProfile``."""
+    ``prefer_measured=False``); every other entry a ``SpecProfile``.
+
+    ``params`` are the terms of every type without its own; ``by_type`` (GPU type as the cluster
+    names it, or catalog key -> terms) those of calibrated types; ``terms`` (same keys -> a short
+    label, e.g. ``packaged calibration 'h100' (2026-11-20)``) says where each came from, for the
+    plan file. Device terms (compute, memory overhead) come from :meth:`params_for`; terms of links
+    and collectives that several types share from :meth:`shared`."""
 
     def __init__(self, catalog: Catalog | None = None, params: CostParams = DEFAULT_PARAMS,
-                 prefer_measured: bool = True):
+                 prefer_measured: bool = True, by_type: Mapping[str, CostParams] | None = None,
+                 terms: Mapping[str, str] | None = None, default_terms: str = "default terms"):
         self.catalog = catalog or default_catalog()
         self.params = params
         self.prefer_measured = prefer_measured
+        self.by_type = dict(by_type or {})
+        self.terms = dict(terms or {})
+        self.default_terms = default_terms
         self._profiles: dict[str, DeviceProfile] = {}
-        self._variants: dict[CostParams, ProfileSet] = {}
+        self._variants: dict[tuple[object, ...], ProfileSet] = {}
 
     def for_options(self, options: PlanOptions) -> ProfileSet:
         """This set as a plan with ``options`` is costed: the residual stream inside the layers in
         the compute dtype when ``options.residual_dtype`` says so (the same set otherwise)."""
-        params = replace(self.params, residual_in_compute_dtype=options.residual_dtype != "fp32")
+        flag = options.residual_dtype != "fp32"
+        params = replace(self.params, residual_in_compute_dtype=flag)
+        by_type = {k: replace(v, residual_in_compute_dtype=flag) for k, v in self.by_type.items()}
+        if params == self.params and by_type == self.by_type:
+            return self
+        key = (params, tuple(sorted(by_type.items(), key=lambda kv: kv[0])))
+        if key not in self._variants:
+            self._variants[key] = ProfileSet(self.catalog, params, self.prefer_measured, by_type, self.terms,
+                                             self.default_terms)
+        return self._variants[key]
+
+    def params_for(self, gpu: str) -> CostParams:
+        """The cost-model terms of devices of type ``gpu`` (its calibration, else ``params``)."""
+        hit = self.by_type.get(gpu)
+        if hit is None and self.by_type:
+            hit = self.by_type.get(self.catalog.get(gpu).key)
+        return self.params if hit is None else hit
+
+    def terms_of(self, gpu: str) -> str:
+        """Where the terms of ``gpu`` come from (a calibration's name, or the default)."""
+        hit = self.terms.get(gpu)
+        if hit is None and self.terms:
+            hit = self.terms.get(self.catalog.get(gpu).key)
+        return self.default_terms if hit is None else hit
+
+    def narrowed(self, gpus: Iterable[str]) -> ProfileSet:
+        """This set with :meth:`shared` of ``gpus`` as its default terms (what a plan using only
+        those types is costed with; the set itself when they agree with the default)."""
+        params = self.shared(gpus)
         if params == self.params:
             return self
-        if params not in self._variants:
-            self._variants[params] = ProfileSet(self.catalog, params, self.prefer_measured)
-        return self._variants[params]
+        key = ("narrowed", params)
+        if key not in self._variants:
+            self._variants[key] = ProfileSet(self.catalog, params, self.prefer_measured, self.by_type, self.terms,
+                                             self.default_terms)
+        return self._variants[key]
+
+    def shared(self, gpus: Iterable[str]) -> CostParams:
+        """Terms for what devices of all of ``gpus`` do together (links, collectives, the gradient
+        sync): theirs when they all have the same, else ``params``. A plan passes its own devices'
+        types, so a device it does not use cannot change them."""
+        found = {self.params_for(g) for g in set(gpus)}
+        return found.pop() if len(found) == 1 else self.params
 
     def _measured_entry(self, device: DeviceType) -> DeviceType | None:
         """The measured entry to use for ``device``: its own ``measured`` section, else the profiler's
@@ -57,9 +107,10 @@ class ProfileSet:
         if prof is None:
             device = self.catalog.get(gpu)
             measured = self._measured_entry(device)
+            params = self.params_for(gpu)
             if measured is not None:
-                prof = MeasuredProfile(measured, self.params)
+                prof = MeasuredProfile(measured, params)
             else:
-                prof = SpecProfile(device, self.params)
+                prof = SpecProfile(device, params)
             self._profiles[gpu] = self._profiles[device.key] = prof
         return prof

@@ -57,7 +57,14 @@ from planner.cluster import ClusterSpec
 from planner.cost.communicators import communicators
 from planner.cost.gradsync import sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
-from planner.cost.memory import GIB, ZERO_BUCKET_NUMEL, MemoryBreakdown, partial_params, stage_memory, stage_params
+from planner.cost.memory import (
+    GIB,
+    ZERO_BUCKET_NUMEL,
+    MemoryBreakdown,
+    partial_params_table,
+    stage_memory,
+    stage_params,
+)
 from planner.cost.profile_set import ProfileSet
 from planner.cost.schedule import held_with_grads, in_flight
 from planner.cost.sim_timeline import simulated_timeline, stage_lane
@@ -107,6 +114,7 @@ class Estimate:
     bottleneck: dict[str, Any]
     pipelines: list[PipelineEstimate]
     sources: dict[str, str] = field(default_factory=dict)
+    calibration: dict[str, str] = field(default_factory=dict)  # GPU type -> where its cost terms come from
     timeline: Timeline | None = None  # estimate(..., timeline=True): the simulated step
 
     @property
@@ -147,6 +155,7 @@ class Estimate:
                                        "pp_comm_s": round(s.pp_comm_s, r + 3)} for s in p.stages]}
                           for p in self.pipelines],
             "profile_sources": self.sources,
+            "calibration": self.calibration,
         }
 
 
@@ -262,6 +271,9 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     reported in ``Estimate.oom`` (call ``check_fits()`` to turn it into an error)."""
     validate(plan, cluster)
     profiles = (profiles or ProfileSet(cluster.catalog)).for_options(plan.options)
+    # the terms of links and collectives: the plan's own device types' (a device it leaves idle
+    # cannot change them); device terms per type (profiles.params_for)
+    profiles = profiles.narrowed({cluster.device(d).gpu for p in plan.pipelines for s in p.stages for d in s.devices})
     params, m, o = profiles.params, plan.model, plan.options
     n_pipes = len(plan.pipelines)
     zero_shards = n_pipes if o.zero == 1 else 1
@@ -274,6 +286,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     oom: list[dict[str, Any]] = []
     optimizer: dict[str, float] = {}
     comms = communicators(plan)
+    partial = partial_params_table(plan)
     lanes: list[Lane] = []
     for pi, pipe in enumerate(plan.pipelines):
         est, b, pipe_lanes = _pipeline(plan, pi, cluster, profiles, record=timeline)
@@ -289,19 +302,19 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
                 prof = profiles.get(gpu)
                 mems[gpu] = stage_memory(
                     m, layers=st.num_layers, tp=st.tp, first=first, last=last, micro_batch=mb, in_flight=held,
-                    dtype=o.dtype, recompute=o.recompute, zero_shards=zero_shards, params=params,
+                    dtype=o.dtype, recompute=o.recompute, zero_shards=zero_shards, params=profiles.params_for(gpu),
                     # a profile's measured layer bytes are the eager path's; compiled blocks keep less
                     layer_activation=None if o.compile and o.recompute == "none" else prof.activation_bytes(
                         "layer", m, mb, st.tp, o.dtype, o.recompute),
                     head_activation=prof.activation_bytes("head", m, mb, st.tp, o.dtype) if last else None,
-                    held_with_grads=with_grads, pipelines=n_pipes, partial=partial_params(plan, pi, si),
+                    held_with_grads=with_grads, pipelines=n_pipes, partial=partial[pi][si],
                     compile=o.compile)
             n_params = stage_params(m, st.num_layers, st.tp, first, last) / zero_shards
             n_tensors = stage_tensors(m, st.num_layers, first, last)
             for di, dev_id in enumerate(st.devices):
                 dev = cluster.device(dev_id)
                 mem = mems[dev.gpu]
-                comm = comms[dev_id] * params.comm_gib * GIB
+                comm = comms[dev_id] * profiles.params_for(dev.gpu).comm_gib * GIB
                 mem = replace(mem, overhead=mem.overhead + comm)
                 memory[dev_id] = mem
                 capacity[dev_id] = dev.memory_gib
@@ -344,9 +357,10 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     tps = tokens / step
     peak = sum(profiles.get(cluster.device(d).gpu).peak_flops(o.dtype) for d in devices)
     sources = {cluster.device(d).gpu: profiles.get(cluster.device(d).gpu).source for d in devices}
+    calibration = {gpu: profiles.terms_of(gpu) for gpu in sorted(sources)}
     steps = simulated_timeline(plan, lanes, sync_busy=sync_busy, sync_done=sync_done, grad_norm=grad_norm,
                                optimizer=optimizer, zero_all_gather=zero_ag) if timeline else None
     return Estimate(step_time_s=step, tokens_per_s=tps, mfu=tps * m.model_flops_per_token() / peak,
                     hfu=tps * m.hardware_flops_per_token(o.recompute) / peak, breakdown=breakdown, memory=memory,
                     capacity_gib=capacity, oom=oom, bottleneck=bottleneck, pipelines=pipes, sources=sources,
-                    timeline=steps)
+                    calibration=calibration, timeline=steps)

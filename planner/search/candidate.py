@@ -17,12 +17,13 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner.cluster import Link
-from planner.cost.memory import GIB, partial_params
+from planner.cost.memory import GIB, partial_params_by_shape
 from planner.cost.schedule import in_flight
 from planner.layout import embed_param, finest_slices, head_params, layer_numel
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
@@ -59,7 +60,7 @@ class Candidate:
 
 
 def _links(oracle: Oracle, units: Sequence[Unit]) -> tuple[Link, ...]:
-    return tuple(oracle.node_link(a.node, b.node) for a, b in zip(units, units[1:]))
+    return oracle.chain_links(tuple(u.node for u in units))
 
 
 def stage_costs(oracle: Oracle, units: Sequence[Unit], m: int, s: Setting, shards: int) -> list[StageCost]:
@@ -89,6 +90,7 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
     """Refine and price one structure (module docstring). The rounds split the batch by bisection
     (:func:`.batch_split.waterfill`); ``use_ilp`` then solves the best round's batch split as the ILP
     (the same min-max; kept when it is not worse)."""
+    oracle.stats.refinements += 1
     cand = Candidate([list(p) for p in pipelines], s)
     L = oracle.model.num_layers
     k = len(pipelines)
@@ -173,8 +175,7 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
         return again
     cand.layouts = layouts
     if k > 1:  # shards cut by the other pipelines' TP degrees: known once every split is
-        plan = to_plan(cand, oracle, global_batch, None)
-        for pi, (lay, needs) in enumerate(zip(layouts, stage_bytes(oracle, cand, plan))):
+        for pi, (lay, needs) in enumerate(zip(layouts, stage_bytes(oracle, cand))):
             for si, (u, need) in enumerate(zip(lay.units, needs)):
                 if need > u.memory_gib * GIB:
                     cand.layouts = []
@@ -186,18 +187,31 @@ def evaluate(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], s: Setting, gl
     return cand
 
 
-def stage_bytes(oracle: Oracle, cand: Candidate, plan: Plan) -> list[list[float]]:
-    """The surrogate's memory of every stage of a refined candidate (``plan``: its plan): the linear
-    cost at the stage's layer count, plus the copies of the shards that the other pipelines' TP
-    degrees cut into several sync slices (:meth:`Oracle.copy_bytes`; the split does not see them,
-    they depend on every pipeline's split)."""
+def stage_bytes(oracle: Oracle, cand: Candidate) -> list[list[float]]:
+    """The surrogate's memory of every stage of a refined candidate: the linear cost at the stage's
+    layer count, plus the copies of the shards that the other pipelines' TP degrees cut into several
+    sync slices (:meth:`Oracle.copy_bytes`; the split does not see them, they depend on every
+    pipeline's split). Priced once per pipeline type (units, links, split and micro-batches), the
+    cut shards once per distinct pipeline shape (:func:`partial_params_by_shape`), no plan built."""
     k = len(cand.layouts)
+    keys, shapes = [], []
+    for lay in cand.layouts:
+        keys.append((tuple(u.signature for u in lay.units), _links(oracle, lay.units), lay.counts,
+                     lay.micro_batches))
+        starts = list(itertools.accumulate(lay.counts, initial=0))
+        shapes.append(tuple((u.tp, (lo, hi)) for u, lo, hi in zip(lay.units, starts, starts[1:])))
+    partial = partial_params_by_shape(oracle.model, set(shapes)) if k > 1 else {}
+    oracle.stats.partial_params += 1
     out = []
-    for pi, lay in enumerate(cand.layouts):
-        costs = stage_costs(oracle, lay.units, lay.micro_batches, cand.setting, k)
-        out.append([c.fixed_bytes + c.per_layer_bytes * n
-                    + oracle.copy_bytes(partial_params(plan, pi, si), cand.setting, k)
-                    for si, (c, n) in enumerate(zip(costs, lay.counts))])
+    seen: dict[tuple[object, ...], list[float]] = {}
+    for lay, key, shape in zip(cand.layouts, keys, shapes):
+        hit = seen.get(key)
+        if hit is None:
+            costs = stage_costs(oracle, lay.units, lay.micro_batches, cand.setting, k)
+            cut = partial.get(shape) or [0.0] * len(lay.units)
+            hit = seen[key] = [c.fixed_bytes + c.per_layer_bytes * n + oracle.copy_bytes(x, cand.setting, k, u.gpu)
+                               for u, c, n, x in zip(lay.units, costs, lay.counts, cut)]
+        out.append(hit)
     return out
 
 

@@ -21,6 +21,7 @@ per-pipeline results and group identical nodes on large clusters.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -48,8 +49,8 @@ class Unit:
     def tp(self) -> int:
         return len(self.devices)
 
-    @property
-    def signature(self) -> tuple[object, ...]:
+    @functools.cached_property
+    def signature(self) -> tuple[object, ...]:  # cached: the search asks for it millions of times
         return (self.gpu, self.tp, self.memory_gib, self.slowdown, self.link)
 
 

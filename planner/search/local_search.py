@@ -40,6 +40,7 @@ from planner.search.candidate import Candidate
 from planner.search.graph import Unit, merge_units, split_unit
 from planner.search.oracle import Setting
 from planner.search.stages import order_units, tp_choices
+from planner.search.stats import SearchStats
 
 MOVES_PER_ROUND = 24
 PATIENCE = 3
@@ -270,7 +271,8 @@ POLISH_ESTIMATES = 12
 
 
 def polish_layers(plan: Plan, est: Estimate, *, cluster: ClusterSpec, profiles: ProfileSet,
-                  log: list[str]) -> tuple[Plan, Estimate]:
+                  log: list[str], stats: SearchStats | None = None,
+                  stop: Callable[[], bool] = lambda: False) -> tuple[Plan, Estimate]:
     """Move single layers between stages while the full cost-model estimate improves.
 
     The refinement's layer split is exact for the closed-form schedule; the estimate simulates
@@ -278,7 +280,8 @@ def polish_layers(plan: Plan, est: Estimate, *, cluster: ClusterSpec, profiles: 
     Pipelines with the same devices kinds and split move together (so identical pipelines stay
     identical and their gradient-sync groups stay aligned); a layer moves from one of the two
     busiest stages to one of the two least busy, or to a neighbour. At most ``POLISH_ESTIMATES`` estimates,
-    clusters of at most ``POLISH_DEVICES`` devices; moves that run out of memory are rejected."""
+    clusters of at most ``POLISH_DEVICES`` devices; moves that run out of memory are rejected; ``stop()``
+    true (the search's time limit) ends it before the next estimate."""
     if cluster.num_devices > POLISH_DEVICES:
         return plan, est
     calls = 0
@@ -303,9 +306,13 @@ def polish_layers(plan: Plan, est: Estimate, *, cluster: ClusterSpec, profiles: 
                 counts[dst] += 1
                 if min(counts) < 1 or calls >= POLISH_ESTIMATES:
                     continue
+                if stop():
+                    return plan, est
                 trial = _with_counts(plan, members, counts)
                 calls += 1
                 trial_est = estimate(trial, cluster, profiles)
+                if stats is not None:
+                    stats.estimates += 1
                 if trial_est.fits and trial_est.step_time_s < est.step_time_s * (1 - 1e-6):
                     log.append(f"layer polish: {est.step_time_s:.4f} -> {trial_est.step_time_s:.4f} s")
                     plan, est, improved = trial, trial_est, True

@@ -32,6 +32,7 @@ from planner.layout import stage_tensors
 from planner.model import ModelSpec
 from planner.search.graph import Unit, slowest_link_among
 from planner.search.layer_split import StageCost
+from planner.search.stats import SearchStats
 
 
 @dataclass(frozen=True)
@@ -63,13 +64,23 @@ class Oracle:
         self._links: dict[tuple[str, str], Link] = {}
         self._sync_cache: dict[tuple[object, ...], tuple[float, float]] = {}
         self._slowest: dict[frozenset[str], Link | None] = {}
+        self._chains: dict[tuple[str, ...], tuple[Link, ...]] = {}
         self.type_cache: dict[tuple[object, ...], Any] = {}  # per pipeline type, see candidate._refine_type
+        self.stats = SearchStats()  # the search's work counters (planner.search.stats)
 
     def node_link(self, a: str, b: str) -> Link:
         """``cluster.node_link``, cached."""
         hit = self._links.get((a, b))
         if hit is None:
             hit = self._links[a, b] = self._links[b, a] = self.cluster.node_link(a, b)
+        return hit
+
+    def chain_links(self, nodes: tuple[str, ...]) -> tuple[Link, ...]:
+        """The links between consecutive stages on ``nodes`` (cached: identical pipelines recur on
+        the same nodes across structures and settings)."""
+        hit = self._chains.get(nodes)
+        if hit is None:
+            hit = self._chains[nodes] = tuple(self.node_link(a, b) for a, b in zip(nodes, nodes[1:]))
         return hit
 
     def slowest_link(self, nodes: frozenset[str]) -> Link | None:
@@ -103,26 +114,30 @@ class Oracle:
         them (the activation to ``nxt`` in the forward, the gradient to ``prev`` in the backward).
         Memory (cached per TP degree, position, in-flight count and setting): from
         :func:`planner.cost.memory.stage_memory`, which is linear in the layer count."""
+        self.stats.oracle_calls += 1
         link_prev = self.node_link(prev.node, unit.node) if prev is not None else None
         link_next = self.node_link(unit.node, nxt.node) if nxt is not None else None
         tkey = (unit.signature, first, last, link_prev, prev.tp if prev else 0, link_next, nxt.tp if nxt else 0,
                 s.micro_batch, s.recompute, s.dtype)
         times = self._time_cache.get(tkey)
         if times is None:
+            self.stats.oracle_misses += 1
             t0 = self.stage_seconds(unit, 0, first, last, s)
             t1 = self.stage_seconds(unit, 1, first, last, s)
             fixed = t0 + (self.send_seconds(unit, nxt, s) if nxt is not None else 0.0)
             fixed += self.send_seconds(unit, prev, s) if prev is not None else 0.0
             times = self._time_cache[tkey] = (t1 - t0, fixed)
         shards = zero_shards if s.zero else 1
+        device_params = self.profiles.params_for(unit.gpu)  # overhead terms per GPU type
         mkey = (unit.tp, unit.memory_gib, first, last, in_flight, s.micro_batch, s.recompute, s.dtype, shards,
-                s.compile)
+                s.compile, device_params)
         mem = self._mem_cache.get(mkey)
         if mem is None:
+            self.stats.oracle_misses += 1
             kw = dict(tp=unit.tp, first=first, last=last, micro_batch=s.micro_batch, in_flight=in_flight,
-                      dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=self.params,
+                      dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=device_params,
                       compile=s.compile)
-            comm = stage_communicators(unit.tp, first, last) * self.params.comm_gib * GIB
+            comm = stage_communicators(unit.tp, first, last) * device_params.comm_gib * GIB
             mem0 = stage_memory(self.model, layers=0, **kw).required + comm  # type: ignore[arg-type]
             mem1 = stage_memory(self.model, layers=1, **kw).required + comm  # type: ignore[arg-type]
             mem = self._mem_cache[mkey] = StageCost(times[0], times[1], mem1 - mem0, mem0, unit.memory_gib * GIB)
@@ -130,14 +145,14 @@ class Oracle:
             mem = StageCost(times[0], times[1], mem.per_layer_bytes, mem.fixed_bytes, mem.capacity_bytes)
         return mem
 
-    def copy_bytes(self, elements: float, s: Setting, pipelines: int) -> float:
+    def copy_bytes(self, elements: float, s: Setting, pipelines: int, gpu: str) -> float:
         """Bytes a device holds for ``elements`` of its shards cut into several sync slices
         (:func:`planner.cost.memory.partial_params`): their own gradients, and under ZeRO-1 their own
         weights, beside their slots in the flat buffers (fragmentation included)."""
         if pipelines <= 1 or elements <= 0:
             return 0.0
         cut = state_bytes(0.0, pipelines=pipelines, zero_shards=pipelines if s.zero else 1, partial=elements)
-        return (cut.weights + cut.gradients) * (1 + self.params.fragmentation)
+        return (cut.weights + cut.gradients) * (1 + self.profiles.params_for(gpu).fragmentation)
 
     # ------------------------------------------------------------------ per step
     def allreduce_s(self, nbytes: float, ranks: int, link: Link | None) -> float:

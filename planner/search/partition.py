@@ -25,6 +25,7 @@ import networkx as nx
 import pymetis
 
 from planner.cluster import ClusterSpec
+from planner.search.c_output import stdout_to_stderr
 from planner.search.graph import Unit
 
 EDGE_SCALE = 10  # METIS edge weights are integers: bandwidth in units of 0.1 GB/s
@@ -63,7 +64,8 @@ class MetisGraph:
         opts = pymetis.Options(seed=seed)
         csr = pymetis.CSRAdjacency(self.xadj, self.adjncy)
         vweights = self.vweights if memory else self.vweights[0::2]
-        _, parts = pymetis.part_graph(k, csr, vweights=vweights, eweights=self.eweights or None, options=opts)
+        with stdout_to_stderr():  # METIS prints its complaints on stdout (:mod:`.c_output`)
+            _, parts = pymetis.part_graph(k, csr, vweights=vweights, eweights=self.eweights or None, options=opts)
         groups: dict[int, list[int]] = {}
         for u, p in zip(self.order, parts):
             groups.setdefault(p, []).append(u)

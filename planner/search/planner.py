@@ -36,7 +36,11 @@ Algorithm (every step deterministic for a fixed ``seed``):
    boundaries while the full estimate improves (:func:`.local_search.polish_layers`).
 
 The search spends a deterministic budget of evaluations; ``time_limit_s`` only stops it early
-(then the result can depend on the machine's speed; the log says so).
+(then the result can depend on the machine's speed; the log says so). The limit is wall time for
+the whole search, the finish included: past it, no new structure is scored once one fits, the
+finalists skip the ILP, only the first finalist that fits gets the full estimate, and the layer
+polish stops; the best plan so far is returned with ``cut_short`` set and a note in the log. The
+clock is injectable (``clock``), so the cut is tested without timing anything.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import dataclasses
 import itertools
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -58,10 +63,12 @@ from planner.search.candidate import Candidate, evaluate, to_plan
 from planner.search.config import PlannerConfig
 from planner.search.explain import infeasible
 from planner.search.graph import Unit, fast_cluster, make_units, unit_graph
+from planner.search.idle import idle_note
 from planner.search.local_search import Climb, improve, polish_layers
 from planner.search.oracle import Oracle, Setting
 from planner.search.partition import MetisGraph, chunk, unit_classes
 from planner.search.stages import node_kinds, order_stages, order_units, seed_numbering, tp_choices, tp_templates
+from planner.search.stats import SearchStats
 
 METIS_MAX_UNITS = 512
 TOP_STRUCTURES = 2
@@ -70,6 +77,7 @@ ARC_UNITS = 24  # ring splits into 2 pipelines up to this many units
 ARC3_UNITS = 12  # and into 3 up to this many
 PROGRESS_EVERY_S = 5.0  # a search shorter than this reports nothing
 FULL_ESTIMATE_DEVICES = 256  # above this only the best finalist that fits gets the full estimate
+SMALL_DEVICES = 64  # up to this many devices the leave-out sweeps try the coarse pipeline-count grid
 
 
 @dataclass
@@ -81,6 +89,8 @@ class SearchResult:
     evaluations: int = 0
     elapsed_s: float = 0.0
     cut_short: bool = False
+    stats: SearchStats = field(default_factory=SearchStats)
+    idle: str | None = None  # which devices the plan leaves out and why (:func:`.idle.idle_note`)
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,13 @@ class Search:
     """One planning run (holds the oracle, the budget and the cache of evaluated structures)."""
 
     def __init__(self, cluster: ClusterSpec, model: ModelSpec, global_batch: int, config: PlannerConfig,
-                 profiles: ProfileSet | None = None, progress: Callable[[SearchProgress], None] | None = None):
+                 profiles: ProfileSet | None = None, progress: Callable[[SearchProgress], None] | None = None, *,
+                 clock: Callable[[], float] = time.perf_counter, started: float | None = None,
+                 must_find: bool = True):
+        """``progress``: called every ``PROGRESS_EVERY_S`` seconds of a long search; ``clock``: seconds
+        (the time limit's clock); ``started``: when the limit began on that clock (default now; the CLI
+        passes its own start); ``must_find``: past the limit, keep scoring until one structure fits (a
+        plan is always returned when one fits; the relaxed searches of :mod:`.explain` pass False)."""
         config.check()
         if global_batch < 1:
             raise SpecError("--global-batch", f"must be >= 1, got {global_batch}", "give the samples per step")
@@ -109,8 +125,13 @@ class Search:
             PlanOptions(dtype=config.dtype, residual_dtype=config.residual_dtype))
         self.oracle = Oracle(cluster, model, self.profiles)
         self.fast = fast_cluster(cluster)  # same links, faster group queries (for the full estimate)
-        self.start = time.perf_counter()
+        self.clock = clock
+        self.start = clock() if started is None else started
         self.deadline = self.start + config.time_limit_s
+        self.must_find = must_find
+        self.found = False  # a feasible candidate exists
+        self.best_all = math.inf  # the best surrogate step time of a structure using every device
+        self.capped = False  # the batch cap (usable) left units out
         self.evaluations = 0
         self.cut_short = False
         self.cache: dict[tuple[object, ...], Candidate] = {}
@@ -124,9 +145,14 @@ class Search:
     def check_budget(self) -> None:
         if self.evaluations >= self.config.max_evaluations:
             raise BudgetSpent
-        if time.perf_counter() > self.deadline:
-            self.cut_short = True
+        if (self.found or not self.must_find) and self.past_deadline():
             raise BudgetSpent
+
+    def past_deadline(self) -> bool:
+        """The time limit is spent (and the search is then cut short)."""
+        if self.clock() > self.deadline:
+            self.cut_short = True
+        return self.cut_short
 
     def evaluate(self, pipelines: Sequence[Sequence[Unit]], s: Setting) -> Candidate:
         key = (tuple(tuple(u.devices for u in p) for p in pipelines), s)
@@ -135,11 +161,15 @@ class Search:
             return hit
         self.check_budget()
         self.evaluations += 1
+        self.oracle.stats.candidates += 1
         cand = evaluate(self.oracle, pipelines, s, self.B, explain=len(self.problems) < 5)
         self.cache[key] = cand
+        self.found = self.found or cand.feasible
+        if cand.feasible and cand.step_s < self.best_all and _devices(cand) == self.cluster.num_devices:
+            self.best_all = cand.step_s
         if cand.feasible:
             self.best_s = min(self.best_s, cand.step_s)
-        if self.progress is not None and (now := time.perf_counter()) >= self.next_note:
+        if self.progress is not None and (now := self.clock()) >= self.next_note:
             self.next_note = now + PROGRESS_EVERY_S
             self.progress(SearchProgress(now - self.start, self.evaluations, self.best_s))
         if not cand.feasible and len(self.problems) < 5 and cand.problem:
@@ -233,6 +263,25 @@ class Search:
         best = min(pool, key=_rank)
         self.log.append(f"after ring splits: {len(best.pipelines)} pipelines, {best.step_s:.4f} s")
 
+    def leave_out(self, pool: list[Candidate]) -> None:
+        """Sweep the best template on the cluster without each node kind (GPU type and count) and
+        without each node group, every partitioner; the coarse pipeline-count grid up to
+        ``SMALL_DEVICES`` devices, else the best count scaled to the devices kept, halved and
+        doubled. :meth:`idle_note` explains the devices a plan leaves out."""
+        subsets = _leave_out_subsets(self.cluster)
+        if not subsets:
+            return
+        best = min(pool, key=_rank)
+        _, template = best.origin
+        k_best = len(best.pipelines)
+        for label, nodes in subsets:
+            kept = self.cluster.num_devices - sum(self.cluster.node(n).gpus for n in nodes)
+            ks = None
+            if self.cluster.num_devices > SMALL_DEVICES:
+                k = max(1, round(k_best * kept / self.cluster.num_devices))
+                ks = sorted({max(1, k // 2), k, k * 2})
+            self.sweep(template, ks, pool, f"without {label}", leave_out=nodes)
+
     def usable(self, units: list[Unit]) -> list[Unit]:
         """All units, unless the batch cannot use them all: at most ``B`` pipelines of at most ``L``
         stages each; then the ``B·L`` units with the most compute (re-indexed, node order kept)."""
@@ -240,6 +289,7 @@ class Search:
         if len(units) <= cap:
             return units
         keep = sorted(sorted(units, key=lambda u: (-u.compute, u.index))[:cap], key=lambda u: u.index)
+        self.capped = True
         if not any("leaves devices idle" in line for line in self.log):
             self.log.append(f"global batch {self.B} x {self.model.num_layers} layers leaves devices idle: "
                             f"planning on the {cap} fastest stage groups")
@@ -249,8 +299,12 @@ class Search:
         return [[units[i] for i in order_stages(self.cluster, units, p)] for p in parts if p]
 
     def sweep(self, template: dict[str, int], ks: Sequence[int] | None, pool: list[Candidate], label: str,
-              only: str | None = None) -> None:
-        units = self.usable(make_units(self.cluster, template, self.config.dtype))
+              only: str | None = None, leave_out: frozenset[str] = frozenset()) -> None:
+        """Score the structures of ``template`` (``leave_out``: nodes whose units are not used)."""
+        units = make_units(self.cluster, template, self.config.dtype)
+        if leave_out:
+            units = [dataclasses.replace(u, index=j) for j, u in enumerate(u for u in units if u.node not in leave_out)]
+        units = self.usable(units)
         for name, pipes in self.structures(units, ks if ks is not None else self.k_grid(len(units)), only):
             cand = self.score_structure(pipes)
             cand.origin = (name, template)
@@ -293,6 +347,9 @@ class Search:
                 only = name if self.cluster.num_devices > 64 else None  # large: the best partitioner only
                 for variant in _variations(self.cluster, self.model, template):
                     self.sweep(variant, [k_best], pool, f"tp={_template_label(self.cluster, variant)}", only)
+                # L: leave out one node kind or node group at a time (a slow link or slow GPUs can
+                # slow the whole job down), with the best template
+                self.leave_out(pool)
         except BudgetSpent:
             self.log.append("structure search stopped by the budget")
         if not pool:
@@ -323,7 +380,8 @@ class Search:
     def infeasible(self) -> PlanInfeasible:
         """Nothing fits: the error naming the smallest change that would (:mod:`.explain`)."""
         def step_time_with(config: PlannerConfig) -> float:
-            return Search(self.cluster, self.model, self.B, config, self.profiles).run().estimate.step_time_s
+            return Search(self.cluster, self.model, self.B, config, self.profiles, clock=self.clock,
+                          started=self.start, must_find=False).run().estimate.step_time_s
 
         return infeasible(cluster=self.cluster, model=self.model, global_batch=self.B, config=self.config,
                           oracle=self.oracle, problems=self.problems, solve=step_time_with)
@@ -334,6 +392,9 @@ class Search:
         finalists = _distinct(sorted(pool, key=_rank), self.config.finalists)
         refined = []
         for cand in finalists:
+            if self.past_deadline():  # the bisection's batch split stands
+                refined.append(cand)
+                continue
             r = evaluate(self.oracle, cand.pipelines, cand.setting, self.B, use_ilp=True)
             refined.append(r if r.feasible and r.step_s <= cand.step_s else cand)
         refined.sort(key=_rank)
@@ -344,22 +405,52 @@ class Search:
                 continue
             plan = seed_numbering(to_plan(c, self.oracle, self.B, self.cluster.name), self.cluster)
             est = estimate(plan, self.fast, self.profiles)
+            self.oracle.stats.estimates += 1
             self.log.append(f"finalist {len(c.pipelines)} pipelines {c.setting.label()}: surrogate "
                             f"{c.step_s:.4f} s, estimate {est.step_time_s:.4f} s{'' if est.fits else ' (OOM)'}")
             if est.fits and (best is None or est.step_time_s < best[0] - 1e-12):
                 best = (est.step_time_s, plan, est, c)
-            if best is not None and not small:
+            if best is not None and (not small or self.past_deadline()):
                 break
         if best is None:
             raise self.infeasible()
         _, plan, est, cand = best
         if self.config.polish:
-            plan, est = polish_layers(plan, est, cluster=self.fast, profiles=self.profiles, log=self.log)
-        elapsed = time.perf_counter() - self.start
+            plan, est = polish_layers(plan, est, cluster=self.fast, profiles=self.profiles, log=self.log,
+                                      stats=self.oracle.stats, stop=self.past_deadline)
+        note = idle_note(self.cluster, plan, structure={d for p in cand.pipelines for u in p for d in u.devices},
+                         capped=self.capped, best_all_s=self.best_all, chosen_s=cand.step_s, global_batch=self.B)
+        if note:
+            self.log.append(note)
+        elapsed = self.clock() - self.start
         if self.cut_short:
-            self.log.append(f"time limit {self.config.time_limit_s:g} s reached: the result may depend on speed")
+            self.log.append(f"time limit {self.config.time_limit_s:g} s reached: the search was cut short and "
+                            "this is the best plan found so far (it may depend on the machine's speed)")
         return SearchResult(plan.with_estimate(est.to_dict()), est, cand, self.log, self.evaluations, elapsed,
-                            self.cut_short)
+                            self.cut_short, self.oracle.stats, note)
+
+
+def _leave_out_subsets(cluster: ClusterSpec) -> list[tuple[str, frozenset[str]]]:
+    """Nodes to leave out, one set at a time: each node kind, and each node group, one of every set of
+    groups alike (the same node kinds and link: leaving out one rack of 64 identical ones is the same
+    question as any other); never every node."""
+    out: dict[frozenset[str], str] = {}
+    kinds = node_kinds(cluster)
+    if len(kinds) > 1:
+        for (gpu, gpus), names in kinds.items():
+            out.setdefault(frozenset(names), f"the {len(names)} {gpu} x{gpus} node(s)")
+    alike: set[tuple[object, ...]] = set()
+    for g in cluster.groups:
+        shape = (tuple(sorted(Counter((cluster.node(n).gpu, cluster.node(n).gpus) for n in g.nodes).items())), g.link)
+        if shape not in alike:
+            alike.add(shape)
+            out.setdefault(frozenset(g.nodes), f"group {g.name}")
+    everything = frozenset(n.name for n in cluster.nodes)
+    return [(label, nodes) for nodes, label in out.items() if nodes and nodes != everything]
+
+
+def _devices(c: Candidate) -> int:
+    return sum(u.tp for lay in c.layouts for u in lay.units)
 
 
 def _rank(c: Candidate) -> tuple[float, int]:
@@ -414,10 +505,13 @@ def make_plan(cluster: ClusterSpec, model: ModelSpec, global_batch: int, *, conf
 
 def search(cluster: ClusterSpec, model: ModelSpec, global_batch: int, *, config: PlannerConfig | None = None,
            profiles: ProfileSet | None = None, start: Sequence[Sequence[Unit]] | None = None,
-           progress: Callable[[SearchProgress], None] | None = None) -> SearchResult:
+           progress: Callable[[SearchProgress], None] | None = None,
+           clock: Callable[[], float] = time.perf_counter, started: float | None = None) -> SearchResult:
     """:func:`make_plan` with the search's log, candidate and counters (``start``: see :meth:`Search.run`;
-    ``progress`` is called every ``PROGRESS_EVERY_S`` seconds of a long search)."""
-    return Search(cluster, model, global_batch, config or PlannerConfig(), profiles, progress).run(start)
+    ``progress`` is called every ``PROGRESS_EVERY_S`` seconds of a long search; ``clock`` and
+    ``started``: the time limit's clock and start, see :class:`Search`)."""
+    return Search(cluster, model, global_batch, config or PlannerConfig(), profiles, progress, clock=clock,
+                  started=started).run(start)
 
 
 __all__ = ["PlanInfeasible", "PlannerConfig", "Search", "SearchProgress", "SearchResult", "make_plan", "search"]

@@ -114,16 +114,17 @@ def stage_token_cap(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: 
     gradients and optimizer state (:func:`resident_bytes`)."""
     st = pipe.stages[si]
     n = len(pipe.stages)
-    frag = 1 + profiles.params.fragmentation
+    params = profiles.params_for(cluster.device(st.devices[0]).gpu)  # a stage's devices share a node
+    frag = 1 + params.fragmentation
 
     def need(tokens: int) -> tuple[float, float]:
         """(the schedule's peak, linear in ``tokens``; the device's peak, which ZeRO-1's end of the
         backward may hold at a floor independent of ``tokens``)."""
         mem = stage_memory(model, layers=st.num_layers, tp=st.tp, first=si == 0, last=si == n - 1, micro_batch=1,
                            in_flight=in_flight, dtype=dtype, recompute=recompute, zero_shards=zero_shards,
-                           params=profiles.params, seq_len=tokens)
+                           params=params, seq_len=tokens)
         own = mem.required - (mem.optimizer * frag if resident is not None else 0.0)
-        own += profiles.params.comm_gib * GIB
+        own += params.comm_gib * GIB
         return own - mem.step_buffers * frag, own
     (base, peak), step = need(1), 4096
     slope = (need(1 + step)[0] - base) / step

@@ -164,7 +164,7 @@ def test_a_number_yaml_reads_as_text_says_how_to_write_it(tmp_path: Path, writte
 
 def test_compact_entries_are_counted_before_they_are_expanded(monkeypatch: pytest.MonkeyPatch) -> None:
     """300 lines of ``count: 4096`` (26 KB of YAML) were expanded to 1.2 million nodes before the
-    4,096-node limit was checked (seconds and a quarter GB; a 2 MB file, minutes and gigabytes):
+    node limit (then 4,096) was checked (seconds and a quarter GB; a 2 MB file, minutes and gigabytes):
     the entry that crosses the limit is refused with no node of it built."""
     import planner.cluster as cluster_module
 
@@ -175,8 +175,10 @@ def test_compact_entries_are_counted_before_they_are_expanded(monkeypatch: pytes
                      for i in range(300)]
     with pytest.raises(SpecError) as info:
         parse_cluster(data)
-    assert info.value.path == "nodes[1].count" and "8,192 nodes" in info.value.message
-    assert len(built) == 4096
+    limit = cluster_module.MAX_NODES  # 8,192: the entry that crosses it is the one refused
+    assert info.value.path == f"nodes[{limit // 4096}].count"
+    assert f"the {limit:,} HexiScale handles" in info.value.message
+    assert len(built) == limit
 
 
 class _CountedTuple(tuple):  # type: ignore[type-arg]

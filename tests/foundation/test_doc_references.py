@@ -14,7 +14,7 @@ ROLE = re.compile(r":(?:mod|func|class|meth|attr):`~?(\.*[\w.]+)`")
 
 def sources() -> list[Path]:
     files = [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
-    return files + [ROOT / "README.md", ROOT / "benchmarks" / "README.md"]
+    return files + [ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "benchmarks" / "NOTES.md"]
 
 
 def module_file(dotted: str) -> Path | None:

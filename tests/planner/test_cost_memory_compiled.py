@@ -1,6 +1,6 @@
 """Compiled blocks (``options.compile``) in the memory model: the compiled path's activation bytes
 (:func:`planner.cost.memory.compiled_layer_activation_bytes`) against the saved-tensor count of
-benchmarks/executor/activation_memory.py (benchmarks/README.md, "Activation memory per layer"), and
+benchmarks/executor/activation_memory.py (benchmarks/NOTES.md, "Activation memory"), and
 the case that motivated it: llama2-7b, DP4 ZeRO-1 on 4x H200 with the peers benchmark's cluster
 (benchmarks/executor/peers.py: memory capped at 85 % of the card), where micro-batches of 2 fit
 when compiled (measured 111.0 GiB) but the eager formula put them over the cap."""
@@ -38,7 +38,7 @@ def peers_cluster(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 
 def test_compiled_formula_equals_the_cpu_saved_tensor_count() -> None:
-    # benchmarks/README.md: llama2-7b shapes at seq 256, MiB per layer per sample counted by the hooks
+    # benchmarks/NOTES.md: llama2-7b shapes at seq 256, MiB per layer per sample counted by the hooks
     m = resolve_model("llama2-7b", 256)
     assert compiled_layer_activation_bytes(m, 1, 1, "bf16") / MIB == pytest.approx(34.28, abs=0.01)
     assert compiled_layer_activation_bytes(m, 1, 1, "fp32") / MIB == pytest.approx(64.28, abs=0.01)

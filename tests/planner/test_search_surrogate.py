@@ -65,7 +65,7 @@ def check(name: str, seed: int, pipelines: int | None) -> tuple[float, float] | 
         return None
     plan = to_plan(cand, oracle, batch, cluster.name)
     est = estimate(plan, cluster, oracle.profiles)
-    for needs, pipe in zip(stage_bytes(oracle, cand, plan), plan.pipelines):
+    for needs, pipe in zip(stage_bytes(oracle, cand), plan.pipelines):
         for need, stage in zip(needs, pipe.stages):
             ratio = need / GIB / max(est.memory_gib[d] for d in stage.devices)
             assert 0.65 <= ratio <= 1.25, (stage, cand.setting, ratio)
@@ -105,8 +105,7 @@ def test_cut_shards_count_against_the_surrogate_memory() -> None:
 
     roomy, oracle, pipes = evaluated(None)
     assert roomy.feasible
-    plan = to_plan(roomy, oracle, 8, None)
-    needs = stage_bytes(oracle, roomy, plan)
+    needs = stage_bytes(oracle, roomy)
     tp1 = next(i for i, p in enumerate(pipes) if p[0].tp == 1)
     linear = stage_costs(oracle, pipes[tp1], roomy.layouts[tp1].micro_batches, setting, 2)[0]
     plain = linear.fixed_bytes + linear.per_layer_bytes * MODEL.num_layers

@@ -77,4 +77,4 @@ def test_a_strategy_pool_refuses_it(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     assert main(["train", "--plan", str(POOL), "--cluster", str(CLUSTER), "--compile", "--step-tokens", "4096",
                  "--lengths", "synthetic:github", "--device", "cpu"]) == 1
     err = capsys.readouterr().err.strip()
-    assert "error: --compile: is not supported with a strategy pool" in err and "\n" not in err
+    assert "error: --compile: not available with a strategy pool" in err and "\n" not in err

@@ -40,9 +40,7 @@ def test_pool_sources_and_their_errors(tmp_path: Path) -> None:
                             ({"step_tokens": 4096, "lengths": "synthetic:github", "data": str(tmp_path / "c")},
                              "--lengths", "together with --data"),
                             ({"step_tokens": 4096, "lengths": "synthetic:github", "trace": "t.json"}, "--trace",
-                             "not available"),
-                            ({"step_tokens": 4096, "lengths": "synthetic:github", "tensorboard": "tb"},
-                             "--tensorboard", "not available")):
+                             "not available")):
         with pytest.raises(SpecError, match=words) as err:
             _source(**kw)
         assert str(err.value).count("\n") == 0 and (not flag or err.value.path == flag)

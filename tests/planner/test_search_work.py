@@ -1,0 +1,33 @@
+"""The search's work, counted (not timed): a guard against the next ``pipelines^2 x layers``.
+
+Issue 31: ``candidate.stage_bytes`` priced the shards cut into sync slices with one scan of every
+pipeline's stages for every layer of every stage (``partial_params`` per stage) and priced every
+pipeline's stages rather than every pipeline type's; the 8,192-GPU search took 100 s. The counters
+of :class:`planner.search.stats.SearchStats` are deterministic, so these budgets hold on any machine.
+The search is bounded (16 candidates, no local search, one finalist) to keep the test to seconds;
+the work per candidate is what regresses, and that is what the budgets bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.planner.common import mixed_cluster
+from planner.model import PRESETS
+from planner.search import PlannerConfig, search
+
+BOUNDED = PlannerConfig(time_limit_s=3600, max_evaluations=16, local_search=False, finalists=1)
+# stage prices per candidate: the types' splits and micro-batch caps (a few hundred stages each),
+# not every pipeline's stages (8,192 GPUs: hundreds of pipelines of up to 40 stages)
+ORACLE_CALLS_PER_CANDIDATE = 2000
+
+
+@pytest.mark.parametrize("gpus", [512, 8192])
+def test_search_work_within_budget(gpus: int) -> None:
+    result = search(mixed_cluster(gpus), PRESETS["llama2-13b"], gpus, config=BOUNDED)
+    st = result.stats
+    assert st.candidates == result.evaluations == BOUNDED.max_evaluations
+    assert st.oracle_calls <= ORACLE_CALLS_PER_CANDIDATE * st.candidates, st
+    assert st.oracle_misses <= st.oracle_calls
+    # one pass over the plan per refined candidate with several pipelines, never one per stage
+    assert 0 < st.partial_params <= st.refinements, st
+    assert st.estimates == 1, st  # one finalist, no polish above 64 devices
