@@ -217,6 +217,16 @@ def scale_batch(plan: Plan, new_global: int) -> Plan:
     return replace(plan, global_batch_size=new_global, pipelines=tuple(pipes), estimate=None)
 
 
+def _given(args: argparse.Namespace) -> str:
+    """The change flags as the user typed them (``--cap a100:0=2``), for an error that blames them."""
+    flags = [("--remove-node", args.remove_node), ("--add-node", args.add_node), ("--link", args.link),
+             ("--cap", args.cap), ("--slowdown", args.slowdown)]
+    said = [f"{flag} {v}" for flag, values in flags for v in values]
+    said += [f"{flag} {v:g}" for flag, v in (("--inter-bw", args.inter_bw), ("--global-batch", args.global_batch))
+             if v is not None]
+    return ", ".join(said) or "the change"
+
+
 def _row(est: Estimate) -> dict[str, float]:
     row = {"step time": est.step_time_s, "tokens/s": est.tokens_per_s, "MFU %": est.mfu * 100,
            "HFU %": est.hfu * 100, "max memory GiB": max(est.memory_gib.values())}
@@ -246,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             after.check_fits()
         except PlanInfeasible as exc:
-            raise PlanInfeasible(exc.path, f"the plan no longer fits after the change: {exc.message}",
+            raise PlanInfeasible(exc.path, f"the plan no longer fits after {_given(args)}: {exc.message}",
                                  exc.hint) from None
     unused = new_cluster.num_devices - new_plan.world_size
     if args.json:

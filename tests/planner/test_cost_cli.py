@@ -110,7 +110,7 @@ def test_whatif_refusals(changes: list[str], message: str, capsys: pytest.Captur
 def test_whatif_refuses_a_change_that_runs_out_of_memory(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["whatif", str(FITS), "--cap", "h800-0:3=40"]) == 1
     err = capsys.readouterr().err
-    assert "no longer fits after the change" in err and "h800-0:3 needs" in err and "GiB over" in err
+    assert "no longer fits after --cap h800-0:3=40:" in err and "h800-0:3 needs" in err and "GiB over" in err
     assert main(["whatif", str(FITS), "--cap", "h800-0:3=75"]) == 0  # needs 70.8 GiB (ZeRO-1 step buffers)
 
 
