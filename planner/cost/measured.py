@@ -146,6 +146,8 @@ def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
     if data.get("format") != MEASURED_FORMAT:
         raise SpecError(f"{path}.format", f"expected {MEASURED_FORMAT!r}, got {shown(data.get('format'))}",
                         "re-run the profiler")
+    if not isinstance(data.get("meta") or {}, Mapping):
+        raise SpecError(f"{path}.meta", f"expected a mapping, got {shown(data.get('meta'))}", "re-run the profiler")
     dtype = data.get("dtype")
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise SpecError(f"{path}.dtype", f"{shown(dtype)} is not bf16, fp16 or fp32", "record the compute dtype")
@@ -290,9 +292,10 @@ class MeasuredProfile(DeviceProfile):
         # the tables describe the executor that measured them: profiles from before the fused
         # RMSNorm (no meta.fused_rms_norm) saved the norms' fp32 outputs, and the formula that
         # scales their activation rows to other shapes must count them too
+        tables = parse_measured(device.measured or {}, f"devices.{device.key}.measured")
         meta = (device.measured or {}).get("meta") or {}
         super().__init__(device, replace(params, fused_rms_norm=meta.get("fused_rms_norm") is True))
-        self.tables = parse_measured(device.measured or {}, f"devices.{device.key}.measured")
+        self.tables = tables
         self.live_tps = frozenset(c.tp for c in self.tables.curves["layer"] if c.collectives)
 
     def covers(self, kind: str, model: ModelSpec, dtype: str) -> bool:
