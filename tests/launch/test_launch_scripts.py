@@ -41,6 +41,8 @@ def example_plan(name: str) -> Plan:
         return _flags_plan(cluster, "[[8, 8], [8, 8]]", "[[16, 16], [16, 16]]", "128", "32")
     if name == "h100x4":  # one 4-GPU host, TP 2 x PP 2
         return _flags_plan(cluster, "[[2, 2]]", "[[16, 16]]", "8", "4")
+    if name == "nvlink-pcie-slow-link":  # what the planner picks there: the NVLink node alone, TP 4 x PP 2
+        return _flags_plan(cluster, "[[4, 4]]", "[[16, 16]]", "32", "8")
     if name == "seed-40gpu-3types":
         return _flags_plan(cluster, "[[4, 4], [8, 8], [8, 8]]", "[[16, 16], [16, 16], [16, 16]]", "32 48 48",
                            "8 12 12")
