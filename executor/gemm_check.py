@@ -25,6 +25,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -59,6 +60,14 @@ def linear_shapes(model: ModelSpec, tp: int, *, first: bool, last: bool) -> tupl
     if last:
         shapes.add((model.vocab_size // tp, h))
     return tuple(sorted(shapes))
+
+
+def stage_shapes(model: ModelSpec, stages: Iterable[Any]) -> tuple[tuple[int, int], ...]:
+    """The union of :func:`linear_shapes` over ``stages`` (topology stages: ``tp``, ``is_first``,
+    ``is_last``): a strategy pool's layouts are checked as one set, so the SM-count target chosen
+    is right for every layout's products, not only the last one checked."""
+    return tuple(sorted({s for st in stages
+                         for s in linear_shapes(model, st.tp, first=st.is_first, last=st.is_last)}))
 
 
 def _matvec(a: torch.Tensor, v: torch.Tensor, rows: int = 1024) -> torch.Tensor:

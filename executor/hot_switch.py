@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from executor.engine import Engine, StepStats
 from executor.fast_path import synchronize
+from executor.gemm_check import ensure_right_products, stage_shapes
 from executor.groups import ProcessGroups
 from executor.model import StageModule
 from executor.optim import OptimConfig
@@ -163,6 +164,10 @@ class HotSwitchEngine:
                            on_nonfinite=on_nonfinite)
         self.layouts = {k: WorkingLayout(plans[k], topos[k], g, self.home, groups.reshard, wire_dtype)
                         for k, g in groups.working.items()}
+        if self.home.device.type == "cuda":  # the other strategies' TP shards too, checked as one set
+            stages = [self.home.stage, *(w.stage for w in self.layouts.values())]
+            ensure_right_products(self.home.device, self.home.autocast_dtype or torch.float32,
+                                  stage_shapes(plans[home].model, stages), ())
 
     def _stage(self, k: int):  # type: ignore[no-untyped-def]
         return self.home.stage if k == self.home_index else self.layouts[k].stage

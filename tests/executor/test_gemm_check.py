@@ -78,3 +78,16 @@ def test_linear_shapes_of_a_stage() -> None:
     assert linear_shapes(m, 1, first=True, last=False) == ((2048, 2048), (2048, 5632), (5632, 2048))
     assert (16000, 2048) in linear_shapes(m, 2, first=False, last=True)
     assert gemm_check.EXTRA_TOKENS  # the kernel choice depends on M: more than the plan's own is checked
+
+
+def test_a_pools_layouts_are_checked_as_one_set() -> None:
+    """Stages of several TP degrees (a strategy pool on one rank): every layout's shards, once."""
+    from types import SimpleNamespace
+
+    m = resolve_model("llama-1.3b")
+    home = SimpleNamespace(tp=1, is_first=True, is_last=True)
+    other = SimpleNamespace(tp=2, is_first=True, is_last=False)
+    shapes = gemm_check.stage_shapes(m, [home, other])
+    assert set(linear_shapes(m, 1, first=True, last=True)) | set(linear_shapes(m, 2, first=True, last=False)) \
+        == set(shapes)
+    assert (1024, 2048) in shapes and (32000, 2048) in shapes and len(shapes) == len(set(shapes))
