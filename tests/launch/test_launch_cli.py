@@ -99,12 +99,24 @@ def test_train_arguments_are_checked_once_before_any_rank(train_args: list[str],
     (["train", "--stepz", "3"], "--stepz", "--steps"),
     (["plan", "c.yaml", "--model", "tiny", "--time-limt", "3"], "--time-limt", "--time-limit"),
     (["launch", "p.json", "--dryrun"], "--dryrun", "--dry-run"),
+    # a required argument missing as well: argparse printed its usage text, hiding the hint
+    (["launch", "--dryrun"], "--dryrun", "--dry-run"),
+    (["hf", "import", "--outptu", "x", "m"], "--outptu", "--output"),
+    (["hf", "import", "m", "--outptu=x"], "--outptu", "--output"),
 ])
 def test_a_mistyped_flag_names_the_nearest_one(argv: list[str], flag: str, near: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"error: {flag}: 'hexiscale {argv[0]}' has no such flag (hint: did you mean {near}?)"
+    command = " ".join(argv[:2]) if argv[0] == "hf" else argv[0]
+    assert err == f"error: {flag}: 'hexiscale {command}' has no such flag (hint: did you mean {near}?)"
+
+
+def test_a_missing_required_flag_alone_still_gets_argparse_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli(["hf", "import", "m", "--seq-len", "-1"])
+    assert exc.value.code == 2
+    assert "the following arguments are required: -o/--output" in capsys.readouterr().err
 
 
 def test_sm_percent_on_a_cpu_run_is_refused(monkeypatch: pytest.MonkeyPatch,
