@@ -134,6 +134,15 @@ SEED_LINE = ["train", "--model-size", "tiny", "--hetero_configs", "[[1, 1]]", "-
 
 def test_a_seed_line_starting_its_ranks_listens_on_its_master_port(monkeypatch: pytest.MonkeyPatch,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    asked = _seed_line_store(monkeypatch)
+    assert cli([*SEED_LINE, "--master_port", "29611"]) == 1
+    assert asked == [("127.0.0.1", 29611)]
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: --master_port: cannot listen on 127.0.0.1:29611")
+
+
+def _seed_line_store(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """The (address, port) a seed line's own ranks' store was asked to listen on (busy: exit 1)."""
     import errno
 
     import executor.launch.env as launch_env
@@ -148,7 +157,19 @@ def test_a_seed_line_starting_its_ranks_listens_on_its_master_port(monkeypatch: 
         raise OSError(errno.EADDRINUSE, "Address already in use")
 
     monkeypatch.setattr(launch_env, "serve_store", busy)
-    assert cli([*SEED_LINE, "--master_port", "29611"]) == 1
-    assert asked == [("127.0.0.1", 29611)]
+    return asked
+
+
+def test_a_seed_line_starting_its_ranks_listens_on_its_master_addr(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _seed_line_store(monkeypatch)
+    assert cli([*SEED_LINE, "--master_addr", "127.0.0.2", "--master_port", "29612"]) == 1  # loopback, not the default
+    assert asked == [("127.0.0.2", 29612)]
+
+
+def test_a_seed_line_starting_its_ranks_refuses_another_machines_master_addr(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    asked = _seed_line_store(monkeypatch)
+    assert cli([*SEED_LINE, "--master_addr", "192.0.2.1"]) == 1  # TEST-NET-1: never this machine's
+    assert asked == []
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: --master_port: cannot listen on 127.0.0.1:29611")
+    assert err.startswith("error: --master_addr: '192.0.2.1' is not this machine") and "drop --master_addr" in err
