@@ -54,6 +54,7 @@ from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog
 from executor.metrics import StepLogger
 from executor.optim import OptimConfig
 from executor.preflight import Prepared, agree, local_checks
+from executor.progress import note, step_starting
 from executor.resume import choose_checkpoint
 from executor.saving import Saver
 from executor.switch import SWITCH_PARTS, switch
@@ -173,6 +174,8 @@ def run_elastic(args: TrainConfig) -> int:
                                                      timeout_s=timeout_s), prep, opt, cluster, fault, wd)
     try:
         flight.enable()
+        if not joining:
+            note(renv.rank, f"pre-flight passed on {renv.world_size} ranks (elastic); connecting the process group...")
         epoch = _join(job, joining, plan) if joining else _first(job, plan, timeout_s)
         while epoch is not None and not _train(job, epoch):
             epoch = _next(job, epoch)
@@ -194,15 +197,15 @@ def _epoch_env(job: _Job, index: int, plan: Plan) -> RankEnv:
                    prefix=f"{job.base.prefix}/e{index}")
 
 
-def _build(job: _Job, plan: Plan, *, init: bool) -> Engine:
+def _build(job: _Job, plan: Plan, *, init: bool) -> tuple[Engine, int]:
+    """The epoch's engine and how many of its blocks were compiled."""
     topology = build_topology(plan)
     groups = ProcessGroups.create(topology)
     engine = Engine(plan, topology, groups, device=job.prep.device, optim=job.opt, seed=job.args.seed, init=init,
                     on_nonfinite=job.args.on_nonfinite)
     # every epoch's engine: its blocks are new modules (Dynamo reuses the traced code)
-    if job.args.compile or plan.options.compile:
-        fast_path.compile_blocks(engine.module)
-    return engine
+    compiled = fast_path.compile_blocks(engine.module) if job.args.compile or plan.options.compile else 0
+    return engine, compiled
 
 
 def _start(job: _Job, index: int, plan: Plan, engine: Engine, position: DataPosition) -> _Epoch:
@@ -227,9 +230,13 @@ def _first(job: _Job, plan: Plan, timeout_s: float) -> _Epoch:
     """Epoch 0: the launch plan's process group and engine (resumed if asked)."""
     init_process_group(job.base, job.store, job.prep.device, timeout_s)
     job.world.adopt(plan.devices)
-    engine = _build(job, plan, init=True)
+    rank = job.base.rank
+    note(rank, f"building the model ({plan.model.name}, rank 0's stage: layers "
+               f"{plan.pipelines[0].stages[0].layers[0]}-{plan.pipelines[0].stages[0].layers[1] - 1})...")
+    engine, compiled = _build(job, plan, init=True)
     position = DataPosition()
     if job.prep.resume is not None:
+        note(rank, f"loading checkpoint {job.prep.resume.path}...")
         extra = checkpoint.load(engine, job.prep.resume.path)
         position = DataPosition.from_dict(extra["data"], str(job.prep.resume.path)) if "data" in extra \
             else DataPosition(engine.step, engine.step * plan.global_batch_size)
@@ -237,7 +244,10 @@ def _first(job: _Job, plan: Plan, timeout_s: float) -> _Epoch:
         print(f"hexiscale train: elastic, {plan.world_size} ranks, model {plan.model.name}, steps "
               f"{engine.step}..{job.args.end}" + (f", resumed from {job.prep.resume.path}" if job.prep.resume
                                                      else ""), flush=True)
-    return _start(job, 0, plan, engine, position)
+    note(rank, f"loading data ({job.args.data or 'synthetic tokens'})...")
+    epoch = _start(job, 0, plan, engine, position)
+    step_starting(rank, engine.step + 1, compiled=compiled > 0)
+    return epoch
 
 
 def _train(job: _Job, ep: _Epoch) -> bool:
@@ -317,7 +327,7 @@ def _switch_into(job: _Job, move: _Move, ahead: bool, engine: Engine | None, pos
         print(f"[{job.me}] handed its state over at step {position.step}; leaving the job", flush=True)
         return None
     t_groups = time.perf_counter()
-    new_engine = _build(job, new, init=False)
+    new_engine, _ = _build(job, new, init=False)
     groups_s = time.perf_counter() - t_groups
     t_install = time.perf_counter()
     res.state.install(new_engine, position.step)

@@ -1,6 +1,8 @@
 """Short progress lines of rank 0 before its first step (start-up takes seconds on a small job and
 minutes on a large one, and used to show nothing): on stderr, so stdout keeps only the step lines.
-They start after pre-flight, so a user error is still the run's only line."""
+They start after pre-flight, so a user error is still the run's only line. Plan training
+(:mod:`executor.train`), strategy-pool training (:mod:`executor.train_varlen`) and elastic
+training (:mod:`executor.elastic_train`) all say them through here."""
 
 from __future__ import annotations
 
@@ -10,3 +12,8 @@ import sys
 def note(rank: int, text: str) -> None:
     if rank == 0:
         print(f"hexiscale train: {text}", file=sys.stderr, flush=True)
+
+
+def step_starting(rank: int, step: int, *, compiled: bool = False) -> None:
+    """The last line before the first step (which also warms up, and compiles if asked: the slow one)."""
+    note(rank, f"step {step} starting (the first step also warms up" + (", and compiles" if compiled else "") + ")")

@@ -32,7 +32,7 @@ from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_RANK_FAILURE, EXIT_U
 from executor.metrics import StepLogger
 from executor.optim import OptimConfig
 from executor.preflight import Prepared, agree, local_checks, wait_all_seen
-from executor.progress import note
+from executor.progress import note, step_starting
 from executor.resume import choose_checkpoint
 from executor.saving import Saver
 from executor.tensorboard_sink import TensorBoardSink
@@ -187,8 +187,7 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
         print(f"hexiscale train: {plan.world_size} ranks, {len(plan.pipelines)} pipelines, model "
               f"{plan.model.name}, {prep.device.type} ({backend}), data {args.data or 'synthetic'}, steps "
               f"{start}..{args.end}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
-    note(renv.rank, f"step {start + 1} starting (the first step also warms up" + (", and compiles" if compiled else "")
-         + ")")
+    step_starting(renv.rank, start + 1, compiled=bool(compiled))
     for k in range(start, args.end):
         wd.begin_step(k + 1)
         maybe_inject(fault, renv.rank, k)

@@ -34,6 +34,7 @@ from executor.launch.watchdog import Watchdog
 from executor.metrics import memory_gib
 from executor.optim import OptimConfig
 from executor.output_files import write_text
+from executor.progress import note, step_starting
 from executor.saving import Saver
 from executor.step_prefetch import LayoutStream
 from executor.tensorboard_sink import TensorBoardSink
@@ -88,15 +89,20 @@ def train_pool(args: TrainConfig, pool: StrategyPool, cluster: ClusterSpec | Non
     assert cluster is not None and args.step_tokens is not None
     costs = strategy_costs(pool, cluster)
     plans = [s.plan for s in pool.strategies]
+    note(rank, "creating the communicators...")
     groups = switch_groups(plans, pool.home)
     wire = torch.bfloat16 if device.type == "cuda" and pool.home_plan.options.dtype == "bf16" else None
+    note(rank, f"building the model ({pool.model.name}; the hot-switching engine, home strategy "
+               f"{pool.strategies[pool.home].name})...")
     eng = HotSwitchEngine(plans, pool.home, groups, device=device, optim=optim, seed=args.seed, wire_dtype=wire,
                           on_nonfinite=args.on_nonfinite)
     sink = TensorBoardSink(args.tensorboard) if args.tensorboard and rank == 0 else None
     cursor = 0
     if resume is not None:
+        note(rank, f"loading checkpoint {resume}...")
         extra = checkpoint.load(eng.home, resume)
         cursor = int(extra.get("varlen", {}).get("cursor", 0))
+    note(rank, f"loading data ({args.data or args.lengths})...")
     stream = LayoutStream(source, costs, step_tokens=args.step_tokens, cursor=cursor, group=groups.layouts,
                           assign=args.assign, seed=args.seed)
     saver = Saver(eng.home, args.checkpoint_dir, args.save_every, args.async_save)
@@ -107,6 +113,7 @@ def train_pool(args: TrainConfig, pool: StrategyPool, cluster: ClusterSpec | Non
               f"context {pool.context:,}, {args.step_tokens:,} tokens per step, data {args.data or args.lengths}, "
               f"{device.type}, steps {start}..{args.end}" + (f", resumed from {resume}" if resume else ""),
               flush=True)
+    step_starting(rank, start + 1)
     t_all, tokens_all = 0.0, 0
     for k in range(start, args.end):
         wd.begin_step(k + 1)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from executor.train_config import TrainConfig
 from hexiscale.cli.train_args import add_train_arguments, train_argv, train_config
+from hexiscale.launch.own_address import own_address
 from planner.plan import save_plan
 
 
@@ -37,8 +38,9 @@ def _seed_environment(args: argparse.Namespace) -> None:
         os.environ.setdefault("LOCAL_RANK", str(args.current_device))
 
 
-def _launch_here(config: TrainConfig, master_port: int | None) -> int | None:
-    """Start the seed layout's ranks on this machine (None: a one-rank plan runs in this process)."""
+def _launch_here(config: TrainConfig, master_addr: str, master_port: int | None) -> int | None:
+    """Start the seed layout's ranks on this machine (None: a one-rank plan runs in this process);
+    their store listens on ``master_addr`` (this machine's, checked) and ``master_port``."""
     plan = config.seed_layout.plan(config.cluster)
     if plan.world_size == 1:
         return None
@@ -56,14 +58,15 @@ def _launch_here(config: TrainConfig, master_port: int | None) -> int | None:
         path = Path(tmp) / "plan.json"
         save_plan(plan, path)
         return run_local(str(path), plan.world_size, train_argv(config), device=device, run_id="seed-flags",
-                         store_port=master_port or 0)
+                         store_port=master_port or 0, store_addr=master_addr)
 
 
 def run(args: argparse.Namespace) -> int:
     config = train_config(args)
     _seed_environment(args)
     if config.seed_layout.given() and not config.plan and "WORLD_SIZE" not in os.environ:
-        code = _launch_here(config, args.master_port)
+        addr = own_address(args.master_addr, "--master_addr") if args.master_addr else "127.0.0.1"
+        code = _launch_here(config, addr, args.master_port)
         if code is not None:
             return code
     import torch

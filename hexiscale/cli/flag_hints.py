@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 from collections.abc import Sequence
 
 from planner.errors import SpecError
@@ -24,6 +25,30 @@ def nearest_flag(token: str, parser: argparse.ArgumentParser) -> str | None:
     name = token.partition("=")[0]
     close = difflib.get_close_matches(name, flags_of(parser), n=1, cutoff=0.6)
     return close[0] if close else None
+
+
+def unknown_flags(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """The arguments of ``argv`` that look like flags ``parser`` does not know (nor abbreviates),
+    up to ``--``. For a usage error that argparse reports before its unknown flags (a required
+    flag missing), so that the mistyped flag, likely the missing one, is named first. A value
+    given to a flag (``--global-batch -inf``) is not a flag: argparse's own error names that flag."""
+    takes_value = {s: action.nargs != 0 for action in parser._actions for s in action.option_strings}
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        name = arg.partition("=")[0]
+        if not arg.startswith("-") or arg == "-" or _NUMBER.match(arg) or name in takes_value:
+            continue
+        if i and takes_value.get(argv[i - 1], False):
+            continue  # the previous flag's value
+        if name.startswith("--") and any(f.startswith(name) for f in takes_value):
+            continue  # an abbreviation argparse accepts
+        out.append(arg)
+    return out
+
+
+_NUMBER = re.compile(r"^-[\d.]")  # a negative number (-1e+16 too): a value, whichever flag it was meant for
 
 
 def unknown_arguments(extras: Sequence[str], parser: argparse.ArgumentParser) -> SpecError:

@@ -10,8 +10,10 @@ the command line starts without torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
+import io
 import os
 import pkgutil
 import sys
@@ -78,14 +80,40 @@ def unknown_in(parser: argparse.ArgumentParser, argv: Sequence[str], extras: Seq
     return unknown_arguments(extras, _command_parser(parser, argv))
 
 
+def _parse(parser: argparse.ArgumentParser,
+           argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]] | SpecError:
+    """``parse_known_args``, except that an unknown flag wins over argparse's other usage errors
+    (a missing required flag printed the usage text, hiding the nearest-flag hint for the
+    mistyped one): that error then comes back as the one-line hint."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return parser.parse_known_args(argv)
+    except SystemExit as exc:
+        if exc.code == 2:
+            from hexiscale.cli.flag_hints import unknown_flags
+
+            chosen = _command_parser(parser, argv)
+            unknown = unknown_flags(argv, chosen)
+            if unknown:
+                return unknown_in(parser, argv, unknown)
+        sys.stderr.write(captured.getvalue())
+        raise
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     problem = unusable_argument(argv)
     if problem:
         parser.error(problem)  # exit 2, as for any other usage error
-    args, extras = parser.parse_known_args(argv)
     from hexiscale.cli.output import print_error
+
+    parsed = _parse(parser, argv)
+    if isinstance(parsed, SpecError):
+        print_error(str(parsed))
+        return 2
+    args, extras = parsed
 
     if extras:  # one line naming the nearest flag, not the top-level usage text
         print_error(str(unknown_in(parser, argv, extras)))

@@ -93,21 +93,22 @@ def rank_commands(plan_path: str, world_size: int, train_args: Sequence[str], *,
 def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, device: str = "cpu",
               grace_s: float = 30.0, log_dir: str | None = None, run_id: str = "local",
               extra_env: dict[str, str] | None = None, rank_env: dict[int, dict[str, str]] | None = None,
-              store_port: int = 0, port_flag: str = "--master_port") -> int:
+              store_port: int = 0, port_flag: str = "--master_port", store_addr: str = "127.0.0.1") -> int:
     """Start, supervise and reap every rank; return the job's exit code. ``rank_env`` adds
     variables to single ranks (e.g. an MPS SM share); ``store_port`` 0: any free port, else that one
-    (the flag ``port_flag`` asked for it)."""
+    (the flag ``port_flag`` asked for it); ``store_addr``: one of this machine's addresses (loopback
+    unless a flag asked for another, see :mod:`hexiscale.launch.own_address`)."""
     from executor.launch.env import serve_store
 
-    try:  # listens on loopback only: the job never leaves this machine
-        store = serve_store("127.0.0.1", store_port)
+    try:  # listens on this machine only (loopback by default): the job never leaves it
+        store = serve_store(store_addr, store_port)
     except OSError as exc:
         if not store_port:
             raise
-        raise SpecError(port_flag, f"cannot listen on 127.0.0.1:{store_port}: {exc.strerror or exc}",
+        raise SpecError(port_flag, f"cannot listen on {store_addr}:{store_port}: {exc.strerror or exc}",
                         f"pass another port, or drop {port_flag} to take a free one") from None
     base = dict(os.environ)
-    base.update({"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+    base.update({"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": store_addr,
                  "MASTER_PORT": str(store.port), "HEXISCALE_STORE_HOSTED": "1", "HEXISCALE_RUN_ID": run_id,
                  "HEXISCALE_NODE": "local", "PYTHONUNBUFFERED": "1"})
     base.pop("HEXISCALE_NODE_RANKS", None)
@@ -119,7 +120,7 @@ def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, dev
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
     print(f"hexiscale launch: {world_size} ranks on this machine ({'GPU, nccl' if device == 'cuda' else 'CPU, gloo'})"
-          f", store at 127.0.0.1:{store.port}", file=sys.stderr, flush=True)
+          f", store at {store_addr}:{store.port}", file=sys.stderr, flush=True)
     ranks: list[RankProcess] = []
     pumps: list[threading.Thread] = []
     cmd = rank_argv(plan_path, device, train_args)

@@ -99,12 +99,24 @@ def test_train_arguments_are_checked_once_before_any_rank(train_args: list[str],
     (["train", "--stepz", "3"], "--stepz", "--steps"),
     (["plan", "c.yaml", "--model", "tiny", "--time-limt", "3"], "--time-limt", "--time-limit"),
     (["launch", "p.json", "--dryrun"], "--dryrun", "--dry-run"),
+    # a required argument missing as well: argparse printed its usage text, hiding the hint
+    (["launch", "--dryrun"], "--dryrun", "--dry-run"),
+    (["hf", "import", "--outptu", "x", "m"], "--outptu", "--output"),
+    (["hf", "import", "m", "--outptu=x"], "--outptu", "--output"),
 ])
 def test_a_mistyped_flag_names_the_nearest_one(argv: list[str], flag: str, near: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"error: {flag}: 'hexiscale {argv[0]}' has no such flag (hint: did you mean {near}?)"
+    command = " ".join(argv[:2]) if argv[0] == "hf" else argv[0]
+    assert err == f"error: {flag}: 'hexiscale {command}' has no such flag (hint: did you mean {near}?)"
+
+
+def test_a_missing_required_flag_alone_still_gets_argparse_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli(["hf", "import", "m", "--seq-len", "-1"])
+    assert exc.value.code == 2
+    assert "the following arguments are required: -o/--output" in capsys.readouterr().err
 
 
 def test_sm_percent_on_a_cpu_run_is_refused(monkeypatch: pytest.MonkeyPatch,
@@ -122,6 +134,15 @@ SEED_LINE = ["train", "--model-size", "tiny", "--hetero_configs", "[[1, 1]]", "-
 
 def test_a_seed_line_starting_its_ranks_listens_on_its_master_port(monkeypatch: pytest.MonkeyPatch,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    asked = _seed_line_store(monkeypatch)
+    assert cli([*SEED_LINE, "--master_port", "29611"]) == 1
+    assert asked == [("127.0.0.1", 29611)]
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: --master_port: cannot listen on 127.0.0.1:29611")
+
+
+def _seed_line_store(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """The (address, port) a seed line's own ranks' store was asked to listen on (busy: exit 1)."""
     import errno
 
     import executor.launch.env as launch_env
@@ -136,7 +157,19 @@ def test_a_seed_line_starting_its_ranks_listens_on_its_master_port(monkeypatch: 
         raise OSError(errno.EADDRINUSE, "Address already in use")
 
     monkeypatch.setattr(launch_env, "serve_store", busy)
-    assert cli([*SEED_LINE, "--master_port", "29611"]) == 1
-    assert asked == [("127.0.0.1", 29611)]
+    return asked
+
+
+def test_a_seed_line_starting_its_ranks_listens_on_its_master_addr(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _seed_line_store(monkeypatch)
+    assert cli([*SEED_LINE, "--master_addr", "127.0.0.2", "--master_port", "29612"]) == 1  # loopback, not the default
+    assert asked == [("127.0.0.2", 29612)]
+
+
+def test_a_seed_line_starting_its_ranks_refuses_another_machines_master_addr(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    asked = _seed_line_store(monkeypatch)
+    assert cli([*SEED_LINE, "--master_addr", "192.0.2.1"]) == 1  # TEST-NET-1: never this machine's
+    assert asked == []
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: --master_port: cannot listen on 127.0.0.1:29611")
+    assert err.startswith("error: --master_addr: '192.0.2.1' is not this machine") and "drop --master_addr" in err
