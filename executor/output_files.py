@@ -10,11 +10,13 @@ from pathlib import Path
 from planner.errors import SpecError
 
 
-def output_error(path: str | Path, flag: str, exc: OSError) -> SpecError:
+def output_error(path: str | Path, flag: str, exc: OSError, *, training: bool = True) -> SpecError:
+    """One line for a failed write of ``path`` (given by ``flag``); ``training``: a run's output, whose
+    checkpoints the hint says are kept (a command's ``-o`` has none)."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        kept = "; the checkpoints written so far are kept (continue with --resume)" if training else ""
         return SpecError(flag, f"cannot write {path}: the disk is full ({exc.strerror or 'no space left'})",
-                         f"free space on that disk or point {flag} at another one; the checkpoints written so far "
-                         "are kept (continue with --resume)")
+                         f"free space on that disk or point {flag} at another one{kept}")
     return SpecError(flag, f"cannot write {path}: {exc.strerror or exc}", "pass a path you may write to")
 
 

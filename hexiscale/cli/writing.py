@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from executor.output_files import output_error
 from planner.errors import SpecError
 
 
@@ -23,9 +24,8 @@ def writing(flag: str, *paths: str | Path, folder: bool = False) -> Iterator[Non
         check_writable(path, flag, folder=folder)
     try:
         yield
-    except OSError as exc:
-        raise SpecError(flag, f"cannot write {paths[0]}: {exc.strerror or type(exc).__name__}",
-                        "pass a path in a folder you may write to") from None
+    except OSError as exc:  # a full disk says so, as the training outputs do
+        raise output_error(paths[0], flag, exc, training=False) from None
 
 
 def check_writable(path: str | Path, flag: str, *, folder: bool = False) -> None:

@@ -49,7 +49,6 @@ import dataclasses
 import itertools
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -64,6 +63,7 @@ from planner.search.config import PlannerConfig
 from planner.search.explain import infeasible
 from planner.search.graph import Unit, fast_cluster, make_units, unit_graph
 from planner.search.idle import idle_note
+from planner.search.leave_out import leave_out_subsets
 from planner.search.local_search import Climb, improve, polish_layers
 from planner.search.oracle import Oracle, Setting
 from planner.search.partition import MetisGraph, chunk, unit_classes
@@ -268,7 +268,7 @@ class Search:
         without each node group, every partitioner; the coarse pipeline-count grid up to
         ``SMALL_DEVICES`` devices, else the best count scaled to the devices kept, halved and
         doubled. :meth:`idle_note` explains the devices a plan leaves out."""
-        subsets = _leave_out_subsets(self.cluster)
+        subsets = leave_out_subsets(self.cluster)
         if not subsets:
             return
         best = min(pool, key=_rank)
@@ -428,25 +428,6 @@ class Search:
                             "this is the best plan found so far (it may depend on the machine's speed)")
         return SearchResult(plan.with_estimate(est.to_dict()), est, cand, self.log, self.evaluations, elapsed,
                             self.cut_short, self.oracle.stats, note)
-
-
-def _leave_out_subsets(cluster: ClusterSpec) -> list[tuple[str, frozenset[str]]]:
-    """Nodes to leave out, one set at a time: each node kind, and each node group, one of every set of
-    groups alike (the same node kinds and link: leaving out one rack of 64 identical ones is the same
-    question as any other); never every node."""
-    out: dict[frozenset[str], str] = {}
-    kinds = node_kinds(cluster)
-    if len(kinds) > 1:
-        for (gpu, gpus), names in kinds.items():
-            out.setdefault(frozenset(names), f"the {len(names)} {gpu} x{gpus} node(s)")
-    alike: set[tuple[object, ...]] = set()
-    for g in cluster.groups:
-        shape = (tuple(sorted(Counter((cluster.node(n).gpu, cluster.node(n).gpus) for n in g.nodes).items())), g.link)
-        if shape not in alike:
-            alike.add(shape)
-            out.setdefault(frozenset(g.nodes), f"group {g.name}")
-    everything = frozenset(n.name for n in cluster.nodes)
-    return [(label, nodes) for nodes, label in out.items() if nodes and nodes != everything]
 
 
 def _devices(c: Candidate) -> int:

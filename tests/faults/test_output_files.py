@@ -79,3 +79,15 @@ def test_warmup_past_the_run_is_refused(warmup: int) -> None:
     with pytest.raises(SpecError, match=f"^--warmup: {warmup} warm-up steps, more than the run's --steps 10"):
         TrainConfig(plan="p.json", steps=10, warmup=warmup)
     TrainConfig(plan="p.json", steps=10, warmup=10)
+
+
+def test_a_commands_output_on_a_full_disk_says_so_without_checkpoints() -> None:
+    """``hexiscale plan -o`` and friends (hexiscale.cli.writing) share the training outputs' wording."""
+    import errno
+
+    from hexiscale.cli.writing import writing
+
+    with pytest.raises(SpecError) as info, writing("-o", "plan.json"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert str(info.value).startswith("-o: cannot write plan.json: the disk is full")
+    assert "checkpoint" not in str(info.value)
