@@ -1,4 +1,4 @@
-"""``hexiscale estimate PLAN [--cluster CLUSTER] [--json] [--params FILE] [--save OUT] [--plot DIR]``.
+"""``hexiscale estimate PLAN [--cluster CLUSTER] [--json] [--params FILE] [-o OUT] [--plot DIR]``.
 
 Prints the cost model's estimate of one training step: the step time and its breakdown, tokens/s,
 MFU and HFU, each pipeline's time and idle wait at the gradient sync, each stage's per-micro-batch
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from hexiscale.cli.flag_names import add_output, typed
 from hexiscale.cli.output import _ranges, console, print_warning, styled
 from hexiscale.cli.pictures import PLAN_MAP, SIMULATED, write_pictures
 from hexiscale.cli.writing import writing
@@ -44,7 +45,7 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("estimate", help="estimate a plan's step time, memory, MFU and bottleneck")
     add_common_arguments(p)
-    p.add_argument("--save", metavar="OUT", help="write the plan with its estimate to OUT")
+    add_output(p, "write the plan with its estimate to this JSON file", "--save")
     p.add_argument("--plot", metavar="DIR", help=f"write {PLAN_MAP} and {SIMULATED} (the simulated step) to DIR")
     p.set_defaults(func=run)
 
@@ -216,15 +217,15 @@ def run(args: argparse.Namespace) -> int:
     resolved = resolved_for(args, cluster)
     est = estimate(plan, cluster, resolved.profiles, timeline=bool(args.plot))
     data: dict[str, Any] = {**est.to_dict(), "priced_by": used_by(resolved.priced_by, cluster, plan.devices)}
-    if args.save:
-        with writing("--save", args.save):
-            save_plan(plan.with_estimate(data), args.save)
+    if args.output:
+        with writing(typed(args, "output", "-o"), args.output):
+            save_plan(plan.with_estimate(data), args.output)
     if args.json:
         print(json.dumps(data, indent=2))
     else:
         render(plan, cluster, est)
-        if args.save:
-            console.print(f"wrote {args.save}", highlight=False)
+        if args.output:
+            console.print(f"wrote {args.output}", highlight=False)
     if args.plot:
         write_pictures(args.plot, plan, cluster, est.timeline, SIMULATED, f"cluster {cluster.name}")
     return 0

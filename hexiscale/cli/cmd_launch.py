@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hexiscale.cli.flag_names import add_renamed
 from hexiscale.cli.launch_train_args import checked_train_args
 from hexiscale.cli.output import console
 from hexiscale.cli.writing import writing
@@ -80,8 +81,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--elastic", action="store_true", help="--local: devices may leave and join while it trains "
                    "('hexiscale elastic leave|join'); a failed rank is dropped and the job resumes from the newest "
                    "checkpoint (needs --cluster)")
-    p.add_argument("--trace", help="--local: an elastic trace (hexiscale.trace/1 YAML): the device set phase by "
-                   "phase; implies --elastic")
+    trace = p.add_argument("--elastic-trace", dest="elastic_trace", metavar="TRACE",
+                           help="--local: an elastic trace (hexiscale.trace/1 YAML): the device set phase by phase; "
+                           "implies --elastic")
+    add_renamed(p, "--trace", trace)  # train's --trace is a timing trace
     p.add_argument("--max-restarts", type=int, default=3, help="--elastic: recoveries from failed ranks")
     p.add_argument("--elastic-log", help="--elastic: append one JSON line per switch and recovery to this file")
     p.epilog = "Arguments after -- go to 'hexiscale train', e.g. -- --steps 100 --data corpus"
@@ -121,13 +124,13 @@ def run(args: argparse.Namespace) -> int:
     plan, pool = load_plan_or_pool(args.plan)  # a strategy pool: its home plan places the ranks
     # every node gets absolute paths and checked train arguments (one error line here, not one per rank)
     args.plan = os.path.abspath(args.plan)
-    mode = "elastic" if args.elastic or args.trace else "pool" if pool is not None else "plan"
+    mode = "elastic" if args.elastic or args.elastic_trace else "pool" if pool is not None else "plan"
     args.train_args = checked_train_args(args.train_args, plan_path=args.plan, mode=mode)
     run_id = checked_run_id(args.run_id, args.plan)
-    if args.elastic or args.trace:
+    if args.elastic or args.elastic_trace:
         if args.dry_run:
             raise SpecError("--dry-run", "an elastic job's commands depend on what happens while it runs",
-                            "drop --dry-run (or --elastic/--trace to see the ranks' commands)")
+                            "drop --dry-run (or --elastic/--elastic-trace to see the ranks' commands)")
         from hexiscale.launch.elastic_cli import launch_elastic
 
         return launch_elastic(args, plan, run_id, env=dict(_env(args)))

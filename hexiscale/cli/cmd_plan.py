@@ -1,4 +1,4 @@
-"""``hexiscale plan CLUSTER --model NAME|config.json --global-batch N``: search the best plan.
+"""``hexiscale plan CLUSTER --model NAME|config.json --global-batch-size N``: search the best plan.
 
 Prints the plan table, the cost model's estimate (step time, tokens/s, MFU, breakdown,
 bottleneck) and the seed-style flags of the plan (up to ``SEED_FLAGS_CHARS`` characters, else their
@@ -19,6 +19,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from hexiscale.cli.flag_names import GLOBAL_BATCH, add_global_batch, typed
 from hexiscale.cli.output import console, plan_table, styled
 from hexiscale.cli.pictures import PLAN_MAP, SIMULATED, write_pictures
 from hexiscale.cli.writing import check_writable, writing
@@ -40,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("plan", help="search the best plan for a model on a cluster")
     p.add_argument("cluster", help="cluster file (YAML)")
     p.add_argument("--model", required=True, help="model preset name or a Hugging Face config.json")
-    p.add_argument("--global-batch", type=int, dest="global_batch", help="samples per step")
+    add_global_batch(p, "samples per step, the total over every pipeline")
     p.add_argument("--seq-len", type=int, dest="seq_len", help="sequence length (default: the model's)")
     p.add_argument("-o", "--output", help="write the plan (with its estimate) to this JSON file")
     p.add_argument("--objective", default="throughput", choices=("throughput",), help="what to optimise")
@@ -77,10 +78,11 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()  # --time-limit is wall time for the whole command
     from planner.search.planner import PlannerConfig, search
 
+    flag = typed(args, "global_batch", GLOBAL_BATCH)
     if args.global_batch is None and not args.lengths:
-        raise SpecError("--global-batch", "missing", "give the samples per step (or --lengths and --step-tokens)")
+        raise SpecError(flag, "missing", "give the samples per step (or --lengths and --step-tokens)")
     if args.global_batch is not None:
-        check_int("--global-batch", args.global_batch, 1, MAX_GLOBAL_BATCH, "pass the samples per step, e.g. 256")
+        check_int(flag, args.global_batch, 1, MAX_GLOBAL_BATCH, "pass the samples per step, e.g. 256")
     check_number("--time-limit", args.time_limit, 0.0, 86400.0, above=True, unit=" seconds")
     check_int("--seed", args.seed, 0, 2**32 - 1, "pass a non-negative seed")
     from planner.calibration.local import resolve_profiles

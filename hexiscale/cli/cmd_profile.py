@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hexiscale.cli.flag_names import add_output, add_renamed, typed
 from hexiscale.cli.writing import check_writable, writing
 from planner.errors import SpecError
 from planner.hf_config import resolve_model
@@ -20,16 +21,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", required=True, help="model preset or config.json whose layer is profiled")
     p.add_argument("--seq-len", type=int, dest="seq_len", help="override the model's sequence length")
     p.add_argument("--layers", type=int, help="override the model's layer count (only its name changes)")
-    p.add_argument("--out", help="output file (default planner/profiles/devices/<key>.json; "
-                   "CPU mode: ./cpu-profile.json)")
-    p.add_argument("--key", help="catalog key of the measured device type (default: the --out file's stem)")
+    add_output(p, "profile file to write (default planner/profiles/devices/<key>.json; "
+                   "CPU mode: ./cpu-profile.json)", "--out")
+    p.add_argument("--key", help="catalog key of the measured device type (default: the -o file's stem)")
     p.add_argument("--base", help="catalog key of the unthrottled device type (default: detected from the GPU name)")
     p.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU (tests/CI)")
     p.add_argument("--sm-percent", type=float, dest="sm_percent",
                    help="MPS SM share to run under and record (sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE unless set; "
                         "needs the MPS daemon: nvidia-cuda-mps-control -d)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="compute dtype (default bf16; CPU fp32)")
-    p.add_argument("--micro-batches", dest="micro_batches", help="comma list, e.g. 1,2,4")
+    sizes = p.add_argument("--micro-batch-sizes", dest="micro_batches",
+                           help="comma list of samples per micro-batch, e.g. 1,2,4")
+    add_renamed(p, "--micro-batches", sizes)  # elsewhere (plans, train) micro-batches is a count
     p.add_argument("--seq-lens", dest="seq_lens", help="comma list of sequence lengths")
     p.add_argument("--tp", help="comma list of TP degrees whose shard shapes are profiled")
     p.add_argument("--repeats", type=int, help="timed repeats per point (median kept)")
@@ -43,11 +46,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 # upper bounds of what one profiling run may ask for (beyond them it would run out of memory or time)
-LIST_LIMITS = {"--micro-batches": 4096, "--seq-lens": MODEL_LIMITS["seq_len"], "--tp": 64}
+LIST_LIMITS = {"micro_batches": 4096, "seq_lens": MODEL_LIMITS["seq_len"], "tp": 64}  # by dest
 MAX_COMM_RANKS = 64
 
 
-def _ints(text: str | None, flag: str) -> list[int] | None:
+def _ints(args: argparse.Namespace, dest: str, flag: str) -> list[int] | None:
+    """The comma list of flag ``flag`` (dest ``dest``), each value checked."""
+    text = getattr(args, dest)
+    flag = typed(args, dest, flag)
     if text is None:
         return None
     try:
@@ -57,7 +63,7 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
     if not values:
         raise SpecError(flag, "needs positive integers", "write e.g. 1,2,4")
     for v in values:
-        check_int(flag, v, 1, LIST_LIMITS[flag], "write e.g. 1,2,4")
+        check_int(flag, v, 1, LIST_LIMITS[dest], "write e.g. 1,2,4")
     return values
 
 
@@ -76,8 +82,8 @@ def check_flags(args: argparse.Namespace) -> None:
         check_int("--comm-ranks", args.comm_ranks, 0, MAX_COMM_RANKS, "pass 0 to skip the link sweep")
     if args.sm_percent is not None:
         check_number("--sm-percent", args.sm_percent, 0.0, 100.0, above=True, hint="pass e.g. 60")
-    for flag, value in (("--micro-batches", args.micro_batches), ("--seq-lens", args.seq_lens), ("--tp", args.tp)):
-        _ints(value, flag)
+    for dest, flag in (("micro_batches", "--micro-batch-sizes"), ("seq_lens", "--seq-lens"), ("tp", "--tp")):
+        _ints(args, dest, flag)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,23 +109,23 @@ def run(args: argparse.Namespace) -> int:
     cfg = default_config(model, cpu=args.cpu, sm_percent=args.sm_percent, comm_world=comm if comm >= 2 else 0)
     if args.dtype:
         cfg.dtype = args.dtype
-    cfg.micro_batches = _ints(args.micro_batches, "--micro-batches") or cfg.micro_batches
-    cfg.seq_lens = _ints(args.seq_lens, "--seq-lens") or cfg.seq_lens
-    cfg.tps = _ints(args.tp, "--tp") or cfg.tps
+    cfg.micro_batches = _ints(args, "micro_batches", "--micro-batch-sizes") or cfg.micro_batches
+    cfg.seq_lens = _ints(args, "seq_lens", "--seq-lens") or cfg.seq_lens
+    cfg.tps = _ints(args, "tp", "--tp") or cfg.tps
     if args.repeats:
         cfg.repeats = args.repeats
     if args.layer_chain:
         cfg.layer_chain = args.layer_chain
-    if args.out:
-        out = Path(args.out)
+    if args.output:
+        out = Path(args.output)
     elif args.cpu:
         out = Path("cpu-profile.json")
     else:
         from planner.catalog import profiles_dir
 
         out = profiles_dir() / "devices" / f"{args.key or 'local-measured'}.json"
-    check_writable(out, "--out")  # before minutes of measuring
-    with writing("--out", out):
+    check_writable(out, typed(args, "output", "-o"))  # before minutes of measuring
+    with writing(typed(args, "output", "-o"), out):
         pf = run_profile(cfg, out, key=args.key, base=args.base, resume=not args.no_resume, progress=not args.quiet)
     from rich.table import Table
 

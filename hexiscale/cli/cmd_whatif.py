@@ -9,8 +9,9 @@ Changes (each may repeat; applied in this order):
 * ``--inter-bw GBps``: the default inter-node bandwidth;
 * ``--link NODE_A,NODE_B=GBps``: a per-pair inter-node bandwidth (latency kept from the current link);
 * ``--cap DEVICE=GiB`` and ``--slowdown DEVICE=F``: cap a GPU's memory, slow it down;
-* ``--global-batch N``: scale every pipeline's batch size in proportion (largest remainders get
-  the rounding) and its micro-batch count so the micro-batch size stays about the same.
+* ``--global-batch-size N`` (or ``--global-batch``): scale every pipeline's batch size in proportion
+  (largest remainders get the rounding) and its micro-batch count so the micro-batch size stays
+  about the same.
 
 The plan itself is not re-planned: devices a change adds stay unused (run the planner for that),
 and a change that leaves the plan unable to run (a removed device, a device out of memory)
@@ -28,6 +29,7 @@ from typing import Any
 from rich.table import Table
 
 from hexiscale.cli.cmd_estimate import _s, add_common_arguments, find_cluster, profiles_for, render
+from hexiscale.cli.flag_names import GLOBAL_BATCH, add_global_batch, typed
 from hexiscale.cli.output import console, styled
 from planner.cluster import (
     BANDWIDTH_GBPS,
@@ -55,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--link", action="append", default=[], metavar="A,B=GBps", help="bandwidth between two nodes")
     p.add_argument("--cap", action="append", default=[], metavar="DEVICE=GiB", help="cap a device's memory")
     p.add_argument("--slowdown", action="append", default=[], metavar="DEVICE=F", help="slow a device down (F >= 1)")
-    p.add_argument("--global-batch", type=int, metavar="N", help="new global batch size")
+    add_global_batch(p, "new samples per step, the total over every pipeline")
     p.add_argument("--details", action="store_true", help="also print the full new estimate")
     p.set_defaults(func=run)
 
@@ -199,17 +201,17 @@ def _largest_global(plan: Plan, upto: int) -> int:
     return lo
 
 
-def scale_batch(plan: Plan, new_global: int) -> Plan:
+def scale_batch(plan: Plan, new_global: int, flag: str = GLOBAL_BATCH) -> Plan:
     """Scale every pipeline's batch to sum to ``new_global`` (largest remainder), keeping each
     pipeline's micro-batch size about the same; refused, naming the flag, where that takes more
     micro-batches than a pipeline may run."""
     if new_global < len(plan.pipelines):
-        raise SpecError("--global-batch", f"{new_global} is fewer than the plan's {len(plan.pipelines)} pipelines",
+        raise SpecError(flag, f"{new_global} is fewer than the plan's {len(plan.pipelines)} pipelines",
                         "every pipeline needs at least one sample")
     scaled = _scaled(plan, new_global)
     for i, (p, (_, micro)) in enumerate(zip(plan.pipelines, scaled, strict=True)):
         if micro > MAX_MICRO_BATCHES:
-            raise SpecError("--global-batch", f"{new_global} would give pipelines[{i}] {micro:,} micro-batches "
+            raise SpecError(flag, f"{new_global} would give pipelines[{i}] {micro:,} micro-batches "
                             f"(keeping the plan's {p.batch_size / p.micro_batches:g} samples per micro-batch); a "
                             f"pipeline runs at most {MAX_MICRO_BATCHES:,}",
                             f"pass at most {_largest_global(plan, new_global)}, or a plan with larger micro-batches")
@@ -222,7 +224,8 @@ def _given(args: argparse.Namespace) -> str:
     flags = [("--remove-node", args.remove_node), ("--add-node", args.add_node), ("--link", args.link),
              ("--cap", args.cap), ("--slowdown", args.slowdown)]
     said = [f"{flag} {v}" for flag, values in flags for v in values]
-    said += [f"{flag} {v:g}" for flag, v in (("--inter-bw", args.inter_bw), ("--global-batch", args.global_batch))
+    said += [f"{flag} {v:g}" for flag, v in (("--inter-bw", args.inter_bw),
+                                                    (typed(args, "global_batch", GLOBAL_BATCH), args.global_batch))
              if v is not None]
     return ", ".join(said) or "the change"
 
@@ -241,12 +244,13 @@ def run(args: argparse.Namespace) -> int:
     new_cluster, notes = changed_cluster(cluster, args)
     new_plan = plan
     if args.global_batch is not None:
-        check_int("--global-batch", args.global_batch, 1, MAX_GLOBAL_BATCH, "pass the new samples per step")
-        new_plan = scale_batch(plan, args.global_batch)
+        flag = typed(args, "global_batch", GLOBAL_BATCH)
+        check_int(flag, args.global_batch, 1, MAX_GLOBAL_BATCH, "pass the new samples per step")
+        new_plan = scale_batch(plan, args.global_batch, flag)
         notes.append(f"global batch {plan.global_batch_size} -> {args.global_batch}")
     if not notes:
         raise SpecError("whatif", "no change given", "add --remove-node, --add-node, --inter-bw, --link, --cap, "
-                        "--slowdown or --global-batch")
+                        f"--slowdown or {GLOBAL_BATCH}")
     try:
         after = estimate(new_plan, new_cluster, profiles_for(args, new_cluster, say=False))
     except SpecError as exc:

@@ -121,6 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from hexiscale.cli.flag_names import renamed_notes
+    from hexiscale.cli.output import print_note
+
+    for note in renamed_notes(args):
+        print_note(note)
 
     try:
         return int(args.func(args) or 0)

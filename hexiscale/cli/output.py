@@ -32,6 +32,11 @@ def print_error(message: str) -> None:
     err_console.print(styled(("error:", "bold red"), " ", message), soft_wrap=True)
 
 
+def print_note(message: str) -> None:
+    """One ``note: ...`` line on stderr."""
+    err_console.print(f"note: {message}", soft_wrap=True)
+
+
 def print_warning(message: str | None) -> None:
     """One ``warning: ...`` line on stderr (nothing for ``None``)."""
     if message:

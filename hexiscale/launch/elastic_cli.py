@@ -1,4 +1,4 @@
-"""``hexiscale launch PLAN --local --elastic|--trace``: the flags of ``hexiscale launch`` turned into an
+"""``hexiscale launch PLAN --local --elastic|--elastic-trace``: the flags of ``hexiscale launch`` turned into an
 elastic :class:`~hexiscale.launch.elastic.Supervisor` (checked first, one ``SpecError`` line each)."""
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ def launch_elastic(args: argparse.Namespace, plan: Plan, run_id: str, *, env: di
         validate(plan, cluster)
     trace = None
     train_args = list(args.train_args) + (["--cluster", os.path.abspath(args.cluster)] if args.cluster else [])
-    if args.trace:
+    if args.elastic_trace:
         if cluster is None:
             raise SpecError("--cluster", "missing", "a trace names devices of a cluster file: pass --cluster")
-        trace = load_trace(args.trace, cluster=cluster, plan=plan)
+        trace = load_trace(args.elastic_trace, cluster=cluster, plan=plan)
         steps = _flag(train_args, "--steps")
         if steps is None:
             train_args += ["--steps", str(trace.total_steps)]

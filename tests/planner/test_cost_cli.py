@@ -81,7 +81,7 @@ def test_whatif_global_batch(capsys: pytest.CaptureFixture[str]) -> None:
     assert [p.micro_batches for p in doubled.pipelines] == [28, 40, 32]
     odd = scale_batch(plan, 65)
     assert sum(p.batch_size for p in odd.pipelines) == 65
-    with pytest.raises(SpecError, match=r"--global-batch: .* \(hint: pass at most (\d+), or a plan") as info:
+    with pytest.raises(SpecError, match=r"--global-batch-size: .* \(hint: pass at most (\d+), or a plan") as info:
         scale_batch(plan, 10**7)  # 2,187,500 micro-batches in a pipeline: more than the 100,000 a plan may hold
     largest = int(info.value.hint.split()[3].rstrip(","))
     assert max(p.micro_batches for p in scale_batch(plan, largest).pipelines) <= 100_000  # the hint is right
