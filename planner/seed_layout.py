@@ -26,6 +26,7 @@ from planner.errors import SpecError
 from planner.hf_config import resolve_model
 from planner.model import ModelSpec
 from planner.plan import Plan, PlanOptions
+from planner.seed_batch import PER_PIPELINE, add_total_batch_argument, check_total, total_given
 from planner.seed_flags import plan_from_flags
 
 LAYOUT_FLAGS = ("hetero_configs", "layer_partitions", "global_bsz_size", "chunks")
@@ -39,11 +40,12 @@ def add_seed_flag_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup
                    help="TP degree per stage per pipeline, e.g. \"[[1, 2, 1], [2, 2]]\"")
     p.add_argument("--layer_partitions", "--layer-partitions", dest="layer_partitions",
                    help="layers per stage per pipeline, e.g. \"[[8, 16, 8], [16, 16]]\"")
-    p.add_argument("--global_bsz_size", "--global_batch_size", "--global-bsz-size", "--global-batch-size",
-                   dest="global_bsz_size", nargs="+",
-                   help="batch size per pipeline (a short list pads with its last value)")
-    p.add_argument("--chunks", "--micro_batch_num", "--micro-batch-num", dest="chunks", nargs="+",
-                   help="micro-batches per pipeline (a short list pads with its last value)")
+    p.add_argument(PER_PIPELINE, "--global_bsz_size", "--global_batch_size", "--global-bsz-size",
+                   dest="global_bsz_size", nargs="+", metavar="N",
+                   help="samples per step of each pipeline (a short list pads with its last value)")
+    add_total_batch_argument(p, "global_bsz_size")
+    p.add_argument("--pipeline-micro-batches", "--chunks", "--micro_batch_num", "--micro-batch-num", dest="chunks",
+                   nargs="+", metavar="N", help="micro-batches per pipeline (a short list pads with its last value)")
     p.add_argument("--devices_id", "--devices-id", dest="devices_id",
                    help="node index of each GPU per stage per pipeline, e.g. \"[[[0], [0, 0]], [[1, 1]]]\"; "
                         "node 0 only and no --cluster: this machine")
@@ -83,6 +85,7 @@ class SeedLayout:
     layer_num: int | None = None
     accum_iter: int | None = None
     run_iter: int | None = None
+    total: tuple[str, tuple[int, ...]] | None = None  # --global-batch-size as typed (planner.seed_batch)
 
     def __post_init__(self) -> None:
         for flag, value in (("--layer-num", self.layer_num), ("--accum-iter", self.accum_iter),
@@ -103,7 +106,7 @@ class SeedLayout:
                    options=PlanOptions(**{k: getattr(args, k) for k in ("recompute", "zero", "dtype")
                                           if getattr(args, k, None) is not None}),
                    model_size=args.model_size, layer_num=args.layer_num, accum_iter=args.accum_iter,
-                   run_iter=args.run_iter)
+                   run_iter=args.run_iter, total=total_given(args))
 
     def given(self) -> list[str]:
         """The layout flags that were given (empty: the seed flags are not in use)."""
@@ -138,12 +141,14 @@ class SeedLayout:
         if missing:
             raise SpecError(f"--{missing[0]}", "missing", "seed-style flags need --hetero_configs, "
                             "--layer_partitions, --global_bsz_size and --chunks")
-        return plan_from_flags(
+        plan = plan_from_flags(
             model=self.resolve_model(), cluster=load_cluster(cluster) if cluster else None,
             hetero_configs=self.hetero_configs, layer_partitions=self.layer_partitions,
             global_bsz_size=list(self.global_bsz_size or ()), chunks=list(self.chunks or ()),
             devices_id=self.devices_id, options=self.options, accum_iter=self.accum,
         )
+        check_total(plan, self.total)
+        return plan
 
     def notes(self) -> list[str]:
         """How the seed's model and run flags map here, one line each (for the user to read)."""
