@@ -4,8 +4,8 @@ shares, and old spellings that were renamed because one name meant two things.
 A plain old spelling stays an extra option string of its flag (``estimate --save`` is
 ``-o/--output``; ``plan --global-batch`` is ``--global-batch-size``). A spelling whose name now
 means something else elsewhere (``launch --trace``: the timing trace of ``train``) is a hidden
-:class:`Renamed` flag: it still works, and :func:`renamed_notes` gives the one line that says the
-new name (printed by ``main`` after parsing: argparse's output is captured while it parses).
+:class:`Renamed` flag: it still works, and :func:`renamed_notes` gives the line that says the new
+name, which ``main`` prints after a run that worked (a user error stays one line).
 ``tests/foundation/test_flag_names.py`` walks every command's parser against its table of names.
 """
 

@@ -121,14 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from hexiscale.cli.flag_names import renamed_notes
-    from hexiscale.cli.output import print_note
-
-    for note in renamed_notes(args):
-        print_note(note)
-
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except SpecError as exc:
         print_error(str(exc))
         return EXIT_USER_ERROR
@@ -140,6 +134,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    if code == 0:  # after a run that worked: a user error stays one line
+        from hexiscale.cli.flag_names import renamed_notes
+        from hexiscale.cli.output import print_note
+
+        for note in renamed_notes(args):
+            print_note(note)
+    return code
 
 
 if __name__ == "__main__":

@@ -196,7 +196,7 @@ def test_an_elastic_trace_refuses_a_stop_before_its_last_change(tmp_path: Path,
     trace = tmp_path / "t.yaml"
     trace.write_text("phases:\n  - steps: 2\n  - steps: 3\n    devices: [a100:0, r4090:3]\n")
     cluster = str(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml")
-    assert main(["launch", str(PLAN), "--local", "--device", "cpu", "--elastic-trace", str(trace), "--cluster", cluster,
+    assert main(["launch", str(PLAN), "--local", "--device", "cpu", "--trace", str(trace), "--cluster", cluster,
                  "--", "--stop-at", "2"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == "error: --stop-at: 2, but the trace changes the devices after step 2 (hint: pass --stop-at 3 " \
