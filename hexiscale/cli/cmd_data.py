@@ -26,6 +26,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from executor.dataprep.corpus import FORMATS, TEXT_DOCS
 from hexiscale.cli import data_varlen
+from hexiscale.cli.flag_names import add_renamed
 from hexiscale.cli.output import console, err_console
 from hexiscale.cli.writing import writing
 from planner.model import MODEL_LIMITS
@@ -54,7 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pk = dsub.add_parser("pack", help="write OUT.bin + OUT.idx from a text or .npy token list")
     pk.add_argument("input", help="text file (one document a line) or .npy array of token ids")
     pk.add_argument("-o", "--output", required=True, help="output stem (writes OUT.bin and OUT.idx)")
-    pk.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"))
+    ids = pk.add_argument("--token-dtype", dest="dtype", default="auto", choices=("auto", "uint16", "uint32"),
+                          help="the token ids' integer type (auto: uint16 when every id fits)")
+    add_renamed(pk, "--dtype", ids)  # elsewhere --dtype is the compute or weights' float type
     pk.set_defaults(func=run)
     inf = dsub.add_parser("info", help="describe and check a token file")
     inf.add_argument("path", help="token file stem, or its .bin/.idx")

@@ -16,12 +16,13 @@ from planner.errors import SpecError
 
 
 def flags_of(parser: argparse.ArgumentParser) -> list[str]:
-    """Every option string the parser knows (``--steps``, ``-o``, ...)."""
-    return [s for action in parser._actions for s in action.option_strings]
+    """Every option string the parser shows (``--steps``, ``-o``, ...); hidden ones, old spellings
+    of renamed flags, are left out: they are never suggested."""
+    return [s for action in parser._actions if action.help != argparse.SUPPRESS for s in action.option_strings]
 
 
 def nearest_flag(token: str, parser: argparse.ArgumentParser) -> str | None:
-    """The known flag closest to ``token`` (its ``=value`` part left out), if any is close."""
+    """The shown flag closest to ``token`` (its ``=value`` part left out), if any is close."""
     name = token.partition("=")[0]
     close = difflib.get_close_matches(name, flags_of(parser), n=1, cutoff=0.6)
     return close[0] if close else None

@@ -71,8 +71,11 @@ class Renamed(argparse.Action):
 
 def add_renamed(p: argparse.ArgumentParser, old: str, new: argparse.Action) -> None:
     """``old`` as a hidden spelling of the flag ``new`` (same dest and value type)."""
-    p.add_argument(old, action=Renamed, new=new.option_strings[0], dest=new.dest, type=new.type, nargs=new.nargs,
-                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    shape: dict[str, Any] = {"type": new.type} if new.type is not None else {}
+    if new.choices is not None:
+        shape["choices"] = new.choices
+    p.add_argument(old, action=Renamed, new=new.option_strings[0], dest=new.dest, nargs=new.nargs,
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS, **shape)
 
 
 def renamed_notes(args: argparse.Namespace) -> list[str]:
