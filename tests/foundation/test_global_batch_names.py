@@ -67,3 +67,21 @@ def test_train_refuses_the_total_beside_a_plan(capsys: pytest.CaptureFixture[str
     # the refusal names the row of executor/flag_modes.py: the seed's spelling of the layout's batch
     assert err.endswith("error: --global_bsz_size: given together with --plan (hint: use either --plan or the "
                         "seed-style flags)") and "\n" not in err, err
+
+
+CPU6 = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("flag", ["--global-batch-size", "--global-batch"])
+def test_plan_and_whatif_take_the_total_under_one_name(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = str(CPU6 / "clusters" / "demo-cpu-6.yaml")
+    assert main(["plan", cluster, "--model", "tiny", flag, "8", "--json", "--time-limit", "20"]) == 0
+    assert json.loads(capsys.readouterr().out)["global_batch_size"] == 8
+    plan = str(CPU6 / "plans" / "demo-cpu-6-tiny.json")
+    assert main(["whatif", plan, "--cluster", cluster, flag, "12", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["changes"] == ["global batch 8 -> 12"]
+
+
+def test_a_missing_total_names_the_new_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(CPU6 / "clusters" / "demo-cpu-6.yaml"), "--model", "tiny"]) == 1
+    assert capsys.readouterr().err.startswith("error: --global-batch-size: missing")
