@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         planned = str(Path(tmp) / "plan.json")
         # --plot: where the plan's stages sit, and its step as the cost model simulates it (PNGs)
-        run("plan", str(CLUSTER), "--model", "llama2-7b", "--global-batch", "64", "--time-limit", "5",
+        run("plan", str(CLUSTER), "--model", "llama2-7b", "--global-batch-size", "64", "--time-limit", "5",
             "-o", planned, "--plot", str(OUT / "planned"))
         print("\n# For comparison: a hand-written plan for the same cluster. The estimate shows where it is slow")
         print("# and which devices it would run out of memory on (the planner's plan above fits).")

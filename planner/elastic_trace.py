@@ -1,6 +1,6 @@
 """Elastic traces (``hexiscale.trace/1`` YAML): the device set of a job, phase by phase (pure).
 
-Example (HSPMD-style C1 -> C2 -> C1 traces; ``hexiscale launch PLAN --local --trace FILE``)::
+Example (HSPMD-style C1 -> C2 -> C1 traces; ``hexiscale launch PLAN --local --elastic-trace FILE``)::
 
     format: hexiscale.trace/1
     phases:

@@ -113,7 +113,7 @@ def main() -> int:
 
     plan_path = out / "e2e_plan.json"
     t0 = time.perf_counter()
-    code, text = _run(CLI + ["plan", str(cluster), "--model", args.model, "--global-batch", str(args.global_batch),
+    code, text = _run(CLI + ["plan", str(cluster), "--model", args.model, "--global-batch-size", str(args.global_batch),
                              "--seq-len", str(args.seq_len), "-o", str(plan_path)], out / "e2e_plan.log")
     plan_s = time.perf_counter() - t0
     if code != 0:
