@@ -85,7 +85,7 @@ class SeedLayout:
     layer_num: int | None = None
     accum_iter: int | None = None
     run_iter: int | None = None
-    total: tuple[str, tuple[int, ...]] | None = None  # --global-batch-size as typed (planner.seed_batch)
+    total: tuple[str, int] | None = None  # --global-batch-size as typed (planner.seed_batch)
 
     def __post_init__(self) -> None:
         for flag, value in (("--layer-num", self.layer_num), ("--accum-iter", self.accum_iter),

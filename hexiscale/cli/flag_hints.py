@@ -52,15 +52,35 @@ def unknown_flags(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[
 _NUMBER = re.compile(r"^-[\d.]")  # a negative number (-1e+16 too): a value, whichever flag it was meant for
 
 
-def unknown_arguments(extras: Sequence[str], parser: argparse.ArgumentParser) -> SpecError:
-    """The one-line error for arguments ``parser`` did not recognise."""
+def unknown_arguments(extras: Sequence[str], parser: argparse.ArgumentParser,
+                      argv: Sequence[str] = ()) -> SpecError:
+    """The one-line error for arguments ``parser`` did not recognise (``argv``: the whole command
+    line, to name the flag a stray value follows)."""
     flags = [e for e in extras if e.startswith("-") and e != "-"]
     if not flags:
+        too_many = _one_value_too_many(extras[0], parser, argv)
+        if too_many:
+            return too_many
         return SpecError(parser.prog, f"unexpected argument {' '.join(extras)!r}", f"see '{parser.prog} --help'")
     first = flags[0].partition("=")[0]
     near = nearest_flag(first, parser)
     return SpecError(first, f"'{parser.prog}' has no such flag",
                      f"did you mean {near}?" if near else f"see '{parser.prog} --help'")
+
+
+def _one_value_too_many(value: str, parser: argparse.ArgumentParser, argv: Sequence[str]) -> SpecError | None:
+    """``value`` right after the value of a flag that takes one (``--global-batch-size 4 4``, a
+    list where the flag means one number): the flag, and what it means."""
+    takes_one = {s: a for a in parser._actions for s in a.option_strings if a.nargs is None}
+    for i, arg in enumerate(argv):
+        name, eq, _ = argv[i - 1].partition("=") if i else ("", "", "")
+        flag = name if eq and name in takes_one else argv[i - 2] if i >= 2 and argv[i - 2] in takes_one else None
+        if arg == value and flag:
+            help = takes_one[flag].help
+            shown = help and help != argparse.SUPPRESS
+            return SpecError(flag, f"takes one value, and {value!r} follows it",
+                             f"{flag} is {help}" if shown else f"see '{parser.prog} --help'")
+    return None
 
 
 class UsageError(Exception):

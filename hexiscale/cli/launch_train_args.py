@@ -66,6 +66,6 @@ def checked_train_args(train_args: Sequence[str], *, plan_path: str, mode: str =
     except UsageError as exc:
         raise SpecError(WHERE, str(exc), "see 'hexiscale train --help'") from None
     if extras:
-        raise unknown_arguments(extras, parser)
+        raise unknown_arguments(extras, parser, train_args)
     check_flags(train_config(ns), mode)  # every value checked, one line naming the flag
     return with_absolute_paths(train_args, parser)

@@ -77,7 +77,7 @@ def unknown_in(parser: argparse.ArgumentParser, argv: Sequence[str], extras: Seq
     """The error for arguments that no flag of the selected command takes."""
     from hexiscale.cli.flag_hints import unknown_arguments
 
-    return unknown_arguments(extras, _command_parser(parser, argv))
+    return unknown_arguments(extras, _command_parser(parser, argv), argv)
 
 
 def _parse(parser: argparse.ArgumentParser,
