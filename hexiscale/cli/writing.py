@@ -1,4 +1,4 @@
-"""Files a command was asked to write (``-o``, ``--save``, ``--out``): a path that cannot be written
+"""Files a command was asked to write (``-o``): a path that cannot be written
 is one error line naming the flag, found before any long work where possible. A FIFO that nobody
 reads is refused (opening it to write would block forever); ``/dev/null`` or a pipe that is read
 (``-o /dev/stdout | jq``) is fine."""

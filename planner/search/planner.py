@@ -115,7 +115,7 @@ class Search:
         plan is always returned when one fits; the relaxed searches of :mod:`.explain` pass False)."""
         config.check()
         if global_batch < 1:
-            raise SpecError("--global-batch", f"must be >= 1, got {global_batch}", "give the samples per step")
+            raise SpecError("--global-batch-size", f"must be >= 1, got {global_batch}", "give the samples per step")
         self.cluster = cluster
         self.model = model
         self.B = global_batch
