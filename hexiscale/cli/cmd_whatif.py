@@ -224,8 +224,8 @@ def _given(args: argparse.Namespace) -> str:
     flags = [("--remove-node", args.remove_node), ("--add-node", args.add_node), ("--link", args.link),
              ("--cap", args.cap), ("--slowdown", args.slowdown)]
     said = [f"{flag} {v}" for flag, values in flags for v in values]
-    said += [f"{flag} {v:g}" for flag, v in (("--inter-bw", args.inter_bw),
-                                                    (typed(args, "global_batch", GLOBAL_BATCH), args.global_batch))
+    batch = typed(args, "global_batch", GLOBAL_BATCH)
+    said += [f"{flag} {v:g}" for flag, v in (("--inter-bw", args.inter_bw), (batch, args.global_batch))
              if v is not None]
     return ", ".join(said) or "the change"
 

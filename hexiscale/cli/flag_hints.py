@@ -76,11 +76,20 @@ def _one_value_too_many(value: str, parser: argparse.ArgumentParser, argv: Seque
         name, eq, _ = argv[i - 1].partition("=") if i else ("", "", "")
         flag = name if eq and name in takes_one else argv[i - 2] if i >= 2 and argv[i - 2] in takes_one else None
         if arg == value and flag:
-            help = takes_one[flag].help
-            shown = help and help != argparse.SUPPRESS
+            help = _help_text(takes_one[flag], parser)
             return SpecError(flag, f"takes one value, and {value!r} follows it",
-                             f"{flag} is {help}" if shown else f"see '{parser.prog} --help'")
+                             f"{flag}: {help}" if help else f"see '{parser.prog} --help'")
     return None
+
+
+def _help_text(action: argparse.Action, parser: argparse.ArgumentParser) -> str | None:
+    """The flag's help as ``--help`` prints it (``%(default)s`` filled in); ``None`` if hidden."""
+    if not action.help or action.help == argparse.SUPPRESS:
+        return None
+    try:
+        return action.help % {**vars(action), "prog": parser.prog}
+    except (KeyError, TypeError, ValueError):
+        return action.help
 
 
 class UsageError(Exception):

@@ -133,3 +133,17 @@ def test_a_mistyped_flag_names_the_nearest_one_in_every_command(command: str,
     assert main([*command.split(), typo, "x"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {typo}: 'hexiscale {command}' has no such flag (hint: did you mean {flag}?)"
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["train", "--steps", "3", "4"], "--steps"),
+    (["plan", "c.yaml", "--model", "tiny", "--seq-len=16", "32"], "--seq-len"),
+    (["launch", str(PLAN), "--python", "/usr/bin/python3", "x"], "--python"),
+])
+def test_a_second_value_names_the_flag_and_its_meaning(argv: list[str], flag: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    action = next(a for a in COMMANDS[argv[0]]._actions if flag in a.option_strings)
+    assert err.startswith(f"error: {flag}: takes one value, and '{argv[-1]}' follows it (hint: {flag}: ")
+    assert (action.help or "").split("(")[0] in err and "\n" not in err

@@ -51,7 +51,7 @@ def test_one_pipeline_total_is_its_batch(flag: str, tmp_path: Path) -> None:
     (["--global-batch-size", "9", "--pipeline-batch-sizes", "4", "4"], "error: --global-batch-size: 9 is the total"),
     # a list: argparse's extra value, named with the flag's meaning (a usage error: exit 2)
     (["--global-batch-size", "4", "4"], "error: --global-batch-size: takes one value, and '4' follows it (hint: "
-     "--global-batch-size is samples per step, the total over every pipeline (one number; each pipeline's is "
+     "--global-batch-size: samples per step, the total over every pipeline (one number; each pipeline's is "
      "--pipeline-batch-sizes))"),
 ])
 def test_the_old_per_pipeline_meaning_stops_in_one_line(batch: list[str], says: str,
