@@ -181,8 +181,8 @@ def run_elastic(out: Path, plan0: Path, cluster: Path, trace: Path, device: str,
     for p in (jsonl, report):
         p.unlink(missing_ok=True)
     code, _ = run_logged(CLI + ["launch", str(plan0), "--local", "--device", device, "--cluster", str(cluster),
-                          "--elastic-trace", str(trace), "--elastic-log", str(report), "--run-id", "bench-elastic", "--",
-                          "--log-jsonl", str(jsonl), *train], out / "elastic.log")
+                          "--elastic-trace", str(trace), "--elastic-log", str(report), "--run-id", "bench-elastic",
+                          "--", "--log-jsonl", str(jsonl), *train], out / "elastic.log")
     switches = [json.loads(x) for x in report.read_text().splitlines()] if report.exists() else []
     return code, _records(jsonl), [s for s in switches if s.get("event") == "switch"]
 
