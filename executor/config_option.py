@@ -56,11 +56,12 @@ def opt(flag: str, **kw: Any) -> dict[str, Any]:
     return {"opt": Opt(flag, **kw)}
 
 
-def internal(why: str, *, cli: Callable[[Any], None] | None = None, build: Callable[[Any], Any] | None = None
-             ) -> dict[str, Any]:
-    """A field's metadata without a flag of its own; ``cli`` adds the flags that make it to an
-    argparse group and ``build`` makes it from the parsed namespace (the seed layout)."""
-    return {"internal": why, "cli": cli, "build": build}
+def internal(why: str, *, cli: Callable[[Any], None] | None = None, build: Callable[[Any], Any] | None = None,
+             every_mode: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A field's metadata without a flag of its own. The seed layout's: ``cli`` adds the flags that
+    make it to an argparse group, ``build`` makes it from the parsed namespace; its flags make the
+    layout without ``--plan`` and are refused with it, but those named in ``every_mode`` (dests)."""
+    return {"internal": why, "cli": cli, "build": build, "every_mode": every_mode}
 
 
 def opt_of(f: Field[Any]) -> Opt | None:

@@ -74,7 +74,7 @@ class LayoutSection(Section):
         help="compute dtype (default bf16; with a plan file: replaces its options.dtype)"))
     seed_layout: SeedLayout = field(default_factory=SeedLayout, metadata=internal(
         "the seed-style flags, in both spellings (planner.seed_layout)", cli=_add_seed_arguments,
-        build=SeedLayout.from_args))
+        build=SeedLayout.from_args, every_mode=("run_iter",)))  # --run-iter // --accum-iter steps
     compile: bool = field(default=False, metadata=opt(
         "--compile", switch=True, group=TRAINING,
         refuse={"pool": "drop --compile (hot switching builds its working layouts per step), or train one plan of "

@@ -21,7 +21,7 @@ the parser through every mode.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
 from executor.config_option import MODES, opt_of
@@ -29,13 +29,11 @@ from executor.config_sections import LayoutSection
 from executor.train_config import SECTIONS
 from planner.errors import SpecError
 from planner.plan import Plan
-from planner.seed_layout import SeedLayout
 
 MODE_WORDS = {"plan": "a plan", "pool": "a strategy pool (--plan POOL.json, hot switching)",
               "elastic": "an elastic job"}
 OPTION_FLAGS = {name: f"--{name}" for name in LayoutSection.PLAN_OPTIONS}  # PlanOptions field -> its flag
 _SEED = "use either --plan or the seed-style flags"
-_EVERY_MODE = ("run_iter",)  # a seed-style flag every mode honours: --run-iter // --accum-iter steps
 
 
 @dataclass(frozen=True)
@@ -48,8 +46,23 @@ class Flag:
     seed: bool = False  # a seed-style layout flag: makes the plan without --plan, refused with it
 
 
+def _layout_rows(path: str, f: Field[Any], default: Any) -> dict[str, Flag]:
+    """The rows of the flags that make a nested field (the seed layout at ``path``): each one names
+    its field of it, but the CLI's own (the rendezvous fallbacks); refused with ``--plan``, but
+    those every mode honours."""
+    group = argparse.ArgumentParser(add_help=False).add_argument_group()
+    f.metadata["cli"](group)
+    names = {g.name for g in fields(default)}
+    rows = {}
+    for action in group._group_actions:
+        attr = f"{path}.{action.dest}" if action.dest in names else None
+        seed = attr is not None and action.dest not in f.metadata["every_mode"]
+        rows[action.dest] = Flag(action.option_strings[0], attr, {m: _SEED for m in MODES} if seed else {}, seed=seed)
+    return rows
+
+
 def _rows() -> dict[str, Flag]:
-    """argparse dest -> its row, from the sections' declarations (executor.config_option)."""
+    """argparse dest -> its row, from the sections' declarations (executor.config_sections)."""
     rows: dict[str, Flag] = {}
     for section, cls in SECTIONS.items():
         for f in fields(cls):
@@ -58,15 +71,8 @@ def _rows() -> dict[str, Flag]:
                 rows[o.dest] = Flag(o.flag, f"{section}.{f.name}", dict(o.refuse))
                 if o.alternative is not None:  # read by the CLI only (--synthetic: no --data)
                     rows[o.alternative.dest] = Flag(o.alternative.flag, None)
-            elif f.metadata.get("cli") is not None:  # the seed-style flags (every one a SeedLayout field, but the
-                group = argparse.ArgumentParser(add_help=False).add_argument_group()  # rendezvous fallbacks)
-                f.metadata["cli"](group)
-                seed_fields = {g.name for g in fields(SeedLayout)}
-                for action in group._group_actions:
-                    attr = f"{section}.{f.name}.{action.dest}" if action.dest in seed_fields else None
-                    seed = attr is not None and action.dest not in _EVERY_MODE
-                    rows[action.dest] = Flag(action.option_strings[0], attr,
-                                             {m: _SEED for m in MODES} if seed else {}, seed=seed)
+            elif f.metadata.get("cli") is not None:
+                rows.update(_layout_rows(f"{section}.{f.name}", f, getattr(cls(), f.name)))
     return rows
 
 

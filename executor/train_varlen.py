@@ -88,7 +88,7 @@ def train_pool(args: TrainConfig, pool: StrategyPool, cluster: ClusterSpec | Non
                rank: int, device: torch.device, optim: OptimConfig, resume: str | None, wd: Watchdog,
                fault: tuple[int, int, str] | None = None) -> None:
     """Steps ``start..args.end`` of hot switching on this rank (module docstring); ``cluster`` and
-    ``args.step_tokens`` were checked in pre-flight; ``fault``: an injected one (tests)."""
+    ``args.varlen.step_tokens`` were checked in pre-flight; ``fault``: an injected one (tests)."""
     assert cluster is not None and args.varlen.step_tokens is not None
     costs = strategy_costs(pool, cluster)
     plans = [s.plan for s in pool.strategies]
