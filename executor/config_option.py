@@ -36,6 +36,7 @@ class Opt:
     group: str | None = None  # help group title; None: the section's GROUP
     metavar: str | None = None
     switch: bool = False  # a store_true flag
+    path: bool = False  # its value names a file or folder (a launcher makes it absolute for its ranks)
     unset: bool = False  # argparse leaves it None (the CLI fills it in; --steps: else the seed's --run-iter)
     relaunch: bool = True  # train_argv repeats it (False: a launcher sets it itself: --plan, --device)
     alternative: Opt | None = None  # a CLI-only switch exclusive with this flag (--synthetic beside --data)

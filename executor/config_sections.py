@@ -61,8 +61,9 @@ class LayoutSection(Section):
         "--plan", relaunch=False, help="plan file (JSON), or a strategy pool ('hexiscale plan --lengths -o'): "
         "mixed-length data with hot switching"))
     cluster: str | None = field(default=None, metadata=opt(
-        "--cluster", help="cluster file: checks the plan's devices, gives MFU peaks; needed with seed-style flags "
-        "and with a strategy pool"))
+        "--cluster", path=True,
+        help="cluster file: checks the plan's devices, gives MFU peaks; needed with seed-style flags and with a "
+        "strategy pool"))
     recompute: str | None = field(default=None, metadata=opt(
         "--recompute", choices=RECOMPUTE_MODES, refuse=_OPTIONS,
         help="activation recomputation (default none; with a plan file: replaces its options.recompute)"))
@@ -117,7 +118,7 @@ class DataSection(Section):
     GROUP: ClassVar[str] = TRAINING
 
     path: str | None = field(default=None, metadata=opt(
-        "--data", help="token file (PATH, PATH.bin or PATH.idx; see 'hexiscale data')",
+        "--data", path=True, help="token file (PATH, PATH.bin or PATH.idx; see 'hexiscale data')",
         alternative=Opt("--synthetic", switch=True, help="synthetic tokens (the default)")))
 
 
@@ -152,7 +153,7 @@ class VarlenSection(Section):
         "--step-tokens", type=int, refuse=_NOT_VARLEN, check=ints(1, MAX_STEPS * 1024, "give a step's tokens"),
         help="tokens of a step's global batch"))
     lengths: str | None = field(default=None, metadata=opt(
-        "--lengths", metavar="HISTOGRAM", refuse=_NOT_VARLEN,
+        "--lengths", path=True, metavar="HISTOGRAM", refuse=_NOT_VARLEN,
         help="without --data: synthetic sequences with these lengths (hexiscale.lengths/1 file, or "
         "synthetic:commoncrawl|github)"))
     assign: str = field(default="cost", metadata=opt(
@@ -167,7 +168,7 @@ class CheckpointSection(Section):
     GROUP: ClassVar[str] = OUTPUTS
 
     dir: str | None = field(default=None, metadata=opt(
-        "--checkpoint-dir", help="write checkpoints here (DIR/step-NNNNNN, DIR/latest)"))
+        "--checkpoint-dir", path=True, help="write checkpoints here (DIR/step-NNNNNN, DIR/latest)"))
     save_every: int = field(default=0, metadata=opt(
         "--save-every", type=int, check=ints(0, MAX_STEPS, "pass a number of steps (0: save at the end)"),
         help="save every N steps (and at the end); 0: at the end"))
@@ -175,8 +176,8 @@ class CheckpointSection(Section):
         "--async-save", switch=True, help="write checkpoints in the background while training goes on (completed "
         "at the next save or the end)"))
     resume: str | None = field(default=None, metadata=opt(
-        "--resume", help="checkpoint directory, or a --checkpoint-dir (its latest checkpoint); any plan of the "
-        "same model"))
+        "--resume", path=True,
+        help="checkpoint directory, or a --checkpoint-dir (its latest checkpoint); any plan of the same model"))
 
 
 _TRACE_REFUSE = {"pool": "trace one plan of the pool",
@@ -190,14 +191,14 @@ class MetricsSection(Section):
     GROUP: ClassVar[str] = OUTPUTS
 
     log_jsonl: str | None = field(default=None, metadata=opt(
-        "--log-jsonl", help="rank 0 appends one JSON record per step here"))
+        "--log-jsonl", path=True, help="rank 0 appends one JSON record per step here"))
     log_every: int = field(default=1, metadata=opt(
         "--log-every", type=int, check=ints(1, MAX_STEPS, "pass e.g. --log-every 10"), help="print every N steps"))
     tensorboard: str | None = field(default=None, metadata=opt(
-        "--tensorboard", metavar="DIR", help="rank 0 also writes the per-step metrics as TensorBoard scalars to DIR "
-        "(needs the tensorboard package)"))
+        "--tensorboard", path=True, metavar="DIR",
+        help="rank 0 also writes the per-step metrics as TensorBoard scalars to DIR (needs the tensorboard package)"))
     trace: str | None = field(default=None, metadata=opt(
-        "--trace", metavar="FILE", refuse=_TRACE_REFUSE,
+        "--trace", path=True, metavar="FILE", refuse=_TRACE_REFUSE,
         help="record per-micro-batch events of a few steps on every rank; rank 0 writes them to FILE "
         "('hexiscale show FILE --plot DIR' draws them)"))
     trace_steps: int = field(default=3, metadata=opt(

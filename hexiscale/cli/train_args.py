@@ -94,3 +94,8 @@ def train_argv(config: TrainConfig) -> list[str]:
         elif value is not None:
             out += [o.flag, repr(value) if isinstance(value, float) else str(value)]
     return out
+
+
+def path_dests() -> frozenset[str]:
+    """The dests of the flags whose value is a path (a ``--lengths`` value may also be synthetic:NAME)."""
+    return frozenset(o.dest for cls in SECTIONS.values() for _, o in options(cls) if o.path)
