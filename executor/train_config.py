@@ -6,7 +6,8 @@ optim, varlen, checkpoint, metrics, faults), and code reads a value by its secti
 ``cfg.optim.lr``, ``cfg.run.steps``, ``cfg.checkpoint.dir``. Each field is declared once, with its
 flag, help, type, range and the modes that refuse it; the ``train`` parser
 (:mod:`hexiscale.cli.train_args`) and the table of flags per mode (:mod:`executor.flag_modes`) are
-generated from those declarations.
+generated from those declarations. There is no elastic section: an elastic job's flags are
+``hexiscale launch --elastic``'s, and ``train`` has none of its own.
 
 Build one from the sections (``TrainConfig(run=RunSection(steps=5))``), or with the flat keyword
 names of the one-level config it replaced: ``TrainConfig.flat(plan="p.json", steps=5, lr=1e-3)``

@@ -46,7 +46,7 @@ SAMPLE: dict[str, list[str]] = {
     "startup_timeout": ["60"], "pg_timeout": ["2400"],
 }
 SAMPLE_IN = {("cluster", "pool"): [str(CLUSTER)]}  # the pool's own cluster
-# the name the loops read a field by, where it is another (TrainConfig.end: --stop-at, else --steps)
+# the name the loops read a field by, where it is another (RunSection.end: --stop-at, else --steps)
 READ_AS = {"stop_at": "run.end"}
 # the code each mode's loop runs (besides the checks every mode shares); a flag it honours is read there
 LOOP: dict[str, list[Any]] = {
