@@ -142,7 +142,7 @@ def run_elastic(args: TrainConfig) -> int:
             raise SpecError("HEXISCALE_DEVICE", f"{me!r} is not rank {renv.rank}'s device of the plan "
                             f"({plan.devices[renv.rank]})", "let the supervisor start elastic ranks")
         opt, timeout_s, fault = optim_config(args), pg_timeout(args), parse_fault(os.environ.get("HEXISCALE_FAULT"))
-        store = connect_store(renv, args.startup_timeout)
+        store = connect_store(renv, args.faults.startup_timeout)
         channel = Channel(store, renv.prefix)
         error, prep = None, None
         try:
@@ -158,10 +158,11 @@ def run_elastic(args: TrainConfig) -> int:
             if error is not None:
                 raise error
         else:
-            agree(store, renv, error, args.startup_timeout)
+            agree(store, renv, error, args.faults.startup_timeout)
         assert prep is not None
-        if args.resume and not joining:  # chosen and verified by the starting ranks together
-            prep.resume = choose_checkpoint(store, renv, plan, args.resume, args.steps, args.startup_timeout)
+        if args.checkpoint.resume and not joining:  # chosen and verified by the starting ranks together
+            prep.resume = choose_checkpoint(store, renv, plan, args.checkpoint.resume, args.run.steps,
+                                            args.faults.startup_timeout)
     except SpecError as exc:
         if renv is not None:
             log_error(renv, str(exc))
@@ -169,7 +170,8 @@ def run_elastic(args: TrainConfig) -> int:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
 
-    wd = Watchdog(renv, interval=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after)
+    wd = Watchdog(renv, interval=args.faults.heartbeat, dead_after=args.faults.dead_after,
+                  hang_after=args.faults.hang_after)
     job = _Job(args, me, renv, store, channel, World(store, f"{renv.prefix}/elastic/pg", prep.device, me,
                                                      timeout_s=timeout_s), prep, opt, cluster, fault, wd)
     try:
@@ -201,28 +203,28 @@ def _build(job: _Job, plan: Plan, *, init: bool) -> tuple[Engine, int]:
     """The epoch's engine and how many of its blocks were compiled."""
     topology = build_topology(plan)
     groups = ProcessGroups.create(topology)
-    engine = Engine(plan, topology, groups, device=job.prep.device, optim=job.opt, seed=job.args.seed, init=init,
-                    on_nonfinite=job.args.on_nonfinite)
+    engine = Engine(plan, topology, groups, device=job.prep.device, optim=job.opt, seed=job.args.run.seed, init=init,
+                    on_nonfinite=job.args.faults.on_nonfinite)
     # every epoch's engine: its blocks are new modules (Dynamo reuses the traced code)
-    compiled = fast_path.compile_blocks(engine.module) if job.args.compile or plan.options.compile else 0
+    compiled = fast_path.compile_blocks(engine.module) if job.args.layout.compile or plan.options.compile else 0
     return engine, compiled
 
 
 def _start(job: _Job, index: int, plan: Plan, engine: Engine, position: DataPosition) -> _Epoch:
     """The epoch's watchdog, data stream, logger and saver."""
     renv = _epoch_env(job, index, plan)
-    job.wd = Watchdog(renv, interval=job.args.heartbeat, dead_after=job.args.dead_after,
-                      hang_after=job.args.hang_after)
+    job.wd = Watchdog(renv, interval=job.args.faults.heartbeat, dead_after=job.args.faults.dead_after,
+                      hang_after=job.args.faults.hang_after)
     job.wd.start(job.store)
     pipeline = engine.stage.pipeline
-    if job.args.tensorboard and renv.rank == 0 and job.tensorboard is None:
-        job.tensorboard = TensorBoardSink(job.args.tensorboard)
+    if job.args.metrics.tensorboard and renv.rank == 0 and job.tensorboard is None:
+        job.tensorboard = TensorBoardSink(job.args.metrics.tensorboard)
     stream = BatchStream(job.prep.source, global_batch_size=plan.global_batch_size,
                          rows=pipeline_rows(plan, pipeline), position=position, device=job.prep.device)
     logger = StepLogger(plan, renv.rank, pipeline, leader=engine.stage.is_first and engine.tp_rank == 0,
-                        device=job.prep.device, cluster=job.cluster, jsonl=job.args.log_jsonl,
-                        every=job.args.log_every, tensorboard=job.tensorboard if renv.rank == 0 else None)
-    saver = Saver(engine, job.args.checkpoint_dir, job.args.save_every, job.args.async_save)
+                        device=job.prep.device, cluster=job.cluster, jsonl=job.args.metrics.log_jsonl,
+                        every=job.args.metrics.log_every, tensorboard=job.tensorboard if renv.rank == 0 else None)
+    saver = Saver(engine, job.args.checkpoint.dir, job.args.checkpoint.save_every, job.args.checkpoint.async_save)
     return _Epoch(index, plan, renv, engine, stream, logger, saver)
 
 
@@ -242,9 +244,9 @@ def _first(job: _Job, plan: Plan, timeout_s: float) -> _Epoch:
             else DataPosition(engine.step, engine.step * plan.global_batch_size)
     if job.base.rank == 0:
         print(f"hexiscale train: elastic, {plan.world_size} ranks, model {plan.model.name}, steps "
-              f"{engine.step}..{job.args.end}" + (f", resumed from {job.prep.resume.path}" if job.prep.resume
+              f"{engine.step}..{job.args.run.end}" + (f", resumed from {job.prep.resume.path}" if job.prep.resume
                                                      else ""), flush=True)
-    note(rank, f"loading data ({job.args.data or 'synthetic tokens'})...")
+    note(rank, f"loading data ({job.args.data.path or 'synthetic tokens'})...")
     epoch = _start(job, 0, plan, engine, position)
     step_starting(rank, engine.step + 1, compiled=compiled > 0)
     return epoch
@@ -254,20 +256,21 @@ def _train(job: _Job, ep: _Epoch) -> bool:
     """Steps until the job ends (True) or the next epoch is due (False)."""
     args, engine, rank = job.args, ep.engine, ep.renv.rank
     start = k = engine.step
-    while k < args.end:
+    while k < args.run.end:
         job.wd.begin_step(k + 1)
         maybe_inject(job.fault, rank, k)
         t0 = time.perf_counter()
         stats = engine.train_step(ep.stream.next())
-        ep.logger.step(k, args.steps, stats, time.perf_counter() - t0)
+        ep.logger.step(k, args.run.steps, stats, time.perf_counter() - t0)
         if ep.report is not None:  # before the step's checkpoint: no save in flight while groups are destroyed
             _retire(job, ep, k + 1)
         state = {"data": ep.stream.position.to_dict(), "plan_world_size": ep.plan.world_size}
-        ep.saver.after_step(k + 1, k + 1 == args.end, state, partial(maybe_inject, job.fault, rank, k, in_save=True))
+        ep.saver.after_step(k + 1, k + 1 == args.run.end, state,
+                            partial(maybe_inject, job.fault, rank, k, in_save=True))
         k += 1
-        if k < args.end and job.channel.published(ep.index + 1):
+        if k < args.run.end and job.channel.published(ep.index + 1):
             _plan_move(job, ep.index + 1, 0.0)
-        if k < args.end and job.channel.switch_due(ep.index + 1, k, rank0=rank == 0):
+        if k < args.run.end and job.channel.switch_due(ep.index + 1, k, rank0=rank == 0):
             return False
     engine.drain()
     ep.saver.finish()
@@ -283,7 +286,7 @@ def _next(job: _Job, ep: _Epoch) -> _Epoch | None:
     e = ep.index + 1
     ahead = job.move is not None and job.move.e == e
     t0 = time.perf_counter()
-    move = _plan_move(job, e, job.args.hang_after)
+    move = _plan_move(job, e, job.args.faults.hang_after)
     wait_s = time.perf_counter() - t0 - (0.0 if ahead else move.plan_s)
     if (move.old.pipelines, move.old.options) != (ep.plan.pipelines, ep.plan.options):
         raise RuntimeError(f"epoch {e} switches from another plan than the running one")
@@ -305,11 +308,11 @@ def _plan_move(job: _Job, e: int, timeout_s: float) -> _Move:
 
 def _join(job: _Job, e: int, plan: Plan) -> _Epoch | None:
     """A joining device: wait for epoch ``e``, receive its state, start training."""
-    move = _plan_move(job, e, job.args.hang_after)
+    move = _plan_move(job, e, job.args.faults.hang_after)
     if move.new != plan:
         raise SpecError("--plan", f"the joining process was started with another plan than epoch {e}'s",
                         "let the supervisor start joining devices")
-    step, samples = job.channel.state(e, job.args.hang_after)
+    step, samples = job.channel.state(e, job.args.faults.hang_after)
     return _switch_into(job, move, True, None, DataPosition(step, samples), 0.0)
 
 

@@ -12,28 +12,27 @@ The plan-option flags (``--recompute``, ``--zero``, ``--dtype``, ``--compile``) 
 ``options``: with a plan file they rewrite them (:func:`apply_option_flags`, checked as the plan's
 own options are), and rank 0 says which ones they replaced.
 
-``tests/train/test_flag_modes.py`` walks every flag of the parser through every mode: a new flag
-needs a row here.
+The table is derived from the declarations of the config's sections (each field's flag and the
+modes that refuse it, :mod:`executor.config_sections`), so a flag has one place; the seed-style
+flags come from :mod:`planner.seed_layout`. ``tests/train/test_flag_modes.py`` walks every flag of
+the parser through every mode.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+import argparse
+from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
+from executor.config_option import MODES, opt_of
+from executor.config_sections import LayoutSection
+from executor.train_config import SECTIONS
 from planner.errors import SpecError
 from planner.plan import Plan
 
-MODES = ("plan", "pool", "elastic")
 MODE_WORDS = {"plan": "a plan", "pool": "a strategy pool (--plan POOL.json, hot switching)",
               "elastic": "an elastic job"}
-OPTION_FLAGS = {"recompute": "--recompute", "zero": "--zero", "dtype": "--dtype", "compile": "--compile"}
-
-_POOL_OPTIONS = "the pool's strategies carry their own options: plan the pool with them ('hexiscale plan --lengths')"
-_ELASTIC_OPTIONS = ("every epoch's plan takes its options from the launch plan: set them in PLAN.json's options "
-                    "before 'hexiscale launch --elastic'")
-_VARLEN = ("it is for mixed-length data, and --plan is not a strategy pool: pass the pool of 'hexiscale plan "
-           "--lengths ... -o POOL.json' as --plan")
+OPTION_FLAGS = {name: f"--{name}" for name in LayoutSection.PLAN_OPTIONS}  # PlanOptions field -> its flag
 _SEED = "use either --plan or the seed-style flags"
 
 
@@ -42,73 +41,42 @@ class Flag:
     """One flag: where its value lives and the modes that refuse it (mode -> what to do instead)."""
 
     flag: str
-    attr: str | None  # the TrainConfig field (dotted into seed_layout); None: read by the CLI before the config
+    attr: str | None  # the dotted TrainConfig field (run.steps); None: read by the CLI before the config
     refuse: dict[str, str] = field(default_factory=dict)
     seed: bool = False  # a seed-style layout flag: makes the plan without --plan, refused with it
 
 
-def _seed(dest: str, flag: str) -> Flag:
-    return Flag(flag, f"seed_layout.{dest}", {m: _SEED for m in MODES}, seed=True)
+def _layout_rows(path: str, f: Field[Any], default: Any) -> dict[str, Flag]:
+    """The rows of the flags that make a nested field (the seed layout at ``path``): each one names
+    its field of it, but the CLI's own (the rendezvous fallbacks); refused with ``--plan``, but
+    those every mode honours."""
+    group = argparse.ArgumentParser(add_help=False).add_argument_group()
+    f.metadata["cli"](group)
+    names = {g.name for g in fields(default)}
+    rows = {}
+    for action in group._group_actions:
+        attr = f"{path}.{action.dest}" if action.dest in names else None
+        seed = attr is not None and action.dest not in f.metadata["every_mode"]
+        rows[action.dest] = Flag(action.option_strings[0], attr, {m: _SEED for m in MODES} if seed else {}, seed=seed)
+    return rows
 
 
-# argparse dest -> its row
-FLAGS: dict[str, Flag] = {
-    "plan": Flag("--plan", "plan"),
-    "cluster": Flag("--cluster", "cluster"),
-    # seed-style layout (the layout itself without --plan; every mode has --plan)
-    **{d: _seed(d, f) for d, f in (
-        ("model", "--model"), ("seq_len", "--seq-len"), ("hetero_configs", "--hetero_configs"),
-        ("layer_partitions", "--layer_partitions"), ("global_bsz_size", "--global_bsz_size"),
-        ("chunks", "--chunks"), ("devices_id", "--devices_id"), ("model_size", "--model-size"),
-        ("layer_num", "--layer-num"), ("accum_iter", "--accum-iter"))},
-    "run_iter": Flag("--run-iter", "seed_layout.run_iter"),  # --run-iter // --accum-iter steps: every mode
-    # rendezvous fallbacks, set in the environment by the CLI where the launcher set nothing
-    "master_addr": Flag("--master_addr", None),
-    "master_port": Flag("--master_port", None),
-    "current_device": Flag("--current_device", None),
-    # the plan's options
-    "recompute": Flag("--recompute", "recompute", {"pool": _POOL_OPTIONS, "elastic": _ELASTIC_OPTIONS}),
-    "zero": Flag("--zero", "zero", {"pool": _POOL_OPTIONS, "elastic": _ELASTIC_OPTIONS}),
-    "dtype": Flag("--dtype", "dtype", {"pool": _POOL_OPTIONS, "elastic": _ELASTIC_OPTIONS}),
-    "compile": Flag("--compile", "compile", {"pool": "drop --compile (hot switching builds its working layouts "
-                                                     "per step), or train one plan of the pool"}),
-    # training
-    "steps": Flag("--steps", "steps"),
-    "stop_at": Flag("--stop-at", "stop_at"),
-    "data": Flag("--data", "data"),
-    "synthetic": Flag("--synthetic", None),  # the default: no --data
-    "seed": Flag("--seed", "seed"),
-    "lr": Flag("--lr", "lr"),
-    "min_lr": Flag("--min-lr", "min_lr"),
-    "warmup": Flag("--warmup", "warmup"),
-    "weight_decay": Flag("--weight-decay", "weight_decay"),
-    "clip": Flag("--clip", "clip"),
-    "device": Flag("--device", "device"),
-    "on_nonfinite": Flag("--on-nonfinite", "on_nonfinite"),
-    # mixed-length data
-    "step_tokens": Flag("--step-tokens", "step_tokens", {"plan": _VARLEN, "elastic": _VARLEN}),
-    "lengths": Flag("--lengths", "lengths", {"plan": _VARLEN, "elastic": _VARLEN}),
-    "assign": Flag("--assign", "assign", {"plan": _VARLEN, "elastic": _VARLEN}),
-    # checkpoints and logs
-    "checkpoint_dir": Flag("--checkpoint-dir", "checkpoint_dir"),
-    "save_every": Flag("--save-every", "save_every"),
-    "async_save": Flag("--async-save", "async_save"),
-    "resume": Flag("--resume", "resume"),
-    "log_jsonl": Flag("--log-jsonl", "log_jsonl"),
-    "log_every": Flag("--log-every", "log_every"),
-    "tensorboard": Flag("--tensorboard", "tensorboard"),
-    "trace": Flag("--trace", "trace", {"pool": "trace one plan of the pool",
-                                       "elastic": "trace the plan without --elastic (an elastic job's layout "
-                                                  "changes between steps)"}),
-    "trace_steps": Flag("--trace-steps", "trace_steps", {"pool": "drop it with --trace",
-                                                         "elastic": "drop it with --trace"}),
-    # failure handling
-    "heartbeat": Flag("--heartbeat", "heartbeat"),
-    "dead_after": Flag("--dead-after", "dead_after"),
-    "hang_after": Flag("--hang-after", "hang_after"),
-    "startup_timeout": Flag("--startup-timeout", "startup_timeout"),
-    "pg_timeout": Flag("--pg-timeout", "pg_timeout"),
-}
+def _rows() -> dict[str, Flag]:
+    """argparse dest -> its row, from the sections' declarations (executor.config_sections)."""
+    rows: dict[str, Flag] = {}
+    for section, cls in SECTIONS.items():
+        for f in fields(cls):
+            o = opt_of(f)
+            if o is not None:
+                rows[o.dest] = Flag(o.flag, f"{section}.{f.name}", dict(o.refuse))
+                if o.alternative is not None:  # read by the CLI only (--synthetic: no --data)
+                    rows[o.alternative.dest] = Flag(o.alternative.flag, None)
+            elif f.metadata.get("cli") is not None:
+                rows.update(_layout_rows(f"{section}.{f.name}", f, getattr(cls(), f.name)))
+    return rows
+
+
+FLAGS: dict[str, Flag] = _rows()
 
 
 def value_of(config: Any, dotted: str) -> Any:
@@ -132,7 +100,7 @@ def check_flags(config: Any, mode: str, *, seed_only: bool = False) -> None:
     """Refuse (``SpecError``, one line) the first given flag ``mode`` cannot honour (module
     docstring); ``seed_only``: the seed-style flags only (given with ``--plan``)."""
     for row in FLAGS.values():
-        if row.seed and not config.plan or seed_only and not row.seed:
+        if row.seed and not config.layout.plan or seed_only and not row.seed:
             continue  # the seed-style flags are the layout here
         if mode in row.refuse and given(config, row):
             what = "given together with --plan" if row.seed else f"not available with {MODE_WORDS[mode]}"
@@ -142,8 +110,8 @@ def check_flags(config: Any, mode: str, *, seed_only: bool = False) -> None:
 def apply_option_flags(plan: Plan, config: Any) -> tuple[Plan, str | None]:
     """``plan`` with the given plan-option flags in its options, checked as a plan's options are,
     and a line saying which options they replaced (None: nothing changed)."""
-    new = {name: value_of(config, name) for name in OPTION_FLAGS
-           if given(config, FLAGS[name]) and value_of(config, name) != getattr(plan.options, name)}
+    new = {name: value_of(config.layout, name) for name in OPTION_FLAGS
+           if given(config, FLAGS[name]) and value_of(config.layout, name) != getattr(plan.options, name)}
     if not new:
         return plan, None
     named = ", ".join(OPTION_FLAGS[n] for n in new)

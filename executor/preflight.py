@@ -112,16 +112,16 @@ def local_checks(plan: Plan, renv: RankEnv, args: TrainConfig, *, pool: bool = F
     from executor.data import make_source
 
     check_supported(plan)
-    if args.tensorboard and renv.rank == 0:
+    if args.metrics.tensorboard and renv.rank == 0:
         summary_writer_class()
-    dev = pick_device(args.device, renv, plan)
+    dev = pick_device(args.run.device, renv, plan)
     check_memory(plan, renv.rank, dev)
     # Every rank checks the index and file size; only rank 0 reads the whole file for ids >= vocab_size
     # (the same file on every node: 56 full scans of a large corpus would cost minutes for nothing).
-    source = make_source(plan, data=None if pool else args.data, seed=args.seed, scan=renv.rank == 0)
-    if args.checkpoint_dir:
-        check_output_dir(args.checkpoint_dir, "--checkpoint-dir")
-        check_checkpoint_dir(args.checkpoint_dir)
-    if args.log_jsonl and renv.rank == 0:
-        check_output_file(args.log_jsonl, "--log-jsonl")
+    source = make_source(plan, data=None if pool else args.data.path, seed=args.run.seed, scan=renv.rank == 0)
+    if args.checkpoint.dir:
+        check_output_dir(args.checkpoint.dir, "--checkpoint-dir")
+        check_checkpoint_dir(args.checkpoint.dir)
+    if args.metrics.log_jsonl and renv.rank == 0:
+        check_output_file(args.metrics.log_jsonl, "--log-jsonl")
     return Prepared(dev, source)

@@ -72,7 +72,7 @@ def run_training(args: TrainConfig) -> int:
         opt = optim_config(args)
         timeout_s = pg_timeout(args)
         fault = parse_fault(os.environ.get("HEXISCALE_FAULT"))
-        store = connect_store(renv, args.startup_timeout)
+        store = connect_store(renv, args.faults.startup_timeout)
         if renv.master_port == 0:
             renv = replace(renv, master_port=store.port)
         error, prep, docs = None, None, None
@@ -82,11 +82,11 @@ def run_training(args: TrainConfig) -> int:
         except SpecError as exc:
             error = exc
         # bounded: a store host that froze during start-up must not block this rank forever
-        bounded = BoundedStore.around(store, args.startup_timeout + 30.0, what="the rendezvous store")
-        agree(bounded, renv, error, args.startup_timeout)
+        bounded = BoundedStore.around(store, args.faults.startup_timeout + 30.0, what="the rendezvous store")
+        agree(bounded, renv, error, args.faults.startup_timeout)
         assert prep is not None
-        prep.resume = choose_checkpoint(bounded, renv, plan, args.resume, args.steps, args.startup_timeout) \
-            if args.resume else None
+        prep.resume = choose_checkpoint(bounded, renv, plan, args.checkpoint.resume, args.run.steps,
+                                        args.faults.startup_timeout) if args.checkpoint.resume else None
     except StoreError as exc:  # the store's host froze or died before the watchdog runs: a rank failure
         where = "the launcher that hosts it" if renv and renv.store_hosted else "rank 0, which hosts it,"
         how = "froze or its host is unreachable" if isinstance(exc, StoreTimeout) else "died"
@@ -103,7 +103,8 @@ def run_training(args: TrainConfig) -> int:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
 
-    wd = Watchdog(renv, interval=args.heartbeat, dead_after=args.dead_after, hang_after=args.hang_after)
+    wd = Watchdog(renv, interval=args.faults.heartbeat, dead_after=args.faults.dead_after,
+                  hang_after=args.faults.hang_after)
     try:
         flight.enable()
         wd.start(store)  # before the process group: a peer or store host that freezes in set-up is named too
@@ -123,7 +124,7 @@ def run_training(args: TrainConfig) -> int:
     wd.finish()
     dist.destroy_process_group()
     if renv.rank == 0 and not renv.store_hosted:
-        wait_all_seen(store, renv, "wd/done", args.startup_timeout)
+        wait_all_seen(store, renv, "wd/done", args.faults.startup_timeout)
     return 0
 
 
@@ -153,13 +154,13 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
               + (f" ({groups.device_mib:.0f} MiB of device memory)" if backend == "nccl" else ""), flush=True)
     note(renv.rank, f"building the model ({plan.model.name}, rank 0's stage: layers "
                     f"{plan.pipelines[0].stages[0].layers[0]}-{plan.pipelines[0].stages[0].layers[1] - 1})...")
-    engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.seed,
-                    on_nonfinite=args.on_nonfinite)
+    engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.run.seed,
+                    on_nonfinite=args.faults.on_nonfinite)
     # --compile forces compilation; a plan whose options.compile is set asks for it itself
-    want = args.compile or plan.options.compile
+    want = args.layout.compile or plan.options.compile
     compiled = fast_path.compile_blocks(engine.module) if want else 0
     if want and renv.rank == 0:
-        source = "--compile" if args.compile else "the plan's options.compile"
+        source = "--compile" if args.layout.compile else "the plan's options.compile"
         print(f"hexiscale train: {source}: " + (f"{compiled} blocks of rank 0's stage compiled (the first step "
               "compiles them)" if compiled else "the CPU runs eager (torch.compile is used on CUDA only)"), flush=True)
     position = DataPosition()
@@ -170,36 +171,37 @@ def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv
         position = DataPosition.from_dict(extra["data"], str(prep.resume.path)) if "data" in extra \
             else DataPosition(engine.step, engine.step * gbs)
     pipeline = engine.stage.pipeline
-    note(renv.rank, f"loading data ({args.data or 'synthetic tokens'})...")
+    note(renv.rank, f"loading data ({args.data.path or 'synthetic tokens'})...")
     stream = BatchStream(prep.source, global_batch_size=plan.global_batch_size,
                          rows=pipeline_rows(plan, pipeline), position=position, device=prep.device)
     logger = StepLogger(plan, renv.rank, pipeline, leader=engine.stage.is_first and engine.tp_rank == 0,
-                        device=prep.device, cluster=cluster, jsonl=args.log_jsonl, every=args.log_every,
-                        tensorboard=TensorBoardSink(args.tensorboard) if args.tensorboard and renv.rank == 0
-                        else None)
-    saver = Saver(engine, args.checkpoint_dir, args.save_every, args.async_save)
+                        device=prep.device, cluster=cluster, jsonl=args.metrics.log_jsonl, every=args.metrics.log_every,
+                        tensorboard=TensorBoardSink(args.metrics.tensorboard)
+                        if args.metrics.tensorboard and renv.rank == 0 else None)
+    saver = Saver(engine, args.checkpoint.dir, args.checkpoint.save_every, args.checkpoint.async_save)
     start = engine.step
-    trace = StepTrace(path=args.trace, plan=plan, device=prep.device, rank=renv.rank, world=groups.world,
-                      window=trace_window(start, args.steps, args.trace_steps)) if args.trace else None
+    trace = StepTrace(path=args.metrics.trace, plan=plan, device=prep.device, rank=renv.rank, world=groups.world,
+                      window=trace_window(start, args.run.steps, args.metrics.trace_steps)) \
+        if args.metrics.trace else None
     if trace is not None:
         engine.set_trace(trace)
     if renv.rank == 0:
         print(f"hexiscale train: {plan.world_size} ranks, {len(plan.pipelines)} pipelines, model "
-              f"{plan.model.name}, {prep.device.type} ({backend}), data {args.data or 'synthetic'}, steps "
-              f"{start}..{args.end}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
+              f"{plan.model.name}, {prep.device.type} ({backend}), data {args.data.path or 'synthetic'}, steps "
+              f"{start}..{args.run.end}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
     step_starting(renv.rank, start + 1, compiled=bool(compiled))
-    for k in range(start, args.end):
+    for k in range(start, args.run.end):
         wd.begin_step(k + 1)
         maybe_inject(fault, renv.rank, k)
         if trace is not None:
             trace.begin_step(k)
         t0 = time.perf_counter()
         stats = engine.train_step(stream.next())
-        logger.step(k, args.steps, stats, time.perf_counter() - t0)
+        logger.step(k, args.run.steps, stats, time.perf_counter() - t0)
         if trace is not None:
             trace.end_step(k)
         state = {"data": stream.position.to_dict(), "plan_world_size": plan.world_size}
-        saver.after_step(k + 1, k + 1 == args.end, state,
+        saver.after_step(k + 1, k + 1 == args.run.end, state,
                          partial(maybe_inject, fault, renv.rank, k, in_save=True))
     engine.drain()
     saver.finish()

@@ -31,16 +31,16 @@ def resolve_plan(args: TrainConfig, *, elastic: bool = False, say: Callable[[str
     pool as ``--plan`` gives its home plan (which numbers the ranks) and the pool. The flags are
     checked against the mode (``elastic``, else pool or plan; :mod:`executor.flag_modes`), and the
     plan-option flags rewrite a plan's options (``say`` gets the line that says so)."""
-    cluster = load_cluster(args.cluster) if args.cluster else None
+    cluster = load_cluster(args.layout.cluster) if args.layout.cluster else None
     pool = None
-    if args.plan:
+    if args.layout.plan:
         check_flags(args, "elastic" if elastic else "plan", seed_only=True)  # before reading the file
-        plan, pool = load_plan_or_pool(args.plan)
+        plan, pool = load_plan_or_pool(args.layout.plan)
     else:
-        if args.seed_layout.hetero_configs is None:
+        if args.layout.seed_layout.hetero_configs is None:
             raise SpecError("--plan", "missing", "pass --plan PLAN.json, or the seed-style flags (with --model "
                             "or --model-size, and --cluster unless every device is on this machine)")
-        plan = args.seed_layout.plan(args.cluster)
+        plan = args.layout.seed_layout.plan(args.layout.cluster)
     check_flags(args, "elastic" if elastic else "pool" if pool is not None else "plan")
     if pool is not None and cluster is None:
         raise SpecError("--cluster", "missing", "a strategy pool's dispatch needs the cluster file it was planned for")
@@ -54,7 +54,7 @@ def resolve_plan(args: TrainConfig, *, elastic: bool = False, say: Callable[[str
                 validate(st.plan, cluster)
             except SpecError as exc:
                 raise SpecError(f"strategies[{i}].plan" + (f".{exc.path}" if exc.path else ""), exc.message,
-                                exc.hint, args.plan) from None
+                                exc.hint, args.layout.plan) from None
         validate(plan, cluster)
     return plan, cluster, pool
 
@@ -69,12 +69,12 @@ def check_world(plan: Plan, renv: RankEnv) -> None:
 
 
 def optim_config(args: TrainConfig) -> OptimConfig:
-    steps = max(1, args.steps)
-    warmup = args.warmup if args.warmup is not None else min(100, steps // 10)
-    min_lr = args.min_lr if args.min_lr is not None else args.lr / 10
+    steps = max(1, args.run.steps)
+    warmup = args.optim.warmup if args.optim.warmup is not None else min(100, steps // 10)
+    min_lr = args.optim.min_lr if args.optim.min_lr is not None else args.optim.lr / 10
     try:
-        return OptimConfig(lr=args.lr, min_lr=min_lr, warmup_steps=warmup, total_steps=steps,
-                           weight_decay=args.weight_decay, grad_clip=args.clip)
+        return OptimConfig(lr=args.optim.lr, min_lr=min_lr, warmup_steps=warmup, total_steps=steps,
+                           weight_decay=args.optim.weight_decay, grad_clip=args.optim.clip)
     except ValueError as exc:
         raise SpecError("--lr", str(exc), "check --lr, --min-lr, --warmup and --steps") from None
 
@@ -82,7 +82,7 @@ def optim_config(args: TrainConfig) -> OptimConfig:
 def pg_timeout(args: TrainConfig) -> float:
     """The process group's timeout: it must exceed ``--hang-after`` (see :mod:`executor.launch.watchdog`;
     :class:`TrainConfig` checks a given one)."""
-    return args.hang_after + 300.0 if args.pg_timeout is None else args.pg_timeout
+    return args.faults.hang_after + 300.0 if args.faults.pg_timeout is None else args.faults.pg_timeout
 
 
 def init_process_group(renv: RankEnv, store: Any, device: torch.device, timeout_s: float) -> str:

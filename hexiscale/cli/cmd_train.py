@@ -41,19 +41,19 @@ def _seed_environment(args: argparse.Namespace) -> None:
 def _launch_here(config: TrainConfig, master_addr: str, master_port: int | None) -> int | None:
     """Start the seed layout's ranks on this machine (None: a one-rank plan runs in this process);
     their store listens on ``master_addr`` (this machine's, checked) and ``master_port``."""
-    plan = config.seed_layout.plan(config.cluster)
+    plan = config.layout.seed_layout.plan(config.layout.cluster)
     if plan.world_size == 1:
         return None
     from executor.devices import cuda_device_count
     from hexiscale.launch.local import run_local
 
-    device = config.device
+    device = config.run.device
     if device == "auto":
         device = "cuda" if cuda_device_count() >= plan.world_size else "cpu"
-    for note in config.seed_layout.notes():
+    for note in config.layout.seed_layout.notes():
         print(f"hexiscale train: {note}", file=sys.stderr, flush=True)
     print(f"hexiscale train: no launcher around this process: starting the plan's {plan.world_size} ranks here "
-          f"(as 'hexiscale launch --local'), {config.steps} steps", file=sys.stderr, flush=True)
+          f"(as 'hexiscale launch --local'), {config.run.steps} steps", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="hexiscale-seed-") as tmp:
         path = Path(tmp) / "plan.json"
         save_plan(plan, path)
@@ -64,7 +64,7 @@ def _launch_here(config: TrainConfig, master_addr: str, master_port: int | None)
 def run(args: argparse.Namespace) -> int:
     config = train_config(args)
     _seed_environment(args)
-    if config.seed_layout.given() and not config.plan and "WORLD_SIZE" not in os.environ:
+    if config.layout.seed_layout.given() and not config.layout.plan and "WORLD_SIZE" not in os.environ:
         addr = own_address(args.master_addr, "--master_addr") if args.master_addr else "127.0.0.1"
         code = _launch_here(config, addr, args.master_port)
         if code is not None:

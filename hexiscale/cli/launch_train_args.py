@@ -13,13 +13,11 @@ from collections.abc import Sequence
 
 from executor.flag_modes import check_flags
 from hexiscale.cli.flag_hints import RaisingParser, UsageError, unknown_arguments
-from hexiscale.cli.train_args import add_train_arguments, train_config
+from hexiscale.cli.train_args import add_train_arguments, path_dests, train_config
 from planner.errors import SpecError
 
 WHERE = "train arguments after --"
-# flags whose value is a path (a --lengths value may also be synthetic:NAME)
-PATH_DESTS = frozenset({"cluster", "data", "checkpoint_dir", "resume", "log_jsonl", "tensorboard", "trace",
-                        "lengths"})
+PATH_DESTS = path_dests()  # flags whose value is a path (declared with the config's fields)
 
 
 def _train_parser() -> argparse.ArgumentParser:

@@ -77,8 +77,8 @@ def test_a_checkpoint_dir_where_no_file_can_be_made_is_refused_before_training()
 @pytest.mark.parametrize("warmup", [11, 1_000_000_000])
 def test_warmup_past_the_run_is_refused(warmup: int) -> None:
     with pytest.raises(SpecError, match=f"^--warmup: {warmup} warm-up steps, more than the run's --steps 10"):
-        TrainConfig(plan="p.json", steps=10, warmup=warmup)
-    TrainConfig(plan="p.json", steps=10, warmup=10)
+        TrainConfig.flat(plan="p.json", steps=10, warmup=warmup)
+    TrainConfig.flat(plan="p.json", steps=10, warmup=10)
 
 
 def test_a_commands_output_on_a_full_disk_says_so_without_checkpoints() -> None:

@@ -73,7 +73,8 @@ def test_train_flags_become_a_checked_config(capsys: pytest.CaptureFixture[str])
 
     args = build_parser().parse_args(["train", "--plan", "p.json", "--steps", "7", "--lr", "0.01", "--zero", "1"])
     config = train_config(args)
-    assert (config.plan, config.steps, config.lr, config.seed_layout.given()) == ("p.json", 7, 0.01, [])
+    assert (config.layout.plan, config.run.steps, config.optim.lr, config.layout.seed_layout.given()) == \
+        ("p.json", 7, 0.01, [])
     assert main(["train", "--plan", "p.json", "--log-every", "0"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --log-every") and "\n" not in err

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from executor.train_config import FLAT_NAMES
 from hexiscale.cli.main import main
-from hexiscale.cli.train_args import FLAGS, NOT_FLAGS, add_train_arguments, train_argv, train_config
+from hexiscale.cli.train_args import add_train_arguments, relaunched, train_argv, train_config
 from planner.errors import SpecError
 from planner.hf_config import resolve_model
 from planner.seed_layout import SeedLayout
@@ -60,8 +61,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_train_flags_steps_and_round_trip() -> None:
-    assert train_config(_parse(SEED_LINE)).steps == 5
-    assert train_config(_parse([])).steps == 10
+    assert train_config(_parse(SEED_LINE)).run.steps == 5
+    assert train_config(_parse([])).run.steps == 10
     with pytest.raises(SpecError, match="--run-iter: given together with --steps"):
         train_config(_parse([*SEED_LINE, "--steps", "3"]))
     argv = ["--cluster", "c.yaml", "--steps", "7", "--data", "d", "--seed", "3", "--lr", "0.001", "--min-lr", "1e-05",
@@ -71,4 +72,5 @@ def test_train_flags_steps_and_round_trip() -> None:
             "--startup-timeout", "60", "--pg-timeout", "400"]
     config = train_config(_parse(argv))
     assert train_config(_parse(train_argv(config))) == config
-    assert set(FLAGS) | set(NOT_FLAGS) == set(config.__dataclass_fields__)  # every field travels
+    travels = {name for name, _, _ in relaunched(config)}  # every field travels, but the plan, device and seed layout
+    assert travels | {"layout.plan", "run.device", "layout.seed_layout"} == set(FLAT_NAMES.values())

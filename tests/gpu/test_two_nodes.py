@@ -154,7 +154,7 @@ def reference_losses(plan_path: Path, steps: int) -> list[float]:
     plan = two_node_plan()
     source = make_source(plan, data=None, seed=0)
     batches = [global_batch(source, DataPosition(k, k * BATCH), BATCH) for k in range(steps)]
-    optim = optim_config(TrainConfig(plan=str(plan_path), steps=steps))
+    optim = optim_config(TrainConfig.flat(plan=str(plan_path), steps=steps))
     return reference_train(MODEL, batches, optim=optim, seed=0).losses
 
 

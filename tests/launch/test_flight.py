@@ -73,7 +73,7 @@ def test_device_wait_counts_an_unfinished_collective_as_waiting() -> None:
 
 
 def _args(pg: float | None, hang: float) -> TrainConfig:
-    return TrainConfig(pg_timeout=pg, hang_after=hang)
+    return TrainConfig.flat(pg_timeout=pg, hang_after=hang)
 
 
 def test_pg_timeout_outlasts_the_hang_verdict() -> None:

@@ -25,8 +25,8 @@ SEED_FLAGS = ["--cluster", str(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml
 
 
 def test_the_flag_travels_to_launched_ranks() -> None:
-    assert "--compile" in train_argv(TrainConfig(compile=True))
-    assert "--compile" not in train_argv(TrainConfig())
+    assert "--compile" in train_argv(TrainConfig.flat(compile=True))
+    assert "--compile" not in train_argv(TrainConfig.flat())
 
 
 def test_a_cpu_run_stays_eager_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -35,7 +35,7 @@ def reference_losses(steps: int, total: int, lr: float = 3e-3) -> list[float]:
     m, gbs = plan.model, plan.global_batch_size
     source = SyntheticSource(seq_len=m.seq_len, vocab_size=m.vocab_size, seed=0)
     batches = [global_batch(source, DataPosition(k, k * gbs), gbs) for k in range(steps)]
-    opt = optim_config(TrainConfig(steps=total, lr=lr, warmup=1))
+    opt = optim_config(TrainConfig.flat(steps=total, lr=lr, warmup=1))
     return reference_train(m, batches, optim=opt).losses
 
 

@@ -46,8 +46,8 @@ SAMPLE: dict[str, list[str]] = {
     "startup_timeout": ["60"], "pg_timeout": ["2400"],
 }
 SAMPLE_IN = {("cluster", "pool"): [str(CLUSTER)]}  # the pool's own cluster
-# the name the loops read a field by, where it is another (TrainConfig.end: --stop-at, else --steps)
-READ_AS = {"stop_at": "end"}
+# the name the loops read a field by, where it is another (RunSection.end: --stop-at, else --steps)
+READ_AS = {"stop_at": "run.end"}
 # the code each mode's loop runs (besides the checks every mode shares); a flag it honours is read there
 LOOP: dict[str, list[Any]] = {
     "plan": [train.run_training, train._train_plan, train_setup],
@@ -111,9 +111,9 @@ def test_flag_takes_effect_or_is_refused(dest: str, mode: str, monkeypatch: pyte
         plan = resolved[0]
         assert getattr(plan.options, dest) == value_of(config, row.attr)
         return
-    name = READ_AS.get(dest, row.attr.split(".")[-1])
+    name = re.escape(READ_AS.get(dest, row.attr))
     if dest == "run_iter":  # it gives --steps
-        assert config.steps == 6
+        assert config.run.steps == 6
         return
     loop = _source(LOOP[mode])
     if dest in VIA_PREFLIGHT:  # pre-flight makes it (every mode), the loop takes pre-flight's
@@ -125,14 +125,14 @@ def test_flag_takes_effect_or_is_refused(dest: str, mode: str, monkeypatch: pyte
 
 def test_plan_option_flags_rewrite_the_plan_and_say_so(capsys: pytest.CaptureFixture[str]) -> None:
     lines: list[str] = []
-    plan, _, _ = resolve_plan(TrainConfig(plan=str(PLAN), zero=1, recompute="full", dtype="bf16", compile=True),
+    plan, _, _ = resolve_plan(TrainConfig.flat(plan=str(PLAN), zero=1, recompute="full", dtype="bf16", compile=True),
                               say=lines.append)
     assert (plan.options.zero, plan.options.recompute, plan.options.dtype, plan.options.compile) == \
         (1, "full", "bf16", True)
     assert lines == ["--recompute, --zero, --dtype, --compile replaced the plan's options.recompute none -> full, "
                      "options.zero 0 -> 1, options.dtype fp32 -> bf16, options.compile False -> True"]
     lines.clear()
-    plan, _, _ = resolve_plan(TrainConfig(plan=str(PLAN), dtype="fp32", zero=1), say=lines.append)
+    plan, _, _ = resolve_plan(TrainConfig.flat(plan=str(PLAN), dtype="fp32", zero=1), say=lines.append)
     assert lines == ["--zero replaced the plan's options.zero 0 -> 1"]  # --dtype fp32 is the plan's own
 
 
@@ -142,7 +142,7 @@ def test_plan_option_flags_are_checked_as_the_plan(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     path.write_text(json.dumps(data))
     with pytest.raises(SpecError, match="residual_dtype") as err:
-        resolve_plan(TrainConfig(plan=str(path), dtype="fp32"))
+        resolve_plan(TrainConfig.flat(plan=str(path), dtype="fp32"))
     assert err.value.path == "--dtype" and "\n" not in str(err.value)
 
 

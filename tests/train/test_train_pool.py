@@ -58,7 +58,7 @@ def _reference(tmp_path: Path, pool: Path, steps: int) -> tuple[list[int], list[
         idx, cursor = step_sequences(docs, cursor, 600)
         batches.append([torch.from_numpy(docs.tokens(i)) for i in idx])
     model = plan_from_dict(json.loads(pool.read_text())["strategies"][0]["plan"]).model
-    ref = reference_train(model, batches, optim=optim_config(TrainConfig(steps=steps, lr=3e-3, warmup=1)))
+    ref = reference_train(model, batches, optim=optim_config(TrainConfig.flat(steps=steps, lr=3e-3, warmup=1)))
     return [sum(len(d) - 1 for d in b) for b in batches], ref.losses
 
 

@@ -23,7 +23,7 @@ PLAN = ROOT / "examples" / "plans" / "demo-cpu-4-tiny.json"
 
 
 def _source(**kw):  # type: ignore[no-untyped-def]
-    config = TrainConfig(plan=str(POOL), cluster=str(CLUSTER), **kw)
+    config = TrainConfig.flat(plan=str(POOL), cluster=str(CLUSTER), **kw)
     plan, cluster, pool = resolve_plan(config)
     assert pool is not None and plan == pool.home_plan and cluster is not None
     return doc_source(config, pool, scan=True)
@@ -45,11 +45,11 @@ def test_pool_sources_and_their_errors(tmp_path: Path) -> None:
             _source(**kw)
         assert str(err.value).count("\n") == 0 and (not flag or err.value.path == flag)
     with pytest.raises(SpecError, match="--cluster: missing"):
-        resolve_plan(TrainConfig(plan=str(POOL), step_tokens=4096))
+        resolve_plan(TrainConfig.flat(plan=str(POOL), step_tokens=4096))
     with pytest.raises(SpecError, match="not a strategy pool"):
-        resolve_plan(TrainConfig(plan=str(PLAN), step_tokens=4096))
+        resolve_plan(TrainConfig.flat(plan=str(PLAN), step_tokens=4096))
     with pytest.raises(SpecError, match="--assign"):
-        TrainConfig(plan=str(POOL), assign="random")
+        TrainConfig.flat(plan=str(POOL), assign="random")
 
 
 def test_a_pool_strategy_off_the_cluster_names_its_path(tmp_path: Path) -> None:
@@ -61,4 +61,4 @@ def test_a_pool_strategy_off_the_cluster_names_its_path(tmp_path: Path) -> None:
     path = tmp_path / "pool.json"
     path.write_text(json.dumps(data))
     with pytest.raises(SpecError, match=r"strategies\[0\]\.plan.*a100:0"):
-        resolve_plan(TrainConfig(plan=str(path), cluster=str(CLUSTER)))
+        resolve_plan(TrainConfig.flat(plan=str(path), cluster=str(CLUSTER)))
