@@ -3,7 +3,7 @@
 Each section is a small frozen dataclass whose fields carry their flag, help, type, choices,
 range and mode refusals (:mod:`executor.config_option`); ``__post_init__`` checks them, plus the
 few rules that tie two fields of one section (``--min-lr`` at most ``--lr``; the watchdog's
-seconds against ``--heartbeat``). Rules across sections are :class:`TrainConfig`'s.
+seconds against ``--heartbeat``). Rules across sections are :class:`~executor.train_config.TrainConfig`'s.
 """
 
 from __future__ import annotations

@@ -19,23 +19,22 @@ from typing import Any
 from planner.errors import SpecError
 from planner.plan import Plan
 
-TOTAL = "global_batch_total"  # namespace attribute: (the spelling used, the total)
+TOTAL = "total"  # its argparse dest (SeedLayout.total): (the spelling used, the total)
 PER_PIPELINE = "--pipeline-batch-sizes"
 
 
 class TotalBatch(argparse.Action):
-    """Records the total; fills the per-pipeline list with it unless a list was given (so the
-    layout, and the flag checks of each training mode, see a batch either way)."""
+    """Records the total with the spelling typed (a flag of its own, so that an error names what
+    the user typed); the layout takes it as the batch where no per-pipeline list was given
+    (:meth:`planner.seed_layout.SeedLayout.plan`)."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         setattr(namespace, TOTAL, (option_string or self.option_strings[0], int(values)))
-        if getattr(namespace, self.dest, None) is None:
-            setattr(namespace, self.dest, [str(values)])
 
 
-def add_total_batch_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup, dest: str) -> None:
-    p.add_argument("--global-batch-size", "--global-batch", dest=dest, type=int, metavar="N",
+def add_total_batch_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--global-batch-size", "--global-batch", dest=TOTAL, type=int, metavar="N",
                    action=TotalBatch, help=f"samples per step, the total over every pipeline (one number; "
                    f"each pipeline's is {PER_PIPELINE})")
 

@@ -43,7 +43,7 @@ def add_seed_flag_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup
     p.add_argument(PER_PIPELINE, "--global_bsz_size", "--global_batch_size", "--global-bsz-size",
                    dest="global_bsz_size", nargs="+", metavar="N",
                    help="samples per step of each pipeline (a short list pads with its last value)")
-    add_total_batch_argument(p, "global_bsz_size")
+    add_total_batch_argument(p)
     p.add_argument("--pipeline-micro-batches", "--chunks", "--micro_batch_num", "--micro-batch-num", dest="chunks",
                    nargs="+", metavar="N", help="micro-batches per pipeline (a short list pads with its last value)")
     p.add_argument("--devices_id", "--devices-id", dest="devices_id",
@@ -110,7 +110,8 @@ class SeedLayout:
 
     def given(self) -> list[str]:
         """The layout flags that were given (empty: the seed flags are not in use)."""
-        return [f for f in LAYOUT_FLAGS if getattr(self, f) is not None]
+        return [f for f in LAYOUT_FLAGS if getattr(self, f) is not None
+                or f == "global_bsz_size" and self.total is not None]
 
     @property
     def accum(self) -> int:
@@ -137,14 +138,15 @@ class SeedLayout:
 
     def plan(self, cluster: str | None) -> Plan:
         """The plan these flags describe, on the cluster file ``cluster`` or (None) this machine."""
-        missing = [f for f in LAYOUT_FLAGS if getattr(self, f) is None]
+        missing = [f for f in LAYOUT_FLAGS if f not in self.given()]
         if missing:
             raise SpecError(f"--{missing[0]}", "missing", "seed-style flags need --hetero_configs, "
                             "--layer_partitions, --global_bsz_size and --chunks")
         plan = plan_from_flags(
             model=self.resolve_model(), cluster=load_cluster(cluster) if cluster else None,
             hetero_configs=self.hetero_configs, layer_partitions=self.layer_partitions,
-            global_bsz_size=list(self.global_bsz_size or ()), chunks=list(self.chunks or ()),
+            global_bsz_size=list(self.global_bsz_size or ((str(self.total[1]),) if self.total else ())),
+            chunks=list(self.chunks or ()),
             devices_id=self.devices_id, options=self.options, accum_iter=self.accum,
         )
         check_total(plan, self.total)

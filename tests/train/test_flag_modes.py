@@ -35,7 +35,7 @@ BASE = {"plan": ["--plan", str(PLAN)], "elastic": ["--plan", str(PLAN)],
 SAMPLE: dict[str, list[str]] = {
     "plan": [], "cluster": [str(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml")], "model": ["tiny"],
     "seq_len": ["16"], "recompute": ["full"], "zero": ["1"], "dtype": ["fp16"], "hetero_configs": ["[[1]]"],
-    "layer_partitions": ["[[4]]"], "global_bsz_size": ["4"], "chunks": ["2"], "devices_id": ["[[[0]]]"],
+    "layer_partitions": ["[[4]]"], "global_bsz_size": ["4"], "total": ["4"], "chunks": ["2"], "devices_id": ["[[[0]]]"],
     "model_size": ["tiny"], "layer_num": ["2"], "accum_iter": ["2"], "run_iter": ["6"], "master_addr": ["10.0.0.1"],
     "master_port": ["7"], "current_device": ["1"], "steps": ["7"], "stop_at": ["3"], "data": ["corpus"],
     "synthetic": [], "seed": ["5"], "lr": ["0.01"], "min_lr": ["0.0001"], "warmup": ["1"], "weight_decay": ["0.2"],
