@@ -31,9 +31,10 @@ from planner.fields import (
     join,
 )
 from planner.model import MODEL_LIMITS, RECOMPUTE_MODES, ModelSpec, model_from_dict
+from planner.schedules import SCHEDULE_NAMES, schedule_named
 
 PLAN_FORMAT = "hexiscale.plan/1"
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = SCHEDULE_NAMES  # the registry's names (planner.schedules)
 DTYPES = ("fp32", "bf16", "fp16")
 MAX_MICRO_BATCHES = 100_000
 MAX_GLOBAL_BATCH = 1 << 24  # samples per step; far beyond any real run
@@ -153,9 +154,7 @@ def check_structure(plan: Plan) -> None:
             raise SpecError(f"{pp}.micro_batches", f"{pipe.micro_batches} is not in [1, batch_size="
                             f"{pipe.batch_size}] (at most {MAX_MICRO_BATCHES})",
                             "every micro-batch needs at least one sample")
-        if pipe.schedule not in SCHEDULES:
-            raise SpecError(f"{pp}.schedule", f"{pipe.schedule!r} is not one of {list(SCHEDULES)}",
-                            "use 1f1b or gpipe")
+        schedule_named(pipe.schedule, f"{pp}.schedule")
         total += pipe.batch_size
         if not pipe.stages:
             raise SpecError(f"{pp}.stages", "a pipeline needs at least one stage", "add a stage")

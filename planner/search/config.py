@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from planner.errors import SpecError
 from planner.model import RECOMPUTE_MODES
 from planner.plan import SCHEDULES
+from planner.schedules import schedule_named
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,10 @@ class PlannerConfig:
         for r in self.recompute:
             if r not in RECOMPUTE_MODES:
                 raise SpecError("recompute", f"{r!r} is not one of {list(RECOMPUTE_MODES)}", "none, selective, full")
+        if not self.schedules:
+            raise SpecError("schedules", "need at least one schedule", f"e.g. {SCHEDULES[:1]}")
+        for sc in self.schedules:
+            schedule_named(sc, "schedules")
         if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:
             raise SpecError("micro_batch_sizes", "need positive micro-batch sizes", "e.g. (1, 2, 4)")
         if self.residual_dtype not in ("fp32", self.dtype):
