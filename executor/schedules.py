@@ -123,7 +123,7 @@ def run_ops(runner: _Runner, comm: StageComm, ops: Sequence[StageOp]) -> None:
     for k, op in enumerate(ops):
         j = op.micro_batch
         nxt = ops[k + 1] if k + 1 < len(ops) else None
-        turn = nxt is not None and nxt.kind != op.kind
+        turn = nxt is not None and {op.kind, nxt.kind} == {"F", "B"}
         if op.kind == "F":
             y = runner.forward(j, pending if fused else comm.recv_forward(runner.shapes[j]))
             if turn and nxt is not None:
@@ -131,12 +131,14 @@ def run_ops(runner: _Runner, comm: StageComm, ops: Sequence[StageOp]) -> None:
                 pending = comm.send_forward_recv_backward(y, shape) if y is not None else comm.recv_backward(shape)
             elif y is not None:
                 comm.send_forward(y)
-        else:
+        elif op.kind == "B":
             dx = runner.backward(j, pending if fused else comm.recv_backward(runner.shapes[j]))
             if turn and nxt is not None:
                 pending = comm.send_backward_recv_forward(dx, runner.shapes[nxt.micro_batch])
             else:
                 comm.send_backward(dx)
+        else:
+            raise ValueError(f"the executor does not run {op.kind} ops yet (check_trainable refuses them)")
         fused = turn
 
 

@@ -70,12 +70,14 @@ def one_f_one_b_lower_bound(f: Sequence[float], b: Sequence[float], m: int) -> f
 
 
 def pipeline_time(f: Sequence[float], b: Sequence[float], m: int, schedule: str = "1f1b") -> float:
-    """Closed-form makespan of one pipeline under ``schedule`` ('1f1b' or 'gpipe')."""
+    """Closed-form makespan of one pipeline under ``schedule`` ('1f1b' or 'gpipe'; the registry's
+    other schedules have none: :func:`planner.cost.simulate.simulate` prices them)."""
+    schedule_named(schedule)  # an unknown name is a SpecError
     if schedule == "gpipe":
         return gpipe_time(f, b, m)
     if schedule == "1f1b":
         return one_f_one_b_time(f, b, m)
-    raise ValueError(f"unknown schedule {schedule!r}")
+    raise ValueError(f"schedule {schedule!r} has no closed form; simulate it")
 
 
 def bubble_fraction(f: Sequence[float], b: Sequence[float], m: int, schedule: str = "1f1b") -> float:

@@ -5,6 +5,6 @@
 """
 
 from planner.schedules.ops import OpKind, StageOp
-from planner.schedules.registry import REGISTRY, SCHEDULE_NAMES, Schedule, schedule_named
+from planner.schedules.registry import REGISTRY, SCHEDULE_NAMES, TRAINED_SCHEDULES, Schedule, schedule_named
 
-__all__ = ["REGISTRY", "SCHEDULE_NAMES", "OpKind", "Schedule", "StageOp", "schedule_named"]
+__all__ = ["REGISTRY", "SCHEDULE_NAMES", "OpKind", "Schedule", "StageOp", "TRAINED_SCHEDULES", "schedule_named"]

@@ -16,6 +16,7 @@ from planner.errors import SpecError
 from planner.schedules.gpipe import gpipe_ops
 from planner.schedules.one_f_one_b import one_f_one_b_ops
 from planner.schedules.ops import StageOp, held_with_grads_of, in_flight_of
+from planner.schedules.zb_h1 import zb_h1_ops
 
 OpOrder = Callable[[int, int, int], list[StageOp]]  # (stages, stage index, micro-batches) -> ops
 
@@ -48,8 +49,10 @@ class Schedule:
 REGISTRY: dict[str, Schedule] = {s.name: s for s in (
     Schedule("1f1b", one_f_one_b_ops),
     Schedule("gpipe", gpipe_ops),
+    Schedule("zb-h1", zb_h1_ops, trained=False),
 )}
 SCHEDULE_NAMES: tuple[str, ...] = tuple(REGISTRY)
+TRAINED_SCHEDULES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.trained)  # the search's default
 
 
 def schedule_named(name: str, field: str = "schedule") -> Schedule:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hexiscale.cli.main import main
 from planner.cost import held_with_grads, in_flight, simulate
@@ -21,6 +23,13 @@ SEED = ROOT / "examples" / "plans" / "seed-32gpu-4types-llama2-7b.json"
 def _order(text: str) -> list[StageOp]:
     """``"F0 F1 B0"`` as ops."""
     return [StageOp(tok[0], int(tok[1:])) for tok in text.split()]  # type: ignore[arg-type]
+
+
+def _times(draw: st.DrawFn, stages: int) -> tuple[list[float], list[float], list[float]]:
+    """Per-stage forward, backward and its weight-gradient part (W = forward, B the rest)."""
+    f = draw(st.lists(st.floats(0.1, 3.0), min_size=stages, max_size=stages))
+    b = [x * draw(st.floats(1.8, 3.0)) for x in f]
+    return f, b, list(f)
 
 
 def test_1f1b_orders_by_hand() -> None:
@@ -54,7 +63,7 @@ def test_in_flight_and_memory_rules(name: str, stages: int, stage: int, m: int, 
 
 def test_simulator_runs_the_registry_ops() -> None:
     for name in SCHEDULE_NAMES:
-        r = simulate([1.0, 2.0, 1.5], [2.0, 3.0, 2.5], 5, name, record=True)
+        r = simulate([1.0, 2.0, 1.5], [2.0, 3.0, 2.5], 5, name, record=True, wgrad=[0.5, 1.0, 0.5])
         for i in range(3):
             assert [StageOp(k, j) for k, j, _, _ in r.ops[i]] == schedule_named(name).ops(3, i, 5)  # type: ignore[arg-type]
 
@@ -88,3 +97,71 @@ def test_estimate_refuses_an_unknown_schedule_in_one_line(tmp_path: Path, capsys
     assert main(["estimate", str(bad)]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pipelines[0].schedule" in err and "1f1b" in err and "gpipe" in err
+
+
+def test_zb_h1_orders_by_hand() -> None:
+    s = schedule_named("zb-h1")
+    assert s.ops(2, 0, 3) == _order("F0 F1 B0 W0 F2 B1 W1 B2 W2")
+    assert s.ops(2, 1, 3) == _order("F0 B0 F1 B1 W0 F2 B2 W1 W2")  # holds back its first W
+    assert s.ops(4, 3, 5) == _order("F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 W2 W3 W4")
+    assert s.ops(4, 0, 2) == _order("F0 F1 B0 W0 B1 W1")
+    assert (s.trained, s.chunks) == (False, 1)
+
+
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+def test_every_order_runs_each_op_once_after_what_it_needs(name: str) -> None:
+    """Per stage: each micro-batch's F, then its B, then (split backward) its W, each once; across
+    stages the simulator finishes every order (no stage waits on an op that waits on it)."""
+    s = schedule_named(name)
+    for stages in range(1, 6):
+        for m in range(1, 9):
+            for i in range(stages):
+                ops = s.ops(stages, i, m)
+                kinds = sorted({op.kind for op in ops})
+                assert sorted(ops, key=lambda o: (o.kind, o.micro_batch)) == [
+                    StageOp(k, j) for k in kinds for j in range(m)]  # type: ignore[arg-type]
+                at = {(op.kind, op.micro_batch): n for n, op in enumerate(ops)}
+                assert all(at["F", j] < at["B", j] for j in range(m))
+                assert all(at["B", j] < at["W", j] for j in range(m) if ("W", j) in at)
+            simulate([1.0] * stages, [2.0] * stages, m, name, wgrad=[1.0] * stages)
+
+
+def test_zb_h1_memory_rule_is_1f1b_first_stage_peak() -> None:
+    """Activations held until W: every stage holds min(S, m), 1F1B's first-stage peak."""
+    s = schedule_named("zb-h1")
+    for stages, m in ((4, 8), (4, 2), (3, 3), (1, 1)):
+        assert [s.in_flight(stages, i, m) for i in range(stages)] == [min(stages, m)] * stages
+        assert max(s.in_flight(stages, i, m) for i in range(stages)) == in_flight("1f1b", stages, 0, m)
+
+
+@pytest.mark.parametrize(("stages", "m"), [(2, 4), (4, 4), (4, 8), (6, 16)])
+def test_zb_h1_bubble_equal_stages(stages: int, m: int) -> None:
+    """Equal stages, F = B = W = 1: 1F1B idles (S-1)(F+B+W), ZB-H1 (S-1)(F+B-W) (the paper's)."""
+    ones = [1.0] * stages
+    zb = simulate(ones, [2.0] * stages, m, "zb-h1", wgrad=ones).makespan
+    assert zb == pytest.approx(3 * m + (stages - 1) * 1.0)
+    assert simulate(ones, [2.0] * stages, m, "1f1b").makespan == pytest.approx(3 * m + (stages - 1) * 3.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_zb_h1_never_slower_than_1f1b(data: st.DataObject) -> None:
+    stages, m = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 12))
+    f, b, w = _times(data.draw, stages)
+    assert simulate(f, b, m, "zb-h1", wgrad=w).makespan <= simulate(f, b, m, "1f1b").makespan * (1 + 1e-9)
+    with pytest.raises(ValueError, match="wgrad"):
+        simulate(f, b, m, "zb-h1")
+
+
+def test_estimate_prices_zb_h1_below_1f1b(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads(SEED.read_text())
+    times = {}
+    for name in ("1f1b", "zb-h1"):
+        for pipe in data["pipelines"]:
+            pipe["schedule"] = name
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(data))
+        capsys.readouterr()
+        assert main(["estimate", str(path), "--json"]) == 0
+        times[name] = json.loads(capsys.readouterr().out)["step_time_s"]
+    assert times["zb-h1"] < times["1f1b"]
