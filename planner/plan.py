@@ -154,10 +154,11 @@ def check_structure(plan: Plan) -> None:
             raise SpecError(f"{pp}.micro_batches", f"{pipe.micro_batches} is not in [1, batch_size="
                             f"{pipe.batch_size}] (at most {MAX_MICRO_BATCHES})",
                             "every micro-batch needs at least one sample")
-        schedule_named(pipe.schedule, f"{pp}.schedule")
+        sched = schedule_named(pipe.schedule, f"{pp}.schedule")
         total += pipe.batch_size
         if not pipe.stages:
             raise SpecError(f"{pp}.stages", "a pipeline needs at least one stage", "add a stage")
+        sched.check(len(pipe.stages), pipe.micro_batches, f"{pp}.micro_batches")
         expect_start = 0
         for si, st in enumerate(pipe.stages):
             sp = f"{pp}.stages[{si}]"
@@ -180,6 +181,9 @@ def check_structure(plan: Plan) -> None:
                                 "stages must cover the layers contiguously, in order")
             if end <= start:
                 raise SpecError(f"{sp}.layers", f"[{start}, {end}) is empty", "every stage needs at least one layer")
+            if end - start < sched.chunks:
+                raise SpecError(f"{sp}.layers", f"{end - start} layer(s) cannot make the {sched.chunks} layer "
+                                f"chunks per stage of {pipe.schedule}", "give the stage more layers")
             expect_start = end
             for di, dev in enumerate(st.devices):
                 if dev in seen:

@@ -73,6 +73,7 @@ from planner.cost.stage import StageTime, activation_bytes, boundary_time, stage
 from planner.errors import PlanInfeasible
 from planner.layout import layer_numel, stage_tensors
 from planner.plan import Plan
+from planner.schedules import schedule_named
 from planner.timeline import Lane, Timeline
 from planner.validate import validate
 
@@ -190,7 +191,8 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
     w = [[times[si, mb].forward_compute_s for mb in sizes] for si in range(n_st)]
     sim = simulate(f, b, len(sizes), pipe.schedule, record=record, wgrad=w)
     lanes = [stage_lane(pi, si, sim.ops[si], [times[si, mb].forward_s for mb in sizes],
-                        [times[si, mb].backward_s for mb in sizes], w[si]) for si in range(n_st)] if record else []
+                        [times[si, mb].backward_s for mb in sizes], w[si], schedule_named(pipe.schedule).chunks)
+             for si in range(n_st)] if record else []
     stages = []
     for si, st in enumerate(pipe.stages):
         ts = [times[si, mb] for mb in sizes]

@@ -14,21 +14,31 @@ from dataclasses import dataclass
 
 from planner.errors import SpecError
 from planner.schedules.gpipe import gpipe_ops
+from planner.schedules.interleaved import CHUNKS, interleaved_ops, interleaved_requires
 from planner.schedules.one_f_one_b import one_f_one_b_ops
 from planner.schedules.ops import StageOp, held_with_grads_of, in_flight_of
 from planner.schedules.zb_h1 import zb_h1_ops
 
 OpOrder = Callable[[int, int, int], list[StageOp]]  # (stages, stage index, micro-batches) -> ops
+Requires = Callable[[int, int], str | None]  # (stages, micro-batches) -> why the schedule cannot run them
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """A named op order; ``chunks`` layer chunks per stage; ``trained``: the executor runs it."""
+    """A named op order; ``chunks`` layer chunks per stage; ``trained``: the executor runs it;
+    ``requires``: a condition on the pipeline's shape (None: any shape runs)."""
 
     name: str
     order: OpOrder
     chunks: int = 1
     trained: bool = True
+    requires: Requires | None = None
+
+    def check(self, stages: int, micro_batches: int, field: str = "micro_batches") -> None:
+        """A pipeline shape this schedule cannot run is a :class:`SpecError` on ``field``."""
+        why = self.requires(stages, micro_batches) if self.requires is not None else None
+        if why is not None:
+            raise SpecError(field, why, f"change micro_batches or use another schedule than {self.name}")
 
     def ops(self, stages: int, stage: int, micro_batches: int) -> list[StageOp]:
         """The ordered ops of ``stage`` (0-based) of a pipeline of ``stages`` stages."""
@@ -50,6 +60,7 @@ REGISTRY: dict[str, Schedule] = {s.name: s for s in (
     Schedule("1f1b", one_f_one_b_ops),
     Schedule("gpipe", gpipe_ops),
     Schedule("zb-h1", zb_h1_ops, trained=False),
+    Schedule("interleaved-1f1b", interleaved_ops, chunks=CHUNKS, trained=False, requires=interleaved_requires),
 )}
 SCHEDULE_NAMES: tuple[str, ...] = tuple(REGISTRY)
 TRAINED_SCHEDULES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.trained)  # the search's default

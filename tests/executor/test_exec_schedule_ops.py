@@ -125,7 +125,8 @@ def test_unknown_schedule_is_refused_by_the_executor() -> None:
 
 
 def test_priced_schedules_are_refused_in_one_line() -> None:
-    """zb-h1 is priced by the cost model but the executor does not split backward yet."""
+    """zb-h1 and interleaved-1f1b are priced by the cost model; the executor splits no backward and
+    runs one layer chunk per stage so far."""
     with pytest.raises(SpecError) as e:
         check_trainable("zb-h1", 2, 4, "pipelines[0].schedule")
     assert str(e.value) == ("pipelines[0].schedule: schedule 'zb-h1' is priced but not trained yet "
@@ -134,3 +135,5 @@ def test_priced_schedules_are_refused_in_one_line() -> None:
     with pytest.raises(SpecError, match=r"^pipelines\[1\]\.schedule: schedule 'zb-h1' is priced"):
         check_plan_schedules(plan)
     check_plan_schedules(make_plan(TINY, [(4, 2, "gpipe", [(1, 2), (1, 2)])]))
+    with pytest.raises(SpecError, match=r"^schedule: schedule 'interleaved-1f1b' is priced but not trained yet"):
+        check_trainable("interleaved-1f1b", 2, 3)  # refused before its shape rule is asked

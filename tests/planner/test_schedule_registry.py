@@ -4,6 +4,7 @@ one clear error for an unknown name wherever a schedule can be given."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from hexiscale.cli.main import main
 from planner.cost import held_with_grads, in_flight, simulate
 from planner.errors import SpecError
+from planner.plan import load_plan
 from planner.schedules import SCHEDULE_NAMES, StageOp, schedule_named
 from planner.search.config import PlannerConfig
 
@@ -63,9 +65,10 @@ def test_in_flight_and_memory_rules(name: str, stages: int, stage: int, m: int, 
 
 def test_simulator_runs_the_registry_ops() -> None:
     for name in SCHEDULE_NAMES:
-        r = simulate([1.0, 2.0, 1.5], [2.0, 3.0, 2.5], 5, name, record=True, wgrad=[0.5, 1.0, 0.5])
+        r = simulate([1.0, 2.0, 1.5], [2.0, 3.0, 2.5], 6, name, record=True, wgrad=[0.5, 1.0, 0.5])
         for i in range(3):
-            assert [StageOp(k, j) for k, j, _, _ in r.ops[i]] == schedule_named(name).ops(3, i, 5)  # type: ignore[arg-type]
+            assert [(k, j) for k, j, _, _ in r.ops[i]] == [(op.kind, op.micro_batch)
+                                                           for op in schedule_named(name).ops(3, i, 6)]
 
 
 def _one_line(err: SpecError, field: str) -> None:
@@ -110,19 +113,22 @@ def test_zb_h1_orders_by_hand() -> None:
 
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)
 def test_every_order_runs_each_op_once_after_what_it_needs(name: str) -> None:
-    """Per stage: each micro-batch's F, then its B, then (split backward) its W, each once; across
-    stages the simulator finishes every order (no stage waits on an op that waits on it)."""
+    """Per stage: each (micro-batch, chunk)'s F, then its B, then (split backward) its W, each once;
+    across stages the simulator finishes every order (no stage waits on an op that waits on it)."""
     s = schedule_named(name)
     for stages in range(1, 6):
         for m in range(1, 9):
+            if s.requires is not None and s.requires(stages, m):
+                continue
             for i in range(stages):
                 ops = s.ops(stages, i, m)
                 kinds = sorted({op.kind for op in ops})
-                assert sorted(ops, key=lambda o: (o.kind, o.micro_batch)) == [
-                    StageOp(k, j) for k in kinds for j in range(m)]  # type: ignore[arg-type]
-                at = {(op.kind, op.micro_batch): n for n, op in enumerate(ops)}
-                assert all(at["F", j] < at["B", j] for j in range(m))
-                assert all(at["B", j] < at["W", j] for j in range(m) if ("W", j) in at)
+                assert sorted(ops, key=lambda o: (o.kind, o.micro_batch, o.chunk)) == [
+                    StageOp(k, j, c) for k in kinds for j in range(m) for c in range(s.chunks)]  # type: ignore[arg-type]
+                at = {(op.kind, op.micro_batch, op.chunk): n for n, op in enumerate(ops)}
+                assert all(at["F", j, c] < at["B", j, c] for j in range(m) for c in range(s.chunks))
+                assert all(at["B", j, c] < at["W", j, c] for j in range(m) for c in range(s.chunks)
+                           if ("W", j, c) in at)
             simulate([1.0] * stages, [2.0] * stages, m, name, wgrad=[1.0] * stages)
 
 
@@ -153,10 +159,10 @@ def test_zb_h1_never_slower_than_1f1b(data: st.DataObject) -> None:
         simulate(f, b, m, "zb-h1")
 
 
-def test_estimate_prices_zb_h1_below_1f1b(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    data = json.loads(SEED.read_text())
+def test_estimate_prices_the_smaller_bubbles_below_1f1b(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads(SEED.read_text())  # micro-batches a multiple of the stages, as interleaving needs
     times = {}
-    for name in ("1f1b", "zb-h1"):
+    for name in ("1f1b", "zb-h1", "interleaved-1f1b"):
         for pipe in data["pipelines"]:
             pipe["schedule"] = name
         path = tmp_path / f"{name}.json"
@@ -164,4 +170,41 @@ def test_estimate_prices_zb_h1_below_1f1b(tmp_path: Path, capsys: pytest.Capture
         capsys.readouterr()
         assert main(["estimate", str(path), "--json"]) == 0
         times[name] = json.loads(capsys.readouterr().out)["step_time_s"]
-    assert times["zb-h1"] < times["1f1b"]
+    assert times["zb-h1"] < times["1f1b"] and times["interleaved-1f1b"] < times["1f1b"], times
+
+
+def _chunked(text: str) -> list[StageOp]:
+    """``"F0.1 B0.1"`` (micro-batch.chunk) as ops."""
+    return [StageOp(t[0], int(t[1:].split(".")[0]), int(t.split(".")[1])) for t in text.split()]  # type: ignore[arg-type]
+
+
+def test_interleaved_orders_by_hand() -> None:
+    s = schedule_named("interleaved-1f1b")
+    assert s.chunks == 2 and not s.trained
+    assert s.ops(2, 0, 2) == _chunked("F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0")
+    assert s.ops(2, 1, 2) == _chunked("F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 B0.0 B1.0")
+    assert s.ops(2, 1, 4)[:6] == _chunked("F0.0 F1.0 F0.1 B0.1 F1.1 B1.1")
+    assert [s.in_flight(4, i, 8) for i in range(4)] == [6, 5, 4, 3]  # 11, 9, 7, 5 chunks of 2
+
+
+@pytest.mark.parametrize(("stages", "m"), [(2, 4), (4, 4), (4, 8), (3, 12)])
+def test_interleaved_bubble_equal_stages(stages: int, m: int) -> None:
+    """Equal stages: the fill and drain shrink by the chunk count, (S-1)(F+B)/v."""
+    ones = [1.0] * stages
+    t = simulate(ones, [2.0] * stages, m, "interleaved-1f1b").makespan
+    assert t == pytest.approx(3 * m + (stages - 1) * 3.0 / 2)
+    assert t < simulate(ones, [2.0] * stages, m, "1f1b").makespan
+
+
+def test_interleaved_shape_errors_name_the_field() -> None:
+    plan = load_plan(SEED)
+    pipes = list(plan.pipelines)
+    pipes[0] = replace(pipes[0], schedule="interleaved-1f1b", micro_batches=len(pipes[0].stages) * 2 + 1)
+    with pytest.raises(SpecError, match=r"^pipelines\[0\]\.micro_batches: interleaved 1F1B needs micro_batches a "
+                                        r"multiple of the \d+ stages"):
+        replace(plan, pipelines=tuple(pipes))
+    one = replace(pipes[0], micro_batches=len(pipes[0].stages) * 2,
+                  stages=(replace(pipes[0].stages[0], layers=(0, 1)),
+                          replace(pipes[0].stages[1], layers=(1, pipes[0].stages[1].layers[1])), *pipes[0].stages[2:]))
+    with pytest.raises(SpecError, match=r"^pipelines\[0\]\.stages\[0\]\.layers: 1 layer\(s\) cannot make the 2"):
+        replace(plan, pipelines=(one, *pipes[1:]))
