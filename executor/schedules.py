@@ -38,9 +38,9 @@ from executor.model import StageModule
 from executor.p2p import StageComm
 from executor.packed_docs import DocSpans
 from executor.trace import NO_TRACE, NullTrace, StepTrace
-from planner.errors import SpecError
 from planner.plan import Plan
-from planner.schedules import REGISTRY, StageOp, schedule_named
+from planner.schedules import StageOp, schedule_named
+from planner.schedules.trained import check_plan_trained
 
 
 @dataclass
@@ -99,18 +99,19 @@ class _Runner:
 
 def check_trainable(schedule: str, stages: int, micro_batches: int, field: str = "schedule") -> None:
     """Refuse, as one :class:`SpecError` on ``field``, a schedule this interpreter cannot run (an
-    unknown name is the registry's SpecError)."""
+    unknown name is the registry's SpecError): the registry's ``trained`` flag, and what this
+    interpreter runs (one chunk per stage, ``F`` and ``B`` ops), which that flag must agree with."""
     sched = schedule_named(schedule, field)
-    runs = sched.trained and sched.chunks == 1 and all(
-        op.kind in ("F", "B") for i in range(stages) for op in sched.ops(stages, i, micro_batches))
-    if not runs:
-        trained = ", ".join(n for n, s in REGISTRY.items() if s.trained)
-        raise SpecError(field, f"schedule {schedule!r} is priced but not trained yet",
-                        f"train with {trained}; 'hexiscale estimate' prices {schedule}")
+    sched.check_trained(field)
+    if sched.chunks != 1 or any(op.kind not in ("F", "B") for i in range(stages)
+                                for op in sched.ops(stages, i, micro_batches)):
+        raise ValueError(f"the registry marks {schedule!r} trained, but the executor runs only F and B ops "
+                         "of one chunk per stage")
 
 
 def check_plan_schedules(plan: Plan) -> None:
     """:func:`check_trainable` for every pipeline of ``plan``."""
+    check_plan_trained(plan)
     for pi, pipe in enumerate(plan.pipelines):
         check_trainable(pipe.schedule, len(pipe.stages), pipe.micro_batches, f"pipelines[{pi}].schedule")
 

@@ -40,6 +40,12 @@ class Schedule:
         if why is not None:
             raise SpecError(field, why, f"change micro_batches or use another schedule than {self.name}")
 
+    def check_trained(self, field: str = "schedule") -> None:
+        """A schedule the executor does not run yet is a :class:`SpecError` on ``field``."""
+        if not self.trained:
+            raise SpecError(field, f"schedule {self.name!r} is priced but not trained yet",
+                            f"train with {', '.join(TRAINED_SCHEDULES)}; 'hexiscale estimate' prices {self.name}")
+
     def ops(self, stages: int, stage: int, micro_batches: int) -> list[StageOp]:
         """The ordered ops of ``stage`` (0-based) of a pipeline of ``stages`` stages."""
         if not 0 <= stage < stages or micro_batches < 1:
