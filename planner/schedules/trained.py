@@ -8,7 +8,7 @@ from planner.schedules.registry import schedule_named
 
 
 def check_plan_trained(plan: Plan, prefix: str = "") -> None:
-    """Every pipeline's schedule is one the executor runs; else one :class:`SpecError` naming
+    """Every pipeline's schedule is one the executor runs; else one :class:`~planner.errors.SpecError` naming
     ``{prefix}pipelines[P].schedule``."""
     for pi, pipe in enumerate(plan.pipelines):
         field = f"{prefix}pipelines[{pi}].schedule"
