@@ -40,7 +40,6 @@ from executor.packed_docs import DocSpans
 from executor.trace import NO_TRACE, NullTrace, StepTrace
 from planner.plan import Plan
 from planner.schedules import StageOp, schedule_named
-from planner.schedules.trained import check_plan_trained
 
 
 @dataclass
@@ -98,9 +97,10 @@ class _Runner:
 
 
 def check_trainable(schedule: str, stages: int, micro_batches: int, field: str = "schedule") -> None:
-    """Refuse, as one :class:`~planner.errors.SpecError` on ``field``, a schedule this interpreter cannot run (an
-    unknown name is the registry's SpecError): the registry's ``trained`` flag, and what this
-    interpreter runs (one chunk per stage, ``F`` and ``B`` ops), which that flag must agree with."""
+    """Refuse, as one :class:`~planner.errors.SpecError` on ``field``, a schedule this interpreter
+    cannot run (an unknown name is the registry's SpecError): the registry's ``trained`` flag, and
+    what this interpreter runs (one chunk per stage, ``F`` and ``B`` ops), which that flag must
+    agree with."""
     sched = schedule_named(schedule, field)
     sched.check_trained(field)
     if sched.chunks != 1 or any(op.kind not in ("F", "B") for i in range(stages)
@@ -111,7 +111,6 @@ def check_trainable(schedule: str, stages: int, micro_batches: int, field: str =
 
 def check_plan_schedules(plan: Plan) -> None:
     """:func:`check_trainable` for every pipeline of ``plan``."""
-    check_plan_trained(plan)
     for pi, pipe in enumerate(plan.pipelines):
         check_trainable(pipe.schedule, len(pipe.stages), pipe.micro_batches, f"pipelines[{pi}].schedule")
 
