@@ -51,7 +51,7 @@ from executor.model import StageModule, check_supported
 from executor.nonfinite import should_skip
 from executor.optim import OptimConfig, build_optimizer, clip_coefficient, for_device, lr_at, set_lr
 from executor.p2p import StageComm
-from executor.schedules import MicroBatch, run_schedule
+from executor.schedules import MicroBatch, check_plan_schedules, run_schedule
 from executor.trace import NO_TRACE, NullTrace, StepTrace
 from executor.zero import ZeroOptimizer
 from planner.errors import SpecError
@@ -88,6 +88,7 @@ class Engine:
                  optim: OptimConfig = OptimConfig(), seed: int = 0, init: bool = True, on_nonfinite: str = "stop",
                  bucket_numel: int = DEFAULT_BUCKET_NUMEL):
         check_supported(plan)
+        check_plan_schedules(plan)
         if not groups.in_plan:
             raise ValueError(f"rank {groups.rank} is not part of the plan ({topology.world_size} ranks)")
         self.plan = plan

@@ -30,6 +30,7 @@ from executor.launch.env import RankEnv
 from executor.model import check_supported
 from executor.preflight_memory import check_memory
 from executor.preflight_paths import check_output_dir, check_output_file
+from executor.schedules import check_plan_schedules
 from executor.tensorboard_sink import summary_writer_class
 from executor.train_config import TrainConfig
 from planner.errors import SpecError
@@ -112,6 +113,7 @@ def local_checks(plan: Plan, renv: RankEnv, args: TrainConfig, *, pool: bool = F
     from executor.data import make_source
 
     check_supported(plan)
+    check_plan_schedules(plan)
     if args.metrics.tensorboard and renv.rank == 0:
         summary_writer_class()
     dev = pick_device(args.run.device, renv, plan)

@@ -1,4 +1,10 @@
-"""Pipeline schedules (GPipe and 1F1B) for one stage of one pipeline.
+"""The interpreter of pipeline schedules: runs one stage's ops from :mod:`planner.schedules`.
+
+The schedule registry (planner, no torch) says, per stage, which forward (``F``) and backward
+(``B``) of which micro-batch comes next; the cost model's simulator prices the same ops. Here each
+op receives its input, computes and sends its output. A schedule the registry prices but this
+interpreter cannot run yet (weight-gradient ``W`` ops, several layer chunks per stage, or
+``trained=False``) is refused in one line before anything runs.
 
 Every pipeline runs its own schedule with its own micro-batch count ``M`` and micro-batch sizes
 (``Pipeline.micro_batch_sizes()``, possibly uneven); pipelines never wait for each other until the
@@ -6,12 +12,14 @@ gradient sync. Micro-batch ``j`` carries ``[mb_j, s]`` tokens, so every boundary
 known shape ``[mb_j, s, h]``. A packed micro-batch (documents back to back in one row, ``docs``
 set) is ``[1, T_j]``; every rank of the pipeline holds the same packing, so shapes stay known.
 
-* **GPipe**: all ``M`` forwards, then all ``M`` backwards (in reverse order).
-* **1F1B** (non-interleaved, as in PipeDream-Flush/Megatron): stage ``i`` of ``S`` runs
-  ``w = min(S-i-1, M)`` warm-up forwards, then ``M-w`` steady rounds of one forward + one backward,
-  then ``w`` cool-down backwards. At most ``S-i`` micro-batches are in flight on stage ``i``.
-  Steady rounds use the combined send/receive of :mod:`executor.p2p`, which is what makes the
-  schedule deadlock-free even when sends block.
+Communication order (why no two ranks wait on each other): an ``F`` receives from the previous
+stage and sends to the next; a ``B`` receives from the next and sends to the previous. When the
+next op receives from the very peer this op sends to (``F`` then ``B``: the next stage; ``B`` then
+``F``: the previous stage) the send and that receive are posted together
+(``send_forward_recv_backward`` / ``send_backward_recv_forward`` of :mod:`executor.p2p`), so two
+neighbours in 1F1B's steady state, each sending to the other, never both block in a send.
+Otherwise a send is posted alone, then the next op's receive. For 1F1B this is Megatron's order;
+GPipe's one ``F``-to-``B`` turn is fused too, which only merges a send with a receive that follows it.
 
 The last stage's loss for micro-batch ``j`` is ``Σ_tokens CE · loss_scale`` with
 ``loss_scale = 1 / global_tokens``; backward of that scalar makes the accumulated gradients those of
@@ -21,7 +29,7 @@ the global mean loss (pipelines' gradients are later SUM-reduced).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +38,8 @@ from executor.model import StageModule
 from executor.p2p import StageComm
 from executor.packed_docs import DocSpans
 from executor.trace import NO_TRACE, NullTrace, StepTrace
+from planner.plan import Plan
+from planner.schedules import StageOp, schedule_named
 
 
 @dataclass
@@ -86,58 +96,62 @@ class _Runner:
         return None if inp is None else inp.grad
 
 
-def run_gpipe(runner: _Runner, comm: StageComm) -> None:
-    m = len(runner.micro)
-    for j in range(m):
-        y = runner.forward(j, comm.recv_forward(runner.shapes[j]))
-        if y is not None:
-            comm.send_forward(y)
-    for j in reversed(range(m)):
-        comm.send_backward(runner.backward(j, comm.recv_backward(runner.shapes[j])))
+def check_trainable(schedule: str, stages: int, micro_batches: int, field: str = "schedule") -> None:
+    """Refuse, as one :class:`~planner.errors.SpecError` on ``field``, a schedule this interpreter
+    cannot run (an unknown name is the registry's SpecError): the registry's ``trained`` flag, and
+    what this interpreter runs (one chunk per stage, ``F`` and ``B`` ops), which that flag must
+    agree with."""
+    sched = schedule_named(schedule, field)
+    sched.check_trained(field)
+    if sched.chunks != 1 or any(op.kind not in ("F", "B") for i in range(stages)
+                                for op in sched.ops(stages, i, micro_batches)):
+        raise ValueError(f"the registry marks {schedule!r} trained, but the executor runs only F and B ops "
+                         "of one chunk per stage")
 
 
-def run_1f1b(runner: _Runner, comm: StageComm, n_stages: int) -> None:
-    m = len(runner.micro)
-    st = comm.stage
-    warm = min(n_stages - st.index - 1, m)
-    fwd = bwd = 0
-    for _ in range(warm):
-        y = runner.forward(fwd, comm.recv_forward(runner.shapes[fwd]))
-        if y is not None:
-            comm.send_forward(y)
-        fwd += 1
-    steady = m - warm
-    x = comm.recv_forward(runner.shapes[fwd]) if steady > 0 else None
-    for i in range(steady):
-        y = runner.forward(fwd, x)
-        fwd += 1
-        dy = comm.send_forward_recv_backward(y, runner.shapes[bwd]) if y is not None else \
-            comm.recv_backward(runner.shapes[bwd])
-        dx = runner.backward(bwd, dy)
-        bwd += 1
-        if i == steady - 1:
-            comm.send_backward(dx)
-            x = None
+def check_plan_schedules(plan: Plan) -> None:
+    """:func:`check_trainable` for every pipeline of ``plan``."""
+    for pi, pipe in enumerate(plan.pipelines):
+        check_trainable(pipe.schedule, len(pipe.stages), pipe.micro_batches, f"pipelines[{pi}].schedule")
+
+
+def run_ops(runner: _Runner, comm: StageComm, ops: Sequence[StageOp]) -> None:
+    """Run ``ops`` (forwards and backwards of this stage) in order, fusing a send with the next
+    op's receive from the same peer (module docstring)."""
+    pending: torch.Tensor | None = None
+    fused = False  # ``pending`` holds the current op's input, received with the last send
+    for k, op in enumerate(ops):
+        j = op.micro_batch
+        nxt = ops[k + 1] if k + 1 < len(ops) else None
+        turn = nxt is not None and {op.kind, nxt.kind} == {"F", "B"}
+        if op.kind == "F":
+            y = runner.forward(j, pending if fused else comm.recv_forward(runner.shapes[j]))
+            if turn and nxt is not None:
+                shape = runner.shapes[nxt.micro_batch]
+                pending = comm.send_forward_recv_backward(y, shape) if y is not None else comm.recv_backward(shape)
+            elif y is not None:
+                comm.send_forward(y)
+        elif op.kind == "B":
+            dx = runner.backward(j, pending if fused else comm.recv_backward(runner.shapes[j]))
+            if turn and nxt is not None:
+                pending = comm.send_backward_recv_forward(dx, runner.shapes[nxt.micro_batch])
+            else:
+                comm.send_backward(dx)
         else:
-            x = comm.send_backward_recv_forward(dx, runner.shapes[fwd])
-    for _ in range(warm):
-        comm.send_backward(runner.backward(bwd, comm.recv_backward(runner.shapes[bwd])))
-        bwd += 1
+            raise ValueError(f"the executor does not run {op.kind} ops yet (check_trainable refuses them)")
+        fused = turn
 
 
 def run_schedule(kind: str, *, module: StageModule, comm: StageComm, micro: list[MicroBatch], loss_scale: float,
                  n_stages: int, autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
                  trace: NullTrace | StepTrace = NO_TRACE) -> torch.Tensor | None:
-    """Run forward and backward of all micro-batches; gradients accumulate in ``module``'s ``.grad``.
+    """Run forward and backward of all micro-batches under the registry's schedule ``kind``;
+    gradients accumulate in ``module``'s ``.grad``.
 
     Returns the summed scaled loss (a detached scalar tensor) on the last stage, None elsewhere.
     ``trace`` records each micro-batch's forward and backward (:mod:`executor.trace`).
     """
+    check_trainable(kind, n_stages, len(micro))
     runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext, trace)
-    if kind == "gpipe":
-        run_gpipe(runner, comm)
-    elif kind == "1f1b":
-        run_1f1b(runner, comm, n_stages)
-    else:
-        raise ValueError(f"unknown schedule {kind!r} (use 1f1b or gpipe)")
+    run_ops(runner, comm, schedule_named(kind).ops(n_stages, comm.stage.index, len(micro)))
     return runner.loss

@@ -31,9 +31,10 @@ from planner.fields import (
     join,
 )
 from planner.model import MODEL_LIMITS, RECOMPUTE_MODES, ModelSpec, model_from_dict
+from planner.schedules import SCHEDULE_NAMES, schedule_named
 
 PLAN_FORMAT = "hexiscale.plan/1"
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = SCHEDULE_NAMES  # the registry's names (planner.schedules)
 DTYPES = ("fp32", "bf16", "fp16")
 MAX_MICRO_BATCHES = 100_000
 MAX_GLOBAL_BATCH = 1 << 24  # samples per step; far beyond any real run
@@ -153,12 +154,11 @@ def check_structure(plan: Plan) -> None:
             raise SpecError(f"{pp}.micro_batches", f"{pipe.micro_batches} is not in [1, batch_size="
                             f"{pipe.batch_size}] (at most {MAX_MICRO_BATCHES})",
                             "every micro-batch needs at least one sample")
-        if pipe.schedule not in SCHEDULES:
-            raise SpecError(f"{pp}.schedule", f"{pipe.schedule!r} is not one of {list(SCHEDULES)}",
-                            "use 1f1b or gpipe")
+        sched = schedule_named(pipe.schedule, f"{pp}.schedule")
         total += pipe.batch_size
         if not pipe.stages:
             raise SpecError(f"{pp}.stages", "a pipeline needs at least one stage", "add a stage")
+        sched.check(len(pipe.stages), pipe.micro_batches, f"{pp}.micro_batches")
         expect_start = 0
         for si, st in enumerate(pipe.stages):
             sp = f"{pp}.stages[{si}]"
@@ -181,6 +181,9 @@ def check_structure(plan: Plan) -> None:
                                 "stages must cover the layers contiguously, in order")
             if end <= start:
                 raise SpecError(f"{sp}.layers", f"[{start}, {end}) is empty", "every stage needs at least one layer")
+            if end - start < sched.chunks:
+                raise SpecError(f"{sp}.layers", f"{end - start} layer(s) cannot make the {sched.chunks} layer "
+                                f"chunks per stage of {pipe.schedule}", "give the stage more layers")
             expect_start = end
             for di, dev in enumerate(st.devices):
                 if dev in seen:

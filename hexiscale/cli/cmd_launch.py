@@ -118,10 +118,14 @@ def _master(text: str | None, default_host: str) -> tuple[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     from hexiscale.launch.shell import run_id as checked_run_id
+    from planner.schedules.trained import check_plan_trained
     from planner.varlen.pool import load_plan_or_pool
 
     check_int("--grace", args.grace, 0, 86400, "pass seconds, e.g. --grace 30")
     plan, pool = load_plan_or_pool(args.plan)  # a strategy pool: its home plan places the ranks
+    for prefix, each in ([(f"strategies[{i}].plan.", st.plan) for i, st in enumerate(pool.strategies)]
+                         if pool is not None else [("", plan)]):
+        check_plan_trained(each, prefix)  # a schedule only priced so far: one line before any rank starts
     # every node gets absolute paths and checked train arguments (one error line here, not one per rank)
     args.plan = os.path.abspath(args.plan)
     mode = "elastic" if args.elastic or args.elastic_trace else "pool" if pool is not None else "plan"

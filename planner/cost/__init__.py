@@ -42,8 +42,10 @@ reduce_scatter_time, all_gather_time, hierarchical_allreduce_time`` (nbytes, n, 
 and ``group_allreduce_time(nbytes, devices, cluster, params)``: collectives from links.
 ``pipeline_time(f, b, m, schedule)``, ``one_f_one_b_time``, ``gpipe_time``,
 ``one_f_one_b_lower_bound``, ``bubble_fraction``: closed-form schedules from per-stage times
-(p2p folded in with ``fold_p2p``); ``simulate(f, b, m, schedule)`` for the exact makespan.
-``in_flight(schedule, stages, stage_index, m)`` and
+(p2p folded in with ``fold_p2p``); ``simulate(f, b, m, schedule, wgrad=None)`` for the exact
+makespan of any schedule of :mod:`planner.schedules` (the ops the executor runs; ``wgrad`` the
+weight-gradient part of ``b`` for a split backward). ``in_flight(schedule, stages, stage_index, m)``
+(the registry's rule; an unknown name is a SpecError) and
 ``stage_memory(model, *, layers, tp, first, last, micro_batch, in_flight, dtype, recompute, zero_shards,
 params, layer_activation=None, head_activation=None, held_with_grads=None, pipelines=1, partial=0.0,
 compile=False) -> MemoryBreakdown`` (``compile``: the plan's blocks are compiled, whose layers keep

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from planner.schedules import schedule_named
+
 
 def _check(f: Sequence[float], b: Sequence[float], m: int) -> None:
     if not f or len(f) != len(b) or m < 1:
@@ -68,12 +70,14 @@ def one_f_one_b_lower_bound(f: Sequence[float], b: Sequence[float], m: int) -> f
 
 
 def pipeline_time(f: Sequence[float], b: Sequence[float], m: int, schedule: str = "1f1b") -> float:
-    """Closed-form makespan of one pipeline under ``schedule`` ('1f1b' or 'gpipe')."""
+    """Closed-form makespan of one pipeline under ``schedule`` ('1f1b' or 'gpipe'; the registry's
+    other schedules have none: :func:`planner.cost.simulate.simulate` prices them)."""
+    schedule_named(schedule)  # an unknown name is a SpecError
     if schedule == "gpipe":
         return gpipe_time(f, b, m)
     if schedule == "1f1b":
         return one_f_one_b_time(f, b, m)
-    raise ValueError(f"unknown schedule {schedule!r}")
+    raise ValueError(f"schedule {schedule!r} has no closed form; simulate it")
 
 
 def bubble_fraction(f: Sequence[float], b: Sequence[float], m: int, schedule: str = "1f1b") -> float:
@@ -84,17 +88,13 @@ def bubble_fraction(f: Sequence[float], b: Sequence[float], m: int, schedule: st
 
 
 def in_flight(schedule: str, stages: int, stage_index: int, micro_batches: int) -> int:
-    """Micro-batches whose activations a stage holds at its peak: 1F1B ``min(S - i, m)``, GPipe ``m``."""
-    if schedule == "gpipe":
-        return micro_batches
-    return max(1, min(stages - stage_index, micro_batches))
+    """Micro-batches whose activations a stage holds at its peak (the registry's rule, derived from
+    the schedule's op order): 1F1B ``min(S - i, m)``, GPipe ``m``. An unknown name is a SpecError."""
+    return schedule_named(schedule).in_flight(stages, stage_index, micro_batches)
 
 
 def held_with_grads(schedule: str, stages: int, stage_index: int, micro_batches: int) -> int:
     """Micro-batches a stage holds, at most, once its first backward has allocated the gradients:
     1F1B ``min(S - i, m)`` when a forward follows that backward (``m > S - i``), else one less;
-    GPipe ``m - 1`` (all forwards come first)."""
-    w = in_flight(schedule, stages, stage_index, micro_batches)
-    if schedule == "gpipe":
-        return micro_batches - 1
-    return w if micro_batches > stages - stage_index else w - 1
+    GPipe ``m - 1`` (all forwards come first). From the registry, like :func:`in_flight`."""
+    return schedule_named(schedule).held_with_grads(stages, stage_index, micro_batches)

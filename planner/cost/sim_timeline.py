@@ -15,12 +15,20 @@ from planner.timeline import Lane, Span, Timeline
 
 
 def stage_lane(pipeline: int, stage: int, ops: list[tuple[str, int, float, float]], compute_f: list[float],
-               compute_b: list[float]) -> Lane:
+               compute_b: list[float], compute_w: list[float] | None = None, chunks: int = 1) -> Lane:
     """A stage's lane from its simulated ops; ``compute_f[j]``/``compute_b[j]`` are micro-batch
-    ``j``'s compute, the rest of each op is its p2p send."""
+    ``j``'s compute, the rest of each op is its p2p send. A split backward's ``W`` op (compute
+    ``compute_w[j]``, taken out of ``compute_b[j]``) shows as backward and sends nothing. With
+    ``chunks`` layer chunks per stage, each op is one chunk's share."""
     lane = Lane(f"p{pipeline} s{stage}", pipeline, stage)
+    split = compute_w is not None and any(kind == "W" for kind, *_ in ops)
     for kind, j, start, end in ops:
-        mid = min(end, start + (compute_f if kind == "F" else compute_b)[j])
+        w = compute_w[j] if split and compute_w is not None else 0.0
+        if kind == "W":
+            compute = end - start
+        else:
+            compute = (compute_f[j] if kind == "F" else compute_b[j] - w) / chunks
+        mid = min(end, start + compute)
         lane.spans.append(Span("forward" if kind == "F" else "backward", j, start, mid))
         if end > mid:
             lane.spans.append(Span("p2p", j, mid, end))

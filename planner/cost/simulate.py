@@ -1,20 +1,20 @@
-"""A small discrete-event simulator of one pipeline's schedule (1F1B or GPipe).
+"""A small discrete-event simulator of one pipeline's schedule, any schedule of the registry.
 
-Model: stage ``i`` runs its ops one at a time in the schedule's fixed order; an op starts when
-the stage is free and its input is ready, and lasts its duration:
+Model: stage ``i`` runs its ops one at a time in the schedule's fixed order
+(:mod:`planner.schedules`, the same ops the executor runs); an op starts when the stage is free and
+its input is ready, and lasts its duration. With ``v`` layer chunks per stage, chunk ``c`` of stage
+``i`` is virtual stage ``k = c·S + i`` (``v = 1``: ``k = i``):
 
-* ``F(i, j)`` (forward of micro-batch ``j``) lasts ``fwd[i]`` and needs ``F(i-1, j)`` done;
-* ``B(i, j)`` (backward) lasts ``bwd[i]`` and needs ``B(i+1, j)`` done (the last stage: ``F(S-1, j)``).
+* ``F(k, j)`` (forward of micro-batch ``j``) lasts ``fwd[i]/v`` and needs ``F(k-1, j)`` done;
+* ``B(k, j)`` (backward) lasts ``bwd[i]/v`` and needs ``B(k+1, j)`` done (the last virtual
+  stage: ``F(k, j)``);
+* ``W(k, j)`` (the weight-gradient half of a split backward) lasts ``wgrad[i]/v``, taken out of
+  ``B``'s time, and needs ``B(k, j)`` done; nothing waits for it but the stage's own next op.
 
 Point-to-point sends are *blocking for the sender*: pass them folded into the durations
 (``fold_p2p``): stage ``i``'s forward includes sending its activation to ``i+1``, its backward
-includes sending the input gradient to ``i-1``. This matches :mod:`planner.cost.schedule`.
-
-Orders per stage (``S`` stages, ``m`` micro-batches):
-
-* GPipe: ``F1 .. Fm, Bm .. B1`` (the executor's order, executor/schedules.py).
-* 1F1B (non-interleaved, PipeDream-flush): ``w = min(S-1-i, m)`` warm-up forwards, then
-  ``m - w`` pairs ``F, B``, then ``w`` cool-down backwards.
+includes sending the input gradient to ``i-1``. This matches :mod:`planner.cost.schedule`. (With
+chunks, each chunk's op carries ``1/v`` of the stage's send: a first approximation.)
 
 Per-stage micro-batch durations may also vary per micro-batch (``fwd_mb[i][j]``), which the
 planner's benchmarks use for uneven micro-batch sizes.
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from planner.schedules import StageOp, schedule_named
 
 
 @dataclass
@@ -50,37 +52,51 @@ def fold_p2p(fwd: Sequence[float], bwd: Sequence[float], p2p_fwd: Sequence[float
     return f, b
 
 
-def stage_order(schedule: str, stages: int, stage: int, m: int) -> list[tuple[str, int]]:
-    """The op order of ``stage`` as (``'F'`` or ``'B'``, micro-batch index)."""
-    if schedule == "gpipe":
-        return [("F", j) for j in range(m)] + [("B", j) for j in reversed(range(m))]
-    if schedule != "1f1b":
-        raise ValueError(f"unknown schedule {schedule!r}")
-    w = min(stages - 1 - stage, m)
-    order = [("F", j) for j in range(w)]
-    for j in range(m - w):
-        order += [("F", w + j), ("B", j)]
-    order += [("B", j) for j in range(m - w, m)]
-    return order
+Table = Sequence[float] | Sequence[Sequence[float]]
 
 
-def simulate(fwd: Sequence[float] | Sequence[Sequence[float]], bwd: Sequence[float] | Sequence[Sequence[float]],
-             m: int, schedule: str = "1f1b", record: bool = False) -> SimResult:
+def _dur(table: Table, i: int, j: int) -> float:
+    v = table[i]
+    return float(v[j]) if isinstance(v, Sequence) else float(v)
+
+
+def simulate(fwd: Table, bwd: Table, m: int, schedule: str = "1f1b", record: bool = False,
+             wgrad: Table | None = None) -> SimResult:
     """Simulate one pipeline. ``fwd[i]`` / ``bwd[i]`` are stage ``i``'s per-micro-batch durations
-    (a number, or a list of ``m`` numbers)."""
+    (a number, or a list of ``m`` numbers); ``wgrad[i]`` the weight-gradient part of ``bwd[i]``,
+    needed by schedules that split the backward into ``B`` and ``W`` ops. An unknown schedule name
+    is a :class:`~planner.errors.SpecError`."""
     s = len(fwd)
     if s == 0 or len(bwd) != s or m < 1:
         raise ValueError("need one forward and one backward duration per stage and m >= 1")
+    sched = schedule_named(schedule)
+    v = sched.chunks
+    orders = [sched.ops(s, i, m) for i in range(s)]
+    split = any(op.kind == "W" for o in orders for op in o)
+    if split and wgrad is None:
+        raise ValueError(f"schedule {schedule!r} splits the backward: give wgrad, the weight-gradient times")
 
-    def dur(table: Sequence[float] | Sequence[Sequence[float]], i: int, j: int) -> float:
-        v = table[i]
-        return float(v[j]) if isinstance(v, Sequence) else float(v)
+    def duration(op: StageOp, i: int) -> float:
+        j = op.micro_batch
+        if op.kind == "F":
+            return _dur(fwd, i, j) / v
+        w = _dur(wgrad, i, j) if split and wgrad is not None else 0.0
+        return (w if op.kind == "W" else _dur(bwd, i, j) - w) / v
 
-    orders = [stage_order(schedule, s, i, m) for i in range(s)]
+    end: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, micro-batch) -> end
+
+    def ready(op: StageOp, i: int) -> float | None:
+        k = op.chunk * s + i
+        if op.kind == "F":
+            dep = ("F", k - 1, op.micro_batch) if k > 0 else None
+        elif op.kind == "B":
+            dep = ("B", k + 1, op.micro_batch) if k < v * s - 1 else ("F", k, op.micro_batch)
+        else:
+            dep = ("B", k, op.micro_batch)
+        return 0.0 if dep is None else end.get(dep)
+
     pos = [0] * s
     free = [0.0] * s
-    f_end = [[-1.0] * m for _ in range(s)]
-    b_end = [[-1.0] * m for _ in range(s)]
     busy = [0.0] * s
     first = [0.0] * s
     ops: list[list[tuple[str, int, float, float]]] = [[] for _ in range(s)]
@@ -89,27 +105,22 @@ def simulate(fwd: Sequence[float] | Sequence[Sequence[float]], bwd: Sequence[flo
         progressed = False
         for i in range(s):
             while pos[i] < len(orders[i]):
-                kind, j = orders[i][pos[i]]
-                if kind == "F":
-                    ready = 0.0 if i == 0 else f_end[i - 1][j]
-                    d = dur(fwd, i, j)
-                else:
-                    ready = f_end[i][j] if i == s - 1 else b_end[i + 1][j]
-                    d = dur(bwd, i, j)
-                if ready < 0:
+                op = orders[i][pos[i]]
+                at = ready(op, i)
+                if at is None:
                     break
-                start = max(free[i], ready)
-                end = start + d
-                (f_end if kind == "F" else b_end)[i][j] = end
+                d = duration(op, i)
+                start = max(free[i], at)
+                end[op.kind, op.chunk * s + i, op.micro_batch] = start + d
                 if pos[i] == 0:
                     first[i] = start
-                free[i] = end
+                free[i] = start + d
                 busy[i] += d
                 if record:
-                    ops[i].append((kind, j, start, end))
+                    ops[i].append((op.kind, op.micro_batch, start, start + d))
                 pos[i] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
-            raise RuntimeError("schedule deadlocked")  # cannot happen for the orders above
+            raise RuntimeError(f"schedule {schedule!r} deadlocked: its op orders wait on each other")
     return SimResult(makespan=max(free), busy=busy, first_start=first, last_backward_end=list(free), ops=ops)

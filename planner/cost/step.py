@@ -6,7 +6,7 @@ Model of one training step (every term named; parameters in ``CostParams``):
    ``Pipeline.micro_batch_sizes``): ``f[i][j]``, ``b[i][j]`` = compute on the stage's slowest
    device (slowdown applied) + its TP all-reduces (:mod:`planner.cost.stage`) + its blocking p2p
    send to the next (forward) or previous (backward) stage.
-2. The pipeline's schedule (1F1B or GPipe) is evaluated by :func:`planner.cost.simulate.simulate`
+2. The pipeline's schedule (any of :mod:`planner.schedules`) is evaluated by :func:`planner.cost.simulate.simulate`
    (exact for the model; the closed forms of :mod:`planner.cost.schedule` agree within their
    documented conditions): makespan ``T_p`` and when each stage ends its last backward, ``E_{p,i}``.
 3. Gradient sync across pipelines over the finest-common-slice groups
@@ -73,6 +73,7 @@ from planner.cost.stage import StageTime, activation_bytes, boundary_time, stage
 from planner.errors import PlanInfeasible
 from planner.layout import layer_numel, stage_tensors
 from planner.plan import Plan
+from planner.schedules import schedule_named
 from planner.timeline import Lane, Timeline
 from planner.validate import validate
 
@@ -184,9 +185,14 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
                                 if si > 0 else 0.0)
     f = [[times[si, mb].forward_s + send_fwd[si, mb] for mb in sizes] for si in range(n_st)]
     b = [[times[si, mb].backward_s + send_bwd[si, mb] for mb in sizes] for si in range(n_st)]
-    sim = simulate(f, b, len(sizes), pipe.schedule, record=record)
+    # A split backward's W: the weight-gradient GEMMs (dW = X^T dY) have the forward GEMMs' FLOPs,
+    # so W is priced at the forward's compute (the attention core and element-wise work make that
+    # an upper bound); everything else of the backward is B, which the previous stage waits for.
+    w = [[times[si, mb].forward_compute_s for mb in sizes] for si in range(n_st)]
+    sim = simulate(f, b, len(sizes), pipe.schedule, record=record, wgrad=w)
     lanes = [stage_lane(pi, si, sim.ops[si], [times[si, mb].forward_s for mb in sizes],
-                        [times[si, mb].backward_s for mb in sizes]) for si in range(n_st)] if record else []
+                        [times[si, mb].backward_s for mb in sizes], w[si], schedule_named(pipe.schedule).chunks)
+             for si in range(n_st)] if record else []
     stages = []
     for si, st in enumerate(pipe.stages):
         ts = [times[si, mb] for mb in sizes]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from planner.errors import SpecError
 from planner.model import RECOMPUTE_MODES
-from planner.plan import SCHEDULES
+from planner.schedules import TRAINED_SCHEDULES, schedule_named
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class PlannerConfig:
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4)
     recompute: tuple[str, ...] = RECOMPUTE_MODES
     zero: tuple[int, ...] = (0, 1)
-    schedules: tuple[str, ...] = SCHEDULES
+    schedules: tuple[str, ...] = TRAINED_SCHEDULES  # a plan the executor can train (zb-h1 is priced only)
     dtype: str = "bf16"
     compile: bool = False  # the plan's blocks are compiled (PlanOptions.compile): less activation memory
     residual_dtype: str = "fp32"  # the plans' options.residual_dtype (fp32 or dtype), costed as such
@@ -36,6 +36,10 @@ class PlannerConfig:
         for r in self.recompute:
             if r not in RECOMPUTE_MODES:
                 raise SpecError("recompute", f"{r!r} is not one of {list(RECOMPUTE_MODES)}", "none, selective, full")
+        if not self.schedules:
+            raise SpecError("schedules", "need at least one schedule", f"e.g. {TRAINED_SCHEDULES[:1]}")
+        for sc in self.schedules:
+            schedule_named(sc, "schedules")
         if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:
             raise SpecError("micro_batch_sizes", "need positive micro-batch sizes", "e.g. (1, 2, 4)")
         if self.residual_dtype not in ("fp32", self.dtype):

@@ -57,6 +57,9 @@ PLANS: dict[str, Plan] = {
     "tp1-1-2-gpipe": _p([(8, 4, "gpipe", [(1, 3), (1, 2), (2, 3)])]),
     "tp4": _p([(8, 2, "1f1b", [(4, 8)])]),
     "pp4-1f1b": _p([(8, 8, "1f1b", [(1, 2), (1, 2), (1, 2), (1, 2)])]),
+    # fewer micro-batches than stages: stages 0 and 1 turn from their last forward to their first
+    # backward with one fused send/receive (executor.schedules.run_ops), as GPipe's turn above does
+    "pp4-1f1b-fewer-mb-than-stages": _p([(8, 2, "1f1b", [(1, 2), (1, 2), (1, 2), (1, 2)])]),
     "tp2-vs-pp2": _p([(4, 2, "1f1b", [(2, 8)]), (4, 4, "1f1b", [(1, 4), (1, 4)])]),
     "tp2-vs-pp2-zero1": _p([(3, 3, "gpipe", [(2, 8)]), (5, 5, "1f1b", [(1, 6), (1, 2)])], zero=1),
     "three-pipelines-zero1": _p([(3, 3, "1f1b", [(2, 8)]), (3, 1, "gpipe", [(1, 8)]), (2, 2, "1f1b", [(1, 8)])],

@@ -16,7 +16,7 @@ from planner.cost import (
     pipeline_time,
     simulate,
 )
-from planner.cost.simulate import stage_order
+from planner.schedules import schedule_named
 
 times = st.floats(0.01, 5.0)
 
@@ -43,6 +43,11 @@ def test_simulator_two_stages_by_hand() -> None:
     # GPipe on the same: forward flow shop 1+2+1*2 = 5, backward 2+4+1*4 = 10
     assert simulate([1.0, 2.0], [2.0, 4.0], 2, "gpipe").makespan == pytest.approx(15.0)
     assert gpipe_time([1, 2], [2, 4], 2) == pytest.approx(15.0)
+
+
+def stage_order(schedule: str, stages: int, stage: int, m: int) -> list[tuple[str, int]]:
+    """The registry's op order as (kind, micro-batch) pairs."""
+    return [(op.kind, op.micro_batch) for op in schedule_named(schedule).ops(stages, stage, m)]
 
 
 def test_stage_orders() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,19 @@ def test_timeline_adds_up_to_the_estimate(plan_name: str, cluster_name: str) -> 
 def test_merged_intervals() -> None:
     assert merged([(3, 4), (0, 1), (1, 2), (0.5, 1.5), (5, 6)]) == [(0, 2), (3, 4), (5, 6)]
     assert merged([]) == []
+
+
+@pytest.mark.parametrize(("schedule", "ops_per_mb"), [("zb-h1", 2), ("interleaved-1f1b", 2)])
+def test_split_backward_and_chunked_timelines_add_up(schedule: str, ops_per_mb: int) -> None:
+    """ZB-H1 (B and W ops), interleaved 1F1B (two chunks): compute and p2p still add up to the
+    stage's totals; W sends nothing."""
+    plan = load_plan(ROOT / "examples" / "plans" / "seed-32gpu-4types-llama2-7b.json")
+    plan = replace(plan, pipelines=tuple(replace(p, schedule=schedule) for p in plan.pipelines))
+    est = estimate(plan, load_cluster(ROOT / "examples" / "clusters" / "seed-32gpu-4types.yaml"), timeline=True)
+    assert est.timeline is not None
+    for lane in est.timeline.lanes:
+        pipe, se = plan.pipelines[lane.pipeline], est.pipelines[lane.pipeline].stages[lane.stage]
+        assert sorted(s.micro_batch for s in lane.spans if s.kind == "backward") == \
+            sorted(ops_per_mb * list(range(pipe.micro_batches)))  # B and W, or two chunks, of every micro-batch
+        assert lane.busy("forward") + lane.busy("backward") == pytest.approx(se.compute_s + se.tp_comm_s, rel=1e-9)
+        assert lane.busy("p2p") == pytest.approx(se.pp_comm_s, rel=1e-9, abs=1e-15)

@@ -1,0 +1,139 @@
+"""The executor's schedule interpreter (executor.schedules.run_ops) runs the registry's ops, with a
+communication order that no two stages can deadlock on, without processes: a recording runner and
+p2p stand in for the stage module and StageComm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from exec_jobs import TINY, make_plan
+
+from executor.schedules import check_plan_schedules, check_trainable, run_ops
+from planner.errors import SpecError
+from planner.schedules import TRAINED_SCHEDULES, StageOp, schedule_named
+
+# p2p call -> (sends to, receives from): "next" / "prev" stage
+CHANNELS = {"recv_forward": ((), ("prev",)), "send_forward": (("next",), ()), "recv_backward": ((), ("next",)),
+            "send_backward": (("prev",), ()), "send_forward_recv_backward": (("next",), ("next",)),
+            "send_backward_recv_forward": (("prev",), ("prev",))}
+
+
+class Recorder:
+    """Stands in for ``_Runner`` and ``StageComm`` of stage ``index`` of ``stages``."""
+
+    def __init__(self, stages: int, index: int, m: int):
+        self.first, self.last = index == 0, index == stages - 1
+        self.shapes = [(1, 4, 8)] * m
+        self.compute: list[StageOp] = []
+        self.calls: list[str] = []
+
+    def forward(self, j: int, x: Any) -> Any:
+        assert (x is None) == self.first, "a forward gets its input from the previous stage"
+        self.compute.append(StageOp("F", j))
+        return None if self.last else f"y{j}"
+
+    def backward(self, j: int, dy: Any) -> Any:
+        assert (dy is None) == self.last, "a backward gets its output gradient from the next stage"
+        self.compute.append(StageOp("B", j))
+        return None if self.first else f"dx{j}"
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in CHANNELS:
+            raise AttributeError(name)
+        sends, recvs = CHANNELS[name]
+        edge = (self.first and "prev" in sends + recvs) or (self.last and "next" in sends + recvs)
+
+        def call(*args: Any) -> Any:
+            if not edge:  # StageComm does nothing towards a missing neighbour
+                self.calls.append(name)
+            return None if (not recvs or edge) else "t"
+        return call
+
+
+def _run(name: str, stages: int, m: int) -> list[Recorder]:
+    recs = [Recorder(stages, i, m) for i in range(stages)]
+    for i, r in enumerate(recs):
+        run_ops(r, r, schedule_named(name).ops(stages, i, m))  # type: ignore[arg-type]
+    return recs
+
+
+def test_1f1b_communication_by_hand() -> None:
+    """Stage 1 of 3, m=4: Megatron's order (one warm-up forward, three steady rounds, one cool-down)."""
+    mid = _run("1f1b", 3, 4)[1]
+    assert mid.calls == ["recv_forward", "send_forward", "recv_forward",
+                         "send_forward_recv_backward", "send_backward_recv_forward",
+                         "send_forward_recv_backward", "send_backward_recv_forward",
+                         "send_forward_recv_backward", "send_backward", "recv_backward", "send_backward"]
+
+
+def _deadlock_free(recs: list[Recorder]) -> bool:
+    """Rendezvous model (a send completes only when received): each call posts its sends and
+    receives together and returns when all are matched; per direction, messages match in order."""
+    posted = [0] * len(recs)  # index of each stage's current call
+    done: list[set[tuple[str, str]]] = [set() for _ in recs]  # matched parts of the current call
+
+    def parts(i: int) -> set[tuple[str, str]]:
+        if posted[i] >= len(recs[i].calls):
+            return set()
+        sends, recvs = CHANNELS[recs[i].calls[posted[i]]]
+        return {("send", p) for p in sends} | {("recv", p) for p in recvs}
+
+    while any(posted[i] < len(r.calls) for i, r in enumerate(recs)):
+        progressed = False
+        for i in range(len(recs)):
+            for act, peer in parts(i) - done[i]:
+                j = i + 1 if peer == "next" else i - 1
+                other = ("recv" if act == "send" else "send", "prev" if peer == "next" else "next")
+                if other in parts(j) - done[j]:
+                    done[i].add((act, peer))
+                    done[j].add(other)
+                    progressed = True
+        for i in range(len(recs)):
+            if parts(i) and parts(i) == done[i]:
+                posted[i] += 1
+                done[i] = set()
+                progressed = True
+        if not progressed:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("name", TRAINED_SCHEDULES)
+def test_interpreter_runs_the_registry_ops_without_deadlock(name: str) -> None:
+    for stages in range(1, 6):
+        for m in range(1, 8):
+            recs = _run(name, stages, m)
+            for i, r in enumerate(recs):
+                assert r.compute == schedule_named(name).ops(stages, i, m)
+            assert _deadlock_free(recs), (name, stages, m)
+
+
+def test_rendezvous_model_sees_unfused_1f1b_deadlock() -> None:
+    """The checker is not vacuous: 1F1B with every send posted alone deadlocks two stages."""
+    recs = _run("1f1b", 2, 3)
+    for r in recs:
+        r.calls = [c for call in r.calls for c in
+                   {"send_forward_recv_backward": ["send_forward", "recv_backward"],
+                    "send_backward_recv_forward": ["send_backward", "recv_forward"]}.get(call, [call])]
+    assert not _deadlock_free(recs)
+
+
+def test_unknown_schedule_is_refused_by_the_executor() -> None:
+    with pytest.raises(SpecError, match=r"^pipelines\[0\]\.schedule: unknown schedule 'zb'"):
+        check_trainable("zb", 2, 4, "pipelines[0].schedule")
+
+
+def test_priced_schedules_are_refused_in_one_line() -> None:
+    """zb-h1 and interleaved-1f1b are priced by the cost model; the executor splits no backward and
+    runs one layer chunk per stage so far."""
+    with pytest.raises(SpecError) as e:
+        check_trainable("zb-h1", 2, 4, "pipelines[0].schedule")
+    assert str(e.value) == ("pipelines[0].schedule: schedule 'zb-h1' is priced but not trained yet "
+                            "(hint: train with 1f1b, gpipe; 'hexiscale estimate' prices zb-h1)")
+    plan = make_plan(TINY, [(2, 2, "1f1b", [(1, 2), (1, 2)]), (2, 2, "zb-h1", [(1, 4)])])
+    with pytest.raises(SpecError, match=r"^pipelines\[1\]\.schedule: schedule 'zb-h1' is priced"):
+        check_plan_schedules(plan)
+    check_plan_schedules(make_plan(TINY, [(4, 2, "gpipe", [(1, 2), (1, 2)])]))
+    with pytest.raises(SpecError, match=r"^schedule: schedule 'interleaved-1f1b' is priced but not trained yet"):
+        check_trainable("interleaved-1f1b", 2, 3)  # refused before its shape rule is asked

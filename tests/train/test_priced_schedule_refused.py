@@ -1,0 +1,53 @@
+"""A plan whose schedule the cost model prices but the executor does not run yet: ``launch``
+refuses it (a pool's strategies too) before any rank starts, and a lone ``train`` in pre-flight,
+before any step; one line each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hexiscale.cli.main import main
+from planner.plan import Pipeline, Plan, PlanOptions, Stage, load_plan, plan_to_dict, save_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = ROOT / "examples" / "clusters" / "demo-cpu-6.yaml"
+MODEL = load_plan(ROOT / "examples" / "plans" / "demo-cpu-6-tiny.json").model
+
+
+def _plan(schedule: str, devices: int) -> Plan:
+    cut = [MODEL.num_layers * i // devices for i in range(devices + 1)]
+    stages = tuple(Stage((f"a100:{i}",), 1, (cut[i], cut[i + 1])) for i in range(devices))
+    return Plan(MODEL, 4, (Pipeline(4, 2, stages, schedule),), PlanOptions(dtype="fp32"), "demo-cpu-6")
+
+
+def _one_error(capsys: pytest.CaptureFixture[str], field: str, name: str) -> None:
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and f"{field}: schedule '{name}' is priced but not trained yet" in err[0], err
+
+
+def test_train_refuses_zb_h1_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "HEXISCALE_FAULT"):
+        monkeypatch.delenv(key, raising=False)
+    path, log = tmp_path / "zb.json", tmp_path / "m.jsonl"
+    save_plan(_plan("zb-h1", 1), path)
+    assert main(["train", "--plan", str(path), "--cluster", str(CLUSTER), "--device", "cpu", "--steps", "1",
+                 "--log-jsonl", str(log)]) == 1
+    _one_error(capsys, "pipelines[0].schedule", "zb-h1")
+    assert not log.exists() or not log.read_text().strip()
+
+
+def test_launch_refuses_before_any_rank_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "il.json"
+    save_plan(_plan("interleaved-1f1b", 2), path)
+    assert main(["launch", str(path), "--cluster", str(CLUSTER), "--local", "--dry-run"]) == 1
+    _one_error(capsys, "pipelines[0].schedule", "interleaved-1f1b")
+    pool = tmp_path / "pool.json"
+    strategies = [{"name": n, "plan": plan_to_dict(_plan(n, 2))} for n in ("1f1b", "zb-h1")]
+    pool.write_text(json.dumps({"format": "hexiscale.pool/1", "context": MODEL.seq_len, "home": 0,
+                                "strategies": strategies}))
+    assert main(["launch", str(pool), "--cluster", str(CLUSTER), "--local", "--dry-run"]) == 1
+    _one_error(capsys, "strategies[1].plan.pipelines[0].schedule", "zb-h1")
