@@ -17,6 +17,8 @@ What is measured (one GPU; the link sweep over every local GPU):
 * the layer of two more model widths (``WIDTHS``), micro-batches 1 and 2: the GEMM and attention
   shape terms of the roofline are only identifiable across widths, and the roofline is what
   answers for any model other than the profiled one;
+* on CUDA, one layer point eager and ``torch.compile``'d (:mod:`executor.profiler.compiled`): the
+  compiled/eager ratio that prices ``options.compile`` (``compiled_layer_ratio``);
 * the p2p / all-reduce sweep between local GPUs (``link_efficiency`` against the NVLink nominal) and
   the host cost of issuing one TP all-reduce as the executor does (``collective_host_s``).
 
@@ -43,6 +45,7 @@ import torch
 
 from executor import allocator
 from executor.profiler import compute
+from executor.profiler.compiled import compiled_ratio
 from executor.profiler.runner import ProfileConfig, detect_base, machine_meta, run_profile
 from planner.calibration.fit import fit_compute, fit_link_efficiency
 from planner.calibration.holdout import DEFAULT_MAX_MEAN, gate, held_out_compute
@@ -169,6 +172,11 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     if comm and comm.get("tp_issue_s", 0) > 0:  # host cost of one TP collective as the executor issues it
         params = replace(params, collective_host_s=float(comm["tp_issue_s"]))
         fits["collective_host"] = {"measured_s": float(comm["tp_issue_s"]), "world": comm.get("world")}
+    if device.type == "cuda":  # the executor compiles on CUDA only: a CPU calibration leaves it unmeasured
+        comp = compiled_ratio(model, micro_batch=2, dtype=cfg.dtype, device=device, warmup=cfg.warmup,
+                              repeats=cfg.repeats, chain=cfg.layer_chain)
+        params = replace(params, compiled_layer_ratio=comp["ratio"])
+        fits["compile"] = comp
     if context_gib > 0:
         params = replace(params, framework_gib=context_gib)
         fits["framework_gib"] = {"measured_context_gib": context_gib}
@@ -182,7 +190,9 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     save_calibration(cal_path, params, fitted={**res.terms, **({"link_efficiency": params.link_efficiency}
                                                                 if "link" in fits else {}),
                                                **({"collective_host_s": params.collective_host_s}
-                                                  if "collective_host" in fits else {})},
+                                                  if "collective_host" in fits else {}),
+                                               **({"compiled_layer_ratio": params.compiled_layer_ratio}
+                                                  if "compile" in fits else {})},
                      fits=fits, provenance=provenance, applies_to=applies)
     live = sorted({r["tp"] for r in pf.measured.get("layer", []) if r.get("collectives")})
     summary = {"key": key, "profile": str(home / "devices" / out.name),

@@ -41,10 +41,12 @@ class ProfileSet:
 
     def for_options(self, options: PlanOptions) -> ProfileSet:
         """This set as a plan with ``options`` is costed: the residual stream inside the layers in
-        the compute dtype when ``options.residual_dtype`` says so (the same set otherwise)."""
-        flag = options.residual_dtype != "fp32"
-        params = replace(self.params, residual_in_compute_dtype=flag)
-        by_type = {k: replace(v, residual_in_compute_dtype=flag) for k, v in self.by_type.items()}
+        the compute dtype when ``options.residual_dtype`` says so, compiled layers when
+        ``options.compile`` does (the same set otherwise)."""
+        low, compiled = options.residual_dtype != "fp32", options.compile
+        params = replace(self.params, residual_in_compute_dtype=low, layers_compiled=compiled)
+        by_type = {k: replace(v, residual_in_compute_dtype=low, layers_compiled=compiled)
+                   for k, v in self.by_type.items()}
         if params == self.params and by_type == self.by_type:
             return self
         key = (params, tuple(sorted(by_type.items(), key=lambda kv: kv[0])))
