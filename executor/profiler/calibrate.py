@@ -17,6 +17,9 @@ What is measured (one GPU; the link sweep over every local GPU):
 * the layer of two more model widths (``WIDTHS``), micro-batches 1 and 2: the GEMM and attention
   shape terms of the roofline are only identifiable across widths, and the roofline is what
   answers for any model other than the profiled one;
+* the layer on packed rows (documents of mixed length, the executor's packed attention,
+  :mod:`executor.profiler.packed`): the varlen cost ``a·Σs² + b·Σs + c`` is fitted to them
+  (:mod:`planner.calibration.packed`);
 * on CUDA, one layer point eager and ``torch.compile``'d (:mod:`executor.profiler.compiled`): the
   compiled/eager ratio that prices ``options.compile`` (``compiled_layer_ratio``);
 * the p2p / all-reduce sweep between local GPUs (``link_efficiency`` against the NVLink nominal) and
@@ -46,6 +49,7 @@ import torch
 from executor import allocator
 from executor.profiler import compute
 from executor.profiler.compiled import compiled_ratio
+from executor.profiler.packed import measure_packed_layer, packed_rows
 from executor.profiler.runner import ProfileConfig, detect_base, machine_meta, run_profile
 from planner.calibration.fit import fit_compute, fit_link_efficiency
 from planner.calibration.holdout import DEFAULT_MAX_MEAN, gate, held_out_compute
@@ -155,6 +159,9 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     out = staging / "devices" / f"{key}.json"
     pf = run_profile(cfg, out, key=key, base=base.key if base else None, resume=False, progress=progress)
     pf.set("widths", _widths(cfg, device, cpu))
+    rows = packed_rows(model.seq_len, (model.seq_len, 2 * model.seq_len))
+    pf.set("packed", {"tp": 1, "recompute": "none", "rows": measure_packed_layer(
+        model, rows, dtype=cfg.dtype, device=device, warmup=cfg.warmup, repeats=cfg.repeats, chain=cfg.layer_chain)})
     entry = parse_device_entry(json.loads(out.read_text()), str(out))
     start, started_from = _start_params(key)
     res = fit_compute(entry, start)
