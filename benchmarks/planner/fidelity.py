@@ -1,14 +1,15 @@
-"""Cost-model fidelity on the user's own host, in one command (issue 32): calibrate, then 19 plans —
+"""Cost-model fidelity on the user's own host, in one command (issue 32): calibrate, then 18 plans —
 the planner's and uniform DP / PP / TP, llama-1.3b to llama2-13b, MPS shares, compiled, packed — each
 estimated as ``hexiscale estimate`` would on this host, then measured (median of steps 3-8), and the
 table of predicted against measured with the errors, mean and worst.
 
-    python -m benchmarks.planner.fidelity                         # 4 GPUs: about 8-9 min on 4x H100
-    python -m benchmarks.planner.fidelity --calibration FILE      # reuse a calibration (saves ~1 min)
+    python -m benchmarks.planner.fidelity                         # 4 GPUs: about 9 min on 4x H100
+    python -m benchmarks.planner.fidelity --calibration FILE      # reuse a calibration (saves 1-1.5 min)
     python -m benchmarks.planner.fidelity --quick                 # CPU smoke: tiny models, gloo, seconds
 
-Expected time on 4x H100: ``hexiscale calibrate`` ~1 min, the planner's 4 searches <= 40 s, 12 plans
-at full SMs ~4 min, 7 under MPS ~3 min (13B plans ~40 s each; the rest ~20 s). The plans and why:
+Expected time on 4x H100: ``hexiscale calibrate`` 1-1.5 min (with its compiled layer), the planner's 4
+searches <= 40 s, 11 plans at full SMs ~4.5 min (the compiled one ~1 min: its warm-up compiles), 7 under
+MPS ~3 min (13B plans ~40 s each; the rest ~20 s). Over 10 min: split with ``--plans``. The plans and why:
 :mod:`benchmarks.planner.fidelity_plans`; packed rows: :mod:`benchmarks.planner.fidelity_packed`.
 The run itself comes from ``benchmarks/fidelity/worker.py`` (one process per GPU, SM share set before
 its CUDA context); memory is compared per process as in ``benchmarks.fidelity.host4``.
@@ -219,8 +220,9 @@ def _pct(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Expected time: about 8-9 minutes "
-                                 "on 4x H100 (calibration ~1 min, 19 plans ~7 min); --quick: under a minute on CPU.")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Expected time: about 9 minutes "
+                                 "on 4x H100 (calibration 1-1.5 min, 18 plans ~7.5 min); --quick: a few minutes on "
+                                 "CPU, its test runs two plans.")
     ap.add_argument("--out", default=str(RESULTS), help="folder for the JSON (default benchmarks/results)")
     ap.add_argument("--calibration", help="a calibration file written by 'hexiscale calibrate' "
                     "(HOME/calibration/<key>.json; its HOME/devices entry comes with it): skip calibrating")
