@@ -40,7 +40,7 @@ import platform
 import shutil
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ from executor.profiler.runner import ProfileConfig, detect_base, machine_meta, r
 from planner.calibration.fit import fit_compute, fit_link_efficiency
 from planner.calibration.holdout import DEFAULT_MAX_MEAN, gate, held_out_compute
 from planner.calibration.local import calibrations
+from planner.calibration.packed import packed_fit
 from planner.calibration.store import load_params, save_calibration
 from planner.catalog import default_catalog, parse_device_entry
 from planner.cost.params import DEFAULT_PARAMS, CostParams
@@ -165,12 +166,15 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     entry = parse_device_entry(json.loads(out.read_text()), str(out))
     start, started_from = _start_params(key)
     res = fit_compute(entry, start)
+    packed = packed_fit(entry, model, cfg.dtype)
     held = held_out_compute(entry, start)
     refused = gate(held, max_held_out)
     params = res.params
     gated = {**held.to_dict(), "limit_mean_abs_rel": max_held_out, "forced": force and refused is not None}
     fits: dict[str, Any] = {"compute": {**res.to_dict(), "held_out": gated, "device": key,
                                         "widths": [w["model"]["name"] for w in pf.measured["widths"]]}}
+    if packed is not None:  # what the varlen cost will be priced from (planner.varlen.seq_cost)
+        fits["packed"] = asdict(packed)
     comm = pf.measured.get("comm")
     if comm and comm.get("fit"):
         link = fit_link_efficiency(comm, NVLINK_NOMINAL_GBPS)

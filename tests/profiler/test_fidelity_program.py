@@ -68,7 +68,7 @@ def test_quick_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
                      applies_to=["h100-sxm-measured"])
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, "-m", "benchmarks.planner.fidelity", "--quick", "--out", str(out),
-                          "--calibration", str(cal), "--plans", "planner-1.3b-gb32,packed-1.3b-dp4"],
+                          "--calibration", str(cal), "--plans", "planner-1.3b-gb32,packed-1.3b-dp4", "--warmup", "0"],
                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
