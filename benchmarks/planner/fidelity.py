@@ -207,12 +207,18 @@ def run(args: argparse.Namespace) -> Path:
     print(table(rows), flush=True)
     print(f"packed rows: worst |error| {_pct(stats['packed_max_abs'])}; total {meta['wall_s']:.0f} s", flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    device = "cpu" if args.quick else str(meta["gpu"]).split()[-1].lower().replace("/", "-")
+    device = "cpu" if args.quick else f"{gpu_label(str(meta['gpu']))}x{meta['gpus']}"
     path = out / f"fidelity_{device}_{now.strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps({"benchmark": "planner.fidelity", "meta": meta, "summary": stats, "rows": rows,
                                 "runs": runs}, indent=1, default=float) + "\n")
     print(f"wrote {path}", flush=True)
     return path
+
+
+def gpu_label(name: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``h100``: the first word with a digit after the vendor."""
+    words = [w.lower() for w in name.replace("-", " ").split() if w.lower() not in ("nvidia", "tesla", "geforce")]
+    return next((w for w in words if any(c.isdigit() for c in w)), "gpu")
 
 
 def _pct(x: float | None) -> str:

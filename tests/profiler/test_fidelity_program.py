@@ -81,3 +81,10 @@ def test_quick_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert data["summary"]["time_max_abs"] == max(abs(r["time_err"]) for r in rows.values())
     assert data["meta"]["date"] and data["meta"]["torch"] and data["meta"]["calibration_file"]
     assert "mean |error|" in run.stdout
+
+
+def test_the_result_file_names_the_gpu() -> None:
+    from benchmarks.planner.fidelity import gpu_label
+
+    assert [gpu_label(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB")] == [
+        "h100", "h200", "a100"]
