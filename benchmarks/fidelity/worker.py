@@ -53,8 +53,25 @@ def _reserved(device: torch.device) -> float:
     return torch.cuda.memory_reserved(device) / GIB if device.type == "cuda" else 0.0
 
 
+def _packed_step(engine: Any, plan: Any, packed: list[list[list[int]]], gen: torch.Generator,
+                 device: torch.device) -> Any:
+    """One step on packed micro-batches: ``packed[p][j]`` lists the document lengths (labels) of
+    micro-batch ``j`` of pipeline ``p``, each document random tokens of that length + 1."""
+    from executor.packed_batch import pack_documents
+
+    mine = packed[engine.stage.pipeline]
+    micro = []
+    for p, pipe in enumerate(packed):
+        for lengths in pipe:
+            docs = [torch.randint(0, plan.model.vocab_size, (n + 1,), generator=gen) for n in lengths]
+            if p == engine.stage.pipeline:
+                micro.append(pack_documents(docs, device))
+    assert len(micro) == len(mine)
+    return engine.train_micro_batches(micro, sum(n for pipe in packed for mb in pipe for n in mb))
+
+
 def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_dir: str, index: int,
-              warmup: int, steps: int) -> dict[str, Any] | None:
+              warmup: int, steps: int, packed: list[list[list[int]]] | None = None) -> dict[str, Any] | None:
     from executor.engine import Engine
     from executor.groups import ProcessGroups
     from executor.optim import OptimConfig
@@ -86,19 +103,24 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
                                   - (_reserved(device) - reserved0))
         engine = Engine(plan, topo, groups, device=device, optim=OptimConfig(warmup_steps=1, total_steps=1000),
                         seed=0)
+        if plan.options.compile:  # as training does (executor.elastic_train); a CPU run stays eager
+            from executor.fast_path import compile_blocks
+
+            rec["compiled_blocks"] = compile_blocks(engine.module)
         pipe_idx = engine.stage.pipeline
         offset = sum(p.batch_size for p in plan.pipelines[:pipe_idx])
         gen = torch.Generator().manual_seed(1234)
         seq = plan.model.seq_len
         times: list[float] = []
         for step in range(warmup + steps):
-            tokens = torch.randint(0, plan.model.vocab_size, (plan.global_batch_size, seq + 1), generator=gen)
-            rows = tokens[offset:offset + plan.pipelines[pipe_idx].batch_size]
+            if packed is None:
+                tokens = torch.randint(0, plan.model.vocab_size, (plan.global_batch_size, seq + 1), generator=gen)
+                rows = tokens[offset:offset + plan.pipelines[pipe_idx].batch_size]
             dist.barrier()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            stats = engine.train_step(rows)
+            stats = engine.train_step(rows) if packed is None else _packed_step(engine, plan, packed, gen, device)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             dt = time.perf_counter() - t0
@@ -141,7 +163,7 @@ def _worker(gpu: int, sm: list[int], plans: list[dict[str, Any]], cpu: bool, sto
     results = []
     context_gib = _device_in_use(device)
     for i, entry in enumerate(plans):
-        rec = _run_plan(entry["plan"], gpu, device, store_dir, i, warmup, steps)
+        rec = _run_plan(entry["plan"], gpu, device, store_dir, i, warmup, steps, entry.get("packed"))
         if rec is not None:
             rec["name"] = entry["name"]
             results.append(rec)
@@ -153,7 +175,9 @@ def _worker(gpu: int, sm: list[int], plans: list[dict[str, Any]], cpu: bool, sto
 
 def run_launch(plans: list[dict[str, Any]], sm: list[int], *, cpu: bool, warmup: int = 3,
                steps: int = 6) -> dict[str, Any]:
-    """Run ``plans`` (``[{"name", "plan": plan-dict}]``) with one process per GPU; merged results per plan."""
+    """Run ``plans`` (``[{"name", "plan": plan-dict, "packed"?}]``) with one process per GPU; merged results
+    per plan. ``packed`` (optional): per pipeline, per micro-batch, the document lengths of one packed
+    row (the executor's packed attention) instead of the plan's rows of ``seq_len`` tokens."""
     with tempfile.TemporaryDirectory() as store_dir, tempfile.TemporaryDirectory() as out_dir:
         spawn(_worker, len(sm), (sm, plans, cpu, store_dir, out_dir, warmup, steps))
         per_gpu = [json.loads(Path(out_dir, f"gpu{k}.json").read_text()) for k in range(len(sm))]

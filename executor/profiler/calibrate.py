@@ -17,6 +17,11 @@ What is measured (one GPU; the link sweep over every local GPU):
 * the layer of two more model widths (``WIDTHS``), micro-batches 1 and 2: the GEMM and attention
   shape terms of the roofline are only identifiable across widths, and the roofline is what
   answers for any model other than the profiled one;
+* the layer on packed rows (documents of mixed length, the executor's packed attention,
+  :mod:`executor.profiler.packed`): the varlen cost ``a·Σs² + b·Σs + c`` is fitted to them
+  (:mod:`planner.calibration.packed`);
+* on CUDA, one layer point eager and ``torch.compile``'d (:mod:`executor.profiler.compiled`): the
+  compiled/eager ratio that prices ``options.compile`` (``compiled_layer_ratio``);
 * the p2p / all-reduce sweep between local GPUs (``link_efficiency`` against the NVLink nominal) and
   the host cost of issuing one TP all-reduce as the executor does (``collective_host_s``).
 
@@ -35,7 +40,7 @@ import platform
 import shutil
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +48,13 @@ import torch
 
 from executor import allocator
 from executor.profiler import compute
+from executor.profiler.compiled import compiled_ratio
+from executor.profiler.packed import measure_packed_layer, packed_rows
 from executor.profiler.runner import ProfileConfig, detect_base, machine_meta, run_profile
 from planner.calibration.fit import fit_compute, fit_link_efficiency
 from planner.calibration.holdout import DEFAULT_MAX_MEAN, gate, held_out_compute
 from planner.calibration.local import calibrations
+from planner.calibration.packed import packed_fit
 from planner.calibration.store import load_params, save_calibration
 from planner.catalog import default_catalog, parse_device_entry
 from planner.cost.params import DEFAULT_PARAMS, CostParams
@@ -152,15 +160,21 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     out = staging / "devices" / f"{key}.json"
     pf = run_profile(cfg, out, key=key, base=base.key if base else None, resume=False, progress=progress)
     pf.set("widths", _widths(cfg, device, cpu))
+    rows = packed_rows(model.seq_len, (model.seq_len, 2 * model.seq_len))
+    pf.set("packed", {"tp": 1, "recompute": "none", "rows": measure_packed_layer(
+        model, rows, dtype=cfg.dtype, device=device, warmup=cfg.warmup, repeats=cfg.repeats, chain=cfg.layer_chain)})
     entry = parse_device_entry(json.loads(out.read_text()), str(out))
     start, started_from = _start_params(key)
     res = fit_compute(entry, start)
+    packed = packed_fit(entry, model, cfg.dtype)
     held = held_out_compute(entry, start)
     refused = gate(held, max_held_out)
     params = res.params
     gated = {**held.to_dict(), "limit_mean_abs_rel": max_held_out, "forced": force and refused is not None}
     fits: dict[str, Any] = {"compute": {**res.to_dict(), "held_out": gated, "device": key,
                                         "widths": [w["model"]["name"] for w in pf.measured["widths"]]}}
+    if packed is not None:  # what the varlen cost will be priced from (planner.varlen.seq_cost)
+        fits["packed"] = asdict(packed)
     comm = pf.measured.get("comm")
     if comm and comm.get("fit"):
         link = fit_link_efficiency(comm, NVLINK_NOMINAL_GBPS)
@@ -169,6 +183,11 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     if comm and comm.get("tp_issue_s", 0) > 0:  # host cost of one TP collective as the executor issues it
         params = replace(params, collective_host_s=float(comm["tp_issue_s"]))
         fits["collective_host"] = {"measured_s": float(comm["tp_issue_s"]), "world": comm.get("world")}
+    if device.type == "cuda":  # the executor compiles on CUDA only: a CPU calibration leaves it unmeasured
+        comp = compiled_ratio(model, micro_batch=2, dtype=cfg.dtype, device=device, warmup=cfg.warmup,
+                              repeats=cfg.repeats, chain=cfg.layer_chain)
+        params = replace(params, compiled_layer_ratio=comp["ratio"])
+        fits["compile"] = comp
     if context_gib > 0:
         params = replace(params, framework_gib=context_gib)
         fits["framework_gib"] = {"measured_context_gib": context_gib}
@@ -182,7 +201,9 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     save_calibration(cal_path, params, fitted={**res.terms, **({"link_efficiency": params.link_efficiency}
                                                                 if "link" in fits else {}),
                                                **({"collective_host_s": params.collective_host_s}
-                                                  if "collective_host" in fits else {})},
+                                                  if "collective_host" in fits else {}),
+                                               **({"compiled_layer_ratio": params.compiled_layer_ratio}
+                                                  if "compile" in fits else {})},
                      fits=fits, provenance=provenance, applies_to=applies)
     live = sorted({r["tp"] for r in pf.measured.get("layer", []) if r.get("collectives")})
     summary = {"key": key, "profile": str(home / "devices" / out.name),

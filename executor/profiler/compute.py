@@ -115,9 +115,10 @@ def _measure_fwd_bwd(fwd_fn: Callable[[], torch.Tensor], params: list[torch.Tens
 
 
 def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, recompute: str, dtype: str,
-                  device: torch.device, warmup: int, repeats: int, chain: int = 1, group: Any = None
-                  ) -> dict[str, Any]:
-    """One transformer layer (``Block``) on a TP-``tp`` shard, one micro-batch.
+                  device: torch.device, warmup: int, repeats: int, chain: int = 1, group: Any = None,
+                  compiled: bool = False) -> dict[str, Any]:
+    """One transformer layer (``Block``) on a TP-``tp`` shard, one micro-batch (``compiled``: the block
+    ``torch.compile``'d as :func:`executor.fast_path.compile_blocks` does; the warm-up compiles it).
 
     ``group`` (a TP process group of ``tp`` ranks, every rank calling this with the same arguments):
     the shard runs with its real all-reduces, and every repetition starts with a one-element
@@ -134,6 +135,8 @@ def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, 
     :mod:`planner.cost.measured` undoes that with the row's ``chain``."""
     spec = replace(model, seq_len=max(model.seq_len, seq_len))
     block = prepare(Block(spec, tp=tp, group=group, recompute=recompute, device=None), dtype, device)
+    if compiled:
+        block.compile(dynamic=False)
     cos, sin = _rope(spec, seq_len, device)
     x = torch.randn(micro_batch, seq_len, model.hidden_size, device=device, requires_grad=True)  # fp32 residual
     # the ranks start each repetition together (on the device too: the all-reduce precedes mark 0)

@@ -61,6 +61,13 @@ def run(args: argparse.Namespace) -> int:
         link = summary["fits"]["link"]
         print(f"links: {link['measured_bandwidth_GBps']:.0f} GB/s measured, efficiency {link['link_efficiency']:.2f} "
               f"of {link['nominal_GBps']:.0f} GB/s nominal")
+    if "packed" in summary["fits"]:
+        pk = summary["fits"]["packed"]
+        print(f"packed rows: {pk['rows']} timed; the varlen cost a*sum(s^2) + b*sum(s) + c fits them within "
+              f"{pk['fit_error'] * 100:.1f} %")
+    if "compile" in summary["fits"]:
+        print(f"compiled layers: {summary['fits']['compile']['ratio']:.3f} x their eager time (priced for plans "
+              "with options.compile)")
     if summary["live_tps"]:
         print(f"TP layers timed live (with their all-reduces) at tp {', '.join(map(str, summary['live_tps']))}: "
               f"the cost model prices those TP degrees from them")

@@ -207,6 +207,8 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
         spec = sorted(g for g, s in est.sources.items() if s == "spec")
         console.print(styled((f"profiles: spec-derived (datasheet roofline, not measured) for {', '.join(spec)}",
                               "dim")))
+    for note in est.notes:
+        console.print(f"note: {note}", highlight=False)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -288,7 +288,10 @@ class MeasuredProfile(DeviceProfile):
 
     source = "measured"
 
-    def __init__(self, device: DeviceType, params: CostParams = DEFAULT_PARAMS):
+    def __init__(self, device: DeviceType, params: CostParams = DEFAULT_PARAMS, memory: MeasuredProfile | None = None):
+        """``memory``: the profile whose activation bytes this one reports (an MPS share's full-SM
+        twin measured by a newer executor: :meth:`planner.cost.profile_set.ProfileSet.memory_twin`)."""
+        self.memory = memory
         # the tables describe the executor that measured them: profiles from before the fused
         # RMSNorm (no meta.fused_rms_norm) saved the norms' fp32 outputs, and the formula that
         # scales their activation rows to other shapes must count them too
@@ -394,6 +397,8 @@ class MeasuredProfile(DeviceProfile):
 
     def activation_bytes(self, kind: str, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
                          recompute: str = "none", seq_len: int | None = None) -> float | None:
+        if self.memory is not None:  # the SM share changes time, not what a layer keeps
+            return self.memory.activation_bytes(kind, model, micro_batch, tp, dtype, recompute, seq_len)
         seq = seq_len or model.seq_len
         if kind not in ("layer", "head") or not self.covers(kind, model, dtype):
             return None

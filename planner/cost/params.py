@@ -42,6 +42,15 @@ class CostParams:
     # (50 modelled kernels) and >= ~1.7 ms backward (85 kernels) whatever the micro-batch.
     host_overhead_s: float = 3.5e-5
     host_overhead_backward_s: float = 2e-5
+    # A torch.compile'd transformer layer's time (forward + backward) over the eager one on this GPU
+    # type: fewer kernels (fused elementwise ops) and no per-op Python launch cost. Measured by
+    # ``hexiscale calibrate`` on CUDA (the same layer and point timed eager and compiled,
+    # executor/profiler/calibrate.py); 0 = not measured: a plan with ``options.compile`` is then
+    # priced as eager for time (its memory as compiled) and the estimate says so in its notes.
+    compiled_layer_ratio: float = 0.0
+    # The plan's ``options.compile``: layer times are scaled by ``compiled_layer_ratio`` where it is
+    # measured. A plan option, not a fitted term (set by ProfileSet.for_options, like the residual's).
+    layers_compiled: bool = False
 
     # ------------------------------------------------------------------ communication (links.py)
     # Fraction of a link's nominal bandwidth a collective or p2p achieves (protocol overhead).

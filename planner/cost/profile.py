@@ -112,7 +112,11 @@ class DeviceProfile(ABC):
         hit = self._cache.get(key)
         if hit is None:
             _check(dtype, recompute, micro_batch, tp)
-            hit = self._cache[key] = self._layer(model, micro_batch, tp, dtype, recompute, seq_len or model.seq_len)
+            hit = self._layer(model, micro_batch, tp, dtype, recompute, seq_len or model.seq_len)
+            r = self.params.compiled_layer_ratio
+            if self.params.layers_compiled and r > 0:  # options.compile, priced from the measured ratio
+                hit = PassTime(hit.forward_s * r, hit.backward_s * r)
+            self._cache[key] = hit
         return hit
 
     def layer_holds_collectives(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",

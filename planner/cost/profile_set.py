@@ -41,10 +41,12 @@ class ProfileSet:
 
     def for_options(self, options: PlanOptions) -> ProfileSet:
         """This set as a plan with ``options`` is costed: the residual stream inside the layers in
-        the compute dtype when ``options.residual_dtype`` says so (the same set otherwise)."""
-        flag = options.residual_dtype != "fp32"
-        params = replace(self.params, residual_in_compute_dtype=flag)
-        by_type = {k: replace(v, residual_in_compute_dtype=flag) for k, v in self.by_type.items()}
+        the compute dtype when ``options.residual_dtype`` says so, compiled layers when
+        ``options.compile`` does (the same set otherwise)."""
+        low, compiled = options.residual_dtype != "fp32", options.compile
+        params = replace(self.params, residual_in_compute_dtype=low, layers_compiled=compiled)
+        by_type = {k: replace(v, residual_in_compute_dtype=low, layers_compiled=compiled)
+                   for k, v in self.by_type.items()}
         if params == self.params and by_type == self.by_type:
             return self
         key = (params, tuple(sorted(by_type.items(), key=lambda kv: kv[0])))
@@ -101,6 +103,20 @@ class ProfileSet:
                 return twin
         return None
 
+    def memory_twin(self, device: DeviceType) -> DeviceType | None:
+        """For an MPS share (``sm_percent`` < 100) measured before the fused RMSNorm (no
+        ``meta.fused_rms_norm``): the newest full-SM measured entry of the same ``base`` that was
+        measured with it — this host's ``hexiscale calibrate`` entry when there is one — whose
+        activation bytes price the share's memory. A layer keeps the same tensors whatever share of
+        the SMs runs it; the shipped share profiles count the norms' fp32 outputs the executor no
+        longer saves (4x H200, 2026-11-26: MPS devices over-predicted 5-12 % where the full-SM GPUs
+        of the same plans were within 1 %), which refused micro-batches that fit. None otherwise."""
+        if device.sm_percent in (None, 100.0) or device.base is None or _fused(device):
+            return None
+        twins = [e for e in self.catalog.entries if e.measured and e.base == device.base
+                 and e.sm_percent in (None, 100.0) and _fused(e)]
+        return max(twins, key=lambda e: str(((e.measured or {}).get("meta") or {}).get("date", "")), default=None)
+
     def get(self, gpu: str) -> DeviceProfile:
         """Profile of a device type (catalog key or alias)."""
         prof = self._profiles.get(gpu)
@@ -109,8 +125,14 @@ class ProfileSet:
             measured = self._measured_entry(device)
             params = self.params_for(gpu)
             if measured is not None:
-                prof = MeasuredProfile(measured, params)
+                twin = self.memory_twin(measured)
+                prof = MeasuredProfile(measured, params, MeasuredProfile(twin, params) if twin else None)
             else:
                 prof = SpecProfile(device, params)
             self._profiles[gpu] = self._profiles[device.key] = prof
         return prof
+
+
+def _fused(device: DeviceType) -> bool:
+    """Whether ``device``'s tables were measured with the fused RMSNorm (its ``meta`` says so)."""
+    return ((device.measured or {}).get("meta") or {}).get("fused_rms_norm") is True

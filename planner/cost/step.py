@@ -55,6 +55,7 @@ from typing import Any
 
 from planner.cluster import ClusterSpec
 from planner.cost.communicators import communicators
+from planner.cost.compiled import compile_notes
 from planner.cost.gradsync import sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
 from planner.cost.memory import (
@@ -117,6 +118,7 @@ class Estimate:
     sources: dict[str, str] = field(default_factory=dict)
     calibration: dict[str, str] = field(default_factory=dict)  # GPU type -> where its cost terms come from
     timeline: Timeline | None = None  # estimate(..., timeline=True): the simulated step
+    notes: list[str] = field(default_factory=list)  # what the user should know of how it was priced
 
     @property
     def memory_gib(self) -> dict[str, float]:
@@ -157,6 +159,7 @@ class Estimate:
                           for p in self.pipelines],
             "profile_sources": self.sources,
             "calibration": self.calibration,
+            **({"notes": list(self.notes)} if self.notes else {}),
         }
 
 
@@ -369,4 +372,4 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     return Estimate(step_time_s=step, tokens_per_s=tps, mfu=tps * m.model_flops_per_token() / peak,
                     hfu=tps * m.hardware_flops_per_token(o.recompute) / peak, breakdown=breakdown, memory=memory,
                     capacity_gib=capacity, oom=oom, bottleneck=bottleneck, pipelines=pipes, sources=sources,
-                    calibration=calibration, timeline=steps)
+                    calibration=calibration, timeline=steps, notes=compile_notes(plan, cluster, profiles))

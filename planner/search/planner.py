@@ -122,7 +122,7 @@ class Search:
         self.config = config
         # costed with the residual dtype the plans will carry (planner.search.candidate.to_plan)
         self.profiles = (profiles or ProfileSet(cluster.catalog)).for_options(
-            PlanOptions(dtype=config.dtype, residual_dtype=config.residual_dtype))
+            PlanOptions(dtype=config.dtype, residual_dtype=config.residual_dtype, compile=config.compile))
         self.oracle = Oracle(cluster, model, self.profiles)
         self.fast = fast_cluster(cluster)  # same links, faster group queries (for the full estimate)
         self.clock = clock

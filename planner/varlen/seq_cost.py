@@ -30,12 +30,11 @@ equal micro-batches it is :func:`planner.cost.schedule.one_f_one_b_time`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from planner.cluster import ClusterSpec
+from planner.calibration.packed import fit_abc, packed_fit
+from planner.cluster import ClusterSpec, Device
 from planner.cost import ProfileSet, activation_bytes, boundary_time, stage_memory, stage_time
 from planner.cost.memory import GIB
 from planner.model import ModelSpec
@@ -52,6 +51,7 @@ class SeqCost:
     b: float
     c: float
     fit_error: float = 0.0
+    packed_measured: bool = False  # the layers priced from this host's packed rows (planner.calibration.packed)
 
     def sequence_s(self, s: float) -> float:
         """One sequence of ``s`` tokens, without the per-micro-batch constant."""
@@ -61,19 +61,10 @@ class SeqCost:
         return self.a * sum(x * x for x in lengths) + self.b * sum(lengths) + self.c
 
 
-def fit_seq_cost(lengths: Sequence[int], seconds: Sequence[float]) -> SeqCost:
+def fit_seq_cost(lengths: Sequence[int], seconds: Sequence[float], measured: bool = False) -> SeqCost:
     """Non-negative ``(a, b, c)`` minimising the relative squared error over the samples."""
-    from scipy.optimize import nnls  # imported here: scipy.optimize costs every rank process ~0.4 s
-
-    s = np.asarray(lengths, float)
-    t = np.asarray(seconds, float)
-    rows = np.stack([s * s, s, np.ones_like(s)], axis=1) / t[:, None]
-    scale = rows.max(axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(rows / scale, np.ones_like(s))
-    a, b, c = (float(x) for x in coef / scale)
-    err = float(np.max(np.abs((a * s * s + b * s + c) / t - 1.0)))
-    return SeqCost(a, b, c, err)
+    a, b, c, err = fit_abc([x * x for x in lengths], list(lengths), seconds)
+    return SeqCost(a, b, c, err, measured)
 
 
 def fit_grid(context: int, points: int = 12) -> list[int]:
@@ -89,6 +80,7 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, 
     devs = [cluster.device(d) for d in st.devices]
     times = []
     grid = fit_grid(context)
+    measured = _packed_layers(model, devs, profiles, tp=st.tp, dtype=dtype, recompute=recompute)
     for s in grid:
         tt = stage_time(model, layers=st.num_layers, first=si == 0, last=si == n - 1, micro_batch=1, tp=st.tp,
                         devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
@@ -100,8 +92,30 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, 
             p2p += boundary_time(nbytes, st.devices, pipe.stages[si + 1].devices, cluster, profiles.params)
         if si > 0:
             p2p += boundary_time(nbytes, st.devices, pipe.stages[si - 1].devices, cluster, profiles.params)
-        times.append(tt.forward_s + tt.backward_s + p2p)
-    return fit_seq_cost(grid, times)
+        extra = st.num_layers * measured(s) if measured is not None else 0.0
+        times.append(tt.forward_s + tt.backward_s + p2p + extra)
+    return fit_seq_cost(grid, times, measured is not None)
+
+
+def _packed_layers(model: ModelSpec, devs: Sequence[Device], profiles: ProfileSet, *, tp: int, dtype: str,
+                   recompute: str) -> Callable[[int], float] | None:
+    """Where the stage's slowest GPU type has measured packed rows for ``model``'s layer
+    (:func:`planner.calibration.packed.packed_fit`): ``s`` -> what one layer of one ``s``-token
+    document costs beyond the profile's figure, ``(F(s) · L_tp(s) / L_1(s) - L_tp(s)) · slowdown``
+    (``F`` the packed fit at TP 1, ``L`` the profile's layer at this TP degree and recompute mode
+    and at TP 1 without: the measurement sets the level, the roofline carries it). None otherwise."""
+    slowest = max(devs, key=lambda d: d.slowdown / profiles.get(d.gpu).device.peak(dtype))
+    prof = profiles.get(slowest.gpu)
+    fit = packed_fit(prof.device, model, dtype)
+    if fit is None:
+        return None
+
+    def extra(s: int) -> float:
+        here = prof.layer_time(model, 1, tp, dtype, recompute, s).total_s
+        base = prof.layer_time(model, 1, 1, dtype, "none", s).total_s
+        return (fit.seconds([s]) * here / base - here) * slowest.slowdown
+
+    return extra
 
 
 def stage_token_cap(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, *, in_flight: int, dtype: str,

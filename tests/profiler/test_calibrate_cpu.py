@@ -38,6 +38,9 @@ def test_calibrate_then_plan_and_estimate_use_it(tmp_path: Path) -> None:
     entry = json.loads((home / "devices" / "cpu-measured.json").read_text())
     cal = json.loads((home / "calibration" / "cpu-measured.json").read_text())
     assert {r["tp"] for r in entry["measured"]["layer"]} == {1, 2} and len(entry["measured"]["widths"]) == 2
+    # packed rows (issue 32): the varlen cost is fitted to them; a CPU run leaves compile unmeasured
+    assert len(entry["measured"]["packed"]["rows"]) == cal["fits"]["packed"]["rows"] >= 4
+    assert "packed rows:" in run.stdout and "compile" not in cal["fits"]
     assert cal["applies_to"] == ["cpu-measured"] and cal["format"] == "hexiscale.calibration/1"
     prov = cal["provenance"]
     assert prov["host_fingerprint"] and prov["torch"] and prov["date"] and prov["gpu_name"].startswith("cpu")

@@ -1,0 +1,33 @@
+"""The compiled/eager time ratio of one transformer layer on this GPU (``hexiscale calibrate``): the
+cost model prices a plan with ``options.compile`` from it (``CostParams.compiled_layer_ratio``,
+:mod:`planner.cost.compiled`). The layer is timed at one point — ``micro_batch`` sequences of the
+model's length, TP 1, no recompute, chained as inside a stage — eager and compiled, in that order;
+the compiled warm-up holds the compilation. Peak memory of both passes is kept beside the ratio."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from executor.profiler import compute
+from planner.model import ModelSpec
+
+MIN_WARMUP = 2  # the first compiled call compiles, the second may still specialise
+
+
+def compiled_ratio(model: ModelSpec, *, micro_batch: int, dtype: str, device: torch.device, warmup: int,
+                   repeats: int, chain: int = 1) -> dict[str, Any]:
+    """``{"ratio": compiled / eager (forward + backward), "eager": row, "compiled": row, point...}``."""
+    rows = {}
+    for mode in ("eager", "compiled"):
+        rows[mode] = compute.measure_layer(model, micro_batch=micro_batch, seq_len=model.seq_len, tp=1,
+                                           recompute="none", dtype=dtype, device=device,
+                                           warmup=max(warmup, MIN_WARMUP), repeats=repeats, chain=chain,
+                                           compiled=mode == "compiled")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    eager, comp = rows["eager"], rows["compiled"]
+    ratio = (comp["forward_s"] + comp["backward_s"]) / (eager["forward_s"] + eager["backward_s"])
+    return {"ratio": ratio, "micro_batch": micro_batch, "seq_len": model.seq_len, "tp": 1, "model": model.name,
+            "eager": eager, "compiled": comp}

@@ -1,0 +1,72 @@
+"""Packed micro-batches timed on this host (``hexiscale calibrate``): one transformer layer on one row
+of documents of mixed length — the executor's packed attention (:mod:`executor.packed_docs`: positions
+restart and attention stays inside each document) — so the varlen cost ``a·Σs² + b·Σs + c`` is fitted
+to the path it prices (:mod:`planner.calibration.packed`), not carried from full-length rows.
+
+Rows (``measured.packed`` of the device entry): ``{"lengths": [s_d...], "forward_s", "backward_s",
+"peak_bytes"?}`` per layer (chained as inside a stage, divided by the chain), for the profiled model
+at TP 1, no recompute. :func:`packed_rows` picks the documents: per total token count, from full-length
+documents to many short ones, so ``a``, ``b`` and ``c`` are all identifiable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from executor.packed_docs import DocSpans
+from executor.profiler import compute
+from planner.model import ModelSpec
+
+SPLITS = (1, 2, 4, 8)  # documents per row, each row holding the same tokens
+
+
+def packed_rows(seq_len: int, rows_tokens: tuple[int, ...]) -> list[list[int]]:
+    """Document lengths per row: each total ``T`` of ``rows_tokens`` cut into documents of
+    ``seq_len / k`` tokens for ``k`` in :data:`SPLITS` (the same tokens, ``Σs²`` falling with ``k``;
+    the totals set ``Σs``), the last one taking the remainder."""
+    out: list[list[int]] = []
+    for total in rows_tokens:
+        for k in SPLITS:
+            size = seq_len // k
+            if size < 1:
+                continue
+            lengths = [size] * (total // size) + ([total % size] if total % size else [])
+            if lengths not in out:
+                out.append(lengths)
+    return out
+
+
+def measure_packed_layer(model: ModelSpec, rows: list[list[int]], *, dtype: str, device: torch.device, warmup: int,
+                         repeats: int, chain: int = 1) -> list[dict[str, Any]]:
+    """Time one layer forward + backward on each packed row of ``rows`` (module docstring)."""
+    from executor.model import Block
+
+    out = []
+    for lengths in rows:
+        total = sum(lengths)
+        spec = replace(model, seq_len=max(model.seq_len, total))
+        block = compute.prepare(Block(spec, tp=1, group=None, recompute="none", device=None), dtype, device)
+        docs = DocSpans(tuple(lengths))
+        cos, sin = compute._rope(spec, max(lengths), device)
+        pos = docs.positions(cos.device)
+        cos, sin = cos[pos], sin[pos]
+        x = torch.randn(1, total, model.hidden_size, device=device, requires_grad=True)
+
+        def forward(block: Any = block, x: torch.Tensor = x, cos: torch.Tensor = cos, sin: torch.Tensor = sin,
+                    docs: DocSpans = docs) -> torch.Tensor:
+            y = x
+            for _ in range(chain):
+                y = block(y, cos, sin, docs)
+            return y
+
+        res = compute._measure_fwd_bwd(forward, [*block.parameters(), x], device, dtype, warmup, repeats)
+        out.append({"lengths": list(lengths), **{k: v / chain for k, v in res.items()
+                                                 if k in ("forward_s", "backward_s")},
+                    **({"peak_bytes": res["peak_bytes"]} if "peak_bytes" in res else {})})
+        del block, x
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
