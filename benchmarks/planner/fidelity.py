@@ -54,10 +54,12 @@ def install_calibration(path: Path, home: Path) -> None:
         shutil.copyfile(entry, home / "devices" / entry.name)
 
 
-def calibrate(home: Path, quick: bool) -> dict[str, Any]:
+def calibrate(home: Path, quick: bool, force: bool = False) -> dict[str, Any]:
     """``hexiscale calibrate`` into ``home`` (``--quick``: the CPU rehearsal, forced past its gate)."""
     cmd = [sys.executable, "-m", "hexiscale", "calibrate", "--quiet", "--home", str(home)]
     cmd += ["--cpu", "--force", "--comm-ranks", "0"] if quick else ["--model", "llama-1.3b", "--seq-len", "2048"]
+    if force and not quick:
+        cmd.append("--force")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HEXISCALE_HOME": str(home)}, capture_output=True,
                           text=True, timeout=900)
@@ -145,7 +147,7 @@ def run(args: argparse.Namespace) -> Path:
         install_calibration(Path(args.calibration), home)
         cal_run: dict[str, Any] = {"wall_s": 0.0, "reused": args.calibration}
     else:
-        cal_run = calibrate(home, args.quick)
+        cal_run = calibrate(home, args.quick, args.force_calibration)
     cal = read_calibration(home)
     key = cal["applies_to"][0]
     context = (cal.get("fits", {}).get("framework_gib") or {}).get("measured_context_gib")
@@ -232,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS), help="folder for the JSON (default benchmarks/results)")
     ap.add_argument("--calibration", help="a calibration file written by 'hexiscale calibrate' "
                     "(HOME/calibration/<key>.json; its HOME/devices entry comes with it): skip calibrating")
+    ap.add_argument("--force-calibration", action="store_true", help="install the calibration even where its "
+                    "held-out error is above calibrate's gate (the table then shows what that fit predicts)")
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: tiny models on gloo ranks")
     ap.add_argument("--warmup", type=int, help="untimed steps per plan (default 2; --quick: 1)")
     ap.add_argument("--steps", type=int, help="timed steps per plan, median taken (default 6: steps 3-8; --quick: 1)")
