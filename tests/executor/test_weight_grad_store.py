@@ -3,6 +3,8 @@ weight gradients plus its W give the gradients, and the post-accumulate hooks, o
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from exec_jobs import TINY
@@ -54,6 +56,27 @@ def test_deferred_weight_grads_equal_plain_backward_and_fire_hooks_once_per_micr
     assert counts == dict.fromkeys(counts, 2) and store.pending() == []
     for n, p in plain.named_parameters():
         assert_close(split.get_parameter(n).grad, p.grad, rtol=1e-6, atol=1e-7, msg=n)
+
+
+def test_deferred_grads_under_autocast_match_f_linear() -> None:
+    """bf16 autocast (CPU's here, CUDA's on the GPU suite): the operands are cast as F.linear's are,
+    and the deferred dW reaches the fp32 weight as the plain path's does."""
+    x0 = torch.randn(2, 5, 8)
+    w = torch.nn.Parameter(torch.randn(6, 8))
+    grads = []
+    for store in (None, WeightGradStore()):
+        x, w.grad = x0.clone().requires_grad_(), None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = store_linear(x, w, store)
+        assert y.dtype == torch.bfloat16
+        with store.deferring(0) if store is not None else contextlib.nullcontext():
+            y.float().square().sum().backward()
+        if store is not None:
+            store.run(0)
+        assert w.grad is not None and w.grad.dtype == torch.float32 and x.grad is not None
+        grads.append((x.grad, w.grad))
+    assert_close(grads[1][0], grads[0][0], rtol=0, atol=0)
+    assert_close(grads[1][1], grads[0][1], rtol=0, atol=0)
 
 
 def test_store_linear_is_f_linear_and_backward_needs_a_deferral() -> None:
