@@ -114,8 +114,8 @@ class _Runner:
 def check_trainable(schedule: str, stages: int, micro_batches: int, field: str = "schedule") -> None:
     """Refuse, as one :class:`~planner.errors.SpecError` on ``field``, a schedule this interpreter
     cannot run (an unknown name is the registry's SpecError): the registry's ``trained`` flag, and
-    what this interpreter runs (one chunk per stage, ``F`` and ``B`` ops), which that flag must
-    agree with."""
+    what this interpreter runs (one chunk per stage; ``F``, ``B`` and ``W`` ops), which that flag
+    must agree with."""
     sched = schedule_named(schedule, field)
     sched.check_trained(field)
     if sched.chunks != 1:
