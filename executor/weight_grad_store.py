@@ -11,7 +11,9 @@ op) does the queued GEMMs of one micro-batch and hands each sum to autograd as a
 (``torch.autograd.backward`` on the weight): it accumulates into ``.grad`` exactly as the
 normal path does (in place into a bound gradient bucket) and fires the same post-accumulate-grad
 hook once per micro-batch, so the cross-pipeline reduction and ZeRO-1 (:mod:`executor.grad_sync`)
-see what they see without a split.
+see what they see without a split. Those hooks may now launch a bucket's reduction from a ``W``
+op; the ``W`` runs inside ``torch.autograd.backward`` like a ``B``, so the launches still come from
+one thread at a time and in the one global issue order that module's docstring argues with.
 
 Norm scales and the embedding keep their (small) weight gradients in ``B``. The queued ``x`` and
 ``dy`` are what the linear saved anyway; a micro-batch holds them until its ``W`` (the registry's
