@@ -3,8 +3,10 @@
 The schedule registry (planner, no torch) says, per stage, which forward (``F``) and backward
 (``B``) of which micro-batch comes next; the cost model's simulator prices the same ops. Here each
 op receives its input, computes and sends its output. A schedule the registry prices but this
-interpreter cannot run yet (weight-gradient ``W`` ops, several layer chunks per stage, or
-``trained=False``) is refused in one line before anything runs.
+interpreter cannot run yet (several layer chunks per stage, or ``trained=False``) is refused in
+one line before anything runs. Where the ops hold ``W`` ops (ZB-H1), a ``B`` computes only the
+input gradient and queues the linear layers' weight-gradient GEMMs, which its ``W`` runs
+(:mod:`executor.weight_grad_store`); a ``W`` communicates nothing.
 
 Every pipeline runs its own schedule with its own micro-batch count ``M`` and micro-batch sizes
 (``Pipeline.micro_batch_sizes()``, possibly uneven); pipelines never wait for each other until the
@@ -18,8 +20,10 @@ next op receives from the very peer this op sends to (``F`` then ``B``: the next
 ``F``: the previous stage) the send and that receive are posted together
 (``send_forward_recv_backward`` / ``send_backward_recv_forward`` of :mod:`executor.p2p`), so two
 neighbours in 1F1B's steady state, each sending to the other, never both block in a send.
-Otherwise a send is posted alone, then the next op's receive. For 1F1B this is Megatron's order;
-GPipe's one ``F``-to-``B`` turn is fused too, which only merges a send with a receive that follows it.
+Otherwise a send is posted alone, then the next op's receive (a ``W`` between a ``B`` and an ``F``
+runs after the ``B``'s send and before the ``F``'s receive: it fills the wait, never delays a
+peer). For 1F1B this is Megatron's order; GPipe's one ``F``-to-``B`` turn is fused too, which
+only merges a send with a receive that follows it.
 
 The last stage's loss for micro-batch ``j`` is ``Σ_tokens CE · loss_scale`` with
 ``loss_scale = 1 / global_tokens``; backward of that scalar makes the accumulated gradients those of
@@ -38,6 +42,7 @@ from executor.model import StageModule
 from executor.p2p import StageComm
 from executor.packed_docs import DocSpans
 from executor.trace import NO_TRACE, NullTrace, StepTrace
+from executor.weight_grad_store import WeightGradStore, install
 from planner.plan import Plan
 from planner.schedules import StageOp, schedule_named
 
@@ -53,8 +58,10 @@ class _Runner:
     """Forward/backward of single micro-batches on one stage, holding what backward needs."""
 
     def __init__(self, module: StageModule, micro: list[MicroBatch], loss_scale: float,
-                 autocast: Callable[[], contextlib.AbstractContextManager], trace: NullTrace | StepTrace = NO_TRACE):
+                 autocast: Callable[[], contextlib.AbstractContextManager], trace: NullTrace | StepTrace = NO_TRACE,
+                 wgrad: WeightGradStore | None = None):
         self.module = module
+        self.wgrad = wgrad  # set: backward defers the weight gradients to weight_grads (W ops)
         self.trace = trace
         self.micro = micro
         self.loss_scale = loss_scale
@@ -87,7 +94,8 @@ class _Runner:
 
     def backward(self, j: int, dy: torch.Tensor | None) -> torch.Tensor | None:
         inp, out = self.saved.pop(j)
-        with self.trace.span("backward", j):
+        defer = self.wgrad.deferring(j) if self.wgrad is not None else contextlib.nullcontext()
+        with self.trace.span("backward", j), defer:
             if self.module.last:
                 out.backward()
             else:
@@ -95,18 +103,23 @@ class _Runner:
                 torch.autograd.backward(out, grad_tensors=dy.to(out.dtype))
         return None if inp is None else inp.grad
 
+    def weight_grads(self, j: int) -> None:
+        """The ``W`` op of micro-batch ``j``: the weight gradients its ``B`` deferred."""
+        if self.wgrad is None:
+            raise ValueError("a W op needs a runner whose backward defers weight gradients")
+        with self.trace.span("backward", j):  # the trace's kinds (planner.timeline) count W as backward
+            self.wgrad.run(j)
+
 
 def check_trainable(schedule: str, stages: int, micro_batches: int, field: str = "schedule") -> None:
     """Refuse, as one :class:`~planner.errors.SpecError` on ``field``, a schedule this interpreter
     cannot run (an unknown name is the registry's SpecError): the registry's ``trained`` flag, and
-    what this interpreter runs (one chunk per stage, ``F`` and ``B`` ops), which that flag must
-    agree with."""
+    what this interpreter runs (one chunk per stage; ``F``, ``B`` and ``W`` ops), which that flag
+    must agree with."""
     sched = schedule_named(schedule, field)
     sched.check_trained(field)
-    if sched.chunks != 1 or any(op.kind not in ("F", "B") for i in range(stages)
-                                for op in sched.ops(stages, i, micro_batches)):
-        raise ValueError(f"the registry marks {schedule!r} trained, but the executor runs only F and B ops "
-                         "of one chunk per stage")
+    if sched.chunks != 1:
+        raise ValueError(f"the registry marks {schedule!r} trained, but the executor runs one chunk per stage")
 
 
 def check_plan_schedules(plan: Plan) -> None:
@@ -137,8 +150,8 @@ def run_ops(runner: _Runner, comm: StageComm, ops: Sequence[StageOp]) -> None:
                 pending = comm.send_backward_recv_forward(dx, runner.shapes[nxt.micro_batch])
             else:
                 comm.send_backward(dx)
-        else:
-            raise ValueError(f"the executor does not run {op.kind} ops yet (check_trainable refuses them)")
+        else:  # W: no communication (``turn`` is False around it, so nothing is pending)
+            runner.weight_grads(j)
         fused = turn
 
 
@@ -152,6 +165,14 @@ def run_schedule(kind: str, *, module: StageModule, comm: StageComm, micro: list
     ``trace`` records each micro-batch's forward and backward (:mod:`executor.trace`).
     """
     check_trainable(kind, n_stages, len(micro))
-    runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext, trace)
-    run_ops(runner, comm, schedule_named(kind).ops(n_stages, comm.stage.index, len(micro)))
+    ops = schedule_named(kind).ops(n_stages, comm.stage.index, len(micro))
+    wgrad = WeightGradStore() if any(op.kind == "W" for op in ops) else None
+    runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext, trace, wgrad)
+    install(module, wgrad)
+    try:
+        run_ops(runner, comm, ops)
+    finally:
+        install(module, None)
+    if wgrad is not None and wgrad.pending():
+        raise RuntimeError(f"the {kind} ops left weight gradients of micro-batches {wgrad.pending()} unrun")
     return runner.loss

@@ -27,6 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from executor.weight_grad_store import WeightGradStore, store_linear
+
 # ------------------------------------------------------------------------------ collectives
 
 
@@ -94,11 +96,12 @@ class ColumnParallelLinear(nn.Module):
             raise ValueError(f"out_features={out_features} is not divisible by tp={tp}")
         self.group = group
         self.weight = nn.Parameter(torch.empty(out_features // tp, in_features, device=device))
+        self.wgrad_store: WeightGradStore | None = None  # zero-bubble schedules: executor.weight_grad_store
 
     def forward(self, x: torch.Tensor, *, input_is_copied: bool = False) -> torch.Tensor:
         if not input_is_copied:
             x = copy_to_tp(x, self.group)
-        return F.linear(x, self.weight)
+        return store_linear(x, self.weight, self.wgrad_store)
 
 
 class RowParallelLinear(nn.Module):
@@ -111,9 +114,10 @@ class RowParallelLinear(nn.Module):
             raise ValueError(f"in_features={in_features} is not divisible by tp={tp}")
         self.group = group
         self.weight = nn.Parameter(torch.empty(out_features, in_features // tp, device=device))
+        self.wgrad_store: WeightGradStore | None = None  # zero-bubble schedules: executor.weight_grad_store
 
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
-        return reduce_from_tp(F.linear(x_local, self.weight), self.group)
+        return reduce_from_tp(store_linear(x_local, self.weight, self.wgrad_store), self.group)
 
 
 class VocabParallelEmbedding(nn.Module):

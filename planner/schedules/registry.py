@@ -65,7 +65,7 @@ class Schedule:
 REGISTRY: dict[str, Schedule] = {s.name: s for s in (
     Schedule("1f1b", one_f_one_b_ops),
     Schedule("gpipe", gpipe_ops),
-    Schedule("zb-h1", zb_h1_ops, trained=False),
+    Schedule("zb-h1", zb_h1_ops),
     Schedule("interleaved-1f1b", interleaved_ops, chunks=CHUNKS, trained=False, requires=interleaved_requires),
 )}
 SCHEDULE_NAMES: tuple[str, ...] = tuple(REGISTRY)

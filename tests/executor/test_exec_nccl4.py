@@ -69,8 +69,16 @@ PLANS: dict[str, Plan] = {
     "tp1-2-1-recompute-full": _p([(8, 4, "1f1b", [(1, 2), (2, 4), (1, 2)])], recompute="full"),
     "tp2-1+single-recompute-selective": _p([(6, 3, "1f1b", [(2, 5), (1, 3)]), (2, 2, "gpipe", [(1, 8)])],
                                            recompute="selective"),
+    # ZB-H1 (executor.weight_grad_store): W ops between a B's send and the next receive, TP changes
+    # between stages, the hooks' bucket launches coming from W ops, ZeRO-1, fewer mb than stages
+    "zb-tp1-2-1": _p([(8, 4, "zb-h1", [(1, 2), (2, 4), (1, 2)])]),
+    "zb-pp4": _p([(8, 8, "zb-h1", [(1, 2), (1, 2), (1, 2), (1, 2)])]),
+    "zb-pp4-fewer-mb-than-stages": _p([(8, 2, "zb-h1", [(1, 2), (1, 2), (1, 2), (1, 2)])]),
+    "zb-tp2-1+single-gpipe-zero1": _p([(5, 5, "zb-h1", [(2, 3), (1, 5)]), (3, 1, "gpipe", [(1, 8)])], zero=1),
+    "zb-tp2-1+zb-single-recompute-full": _p([(6, 3, "zb-h1", [(2, 5), (1, 3)]), (2, 2, "zb-h1", [(1, 8)])],
+                                            recompute="full"),
 }
-BF16_PLANS = ("tp1-2-1", "tp2-1+single-gpipe-zero1", "tp2-vs-pp2")
+BF16_PLANS = ("tp1-2-1", "tp2-1+single-gpipe-zero1", "tp2-vs-pp2", "zb-tp1-2-1")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from torch.testing import assert_close
 
 from planner.model import ModelSpec
 from planner.plan import Plan, load_plan
+from tests.support.dist_testing import DistPool
 from tests.support.reference import ReferenceRun, reference_train
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
@@ -91,13 +93,19 @@ def check_against_reference(plan: Plan, results: list, ref: ReferenceRun) -> Non
                          msg=lambda m, n=name, p=p: f"pipeline {p} {n}: {m}")
 
 
-@pytest.mark.parametrize("name", list(PLANS))
-def test_oracle(dist_pool, name: str) -> None:
-    plan = PLANS[name]
+def run_oracle(dist_pool: DistPool, plan: Plan) -> list[Any]:
+    """Train ``plan`` on the pool, check it against the dense reference; the ranks' results."""
     assert plan.world_size <= 8
     batches, ref = _reference(plan.model, plan.global_batch_size)
     [results] = zip(*dist_pool.run(train_plans, [plan], [batches]))
     check_against_reference(plan, list(results), ref)
+    return list(results)
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_oracle(dist_pool, name: str) -> None:
+    plan = PLANS[name]
+    results = run_oracle(dist_pool, plan)
     assert results[0]["tokens"] == [plan.global_batch_size * plan.model.seq_len] * STEPS
 
 

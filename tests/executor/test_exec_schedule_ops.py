@@ -38,6 +38,9 @@ class Recorder:
         self.compute.append(StageOp("B", j))
         return None if self.first else f"dx{j}"
 
+    def weight_grads(self, j: int) -> None:
+        self.compute.append(StageOp("W", j))
+
     def __getattr__(self, name: str) -> Any:
         if name not in CHANNELS:
             raise AttributeError(name)
@@ -125,15 +128,24 @@ def test_unknown_schedule_is_refused_by_the_executor() -> None:
 
 
 def test_priced_schedules_are_refused_in_one_line() -> None:
-    """zb-h1 and interleaved-1f1b are priced by the cost model; the executor splits no backward and
-    runs one layer chunk per stage so far."""
+    """interleaved-1f1b is priced by the cost model; the executor runs one layer chunk per stage so far."""
     with pytest.raises(SpecError) as e:
-        check_trainable("zb-h1", 2, 4, "pipelines[0].schedule")
-    assert str(e.value) == ("pipelines[0].schedule: schedule 'zb-h1' is priced but not trained yet "
-                            "(hint: train with 1f1b, gpipe; 'hexiscale estimate' prices zb-h1)")
-    plan = make_plan(TINY, [(2, 2, "1f1b", [(1, 2), (1, 2)]), (2, 2, "zb-h1", [(1, 4)])])
-    with pytest.raises(SpecError, match=r"^pipelines\[1\]\.schedule: schedule 'zb-h1' is priced"):
+        check_trainable("interleaved-1f1b", 2, 4, "pipelines[0].schedule")
+    assert str(e.value) == ("pipelines[0].schedule: schedule 'interleaved-1f1b' is priced but not trained yet "
+                            "(hint: train with 1f1b, gpipe, zb-h1; 'hexiscale estimate' prices interleaved-1f1b)")
+    plan = make_plan(TINY, [(2, 2, "1f1b", [(1, 2), (1, 2)]), (2, 2, "interleaved-1f1b", [(1, 4)])])
+    with pytest.raises(SpecError, match=r"^pipelines\[1\]\.schedule: schedule 'interleaved-1f1b' is priced"):
         check_plan_schedules(plan)
-    check_plan_schedules(make_plan(TINY, [(4, 2, "gpipe", [(1, 2), (1, 2)])]))
+    check_plan_schedules(make_plan(TINY, [(4, 2, "gpipe", [(1, 2), (1, 2)]), (4, 4, "zb-h1", [(1, 2), (1, 2)])]))
     with pytest.raises(SpecError, match=r"^schedule: schedule 'interleaved-1f1b' is priced but not trained yet"):
         check_trainable("interleaved-1f1b", 2, 3)  # refused before its shape rule is asked
+
+
+def test_zb_h1_communication_by_hand() -> None:
+    """Stage 0 of 2, m=3 (F0 F1 B0 W0 F2 B1 W1 B2 W2): a W sits between a B's send and the next
+    receive, so no send is fused across it."""
+    first, last = _run("zb-h1", 2, 3)
+    assert first.calls == ["send_forward", "send_forward_recv_backward", "send_forward_recv_backward",
+                           "recv_backward"]
+    assert last.calls == ["recv_forward", "send_backward_recv_forward", "send_backward", "recv_forward",
+                          "send_backward"]

@@ -28,15 +28,15 @@ def _one_error(capsys: pytest.CaptureFixture[str], field: str, name: str) -> Non
     assert len(err) == 1 and f"{field}: schedule '{name}' is priced but not trained yet" in err[0], err
 
 
-def test_train_refuses_zb_h1_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_train_refuses_interleaved_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "HEXISCALE_FAULT"):
         monkeypatch.delenv(key, raising=False)
-    path, log = tmp_path / "zb.json", tmp_path / "m.jsonl"
-    save_plan(_plan("zb-h1", 1), path)
+    path, log = tmp_path / "il.json", tmp_path / "m.jsonl"
+    save_plan(_plan("interleaved-1f1b", 1), path)
     assert main(["train", "--plan", str(path), "--cluster", str(CLUSTER), "--device", "cpu", "--steps", "1",
                  "--log-jsonl", str(log)]) == 1
-    _one_error(capsys, "pipelines[0].schedule", "zb-h1")
+    _one_error(capsys, "pipelines[0].schedule", "interleaved-1f1b")
     assert not log.exists() or not log.read_text().strip()
 
 
@@ -46,8 +46,8 @@ def test_launch_refuses_before_any_rank_starts(tmp_path: Path, capsys: pytest.Ca
     assert main(["launch", str(path), "--cluster", str(CLUSTER), "--local", "--dry-run"]) == 1
     _one_error(capsys, "pipelines[0].schedule", "interleaved-1f1b")
     pool = tmp_path / "pool.json"
-    strategies = [{"name": n, "plan": plan_to_dict(_plan(n, 2))} for n in ("1f1b", "zb-h1")]
+    strategies = [{"name": n, "plan": plan_to_dict(_plan(n, 2))} for n in ("zb-h1", "interleaved-1f1b")]
     pool.write_text(json.dumps({"format": "hexiscale.pool/1", "context": MODEL.seq_len, "home": 0,
                                 "strategies": strategies}))
     assert main(["launch", str(pool), "--cluster", str(CLUSTER), "--local", "--dry-run"]) == 1
-    _one_error(capsys, "strategies[1].plan.pipelines[0].schedule", "zb-h1")
+    _one_error(capsys, "strategies[1].plan.pipelines[0].schedule", "interleaved-1f1b")
