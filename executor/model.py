@@ -33,6 +33,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from executor import fast_path
+from executor.chunked_loss import chunked_vocab_cross_entropy
 from executor.packed_docs import DocSpans, packed_attention
 from executor.recompute_core import recomputed_core
 from executor.tp_layers import (
@@ -186,6 +187,9 @@ class StageModule(nn.Module):
         self.first, self.last = first, last
         self.tp, self.tp_rank, self.group = tp, tp_rank, group
         self.param_gate: Callable[[str], None] | None = None
+        # cross-entropy in row chunks (executor.chunked_loss); False: the unchunked function, whose
+        # fp32 copy and softmax of the whole micro-batch's logits the benchmark compares against
+        self.chunked_loss = True
         self.embed = (VocabParallelEmbedding(m.vocab_size, m.hidden_size, tp=tp, tp_rank=tp_rank, group=group,
                                              device=device) if first else None)
         self.layers = nn.ModuleDict({
@@ -229,6 +233,8 @@ class StageModule(nn.Module):
         assert self.final_norm is not None and self.lm_head is not None, "loss() is for the last stage"
         logits = self.lm_head(self.final_norm(hidden))
         start = self.tp_rank * (self.spec.vocab_size // self.tp)
+        if self.chunked_loss:
+            return chunked_vocab_cross_entropy(logits, labels, vocab_start=start, group=self.group)
         return vocab_parallel_cross_entropy(logits, labels, vocab_start=start, group=self.group)
 
     @torch.no_grad()

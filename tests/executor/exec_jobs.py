@@ -147,6 +147,7 @@ def tp_layers_job(n: int) -> int:
     import torch.nn.functional as F
     from torch.testing import assert_close
 
+    from executor.chunked_loss import chunked_vocab_cross_entropy
     from executor.model import MLP, Attention, rope_tables
     from executor.tp_layers import (
         ColumnParallelLinear,
@@ -223,6 +224,11 @@ def tp_layers_job(n: int) -> int:
     close(loss, ce.detach(), "cross-entropy fwd")
     loss.backward(g)
     close(lp.grad, _shard(ld.grad, -1, n, rank), "cross-entropy dlogits")
+    lc = _shard(logits, -1, n, rank).requires_grad_()  # in chunks of 4 rows (21 rows: a ragged last one)
+    loss = chunked_vocab_cross_entropy(lc, labels, vocab_start=rank * (v // n), group=group, rows=4)
+    close(loss, ce.detach(), "chunked cross-entropy fwd")
+    loss.backward(g)
+    close(lc.grad, _shard(ld.grad, -1, n, rank), "chunked cross-entropy dlogits")
 
     # attention block (GQA + RoPE + causal SDPA) and SwiGLU MLP vs the dense reference's blocks
     cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta)
