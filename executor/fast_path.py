@@ -182,8 +182,10 @@ def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, 
         block.compile(mode=mode, dynamic=False)
     if head and getattr(stage, "last", False) and getattr(stage, "tp", 1) == 1:
         # the loss is a method, not a module: compile the bound method and shadow it on the instance
-        loss_fn: Callable[..., torch.Tensor] = stage.loss  # type: ignore[assignment]
-        object.__setattr__(stage, "loss", torch.compile(loss_fn, mode=mode, dynamic=False))
+        # (head_loss where the stage has it: its loss() refreshes cast-once copies first, eagerly)
+        name = "head_loss" if hasattr(stage, "head_loss") else "loss"
+        loss_fn: Callable[..., torch.Tensor] = getattr(stage, name)
+        object.__setattr__(stage, name, torch.compile(loss_fn, mode=mode, dynamic=False))
     return len(layers)
 
 

@@ -27,6 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from executor import cast_once
+
 # ------------------------------------------------------------------------------ collectives
 
 
@@ -84,7 +86,20 @@ def reduce_from_tp(x: torch.Tensor, group: Any) -> torch.Tensor:
 # ------------------------------------------------------------------------------ layers
 
 
-class ColumnParallelLinear(nn.Module):
+class _Projection(nn.Module):
+    """A linear layer's weight and its cast-once copy (:mod:`executor.cast_once`): a buffer outside
+    the state dict, None until the stage makes it (a buffer, so compiled blocks take it as input)."""
+
+    weight: nn.Parameter
+    weight_lp: torch.Tensor | None
+    fp32_wgrad: bool
+
+    def _lowp_slot(self) -> None:
+        self.register_buffer("weight_lp", None, persistent=False)
+        self.fp32_wgrad = False
+
+
+class ColumnParallelLinear(_Projection):
     """``y_local = x @ W_local^T`` with ``W_local`` = this rank's rows of ``W [out, in]`` (no bias)."""
 
     def __init__(self, in_features: int, out_features: int, *, tp: int, group: Any,
@@ -94,14 +109,15 @@ class ColumnParallelLinear(nn.Module):
             raise ValueError(f"out_features={out_features} is not divisible by tp={tp}")
         self.group = group
         self.weight = nn.Parameter(torch.empty(out_features // tp, in_features, device=device))
+        self._lowp_slot()
 
     def forward(self, x: torch.Tensor, *, input_is_copied: bool = False) -> torch.Tensor:
         if not input_is_copied:
             x = copy_to_tp(x, self.group)
-        return F.linear(x, self.weight)
+        return cast_once.linear(x, self)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Projection):
     """``y = Σ_ranks x_local @ W_local^T`` with ``W_local`` = this rank's columns of ``W [out, in]``."""
 
     def __init__(self, in_features: int, out_features: int, *, tp: int, group: Any,
@@ -111,9 +127,10 @@ class RowParallelLinear(nn.Module):
             raise ValueError(f"in_features={in_features} is not divisible by tp={tp}")
         self.group = group
         self.weight = nn.Parameter(torch.empty(out_features, in_features // tp, device=device))
+        self._lowp_slot()
 
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
-        return reduce_from_tp(F.linear(x_local, self.weight), self.group)
+        return reduce_from_tp(cast_once.linear(x_local, self), self.group)
 
 
 class VocabParallelEmbedding(nn.Module):
