@@ -188,9 +188,12 @@ class StageModule(nn.Module):
         self.first, self.last = first, last
         self.tp, self.tp_rank, self.group = tp, tp_rank, group
         self.param_gate: Callable[[str], None] | None = None
-        # cross-entropy in row chunks (executor.chunked_loss); False: the unchunked function, whose
-        # fp32 copy and softmax of the whole micro-batch's logits the benchmark compares against
-        self.chunked_loss = True
+        # cross-entropy in row chunks (executor.chunked_loss) instead of the unchunked function, which
+        # keeps an fp32 softmax of the micro-batch's logits. Off by default: the planner's memory
+        # model (planner.cost.memory.head_activation_bytes) counts the unchunked function's 4·V/t B a
+        # token; chunked, the loss saves e·V/t + 13 (the logits in the compute dtype, int64 target
+        # index, bool mask, fp32 lse). benchmarks/executor/peers.py turns it on.
+        self.chunked_loss = False
         self.embed = (VocabParallelEmbedding(m.vocab_size, m.hidden_size, tp=tp, tp_rank=tp_rank, group=group,
                                              device=device) if first else None)
         self.layers = nn.ModuleDict({

@@ -1,6 +1,6 @@
 """executor.chunked_loss: the row-chunked cross-entropy equals the unchunked one (fp32, 1e-6), and
-the last stage's loss saves no fp32 copy of the micro-batch's logits for backward (TP 1; the TP
-collectives are checked on 2 and 4 ranks in ``test_exec_tp_layers``)."""
+with it on, the last stage's loss saves no fp32 copy of the micro-batch's logits for backward (TP
+1; the TP collectives are checked on 2 and 4 ranks in ``test_exec_tp_layers``)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,6 @@ def test_stage_loss_keeps_no_fp32_logits_under_bf16() -> None:
         torch.nn.init.normal_(p, std=0.02)
     hidden = torch.randn(2, 16, m.hidden_size)
     labels = torch.randint(0, m.vocab_size, (2, 16))
+    assert _saved_fp32_logit_copies(stage, hidden, labels) == 1  # the default: the planner's formula
+    stage.chunked_loss = True
     assert _saved_fp32_logit_copies(stage, hidden, labels) == 0
-    stage.chunked_loss = False  # the unchunked function keeps its fp32 softmax (what the switch compares)
-    assert _saved_fp32_logit_copies(stage, hidden, labels) == 1

@@ -23,7 +23,7 @@ def _stage() -> StageModule:
     stage = StageModule(MODEL, layers=layers, first=True, last=True, tp=1, tp_rank=0, group=None)
     dims = {p.name: p.shard_dim for p in stage_params(MODEL, layers, True, True)}
     stage.load_logical(logical_init(MODEL, 0, dims), dims)
-    stage.cast_once = True
+    stage.cast_once = stage.chunked_loss = True
     return stage
 
 
