@@ -133,6 +133,10 @@ class Engine:
         self.optimizer = self.zero.optimizer if self.zero else build_optimizer(list(self.params.items()), optim)
         if self.zero is not None:  # the next forward waits for each bucket's weights just before use
             self.module.param_gate = self.zero.ready
+        # one low-precision copy of each weight per step (executor.cast_once): made again after every
+        # optimizer step, which changes the weights without bumping their version counters
+        self.optimizer.register_step_post_hook(self.module.weights_changed)
+        self.module.cast_once = True
         leader = self.stage.leader
         self.comm = StageComm(self.stage, self.rank, groups.tp_group, device=self.device,
                               prev_group=groups.boundary(self.stage.prev_leader, leader),
@@ -210,6 +214,7 @@ class Engine:
         return self.apply_gradients(loss, global_tokens)
 
     def zero_grads(self) -> None:
+        self.module.weights_changed()  # a new step (or a skipped one): cast-once copies are made again
         for p in self._params.values():
             p.grad = None
 

@@ -160,13 +160,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 # ------------------------------------------------------------------------------ compile
 
 
-def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, mode: str | None = None) -> int:
+def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, mode: str | None = None,
+                   backend: str = "inductor") -> int:
     """Compile every transformer block of ``stage`` (its ``layers`` ModuleDict) in place, and with
     ``head`` the last stage's loss (final norm, LM head, cross-entropy) when its TP degree is 1.
 
     Returns how many blocks were compiled: 0 on CPU unless ``force``. Blocks are identical
     modules, so Dynamo traces one graph and reuses it for the others (parameters are inputs).
-    TP collectives inside a block are traced as collectives of the block's group.
+    TP collectives inside a block are graph breaks (:func:`executor.tp_layers.keep_collectives_eager`).
+    ``backend``: torch.compile's (``aot_eager`` traces the same graphs without generating kernels,
+    which is how the CPU tests check that the compiled region has no graph break).
     """
     layers = getattr(stage, "layers", None)
     if not isinstance(layers, nn.ModuleDict):
@@ -179,11 +182,13 @@ def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, 
 
     keep_collectives_eager()
     for block in layers.values():
-        block.compile(mode=mode, dynamic=False)
+        block.compile(mode=mode, dynamic=False, backend=backend)
     if head and getattr(stage, "last", False) and getattr(stage, "tp", 1) == 1:
         # the loss is a method, not a module: compile the bound method and shadow it on the instance
-        loss_fn: Callable[..., torch.Tensor] = stage.loss  # type: ignore[assignment]
-        object.__setattr__(stage, "loss", torch.compile(loss_fn, mode=mode, dynamic=False))
+        # (head_loss where the stage has it: its loss() refreshes cast-once copies first, eagerly)
+        name = "head_loss" if hasattr(stage, "head_loss") else "loss"
+        loss_fn: Callable[..., torch.Tensor] = getattr(stage, name)
+        object.__setattr__(stage, name, torch.compile(loss_fn, mode=mode, dynamic=False, backend=backend))
     return len(layers)
 
 

@@ -33,6 +33,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from executor import fast_path
+from executor.cast_once import WeightCopies
+from executor.chunked_loss import chunked_vocab_cross_entropy
 from executor.packed_docs import DocSpans, packed_attention
 from executor.recompute_core import recomputed_core
 from executor.tp_layers import (
@@ -186,6 +188,12 @@ class StageModule(nn.Module):
         self.first, self.last = first, last
         self.tp, self.tp_rank, self.group = tp, tp_rank, group
         self.param_gate: Callable[[str], None] | None = None
+        # cross-entropy in row chunks (executor.chunked_loss) instead of the unchunked function, which
+        # keeps an fp32 softmax of the micro-batch's logits. Off by default: the planner's memory
+        # model (planner.cost.memory.head_activation_bytes) counts the unchunked function's 4·V/t B a
+        # token; chunked, the loss saves e·V/t + 13 (the logits in the compute dtype, int64 target
+        # index, bool mask, fp32 lse). benchmarks/executor/peers.py turns it on.
+        self.chunked_loss = False
         self.embed = (VocabParallelEmbedding(m.vocab_size, m.hidden_size, tp=tp, tp_rank=tp_rank, group=group,
                                              device=device) if first else None)
         self.layers = nn.ModuleDict({
@@ -196,9 +204,38 @@ class StageModule(nn.Module):
                 m.hidden_size, m.vocab_size, tp=tp, group=group, device=device)
         else:
             self.final_norm, self.lm_head = None, None
+        # cast-once weights (executor.cast_once): per gate key, the linears whose copies it refreshes
+        self.weight_copies = WeightCopies()
+        self._linears = {key: [x for x in mod.modules() if isinstance(x, (ColumnParallelLinear, RowParallelLinear))]
+                         for key, mod in [*(("layers." + k, b) for k, b in self.layers.items()),
+                                          *([("head", self.lm_head)] if self.lm_head is not None else [])]}
+        self._cast_once = False  # the owner turns it on with a way to know when weights change (Engine)
         cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta, device, m.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def cast_once(self) -> bool:
+        """Whether linears multiply with one low-precision weight copy per step while autocast runs
+        (:mod:`executor.cast_once`), instead of autocast's cast per micro-batch. Off unless the owner
+        of the module calls :meth:`weights_changed` whenever the weights change without their
+        version counters showing it (the :class:`~executor.engine.Engine` does, and turns it on)."""
+        return self._cast_once
+
+    @cast_once.setter
+    def cast_once(self, on: bool) -> None:
+        self._cast_once = on
+        if not on:
+            self.weight_copies.drop([x for xs in self._linears.values() for x in xs])
+
+    def weights_changed(self, *_: object) -> None:
+        """The weights changed in a way their version counters may not show (an optimizer step,
+        a collective): the cast-once copies are made again before their next use."""
+        self.weight_copies.invalidate()
+
+    def _fresh_copies(self, key: str, dev: str) -> None:
+        if self._cast_once and torch.is_autocast_enabled(dev):
+            self.weight_copies.refresh(key, self._linears[key], torch.get_autocast_dtype(dev))
 
     def forward(self, x: torch.Tensor, docs: DocSpans | None = None) -> torch.Tensor:
         """``docs``: the documents packed into the one row of ``x`` (positions restart in each, and
@@ -220,20 +257,30 @@ class StageModule(nn.Module):
         for key, block in self.layers.items():
             if gate is not None:
                 gate("layers." + key)
+            self._fresh_copies("layers." + key, dev)
             x = block(x, cos, sin, docs)
         if gate is not None and self.last:  # loss() follows on the last stage
             gate("head")
         return x.float() if low else x
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        self._fresh_copies("head", hidden.device.type)
+        return self.head_loss(hidden, labels)
+
+    def head_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Final norm, LM head and cross-entropy (what :func:`executor.fast_path.compile_blocks`
+        compiles; :meth:`loss` first makes the head's cast-once copy current, outside it)."""
         assert self.final_norm is not None and self.lm_head is not None, "loss() is for the last stage"
         logits = self.lm_head(self.final_norm(hidden))
         start = self.tp_rank * (self.spec.vocab_size // self.tp)
+        if self.chunked_loss:
+            return chunked_vocab_cross_entropy(logits, labels, vocab_start=start, group=self.group)
         return vocab_parallel_cross_entropy(logits, labels, vocab_start=start, group=self.group)
 
     @torch.no_grad()
     def load_logical(self, tensors: dict[str, torch.Tensor], shard_dims: dict[str, int | None]) -> None:
         """Copy this rank's shard of every logical tensor into the parameters."""
+        self.weights_changed()
         for name, p in self.named_parameters():
             p.copy_(shard_of(tensors[name], shard_dims[name], self.tp, self.tp_rank))
 

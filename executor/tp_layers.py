@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from executor import cast_once
 from executor.weight_grad_store import WeightGradStore, store_linear
 
 # ------------------------------------------------------------------------------ collectives
@@ -86,7 +87,28 @@ def reduce_from_tp(x: torch.Tensor, group: Any) -> torch.Tensor:
 # ------------------------------------------------------------------------------ layers
 
 
-class ColumnParallelLinear(nn.Module):
+class _Projection(nn.Module):
+    """A linear layer's weight and its cast-once copy (:mod:`executor.cast_once`): a buffer outside
+    the state dict, None until the stage makes it (a buffer, so compiled blocks take it as input)."""
+
+    weight: nn.Parameter
+    weight_lp: torch.Tensor | None
+    fp32_wgrad: bool
+
+    def _lowp_slot(self) -> None:
+        self.register_buffer("weight_lp", None, persistent=False)
+        self.fp32_wgrad = False
+
+
+def _project(x: torch.Tensor, layer: ColumnParallelLinear | RowParallelLinear) -> torch.Tensor:
+    """A zero-bubble schedule's store defers the weight gradient (its own path, without the cast-once
+    copy: :mod:`executor.weight_grad_store`); every other schedule goes through the cast-once copy."""
+    if layer.wgrad_store is not None:
+        return store_linear(x, layer.weight, layer.wgrad_store)
+    return cast_once.linear(x, layer)
+
+
+class ColumnParallelLinear(_Projection):
     """``y_local = x @ W_local^T`` with ``W_local`` = this rank's rows of ``W [out, in]`` (no bias)."""
 
     def __init__(self, in_features: int, out_features: int, *, tp: int, group: Any,
@@ -97,14 +119,15 @@ class ColumnParallelLinear(nn.Module):
         self.group = group
         self.weight = nn.Parameter(torch.empty(out_features // tp, in_features, device=device))
         self.wgrad_store: WeightGradStore | None = None  # zero-bubble schedules: executor.weight_grad_store
+        self._lowp_slot()
 
     def forward(self, x: torch.Tensor, *, input_is_copied: bool = False) -> torch.Tensor:
         if not input_is_copied:
             x = copy_to_tp(x, self.group)
-        return store_linear(x, self.weight, self.wgrad_store)
+        return _project(x, self)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Projection):
     """``y = Σ_ranks x_local @ W_local^T`` with ``W_local`` = this rank's columns of ``W [out, in]``."""
 
     def __init__(self, in_features: int, out_features: int, *, tp: int, group: Any,
@@ -115,9 +138,10 @@ class RowParallelLinear(nn.Module):
         self.group = group
         self.weight = nn.Parameter(torch.empty(out_features, in_features // tp, device=device))
         self.wgrad_store: WeightGradStore | None = None  # zero-bubble schedules: executor.weight_grad_store
+        self._lowp_slot()
 
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
-        return reduce_from_tp(store_linear(x_local, self.weight, self.wgrad_store), self.group)
+        return reduce_from_tp(_project(x_local, self), self.group)
 
 
 class VocabParallelEmbedding(nn.Module):

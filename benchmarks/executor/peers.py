@@ -18,6 +18,10 @@ Configurations (each in fresh processes, one per GPU, NCCL; the same random toke
 * ``-mbZ``: micro-batches of Z samples instead of the default (``--micro-batch-1/4``); a peer's
   best homogeneous config is the fastest of those measured (more memory per micro-batch, fewer
   FSDP gathers or pipeline steps). Ours takes the planner's micro-batches on 4 GPUs.
+* ours only, last: ``-base`` runs without the issue-33 paths (the unchunked cross-entropy with
+  its fp32 logits, :mod:`executor.chunked_loss`; autocast's weight cast per micro-batch,
+  :mod:`executor.cast_once`), ``-noce`` / ``-nocast`` without one of them, so one run compares
+  them: ``ours-1,ours-1-base,titan-1``. Configs that differ only in this suffix share one plan.
 
 Every system: bf16 compute over fp32 master weights, fp32 gradient reduction, AdamW
 (betas 0.9/0.95, weight decay 0.1), clipping at 1.0, no activation recompute unless a config says
@@ -59,8 +63,8 @@ from planner.model import PRESETS, ModelSpec  # noqa: E402
 from planner.plan import Plan, load_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT = ("ours-1,titan-1,mcore-1,ours-4,titan-4-mb2,titan-4-tp2-mb2,mcore-4-tp1-pp1,mcore-4-tp2-pp1-mb2,"
-           "mcore-4-tp1-pp2")
+DEFAULT = ("ours-1,ours-1-base,titan-1,mcore-1,ours-4,ours-4-base,titan-4-mb2,titan-4-tp2-mb2,mcore-4-tp1-pp1,"
+           "mcore-4-tp2-pp1-mb2,mcore-4-tp1-pp2")
 MEMORY_CAP = 0.85
 
 
@@ -80,14 +84,29 @@ class Job:
     fixed_micro: int = 0  # ours on 4 GPUs: micro-batches of this many samples instead of the planner's
     profile: str = ""  # a file for one extra, profiled step's kernel table (rank 0), or none
     residual: str = "fp32"  # ours: the plan's options.residual_dtype (fp32, or the compute dtype)
+    chunked_loss: bool = True  # ours: executor.chunked_loss (False: the unchunked cross-entropy)
+    cast_once: bool = True  # ours: executor.cast_once (False: autocast's cast per micro-batch)
+
+
+# ours' config suffix -> (chunked_loss, cast_once)
+PATHS = {"": (True, True), "base": (False, False), "noce": (False, True), "nocast": (True, False)}
+_CONFIG = re.compile(r"(ours|titan|mcore)-(\d+)(?:-tp(\d+))?(?:-pp(\d+))?(?:-mb(\d+))?(?:-(base|noce|nocast))?")
 
 
 def parse_config(name: str) -> tuple[str, int, int, int, int]:
     """``system-gpus[-tpX][-ppY][-mbZ]`` -> (system, gpus, tp, pp, micro-batch or 0 for the default)."""
-    m = re.fullmatch(r"(ours|titan|mcore)-(\d+)(?:-tp(\d+))?(?:-pp(\d+))?(?:-mb(\d+))?", name)
+    m = _CONFIG.fullmatch(name)
     if not m:
-        raise ValueError(f"config {name!r}: expected ours|titan|mcore-GPUS[-tpX][-ppY][-mbZ]")
+        raise ValueError(f"config {name!r}: expected ours|titan|mcore-GPUS[-tpX][-ppY][-mbZ][-base|-noce|-nocast]")
+    if m[6] and m[1] != "ours":
+        raise ValueError(f"config {name!r}: -{m[6]} switches our executor's paths: use it on an ours-... config")
     return m[1], int(m[2]), int(m[3] or 1), int(m[4] or 1), int(m[5] or 0)
+
+
+def ours_paths(name: str) -> tuple[bool, bool]:
+    """``(chunked_loss, cast_once)`` of a config name (both on without a suffix)."""
+    m = _CONFIG.fullmatch(name)
+    return PATHS[(m[6] if m else None) or ""]
 
 
 # ------------------------------------------------------------------------------ our plans
@@ -177,6 +196,7 @@ def _ours(job: Job, rank: int, device: torch.device) -> dict[str, Any]:
     topo = build_topology(plan)
     engine = Engine(plan, topo, ProcessGroups.create(topo), device=device,
                     optim=OptimConfig(lr=3e-4, warmup_steps=2, fused=True if job.cuda else None), seed=0)
+    engine.module.chunked_loss, engine.module.cast_once = job.chunked_loss, job.cast_once
     compiled = fast_path.compile_blocks(engine.module) if job.cuda else 0
     pipe = plan.pipelines[engine.stage.pipeline]
     offset = sum(p.batch_size for p in plan.pipelines[:engine.stage.pipeline])
@@ -185,6 +205,8 @@ def _ours(job: Job, rank: int, device: torch.device) -> dict[str, Any]:
         rows = rows.pin_memory()
     out = _loop(job, device, rank)(lambda: engine.train_step(rows).loss)
     out.update({"compiled_blocks": compiled, "attention": fast_path.attention_kernel_name(device, plan.model.head_dim),
+                "paths": {"chunked_loss": job.chunked_loss, "cast_once": job.cast_once,
+                          "weight_copies_made": engine.module.weight_copies.copies_made},
                 "config": {"plan": [[{"devices": list(st.devices), "layers": list(st.layers)} for st in p.stages]
                                     + [{"batch": p.batch_size, "micro_batches": p.micro_batches}]
                                     for p in plan.pipelines], "options": dataclasses.asdict(plan.options)}})
@@ -245,14 +267,20 @@ def summarize(name: str, job: Job, ranks: list[dict[str, Any]]) -> dict[str, Any
             "tflops_per_gpu": round(tflops, 1), "mfu": round(tflops / mfu.H100_PEAK_TFLOPS, 4),
             "peak_mem_gib": [round(r["peak_mem_gib"], 2) for r in ranks], "loss_first": round(losses[0], 4),
             "loss_last": round(losses[-1], 4), "attention": ranks[0].get("attention"),
-            "setup": ranks[0].get("config"), "profile": ranks[0].get("profile"),
+            "setup": ranks[0].get("config"), "profile": ranks[0].get("profile"), "paths": ranks[0].get("paths"),
             "versions": {k: ranks[0][k] for k in ("torchtitan", "megatron_core") if k in ranks[0]}}
 
 
 def ratios(results: list[dict[str, Any]]) -> dict[str, float]:
-    """Ours over each peer's best config, per GPU count."""
+    """Ours over each peer's best config, per GPU count; and each ours config over its ``-base``
+    twin (the issue-33 paths against the old ones, same run)."""
     out: dict[str, float] = {}
     ok = [r for r in results if "error" not in r]
+    by_name = {r.get("config"): r for r in ok}
+    for name, r in by_name.items():
+        base = by_name.get(f"{name}-base")
+        if r.get("system") == "ours" and base is not None:
+            out[f"{name}_over_{name}-base"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3)
     for gpus in sorted({r["gpus"] for r in ok}):
         best = {}
         for r in ok:
@@ -283,7 +311,8 @@ def print_table(results: list[dict[str, Any]], extra: dict[str, float]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--configs", default=DEFAULT, help="comma list of ours|titan|mcore-GPUS[-tpX][-ppY]")
+    ap.add_argument("--configs", default=DEFAULT,
+                    help="comma list of ours|titan|mcore-GPUS[-tpX][-ppY][-mbZ], ours-... also [-base|-noce|-nocast]")
     ap.add_argument("--model-1", default="llama-1.3b")
     ap.add_argument("--model-4", default="llama2-7b")
     ap.add_argument("--batch-1", type=int, default=8)
@@ -318,13 +347,16 @@ def main(argv: list[str] | None = None) -> int:
             "peak_tflops_per_gpu": mfu.H100_PEAK_TFLOPS, "timed_steps": args.steps, "warmup_steps": args.warmup,
             "ours_residual_dtype": args.residual}
     results: list[dict[str, Any]] = []
+    plans: dict[tuple[Any, ...], str] = {}
     for name, (system, gpus, tp, pp, mb) in parsed.items():
         if args.cpu_smoke and system != "ours":
             continue
         model = PRESETS[args.model_1 if gpus == 1 else args.model_4]
         batch, micro = (args.batch_1, args.micro_batch_1) if gpus == 1 else (args.batch_4, args.micro_batch_4)
+        chunked_loss, cast_once = ours_paths(name)
         job = Job(system, gpus, tp, pp, model, batch, mb or micro, args.steps, args.warmup, cuda,
                   fixed_micro=mb if system == "ours" and gpus > 1 else 0, residual=args.residual,
+                  chunked_loss=chunked_loss, cast_once=cast_once,
                   profile=str(out / f"profile_peers_{name}.txt") if name in args.profile.split(",") else "")
         if args.cpu_smoke:
             job = replace(job, model=replace(PRESETS["tiny"], num_layers=4), batch=4 * gpus, micro_batch=2,
@@ -332,8 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         print(f"[{name}] running ...", flush=True)
         try:
-            if system == "ours":
-                job = replace(job, plan_path=str(plan_for(job, out)))
+            if system == "ours":  # one plan for the configs that differ only in their paths
+                key = (gpus, job.fixed_micro, job.residual, job.model.name, job.batch, job.micro_batch)
+                plans[key] = plans.get(key) or str(plan_for(job, out))
+                job = replace(job, plan_path=plans[key])
             res = run_job(name, job, args.timeout)
         except Exception:  # noqa: BLE001 - recorded, the run goes on
             res = {"config": name, "gpus": gpus, "error": traceback.format_exc()[-2500:]}

@@ -7,7 +7,8 @@ alternatives, timed on the same matmuls:
 
 * ``cast-once``: one bf16 copy of every weight per step (``torch._foreach_copy_``); the weight
   gradient GEMM writes fp32 directly (``torch.mm(..., out_dtype=torch.float32)``), autograd
-  still accumulates it into ``.grad`` (so gradient-sync hooks see what they see today).
+  still accumulates it into ``.grad`` (so gradient-sync hooks see what they see today). Since
+  issue 33 this is the executor's own :class:`executor.cast_once.CastOnceLinear`.
 * ``main-grad``: as ``cast-once``, but the GEMM accumulates into an fp32 main gradient in place
   (``torch.addmm(..., out=main_grad)``, Megatron's gradient-accumulation fusion): no ``.grad``
   for autograd to add, which is what moves the change into the gradient-sync and ZeRO-1 hooks.
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.executor.run_meta import run_versions
+from executor.cast_once import CastOnceLinear, fp32_wgrad_supported
 from planner.model import PRESETS, ModelSpec
 
 VARIANTS = ("autocast", "cast-once", "main-grad")
@@ -82,6 +84,7 @@ def run_variant(variant: str, m: ModelSpec, layers: int, tokens: int, micro: int
     ws = [(torch.randn(o, i, generator=gen, device=device) * 0.02).requires_grad_(True) for _, i, o in shapes]
     lps = [torch.empty_like(w, dtype=torch.bfloat16) for w in ws]
     mains = [torch.zeros_like(w) for w in ws] if variant == "main-grad" else [None] * len(ws)
+    fp32 = fp32_wgrad_supported(device)
     xin = {k: torch.randn(tokens, n, generator=gen, device=device).to(torch.bfloat16).requires_grad_(True)
            for k, n in (("h", m.hidden_size), ("f", m.ffn_hidden_size))}
     dys = {o: torch.randn(tokens, o, generator=gen, device=device).to(torch.bfloat16) for _, _, o in shapes}
@@ -91,6 +94,8 @@ def run_variant(variant: str, m: ModelSpec, layers: int, tokens: int, micro: int
         if variant == "autocast":
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 outs = [F.linear(xin[k], w) for (k, _, _), w in zip(shapes, ws)]
+        elif variant == "cast-once":  # the executor's own projection (executor.cast_once)
+            outs = [CastOnceLinear.apply(xin[k], w, lp, fp32) for (k, _, _), w, lp in zip(shapes, ws, lps)]
         else:
             outs = [_LowpLinear.apply(xin[k], w, lp, mg) for (k, _, _), w, lp, mg in zip(shapes, ws, lps, mains)]
         torch.autograd.backward(outs, [dys[o.shape[-1]] for o in outs])

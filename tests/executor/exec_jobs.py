@@ -61,10 +61,11 @@ def pool_engine(plan: Plan, device: torch.device | None = None, **kw: Any) -> En
 
 
 def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: OptimConfig = ORACLE_OPTIM,
-                seed: int = 0, accelerator: bool = False) -> list[dict[str, Any] | None]:
+                seed: int = 0, accelerator: bool = False, chunked_loss: bool = False) -> list[dict[str, Any] | None]:
     """On every rank: train each plan on its batches; per plan, the losses/norms seen by this rank
     and (on rank 0) the gathered logical weights. Ranks beyond a plan's size idle. With
-    ``accelerator`` each rank runs on its current CUDA device (NCCL checks)."""
+    ``accelerator`` each rank runs on its current CUDA device (NCCL checks); ``chunked_loss``: the
+    last stages' cross-entropy in row chunks (executor.chunked_loss)."""
     rank = dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
     out: list[dict[str, Any] | None] = []
@@ -74,6 +75,7 @@ def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: Opt
             out.append(None)
             continue
         groups = eng.groups
+        eng.module.chunked_loss = chunked_loss
         stats = [eng.train_step(pipeline_rows(plan, eng.stage.pipeline, t)) for t in steps]
         state = eng.logical_state_dict(to_all=False)
         out.append({"losses": [s.loss for s in stats], "norms": [s.grad_norm for s in stats],
@@ -147,6 +149,7 @@ def tp_layers_job(n: int) -> int:
     import torch.nn.functional as F
     from torch.testing import assert_close
 
+    from executor.chunked_loss import chunked_vocab_cross_entropy
     from executor.model import MLP, Attention, rope_tables
     from executor.tp_layers import (
         ColumnParallelLinear,
@@ -223,6 +226,11 @@ def tp_layers_job(n: int) -> int:
     close(loss, ce.detach(), "cross-entropy fwd")
     loss.backward(g)
     close(lp.grad, _shard(ld.grad, -1, n, rank), "cross-entropy dlogits")
+    lc = _shard(logits, -1, n, rank).requires_grad_()  # in chunks of 4 rows (21 rows: a ragged last one)
+    loss = chunked_vocab_cross_entropy(lc, labels, vocab_start=rank * (v // n), group=group, rows=4)
+    close(loss, ce.detach(), "chunked cross-entropy fwd")
+    loss.backward(g)
+    close(lc.grad, _shard(ld.grad, -1, n, rank), "chunked cross-entropy dlogits")
 
     # attention block (GQA + RoPE + causal SDPA) and SwiGLU MLP vs the dense reference's blocks
     cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta)

@@ -98,10 +98,12 @@ def _reference() -> ReferenceRun:
     return reference_train(TINY8, _batches(), optim=ORACLE_OPTIM)
 
 
-@pytest.mark.parametrize("name", list(PLANS))
+@pytest.mark.parametrize("name", [*PLANS, "chunked-loss:tp2-1+single-gpipe-zero1"])
 def test_nccl4_oracle(nccl4: DistPool, name: str) -> None:
-    plan, ref = PLANS[name], _reference()
-    res = nccl4.run(train_plans, [plan], [_batches()], accelerator=True)
+    """``chunked-loss:``: the plan with executor.chunked_loss (its TP all-reduces on NCCL)."""
+    chunked, _, key = name.rpartition(":")
+    plan, ref = PLANS[key], _reference()
+    res = nccl4.run(train_plans, [plan], [_batches()], accelerator=True, chunked_loss=bool(chunked))
     results = [r[0] for r in res]
     for r in results:
         assert_close(r["losses"], ref.losses, rtol=RTOL, atol=0, msg=f"{name} losses")
@@ -112,11 +114,15 @@ def test_nccl4_oracle(nccl4: DistPool, name: str) -> None:
             assert_close(rebuilt[n], want, rtol=RTOL, atol=ATOL, msg=lambda m, n=n, p=p: f"{name} p{p} {n}: {m}")
 
 
-@pytest.mark.parametrize("name", BF16_PLANS)
+@pytest.mark.parametrize("name", [*BF16_PLANS, "chunked-loss:tp2-1+single-gpipe-zero1"])
 def test_nccl4_bf16_tracks_fp32(nccl4: DistPool, name: str) -> None:
-    fp32 = PLANS[name]
+    """bf16 runs the engine's cast-once weights (executor.cast_once: copies made after ZeRO-1's
+    gates); ``chunked-loss:`` also the chunked cross-entropy, in both runs."""
+    chunked, _, key = name.rpartition(":")
+    fp32 = PLANS[key]
     bf16 = _opts(fp32, dtype="bf16")
-    res = nccl4.run(train_plans, [fp32, bf16], [_batches(), _batches()], accelerator=True)
+    res = nccl4.run(train_plans, [fp32, bf16], [_batches(), _batches()], accelerator=True,
+                    chunked_loss=bool(chunked))
     l32, l16 = res[0][0]["losses"], res[0][1]["losses"]
     assert all(torch.isfinite(torch.tensor(l16)))
     assert_close(l16, l32, rtol=2e-2, atol=0)

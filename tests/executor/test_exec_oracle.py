@@ -109,6 +109,16 @@ def test_oracle(dist_pool, name: str) -> None:
     assert results[0]["tokens"] == [plan.global_batch_size * plan.model.seq_len] * STEPS
 
 
+@pytest.mark.parametrize("name", ["tp4-2-1-pipeline-uneven-mb", "tp4-vs-tp2x2-gpipe"])
+def test_oracle_chunked_loss(dist_pool, name: str) -> None:
+    """The cross-entropy in row chunks (executor.chunked_loss, TP 4 and 2 last stages) trains like
+    the dense reference too."""
+    plan = PLANS[name]
+    batches, ref = _reference(plan.model, plan.global_batch_size)
+    [results] = zip(*dist_pool.run(train_plans, [plan], [batches], chunked_loss=True))
+    check_against_reference(plan, list(results), ref)
+
+
 def test_plans_cover_the_matrix() -> None:
     """The plan set really has the asymmetries the oracle claims to cover."""
     tps_in_pipe = [{s.tp for s in p.stages} for plan in PLANS.values() for p in plan.pipelines]

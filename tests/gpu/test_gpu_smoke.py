@@ -37,12 +37,14 @@ def nccl_rank() -> Iterator[None]:
 
 
 def _train(dtype: str, *, compile_blocks: bool = False, head: bool = True, steps: int = STEPS,
-           residual: str = "fp32") -> list[float]:
-    return [s.loss for s in _steps(dtype, compile_blocks=compile_blocks, head=head, steps=steps, residual=residual)]
+           residual: str = "fp32", **paths: bool) -> list[float]:
+    return [s.loss for s in _steps(dtype, compile_blocks=compile_blocks, head=head, steps=steps, residual=residual,
+                                   **paths)]
 
 
 def _steps(dtype: str, *, compile_blocks: bool = False, head: bool = True, steps: int = STEPS,
-           residual: str = "fp32") -> list:
+           residual: str = "fp32", chunked_loss: bool = False, cast_once: bool = True, copies: list | None = None
+           ) -> list:
     from executor.engine import Engine
     from executor.groups import ProcessGroups
     from executor.optim import OptimConfig
@@ -54,11 +56,15 @@ def _steps(dtype: str, *, compile_blocks: bool = False, head: bool = True, steps
     topo = build_topology(plan)
     engine = Engine(plan, topo, ProcessGroups.create(topo), device=torch.device("cuda", 0),
                     optim=OptimConfig(lr=3e-3, warmup_steps=1, fused=True), seed=0)
+    engine.module.chunked_loss, engine.module.cast_once = chunked_loss, cast_once
     if compile_blocks:
         assert fast_path.compile_blocks(engine.module, head=head) == SMOKE.num_layers
     gen = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, SMOKE.vocab_size, (4, SMOKE.seq_len + 1), generator=gen).pin_memory()
-    return [engine.train_step(tokens) for _ in range(steps)]
+    out = [engine.train_step(tokens) for _ in range(steps)]
+    if copies is not None:
+        copies.append(engine.module.weight_copies.copies_made)
+    return out
 
 
 @pytest.mark.usefixtures("nccl_rank")
@@ -101,6 +107,25 @@ def test_compiled_fp32_first_step_equals_eager(head: bool) -> None:
     compiled = _steps("fp32", compile_blocks=True, head=head, steps=1)[0]
     assert compiled.loss == pytest.approx(eager.loss, rel=1e-5)
     assert compiled.grad_norm == pytest.approx(eager.grad_norm, rel=1e-4)
+
+
+@pytest.mark.usefixtures("nccl_rank")
+@pytest.mark.parametrize("compile_blocks", [False, True], ids=["eager", "compiled"])
+def test_chunked_loss_and_cast_once_train_like_the_old_paths(compile_blocks: bool) -> None:
+    """Issue 33's paths (executor.chunked_loss, opt-in; executor.cast_once with the fp32
+    weight-gradient GEMM, the engine's default) against the unchunked loss and autocast's casts:
+    the same training within bf16 tolerance, one weight copy per layer and step (2 micro-batches)."""
+    from executor.cast_once import fp32_wgrad_supported
+
+    assert fp32_wgrad_supported(torch.device("cuda", 0)), "torch.mm(..., out_dtype=float32) on this GPU"
+    copies: list[int] = []
+    new = _steps("bf16", compile_blocks=compile_blocks, chunked_loss=True, copies=copies)
+    old = _steps("bf16", compile_blocks=compile_blocks, chunked_loss=False, cast_once=False, copies=copies)
+    assert copies == [STEPS * (SMOKE.num_layers + 1), 0]
+    assert new[-1].loss < new[0].loss - 0.05
+    torch.testing.assert_close(torch.tensor([s.loss for s in new]), torch.tensor([s.loss for s in old]),
+                               rtol=2e-2, atol=2e-2)
+    assert new[0].grad_norm == pytest.approx(old[0].grad_norm, rel=2e-2)
 
 
 def test_fast_kernels_match_fp64() -> None:
