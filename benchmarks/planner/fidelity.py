@@ -199,21 +199,30 @@ def run(args: argparse.Namespace) -> Path:
                 print(leak, flush=True)
             for case, entry, result in zip(cases, entries, res["plans"]):
                 rows.append(measure_row(case, entry, result, cluster, resolved.profiles, sm, context))
+            write_result(out, meta, rows, runs, t_start, final=False)  # a run cut short keeps what it measured
     finally:
         if mps:
             subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False, timeout=60)
-    meta["wall_s"] = time.perf_counter() - t_start
-    now = _dt.datetime.now(_dt.timezone.utc)
-    meta["date"] = now.isoformat(timespec="seconds")
+    path = write_result(out, meta, rows, runs, t_start, final=True)
     stats = summary(rows)
     print(table(rows), flush=True)
     print(f"packed rows: worst |error| {_pct(stats['packed_max_abs'])}; total {meta['wall_s']:.0f} s", flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    device = "cpu" if args.quick else f"{gpu_label(str(meta['gpu']))}x{meta['gpus']}"
-    path = out / f"fidelity_{device}_{now.strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps({"benchmark": "planner.fidelity", "meta": meta, "summary": stats, "rows": rows,
-                                "runs": runs}, indent=1, default=float) + "\n")
     print(f"wrote {path}", flush=True)
+    return path
+
+
+def write_result(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]], runs: list[dict[str, Any]],
+                 t_start: float, *, final: bool) -> Path:
+    """The JSON of the rows so far (one file per run, rewritten after every launch; ``partial``
+    until the last)."""
+    meta["wall_s"] = time.perf_counter() - t_start
+    meta.setdefault("started", _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+    meta["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    out.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if meta["quick"] else f"{gpu_label(str(meta['gpu']))}x{meta['gpus']}"
+    path = out / f"fidelity_{device}_{meta['started']}.json"
+    path.write_text(json.dumps({"benchmark": "planner.fidelity", "partial": not final, "meta": meta,
+                                "summary": summary(rows), "rows": rows, "runs": runs}, indent=1, default=float) + "\n")
     return path
 
 
