@@ -63,7 +63,7 @@ class TrainConfig:
     hang_after: float = 1800.0  # no step finished this long: the job is hung
     startup_timeout: float = 600.0
     pg_timeout: float | None = None  # None: hang_after + 300 (executor.train_setup.pg_timeout)
-    # mixed-length data (plan = a strategy pool; executor.train_varlen)
+    # mixed-length data (plan = a strategy pool; executor.pool_runner)
     step_tokens: int | None = None  # tokens of a step's global batch
     lengths: str | None = None  # synthetic sequence lengths (hexiscale.lengths/1 file or synthetic:NAME) without data
     assign: str = "cost"  # sequences to strategies: by estimated cost, or by the strategies' length buckets
