@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     plan, pool = load_plan_or_pool(args.plan)  # a strategy pool: its home plan places the ranks
     # every node gets absolute paths and checked train arguments (one error line here, not one per rank)
     args.plan = os.path.abspath(args.plan)
-    mode = "elastic" if args.elastic or args.trace else "pool" if pool is not None else "plan"
+    mode = ("elastic_pool" if pool is not None else "elastic") if args.elastic or args.trace \
+        else "pool" if pool is not None else "plan"
     args.train_args = checked_train_args(args.train_args, plan_path=args.plan, mode=mode)
     run_id = checked_run_id(args.run_id, args.plan)
     if args.elastic or args.trace:
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                             "drop --dry-run (or --elastic/--trace to see the ranks' commands)")
         from hexiscale.launch.elastic_cli import launch_elastic
 
-        return launch_elastic(args, plan, run_id, env=dict(_env(args)))
+        return launch_elastic(args, pool if pool is not None else plan, run_id, env=dict(_env(args)))
     if args.local:
         return _run_local(args, plan, run_id)
     if not args.cluster:
