@@ -198,6 +198,11 @@ def test_the_launcher_refuses_what_its_ranks_would() -> None:
     with pytest.raises(SpecError, match="^--trace: not available with a strategy pool"):
         checked_train_args(["--step-tokens", "4096", "--trace", "t.json"], plan_path=str(POOL), mode="pool")
     assert checked_train_args(["--zero", "1"], plan_path=str(PLAN)) == ["--zero", "1"]
+    # an elastic job on a pool takes the mixed-length flags and refuses what a pool or an elastic job refuses
+    assert checked_train_args(["--step-tokens", "4096"], plan_path=str(POOL), mode="elastic_pool") == \
+        ["--step-tokens", "4096"]
+    with pytest.raises(SpecError, match="^--zero: not available with an elastic job on a strategy pool"):
+        checked_train_args(["--step-tokens", "4096", "--zero", "1"], plan_path=str(POOL), mode="elastic_pool")
 
 
 def test_an_elastic_trace_refuses_a_stop_before_its_last_change(tmp_path: Path,
