@@ -146,46 +146,58 @@ def _train(args: TrainConfig, plan: Plan, pool: StrategyPool | None, docs: DocSo
     runner: StepRunner
     if pool is not None:
         assert docs is not None and cluster is not None
-        note(renv.rank, f"building the model ({pool.model.name}; the hot-switching engine, home strategy "
-                        f"{pool.strategies[pool.home].name})...")
-        hot, groups = pool_runner.build_engine(pool, args, device=prep.device, optim=opt)
-        cursor = 0
-        if resume is not None:
-            note(renv.rank, f"loading checkpoint {resume}...")
-            cursor = pool_runner.resume(hot.home, resume)
-        note(renv.rank, f"loading data ({args.data or args.lengths})...")
-        runner = PoolRunner(hot, groups, pool, args, source=docs, cluster=cluster, cursor=cursor,
-                            tensorboard=tensorboard)
-        _say(renv.rank, f"strategy pool of {len(pool.strategies)} ({', '.join(s.name for s in pool.strategies)}; "
-             f"home {pool.strategies[pool.home].name}), {plan.world_size} ranks, model {pool.model.name}, context "
-             f"{pool.context:,}, {args.step_tokens:,} tokens per step, data {args.data or args.lengths}, "
-             f"{prep.device.type}, steps {hot.home.step}..{args.end}" + (f", resumed from {resume}" if resume else ""))
-        compiled = 0
+        runner, compiled = _pool_runner(args, pool, docs, cluster, renv, prep, opt, resume, tensorboard), 0
     else:
-        note(renv.rank, f"building the model ({plan.model.name}, rank 0's stage: layers "
-                        f"{plan.pipelines[0].stages[0].layers[0]}-{plan.pipelines[0].stages[0].layers[1] - 1})...")
-        engine, compiled = plan_runner.build_engine(plan, args, device=prep.device, optim=opt, backend=backend)
-        if renv.rank == 0:
-            print(f"hexiscale train: rank 0 connected {engine.groups.members()} communicators in "
-                  f"{engine.groups.setup_s:.2f} s" + (f" ({engine.groups.device_mib:.0f} MiB of device memory)"
-                                                     if backend == "nccl" else ""), flush=True)
-        # --compile forces compilation; a plan whose options.compile is set asks for it itself
-        if (args.compile or plan.options.compile) and renv.rank == 0:
-            source = "--compile" if args.compile else "the plan's options.compile"
-            print(f"hexiscale train: {source}: " + (f"{compiled} blocks of rank 0's stage compiled (the first step "
-                  "compiles them)" if compiled else "the CPU runs eager (torch.compile is used on CUDA only)"),
-                  flush=True)
-        position = DataPosition()
-        if resume is not None:
-            note(renv.rank, f"loading checkpoint {resume}...")
-            position = plan_runner.resume(engine, resume)
-        note(renv.rank, f"loading data ({args.data or 'synthetic tokens'})...")
-        trace = StepTrace(path=args.trace, plan=plan, device=prep.device, rank=renv.rank, world=engine.groups.world,
-                          window=trace_window(engine.step, args.steps, args.trace_steps)) if args.trace else None
-        runner = PlanRunner(engine, args, source=prep.source, position=position, cluster=cluster,
-                            tensorboard=tensorboard, trace=trace)
-        _say(renv.rank, f"{plan.world_size} ranks, {len(plan.pipelines)} pipelines, model {plan.model.name}, "
-             f"{prep.device.type} ({backend}), data {args.data or 'synthetic'}, steps {engine.step}..{args.end}"
-             + (f", resumed from {resume}" if resume else ""))
+        runner, compiled = _plan_runner(args, plan, cluster, renv, prep, opt, backend, resume, tensorboard)
     step_starting(renv.rank, runner.engine.step + 1, compiled=bool(compiled))
     run_loop(args, runner, wd=wd, fault=fault)
+
+
+def _pool_runner(args: TrainConfig, pool: StrategyPool, docs: DocSource, cluster: ClusterSpec, renv: RankEnv,
+                 prep: Prepared, opt: OptimConfig, resume: str | None,
+                 tensorboard: TensorBoardSink | None) -> PoolRunner:
+    note(renv.rank, f"building the model ({pool.model.name}; the hot-switching engine, home strategy "
+                    f"{pool.strategies[pool.home].name})...")
+    hot, groups = pool_runner.build_engine(pool, args, device=prep.device, optim=opt)
+    cursor = 0
+    if resume is not None:
+        note(renv.rank, f"loading checkpoint {resume}...")
+        cursor = pool_runner.resume(hot.home, resume)
+    note(renv.rank, f"loading data ({args.data or args.lengths})...")
+    runner = PoolRunner(hot, groups, pool, args, source=docs, cluster=cluster, cursor=cursor, tensorboard=tensorboard)
+    _say(renv.rank, f"strategy pool of {len(pool.strategies)} ({', '.join(s.name for s in pool.strategies)}; "
+         f"home {pool.strategies[pool.home].name}), {pool.home_plan.world_size} ranks, model {pool.model.name}, "
+         f"context {pool.context:,}, {args.step_tokens:,} tokens per step, data {args.data or args.lengths}, "
+         f"{prep.device.type}, steps {hot.home.step}..{args.end}" + (f", resumed from {resume}" if resume else ""))
+    return runner
+
+
+def _plan_runner(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv: RankEnv, prep: Prepared,
+                 opt: OptimConfig, backend: str, resume: str | None,
+                 tensorboard: TensorBoardSink | None) -> tuple[PlanRunner, int]:
+    """The plan's runner and how many blocks were compiled."""
+    note(renv.rank, f"building the model ({plan.model.name}, rank 0's stage: layers "
+                    f"{plan.pipelines[0].stages[0].layers[0]}-{plan.pipelines[0].stages[0].layers[1] - 1})...")
+    engine, compiled = plan_runner.build_engine(plan, args, device=prep.device, optim=opt, backend=backend)
+    if renv.rank == 0:
+        print(f"hexiscale train: rank 0 connected {engine.groups.members()} communicators in "
+              f"{engine.groups.setup_s:.2f} s" + (f" ({engine.groups.device_mib:.0f} MiB of device memory)"
+                                                 if backend == "nccl" else ""), flush=True)
+    # --compile forces compilation; a plan whose options.compile is set asks for it itself
+    if (args.compile or plan.options.compile) and renv.rank == 0:
+        source = "--compile" if args.compile else "the plan's options.compile"
+        print(f"hexiscale train: {source}: " + (f"{compiled} blocks of rank 0's stage compiled (the first step "
+              "compiles them)" if compiled else "the CPU runs eager (torch.compile is used on CUDA only)"), flush=True)
+    position = DataPosition()
+    if resume is not None:
+        note(renv.rank, f"loading checkpoint {resume}...")
+        position = plan_runner.resume(engine, resume)
+    note(renv.rank, f"loading data ({args.data or 'synthetic tokens'})...")
+    trace = StepTrace(path=args.trace, plan=plan, device=prep.device, rank=renv.rank, world=engine.groups.world,
+                      window=trace_window(engine.step, args.steps, args.trace_steps)) if args.trace else None
+    runner = PlanRunner(engine, args, source=prep.source, position=position, cluster=cluster,
+                        tensorboard=tensorboard, trace=trace)
+    _say(renv.rank, f"{plan.world_size} ranks, {len(plan.pipelines)} pipelines, model {plan.model.name}, "
+         f"{prep.device.type} ({backend}), data {args.data or 'synthetic'}, steps {engine.step}..{args.end}"
+         + (f", resumed from {resume}" if resume else ""))
+    return runner, compiled

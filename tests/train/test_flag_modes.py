@@ -62,8 +62,8 @@ SAMPLE_IN = {("cluster", "pool"): [str(CLUSTER)], ("cluster", "elastic_pool"): [
 READ_AS = {"stop_at": "end"}
 # the code each mode's loop runs (besides the checks every mode shares); a flag it honours is read there
 LOOP: dict[str, list[Any]] = {
-    "plan": [train.run_training, train._train, train_loop, plan_runner, train_setup],
-    "pool": [train.run_training, train._train, train_loop, pool_runner, pool_source, train_setup],
+    "plan": [train.run_training, train._train, train._plan_runner, train_loop, plan_runner, train_setup],
+    "pool": [train.run_training, train._train, train._pool_runner, train_loop, pool_runner, pool_source, train_setup],
     "elastic": [elastic_train, elastic_switch, train_loop, plan_runner, train_setup],
     "elastic_pool": [elastic_train, elastic_switch, train_loop, pool_runner, pool_source, train_setup],
 }
