@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from planner.errors import SpecError
 from planner.ranges import check_int, check_number
 
-MODES = ("plan", "pool", "elastic")  # the training loops (executor.flag_modes)
+MODES = ("plan", "pool", "elastic", "elastic_pool")  # what the training loop runs (executor.flag_modes)
 Check = Callable[[str, Any], object]  # (flag, value): raises SpecError naming the flag
 
 

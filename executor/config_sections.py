@@ -37,9 +37,9 @@ _POOL_OPTIONS = "the pool's strategies carry their own options: plan the pool wi
 _ELASTIC_OPTIONS = ("every epoch's plan takes its options from the launch plan: set them in PLAN.json's options "
                     "before 'hexiscale launch --elastic'")
 _OPTIONS = {"pool": _POOL_OPTIONS, "elastic": _ELASTIC_OPTIONS}
-_VARLEN = ("it is for mixed-length data, and --plan is not a strategy pool: pass the pool of 'hexiscale plan "
+VARLEN_ONLY = ("it is for mixed-length data, and --plan is not a strategy pool: pass the pool of 'hexiscale plan "
            "--lengths ... -o POOL.json' as --plan")
-_NOT_VARLEN = {"plan": _VARLEN, "elastic": _VARLEN}
+_NOT_VARLEN = {"plan": VARLEN_ONLY, "elastic": VARLEN_ONLY}
 
 
 def _add_seed_arguments(group: argparse._ArgumentGroup) -> None:
@@ -145,7 +145,7 @@ class OptimSection(Section):
 
 @dataclass(frozen=True)
 class VarlenSection(Section):
-    """Mixed-length data: ``--plan`` is a strategy pool (executor.train_varlen)."""
+    """Mixed-length data: ``--plan`` is a strategy pool (executor.pool_runner)."""
 
     GROUP: ClassVar[str] = MIXED
 

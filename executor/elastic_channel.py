@@ -7,14 +7,16 @@ of the job's TCPStore (the supervisor hosts it, so it outlives every rank).
 
 **Epochs** (``<attempt prefix>/elastic/``; epoch 0 is the launch plan, each switch starts the next):
 
-* ``plan/<e>`` — the plan of epoch ``e`` (JSON), written before its joining processes start;
+* ``plan/<e>`` — the layout of epoch ``e`` (JSON: a plan, or a strategy pool by its ``format``),
+  written before its joining processes start;
 * ``ready/<e>/<device>`` — a joining process passed its local checks (``ok``) or not (its error);
 * ``epoch/<e>`` — the go: ``{"old_plan", "plan", "leave", "join"}``, once every joiner is ready;
 * ``at/<e>`` — the step after which epoch ``e`` starts, written once (``compare_set``): by the
   supervisor ahead of time (a trace's phase boundary), else by rank 0 as ``k + 1`` when it first
   sees ``epoch/<e>`` after step ``k``;
 * ``state/<e>`` — ``{"step", "samples"}``, the data position at the switch (old rank 0), for the
-  joiners; ``done/<e>`` — the new rank 0's report of the switch.
+  joiners (``samples``: a plan's samples read, a pool's next sequence); ``done/<e>`` — the new
+  rank 0's report of the switch.
 
 **Why every rank switches after the same step.** Each rank checks ``at/<e>`` after every step
 (one store round trip). Rank 0 writes ``at/<e> = k + 1`` *before* it enters step ``k + 1``; no rank
@@ -32,7 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from planner.errors import SpecError
-from planner.plan import Plan, plan_from_dict, plan_to_dict
+from planner.varlen.layout_doc import Layout, home_plan, layout_from_dict, layout_to_dict
 
 
 def request_prefix(run_id: str) -> str:
@@ -56,14 +58,16 @@ class Channel:
         self.store.wait([self._k(name)], timedelta(seconds=timeout_s))
 
     # ------------------------------------------------------------------ supervisor
-    def publish_plan(self, e: int, plan: Plan) -> None:
-        self.store.set(self._k(f"plan/{e}"), json.dumps(plan_to_dict(plan)))
+    def publish_plan(self, e: int, plan: Layout) -> None:
+        self.store.set(self._k(f"plan/{e}"), json.dumps(layout_to_dict(plan)))
 
-    def publish_epoch(self, e: int, old: Plan, new: Plan) -> None:
-        leave = [d for d in old.devices if d not in set(new.devices)]
-        join = [d for d in new.devices if d not in set(old.devices)]
-        self.store.set(self._k(f"epoch/{e}"), json.dumps({"old_plan": plan_to_dict(old), "plan": plan_to_dict(new),
-                                                          "leave": leave, "join": join}))
+    def publish_epoch(self, e: int, old: Layout, new: Layout) -> None:
+        """The go of epoch ``e``; ``old`` and ``new`` are plans or strategy pools (their ``format``)."""
+        old_devices, new_devices = home_plan(old).devices, home_plan(new).devices
+        leave = [d for d in old_devices if d not in set(new_devices)]
+        join = [d for d in new_devices if d not in set(old_devices)]
+        self.store.set(self._k(f"epoch/{e}"), json.dumps({"old_plan": layout_to_dict(old),
+                                                          "plan": layout_to_dict(new), "leave": leave, "join": join}))
 
     def schedule(self, e: int, after_step: int) -> int:
         """Ask for epoch ``e`` to start after ``after_step``; returns the step that holds."""
@@ -99,8 +103,8 @@ class Channel:
         """Has the go of epoch ``e`` been given (its plans can be read without waiting)?"""
         return bool(self.store.check([self._k(f"epoch/{e}")]))
 
-    def epoch(self, e: int, timeout_s: float) -> tuple[Plan, Plan]:
-        """(old plan, new plan) of epoch ``e``, waiting up to ``timeout_s`` for the go."""
+    def epoch(self, e: int, timeout_s: float) -> tuple[Layout, Layout]:
+        """(old layout, new layout) of epoch ``e`` (plans or pools), waiting up to ``timeout_s`` for the go."""
         try:
             if not self.published(e):
                 self._wait(f"epoch/{e}", timeout_s)
@@ -108,7 +112,7 @@ class Channel:
             raise SpecError("elastic", f"epoch {e} was not published within {timeout_s:.0f} s",
                             "the supervisor could not re-plan or start the joining devices") from None
         rec = self._get_json(f"epoch/{e}")
-        return plan_from_dict(rec["old_plan"]), plan_from_dict(rec["plan"])
+        return layout_from_dict(rec["old_plan"]), layout_from_dict(rec["plan"])
 
     def set_state(self, e: int, step: int, samples: int) -> None:
         self.store.set(self._k(f"state/{e}"), json.dumps({"step": step, "samples": samples}))

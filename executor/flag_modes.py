@@ -1,8 +1,10 @@
 """Which ``hexiscale train`` flag each mode honours: the one table (no torch).
 
-The modes are the three training loops: ``plan`` (a plan file, or the seed-style flags that make
-one; :mod:`executor.train`), ``pool`` (a strategy pool as ``--plan``; :mod:`executor.train_varlen`)
-and ``elastic`` (a plan under an elastic supervisor; :mod:`executor.elastic_train`). A flag not in
+The modes are what the one training loop (:mod:`executor.train_loop`) runs: ``plan`` (a plan file,
+or the seed-style flags that make one; :mod:`executor.plan_runner`), ``pool`` (a strategy pool as
+``--plan``; :mod:`executor.pool_runner`), ``elastic`` (a plan under an elastic supervisor;
+:mod:`executor.elastic_train`) and ``elastic_pool`` (a strategy pool under one: it refuses what a
+pool refuses and what an elastic job refuses, but takes the mixed-length flags). A flag not in
 a mode's ``refuse`` is honoured there; where a mode cannot honour a flag that was given, training
 stops before its first step with one line naming the flag, the mode and what to do instead
 (:func:`check_flags`). A flag counts as given when its value differs from the config's default (a
@@ -25,25 +27,32 @@ from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
 from executor.config_option import MODES, opt_of
-from executor.config_sections import LayoutSection
+from executor.config_sections import VARLEN_ONLY, LayoutSection
 from executor.train_config import SECTIONS
 from planner.errors import SpecError
 from planner.plan import Plan
 
 MODE_WORDS = {"plan": "a plan", "pool": "a strategy pool (--plan POOL.json, hot switching)",
-              "elastic": "an elastic job"}
+              "elastic": "an elastic job", "elastic_pool": "an elastic job on a strategy pool"}
 OPTION_FLAGS = {name: f"--{name}" for name in LayoutSection.PLAN_OPTIONS}  # PlanOptions field -> its flag
 _SEED = "use either --plan or the seed-style flags"
 
 
 @dataclass(frozen=True)
 class Flag:
-    """One flag: where its value lives and the modes that refuse it (mode -> what to do instead)."""
+    """One flag: where its value lives and the modes that refuse it (mode -> what to do instead;
+    ``elastic_pool`` follows from ``pool`` and ``elastic``, module docstring)."""
 
     flag: str
     attr: str | None  # the dotted TrainConfig field (run.steps); None: read by the CLI before the config
     refuse: dict[str, str] = field(default_factory=dict)
     seed: bool = False  # a seed-style layout flag: makes the plan without --plan, refused with it
+
+    def __post_init__(self) -> None:
+        elastic = self.refuse.get("elastic")
+        why = self.refuse.get("pool") or (elastic if elastic != VARLEN_ONLY else None)
+        if why is not None and "elastic_pool" not in self.refuse:
+            self.refuse["elastic_pool"] = why
 
 
 def _layout_rows(path: str, f: Field[Any], default: Any) -> dict[str, Flag]:

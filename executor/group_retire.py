@@ -12,7 +12,7 @@ each switch on 4x H200, destroying the old world another 119-487 ms (benchmarks/
    unused. Nothing resolves them any more, and no later ``destroy_process_group()`` (which shuts
    down every group torch knows) touches them.
 2. **Release** at the *retire point*, the step boundary after the new plan's first step
-   (:func:`executor.elastic_train`): the engine drains, the device is synchronised, every process
+   (:mod:`executor.elastic_switch`): the engine drains, the device is synchronised, every process
    that held them (every device of the old plan, or of the old world) meets the others on the
    store, and each group is shut down in its own thread (:mod:`executor.group_release`); the next
    step starts once all are.

@@ -121,6 +121,14 @@ class SwitchGroups:
     reshard: Any  # all ranks, transfers only (None for one rank)
     layouts: Any  # all ranks, gloo: the step layouts rank 0 broadcasts (executor.step_prefetch)
 
+    def hand_over_extra(self) -> list[Any]:
+        """The groups beside the home plan's (working layouts, transfers, step layouts), forgotten
+        here: an elastic switch retires them with the home engine's (:mod:`executor.group_retire`)."""
+        out = [g for w in self.working.values() for g in w.hand_over()]
+        out += [g for g in (self.reshard, self.layouts) if g is not None]
+        self.working, self.reshard, self.layouts = {}, None, None
+        return out
+
     def close(self) -> None:
         """Collective over the default group: destroy them all."""
         for g in reversed(list(self.working.values())):
@@ -155,13 +163,14 @@ class HotSwitchEngine:
 
     def __init__(self, plans: Sequence[Plan], home: int, groups: SwitchGroups, *, device: torch.device,
                  optim: OptimConfig = OptimConfig(), seed: int = 0, wire_dtype: torch.dtype | None = None,
-                 on_nonfinite: str = "stop"):
+                 on_nonfinite: str = "stop", init: bool = True):
         self.plans = list(plans)
         self.home_index = home
         topos = groups.topologies
         # the step's update is the home engine's, and so is its NaN/Inf guard (executor.nonfinite)
+        # init=False: an elastic switch installs the moved state into it (executor.elastic_switch)
         self.home = Engine(plans[home], topos[home], groups.home, device=device, optim=optim, seed=seed,
-                           on_nonfinite=on_nonfinite)
+                           on_nonfinite=on_nonfinite, init=init)
         self.layouts = {k: WorkingLayout(plans[k], topos[k], g, self.home, groups.reshard, wire_dtype)
                         for k, g in groups.working.items()}
         if self.home.device.type == "cuda":  # the other strategies' TP shards too, checked as one set

@@ -109,7 +109,7 @@ def local_checks(plan: Plan, renv: RankEnv, args: TrainConfig, *, pool: bool = F
     """This rank's checks (device, memory, data, output paths, and on rank 0 the TensorBoard package
     when a ``--tensorboard`` folder is asked for); the first problem is a ``SpecError``. The
     checkpoint to resume is chosen after these pass (:mod:`executor.resume`). ``pool``: the plan is
-    a strategy pool's home plan and ``--data`` holds documents (read by :mod:`executor.train_varlen`)."""
+    a strategy pool's home plan and ``--data`` holds documents (read by :mod:`executor.pool_runner`)."""
     from executor.data import make_source
 
     check_supported(plan)

@@ -1,8 +1,8 @@
 """Short progress lines of rank 0 before its first step (start-up takes seconds on a small job and
 minutes on a large one, and used to show nothing): on stderr, so stdout keeps only the step lines.
-They start after pre-flight, so a user error is still the run's only line. Plan training
-(:mod:`executor.train`), strategy-pool training (:mod:`executor.train_varlen`) and elastic
-training (:mod:`executor.elastic_train`) all say them through here."""
+They start after pre-flight, so a user error is still the run's only line. Plan and
+strategy-pool training (:mod:`executor.train`) and elastic training (:mod:`executor.elastic_train`)
+all say them through here."""
 
 from __future__ import annotations
 

@@ -165,7 +165,8 @@ def run_schedule(kind: str, *, module: StageModule, comm: StageComm, micro: list
     ``trace`` records each micro-batch's forward and backward (:mod:`executor.trace`).
     """
     check_trainable(kind, n_stages, len(micro))
-    ops = schedule_named(kind).ops(n_stages, comm.stage.index, len(micro))
+    # a hot-switching phase may give a pipeline no sequences: its ranks have no op (and no message)
+    ops = schedule_named(kind).ops(n_stages, comm.stage.index, len(micro)) if micro else []
     wgrad = WeightGradStore() if any(op.kind == "W" for op in ops) else None
     runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext, trace, wgrad)
     install(module, wgrad)

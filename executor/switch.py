@@ -56,6 +56,7 @@ each on 4x H200, run 4's ``leave``) are destroyed at the retire point.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,9 +127,12 @@ def _state_of(states: list[RankState], device: str) -> RankState | None:
     return next((s for s in states if s.device == device), None)
 
 
-def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag: str) -> SwitchResult:
+def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag: str,
+           also: Sequence[Any] = ()) -> SwitchResult:
     """Move this process's part of the state per ``rp`` (module docstring); collective over every
-    process of the old and the new plan. ``engine``: the old plan's engine (None on a joiner)."""
+    process of the old and the new plan. ``engine``: the old plan's engine (None on a joiner);
+    ``also``: more groups of the old layout to retire with the engine's (a strategy pool's working
+    layouts, :meth:`executor.hot_switch.SwitchGroups.hand_over_extra`)."""
     stats = SwitchStats()
     old_state = _state_of(rank_states(rp.old), me)
     new_state = _state_of(rank_states(rp.new), me)
@@ -142,9 +146,9 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     stats.alloc_s = clock.lap()
     retired: list[Retired] = []
     if engine is not None:
-        retired.append(Retired.take(engine.groups.hand_over(), store=world.store, key=f"{world.prefix}/retire/{tag}",
-                                    count=len(rp.old.devices), device=world.device, who=me,
-                                    timeout_s=world.timeout_s))
+        retired.append(Retired.take([*engine.groups.hand_over(), *also], store=world.store,
+                                    key=f"{world.prefix}/retire/{tag}", count=len(rp.old.devices),
+                                    device=world.device, who=me, timeout_s=world.timeout_s))
     stats.close_s = clock.lap()
     world.enter(switch_members(rp), f"{tag}/switch", retire=retired)
     stats.world_setup_s += world.setup_s

@@ -6,38 +6,39 @@ store (any failure: every rank exits 1 with the same message, nothing trained) -
 heartbeat watchdog -> engine (+ resume) -> steps (log, checkpoint) -> clean finish. From the process
 group on, any failure is turned into one job-wide verdict and exit code by the watchdog (see
 :mod:`executor.launch.watchdog` for the codes and the time bound). A strategy pool as the plan
-trains mixed-length data with hot switching (:mod:`executor.train_varlen`) in place of the plan's steps.
+trains mixed-length data with hot switching. The steps are :mod:`executor.train_loop`'s, over a
+plan's runner (:mod:`executor.plan_runner`) or a pool's (:mod:`executor.pool_runner`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import torch.distributed as dist
 
-from executor import allocator, checkpoint, fast_path
-from executor.data import BatchStream, DataPosition, pipeline_rows
-from executor.engine import Engine
-from executor.groups import ProcessGroups
+from executor import allocator, plan_runner, pool_runner
+from executor.data import DataPosition
+from executor.doc_source import DocSource
 from executor.launch import flight
 from executor.launch.bounded_store import BoundedStore, StoreError, StoreTimeout
 from executor.launch.env import RankEnv, connect_store, rank_env
-from executor.launch.faults import maybe_inject, parse_fault
+from executor.launch.faults import parse_fault
 from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_RANK_FAILURE, EXIT_USER_ERROR, Watchdog, log_error
-from executor.metrics import StepLogger
 from executor.optim import OptimConfig
+from executor.plan_runner import PlanRunner
+from executor.pool_runner import PoolRunner
+from executor.pool_source import doc_source
 from executor.preflight import Prepared, agree, local_checks, wait_all_seen
 from executor.progress import note, step_starting
 from executor.resume import choose_checkpoint
-from executor.saving import Saver
 from executor.tensorboard_sink import TensorBoardSink
 from executor.trace import StepTrace, trace_window
 from executor.train_config import TrainConfig
+from executor.train_loop import StepRunner, run_loop
 from executor.train_setup import (
     check_world,
     classify,
@@ -46,10 +47,8 @@ from executor.train_setup import (
     pg_timeout,
     resolve_plan,
 )
-from executor.train_varlen import doc_source, train_pool
 from planner.cluster import ClusterSpec
 from planner.errors import SpecError
-from planner.layout import build_topology
 from planner.plan import Plan
 from planner.varlen.pool import StrategyPool
 
@@ -86,7 +85,8 @@ def run_training(args: TrainConfig) -> int:
         agree(bounded, renv, error, args.faults.startup_timeout)
         assert prep is not None
         prep.resume = choose_checkpoint(bounded, renv, plan, args.checkpoint.resume, args.run.steps,
-                                        args.faults.startup_timeout) if args.checkpoint.resume else None
+                                        args.faults.startup_timeout) \
+            if args.checkpoint.resume else None
     except StoreError as exc:  # the store's host froze or died before the watchdog runs: a rank failure
         where = "the launcher that hosts it" if renv and renv.store_hosted else "rank 0, which hosts it,"
         how = "froze or its host is unreachable" if isinstance(exc, StoreTimeout) else "died"
@@ -110,12 +110,7 @@ def run_training(args: TrainConfig) -> int:
         wd.start(store)  # before the process group: a peer or store host that freezes in set-up is named too
         note(renv.rank, f"pre-flight passed on {renv.world_size} ranks; connecting the process group...")
         backend = init_process_group(renv, store, prep.device, timeout_s)
-        if pool is not None:
-            assert docs is not None
-            train_pool(args, pool, cluster, docs, rank=renv.rank, device=prep.device, optim=opt,
-                       resume=str(prep.resume.path) if prep.resume else None, wd=wd, fault=fault)
-        else:
-            _train_plan(args, plan, cluster, renv, prep, opt, wd, backend, fault)
+        _train(args, plan, pool, docs, cluster, renv, prep, opt, wd, backend, fault)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one job-wide verdict
@@ -143,66 +138,71 @@ def _refuse_compiled_pool(pool: StrategyPool) -> None:
                             "set it to false, or train one plan of the pool")
 
 
-def _train_plan(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv: RankEnv, prep: Prepared,
-                opt: OptimConfig, wd: Watchdog, backend: str, fault: Any) -> None:
-    """Steps of one plan on this rank (groups, engine, resume, data, logs, checkpoints, trace)."""
-    topology = build_topology(plan)
+def _train(args: TrainConfig, plan: Plan, pool: StrategyPool | None, docs: DocSource | None,
+           cluster: ClusterSpec | None, renv: RankEnv, prep: Prepared, opt: OptimConfig, wd: Watchdog, backend: str,
+           fault: Any) -> None:
+    """This rank's runner (a plan's, or a pool's: :mod:`executor.train_loop`), resumed if asked, then the loop."""
+    resume = str(prep.resume.path) if prep.resume else None
+    tensorboard = TensorBoardSink(args.metrics.tensorboard) if args.metrics.tensorboard and renv.rank == 0 else None
     note(renv.rank, "creating the communicators...")
-    groups = ProcessGroups.create(topology, backend)
-    if renv.rank == 0:
-        print(f"hexiscale train: rank 0 connected {groups.members()} communicators in {groups.setup_s:.2f} s"
-              + (f" ({groups.device_mib:.0f} MiB of device memory)" if backend == "nccl" else ""), flush=True)
+    runner: StepRunner
+    if pool is not None:
+        assert docs is not None and cluster is not None
+        runner, compiled = _pool_runner(args, pool, docs, cluster, renv, prep, opt, resume, tensorboard), 0
+    else:
+        runner, compiled = _plan_runner(args, plan, cluster, renv, prep, opt, backend, resume, tensorboard)
+    step_starting(renv.rank, runner.engine.step + 1, compiled=bool(compiled))
+    run_loop(args, runner, wd=wd, fault=fault)
+
+
+def _pool_runner(args: TrainConfig, pool: StrategyPool, docs: DocSource, cluster: ClusterSpec, renv: RankEnv,
+                 prep: Prepared, opt: OptimConfig, resume: str | None,
+                 tensorboard: TensorBoardSink | None) -> PoolRunner:
+    note(renv.rank, f"building the model ({pool.model.name}; the hot-switching engine, home strategy "
+                    f"{pool.strategies[pool.home].name})...")
+    hot, groups = pool_runner.build_engine(pool, args, device=prep.device, optim=opt)
+    cursor = 0
+    if resume is not None:
+        note(renv.rank, f"loading checkpoint {resume}...")
+        cursor = pool_runner.resume(hot.home, resume)
+    note(renv.rank, f"loading data ({args.data.path or args.varlen.lengths})...")
+    runner = PoolRunner(hot, groups, pool, args, source=docs, cluster=cluster, cursor=cursor, tensorboard=tensorboard)
+    _say(renv.rank, f"strategy pool of {len(pool.strategies)} ({', '.join(s.name for s in pool.strategies)}; "
+         f"home {pool.strategies[pool.home].name}), {pool.home_plan.world_size} ranks, model {pool.model.name}, "
+         f"context {pool.context:,}, {args.varlen.step_tokens:,} tokens per step, "
+         f"data {args.data.path or args.varlen.lengths}, "
+         f"{prep.device.type}, steps {hot.home.step}..{args.run.end}" + (f", resumed from {resume}" if resume else ""))
+    return runner
+
+
+def _plan_runner(args: TrainConfig, plan: Plan, cluster: ClusterSpec | None, renv: RankEnv, prep: Prepared,
+                 opt: OptimConfig, backend: str, resume: str | None,
+                 tensorboard: TensorBoardSink | None) -> tuple[PlanRunner, int]:
+    """The plan's runner and how many blocks were compiled."""
     note(renv.rank, f"building the model ({plan.model.name}, rank 0's stage: layers "
                     f"{plan.pipelines[0].stages[0].layers[0]}-{plan.pipelines[0].stages[0].layers[1] - 1})...")
-    engine = Engine(plan, topology, groups, device=prep.device, optim=opt, seed=args.run.seed,
-                    on_nonfinite=args.faults.on_nonfinite)
+    engine, compiled = plan_runner.build_engine(plan, args, device=prep.device, optim=opt, backend=backend)
+    if renv.rank == 0:
+        print(f"hexiscale train: rank 0 connected {engine.groups.members()} communicators in "
+              f"{engine.groups.setup_s:.2f} s" + (f" ({engine.groups.device_mib:.0f} MiB of device memory)"
+                                                 if backend == "nccl" else ""), flush=True)
     # --compile forces compilation; a plan whose options.compile is set asks for it itself
-    want = args.layout.compile or plan.options.compile
-    compiled = fast_path.compile_blocks(engine.module) if want else 0
-    if want and renv.rank == 0:
+    if (args.layout.compile or plan.options.compile) and renv.rank == 0:
         source = "--compile" if args.layout.compile else "the plan's options.compile"
         print(f"hexiscale train: {source}: " + (f"{compiled} blocks of rank 0's stage compiled (the first step "
               "compiles them)" if compiled else "the CPU runs eager (torch.compile is used on CUDA only)"), flush=True)
     position = DataPosition()
-    if prep.resume is not None:
-        note(renv.rank, f"loading checkpoint {prep.resume.path}...")
-        extra = checkpoint.load(engine, prep.resume.path)
-        gbs = plan.global_batch_size
-        position = DataPosition.from_dict(extra["data"], str(prep.resume.path)) if "data" in extra \
-            else DataPosition(engine.step, engine.step * gbs)
-    pipeline = engine.stage.pipeline
+    if resume is not None:
+        note(renv.rank, f"loading checkpoint {resume}...")
+        position = plan_runner.resume(engine, resume)
     note(renv.rank, f"loading data ({args.data.path or 'synthetic tokens'})...")
-    stream = BatchStream(prep.source, global_batch_size=plan.global_batch_size,
-                         rows=pipeline_rows(plan, pipeline), position=position, device=prep.device)
-    logger = StepLogger(plan, renv.rank, pipeline, leader=engine.stage.is_first and engine.tp_rank == 0,
-                        device=prep.device, cluster=cluster, jsonl=args.metrics.log_jsonl, every=args.metrics.log_every,
-                        tensorboard=TensorBoardSink(args.metrics.tensorboard)
-                        if args.metrics.tensorboard and renv.rank == 0 else None)
-    saver = Saver(engine, args.checkpoint.dir, args.checkpoint.save_every, args.checkpoint.async_save)
-    start = engine.step
-    trace = StepTrace(path=args.metrics.trace, plan=plan, device=prep.device, rank=renv.rank, world=groups.world,
-                      window=trace_window(start, args.run.steps, args.metrics.trace_steps)) \
+    trace = StepTrace(path=args.metrics.trace, plan=plan, device=prep.device, rank=renv.rank,
+                      world=engine.groups.world,
+                      window=trace_window(engine.step, args.run.steps, args.metrics.trace_steps)) \
         if args.metrics.trace else None
-    if trace is not None:
-        engine.set_trace(trace)
-    if renv.rank == 0:
-        print(f"hexiscale train: {plan.world_size} ranks, {len(plan.pipelines)} pipelines, model "
-              f"{plan.model.name}, {prep.device.type} ({backend}), data {args.data.path or 'synthetic'}, steps "
-              f"{start}..{args.run.end}" + (f", resumed from {prep.resume.path}" if prep.resume else ""), flush=True)
-    step_starting(renv.rank, start + 1, compiled=bool(compiled))
-    for k in range(start, args.run.end):
-        wd.begin_step(k + 1)
-        maybe_inject(fault, renv.rank, k)
-        if trace is not None:
-            trace.begin_step(k)
-        t0 = time.perf_counter()
-        stats = engine.train_step(stream.next())
-        logger.step(k, args.run.steps, stats, time.perf_counter() - t0)
-        if trace is not None:
-            trace.end_step(k)
-        state = {"data": stream.position.to_dict(), "plan_world_size": plan.world_size}
-        saver.after_step(k + 1, k + 1 == args.run.end, state,
-                         partial(maybe_inject, fault, renv.rank, k, in_save=True))
-    engine.drain()
-    saver.finish()
-    logger.summary(start, plan.global_batch_size * plan.model.seq_len)
+    runner = PlanRunner(engine, args, source=prep.source, position=position, cluster=cluster,
+                        tensorboard=tensorboard, trace=trace)
+    _say(renv.rank, f"{plan.world_size} ranks, {len(plan.pipelines)} pipelines, model {plan.model.name}, "
+         f"{prep.device.type} ({backend}), data {args.data.path or 'synthetic'}, steps {engine.step}..{args.run.end}"
+         + (f", resumed from {resume}" if resume else ""))
+    return runner, compiled

@@ -41,7 +41,8 @@ def resolve_plan(args: TrainConfig, *, elastic: bool = False, say: Callable[[str
             raise SpecError("--plan", "missing", "pass --plan PLAN.json, or the seed-style flags (with --model "
                             "or --model-size, and --cluster unless every device is on this machine)")
         plan = args.layout.seed_layout.plan(args.layout.cluster)
-    check_flags(args, "elastic" if elastic else "pool" if pool is not None else "plan")
+    check_flags(args, ("elastic_pool" if pool is not None else "elastic") if elastic
+                else "pool" if pool is not None else "plan")
     if pool is not None and cluster is None:
         raise SpecError("--cluster", "missing", "a strategy pool's dispatch needs the cluster file it was planned for")
     if pool is None and not elastic:  # elastic: every epoch's plan is the supervisor's (--compile acts per epoch)

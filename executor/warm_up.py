@@ -1,5 +1,5 @@
 """A process that joins a running job pays its one-off first-use costs before it reports ready, so
-that the switch it joins in (:mod:`executor.elastic_train`) does not.
+that the switch it joins in (:mod:`executor.elastic_switch`) does not.
 
 What a fresh process pays the first time it trains, and on 4x H200 inside the joiner's engine build
 (2.5 s with no warm-up; 1.2 s after a warm-up that built an optimizer and ran an 8x8 matmul and its

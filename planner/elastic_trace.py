@@ -9,15 +9,17 @@ Example (HSPMD-style C1 -> C2 -> C1 traces; ``hexiscale launch PLAN --local --el
         devices: [fast:0, fast:1, slow:0]          # slow:1 leaves
       - steps: 10
         devices: [fast:0, fast:1, slow:0, slow:1]  # it joins again
-        plan: plans/four.json                      # optional: this phase's plan, else re-planned
+        plan: plans/four.json                      # optional: this phase's plan (or pool), else re-planned
         sm_percent: {slow: 50}                     # optional, GPU emulation: MPS share per node
 
 Phase ``i`` runs steps ``[start_i, start_i + steps_i)`` (``start_0 = 0``); between two phases the
 job switches layout in process (:mod:`executor.switch`). A phase without ``plan`` is re-planned for
 its devices, warm-started from the previous phase's plan (:mod:`planner.replan`). Phase 0 runs
-the launch plan; its ``devices``, if given, must be that plan's. ``plan`` paths are relative to
-the trace file; a phase's plan may leave some of its devices idle (the planner does that for
-small models) but must not use others.
+the launch plan; its ``devices``, if given, must be that plan's. A job that trains a strategy pool
+has pools for plans: the launch pool, a phase's ``plan`` file a pool too, each re-planned phase's
+pool every strategy re-planned (:mod:`planner.varlen.replan_pool`); its devices are its home plan's.
+``plan`` paths are relative to the trace file; a phase's plan may leave some of its devices idle
+(the planner does that for small models) but must not use others.
 
 ``sm_percent`` gives the devices of a node an MPS share of their GPU's SMs (0 < PCT <= 100).
 A device's share is fixed for its process, so a device present in two consecutive phases must
@@ -35,7 +37,9 @@ from planner.cluster import ClusterSpec
 from planner.documents import load_yaml_text, read_user_text
 from planner.errors import SpecError
 from planner.fields import check_keys, expect_list, expect_mapping, get_int, join
-from planner.plan import Plan, load_plan
+from planner.plan import Plan
+from planner.varlen.layout_doc import Layout, home_plan
+from planner.varlen.pool import StrategyPool, load_plan_or_pool
 
 TRACE_FORMAT = "hexiscale.trace/1"
 
@@ -45,7 +49,7 @@ class Phase:
     start: int  # first step (0-based) of the phase
     steps: int
     devices: tuple[str, ...]
-    plan: Plan | None = None  # None: re-planned (phase 0: the launch plan)
+    plan: Layout | None = None  # None: re-planned (phase 0: the launch plan); a pool in a pool's job
     sm_percent: dict[str, float] = field(default_factory=dict)  # device -> MPS share
 
     @property
@@ -62,8 +66,8 @@ class Trace:
         return self.phases[-1].end
 
 
-def parse_trace(data: Any, *, cluster: ClusterSpec, plan: Plan, base: Path = Path(".")) -> Trace:
-    """A trace from parsed YAML; ``plan`` is the launch plan (phase 0)."""
+def parse_trace(data: Any, *, cluster: ClusterSpec, plan: Layout, base: Path = Path(".")) -> Trace:
+    """A trace from parsed YAML; ``plan`` is the launch plan or pool (phase 0)."""
     data = expect_mapping(data, "")
     check_keys(data, "", ("phases",), ("format",))
     if data.get("format", TRACE_FORMAT) != TRACE_FORMAT:
@@ -78,18 +82,23 @@ def parse_trace(data: Any, *, cluster: ClusterSpec, plan: Plan, base: Path = Pat
         item = expect_mapping(item, p)
         check_keys(item, p, ("steps",), ("devices", "plan", "sm_percent"))
         steps = get_int(item, "steps", p, minimum=1)
-        given = None
+        given: Layout | None = None
         if "plan" in item:
             if not isinstance(item["plan"], str):
                 raise SpecError(join(p, "plan"), f"expected a plan file path, got {item['plan']!r}", "write a path")
-            given = load_plan(base / item["plan"])
+            loaded, pool = load_plan_or_pool(base / item["plan"])
+            given = pool if pool is not None else loaded
+            if isinstance(given, StrategyPool) != isinstance(plan, StrategyPool):
+                raise SpecError(join(p, "plan"), "a strategy pool, but the job trains a plan" if pool is not None
+                                else "a plan, but the job trains a strategy pool",
+                                "give a layout of the launch's kind, or drop it to re-plan the phase")
         if i == 0:
             if given is not None:
                 raise SpecError(join(p, "plan"), "phase 0 runs the launch plan", "drop it, or launch that plan")
             given = plan
-        devices = _devices(item, p, cluster, given)
+        devices = _devices(item, p, cluster, None if given is None else home_plan(given))
         if given is not None:
-            _check_plan(given, devices, plan, join(p, "plan"))
+            _check_plan(home_plan(given), devices, home_plan(plan), join(p, "plan"))
         phases.append(Phase(start, steps, devices, given, _shares(item, p, cluster, devices)))
         start += steps
     for i, (a, b) in enumerate(zip(phases, phases[1:])):
@@ -101,7 +110,7 @@ def parse_trace(data: Any, *, cluster: ClusterSpec, plan: Plan, base: Path = Pat
     return Trace(tuple(phases))
 
 
-def load_trace(path: str | Path, *, cluster: ClusterSpec, plan: Plan) -> Trace:
+def load_trace(path: str | Path, *, cluster: ClusterSpec, plan: Layout) -> Trace:
     path = Path(path)
     text = read_user_text(path, "trace")
     try:

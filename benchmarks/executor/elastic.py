@@ -46,7 +46,7 @@ from benchmarks.executor.hetero_e2e import _run as run_logged
 from benchmarks.executor.run_meta import run_versions
 from executor.switch import SWITCH_PARTS as PARTS
 
-# the communicator set-up the target leaves out (executor.elastic_train._report): default groups
+# the communicator set-up the target leaves out (executor.elastic_switch.switch_report): default groups
 # created, the exchanging pairs connected on the switch world, the new plan's groups created
 COMM_PARTS = ("world_setup_s", "connect_s", "groups_s")
 FOUR = ["fast:0", "fast:1", "slow:0", "slow:1"]  # the cluster file's devices

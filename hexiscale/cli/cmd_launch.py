@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         check_plan_trained(each, prefix)  # a schedule only priced so far: one line before any rank starts
     # every node gets absolute paths and checked train arguments (one error line here, not one per rank)
     args.plan = os.path.abspath(args.plan)
-    mode = "elastic" if args.elastic or args.elastic_trace else "pool" if pool is not None else "plan"
+    mode = ("elastic_pool" if pool is not None else "elastic") if args.elastic or args.elastic_trace \
+        else "pool" if pool is not None else "plan"
     args.train_args = checked_train_args(args.train_args, plan_path=args.plan, mode=mode)
     run_id = checked_run_id(args.run_id, args.plan)
     if args.elastic or args.elastic_trace:
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                             "drop --dry-run (or --elastic/--elastic-trace to see the ranks' commands)")
         from hexiscale.launch.elastic_cli import launch_elastic
 
-        return launch_elastic(args, plan, run_id, env=dict(_env(args)))
+        return launch_elastic(args, pool if pool is not None else plan, run_id, env=dict(_env(args)))
     if args.local:
         return _run_local(args, plan, run_id)
     if not args.cluster:

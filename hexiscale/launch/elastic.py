@@ -9,6 +9,9 @@ drives the job's epochs through the store (:mod:`executor.elastic_channel`):
   as soon as no other change is under way, and rank 0 switches after the next step.
 * **One change at a time.** The new plan is the phase's, or re-planned for the new device set
   warm-started from the running plan (:func:`planner.replan.replan`, seconds, while the job trains).
+  The layout may be a strategy pool (mixed-length data, hot switching): then each of its
+  strategies is re-planned so (:func:`planner.varlen.replan_pool.replan_pool`), and the ranks
+  follow its home plan.
   Its JSON is written (store and ``<run dir>/plan-<attempt>-<e>.json``), the joining devices are
   started and run their checks, and once all are ready the epoch is published; the ranks switch
   in process and the new rank 0 reports; the supervisor prints the report and, for a request,
@@ -45,6 +48,9 @@ from planner.elastic_trace import Phase, Trace
 from planner.errors import SpecError
 from planner.plan import Plan, save_plan
 from planner.replan import replan
+from planner.varlen.layout_doc import Layout, home_plan
+from planner.varlen.pool import StrategyPool
+from planner.varlen.replan_pool import replan_pool
 
 POLL_S = 0.1
 
@@ -72,19 +78,25 @@ class _Change:
     """A change under way: epoch ``e`` to ``plan`` (``request``: the request it answers)."""
 
     e: int
-    plan: Plan
+    plan: Layout  # a plan, or a strategy pool
     devices: list[str]  # the job's device set after the change (the plan may leave some idle)
     joining: list[str]
     request: int | None
     replan_s: float
     published: bool = False
+    path: str = ""  # the layout's file (<run dir>/plan-<attempt>-<e>.json)
+
+    @property
+    def home(self) -> Plan:
+        return home_plan(self.plan)
 
 
 class Supervisor:
-    def __init__(self, plan: Plan, cluster: ClusterSpec | None, opts: ElasticOptions, trace: Trace | None = None):
+    def __init__(self, layout: Layout, cluster: ClusterSpec | None, opts: ElasticOptions, trace: Trace | None = None):
         from torch.distributed import TCPStore
 
-        self.plan, self.cluster, self.opts, self.trace = plan, cluster, opts, trace
+        self.layout, self.cluster, self.opts, self.trace = layout, cluster, opts, trace
+        plan = self.plan
         self.store = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
         self.dir = Path(tempfile.mkdtemp(prefix=f"hexiscale-elastic-{opts.run_id}-"))
         every = list(dict.fromkeys([*plan.devices, *(d for p in (trace.phases if trace else ()) for d in p.devices),
@@ -97,6 +109,11 @@ class Supervisor:
         self.attempt = 0
         self.lost: list[int] = []
         self.shares = dict(opts.shares, **(trace.phases[0].sm_percent if trace else {}))  # device -> MPS %
+
+    @property
+    def plan(self) -> Plan:
+        """The running layout's plan (a pool's home plan): what numbers the ranks."""
+        return home_plan(self.layout)
 
     # ------------------------------------------------------------------ the job
     def run(self) -> int:
@@ -131,7 +148,7 @@ class Supervisor:
         for e, phase in enumerate(pending, start=1):
             channel.schedule(e, phase.start)
         args = list(self.opts.train_args) + (["--resume", resume] if resume else [])
-        path = self._save(self.plan, 0)
+        path = self._save(self.layout, 0)
         self.procs.start(self.plan, path, self.plan.devices, args, attempt=self.attempt,
                          fault=self._fault(), shares=self.shares)
         change: _Change | None = None
@@ -166,7 +183,7 @@ class Supervisor:
                 self._fail_change(change, f"{d} is not ready: {why}")
                 return None
             if len(ready) == len(change.joining):
-                self.channel.publish_epoch(change.e, self.plan, change.plan)
+                self.channel.publish_epoch(change.e, self.layout, change.plan)
                 change.published = True
                 self._answer(change.request, "switching after the next step")
             return change
@@ -174,13 +191,14 @@ class Supervisor:
         if report is None:
             return change
         report["replan_s"] = change.replan_s
+        report["layout_file"] = change.path
         self._print_switch(change.e, report)
         for p in self.procs.procs:
-            if p.code is None and p.device not in change.plan.devices:
+            if p.code is None and p.device not in change.home.devices:
                 p.leaving = True
-        self._answer(change.request, f"ok: switched after step {report['step']} to {change.plan.world_size} ranks "
+        self._answer(change.request, f"ok: switched after step {report['step']} to {change.home.world_size} ranks "
                      f"in {report['switch_s']:.2f} s")
-        self.plan, self.devices, self.epoch = change.plan, change.devices, change.e
+        self.layout, self.devices, self.epoch = change.plan, change.devices, change.e
         return None
 
     def _next_change(self, pending: list[Phase]) -> _Change | None:
@@ -193,7 +211,7 @@ class Supervisor:
                 return None
             phase = pending[e - 1]
             t0 = time.perf_counter()
-            plan = phase.plan if phase.plan is not None else self._replan(list(phase.devices))
+            plan: Layout = phase.plan if phase.plan is not None else self._replan(list(phase.devices))
             return self._begin(e, plan, list(phase.devices), None, time.perf_counter() - t0, phase.sm_percent)
         request = self._take_request()
         if request is None:
@@ -206,8 +224,8 @@ class Supervisor:
         except SpecError as exc:
             self._answer(n, f"error: {exc}")
             return None
-        if (plan.pipelines, plan.options) == (self.plan.pipelines, self.plan.options):
-            idle = [d for d in devices if d not in plan.devices]
+        if _same(plan, self.layout):
+            idle = [d for d in devices if d not in home_plan(plan).devices]
             self.devices = devices
             say(f"request {n}: the running plan stays best for {len(devices)} devices"
                 + (f" (idle: {', '.join(idle)})" if idle else ""))
@@ -216,12 +234,13 @@ class Supervisor:
             return None
         return self._begin(e, plan, devices, n, time.perf_counter() - t0, {})
 
-    def _begin(self, e: int, plan: Plan, devices: list[str], request: int | None, replan_s: float,
+    def _begin(self, e: int, layout: Layout, devices: list[str], request: int | None, replan_s: float,
                shares: dict[str, float]) -> _Change:
+        plan = home_plan(layout)
         joining = [d for d in plan.devices if d not in self.plan.devices]
         idle = [d for d in devices if d not in plan.devices]
-        self.channel.publish_plan(e, plan)
-        path = self._save(plan, e)
+        self.channel.publish_plan(e, layout)
+        path = self._save(layout, e)
         say(f"epoch {e}: {self.plan.world_size} -> {plan.world_size} ranks (planned in {replan_s:.2f} s)"
             + (f"; starting {', '.join(joining)}" if joining else "")
             + (f"; idle under the new plan: {', '.join(idle)}" if idle else ""))
@@ -229,7 +248,7 @@ class Supervisor:
         self.procs.start(plan, path, joining, self.opts.train_args, attempt=self.attempt, epoch=e, shares=self.shares,
                          fault=self._fault())
         self._answer(request, f"planned epoch {e} ({plan.world_size} ranks); waiting for joining devices")
-        return _Change(e, plan, devices, joining, request, replan_s)
+        return _Change(e, layout, devices, joining, request, replan_s, path=path)
 
     def _fail_change(self, change: _Change, why: str) -> None:
         """A joining device failed before the epoch was published: the job goes on unchanged (the
@@ -304,7 +323,7 @@ class Supervisor:
             say(f"{failed} failed and no device is left")
             return None
         t0 = time.perf_counter()
-        self.plan = self._replan(survivors)
+        self.layout = self._replan(survivors)
         self.devices = survivors
         replan_s = time.perf_counter() - t0
         resume = self._newest_checkpoint()
@@ -320,7 +339,7 @@ class Supervisor:
         self.attempt += 1
         self.procs.reset()
         rest = [Phase(p.start, p.steps, tuple(d for d in p.devices if d != failed),
-                      p.plan if p.plan is None or failed not in p.plan.devices else None, p.sm_percent)
+                      p.plan if p.plan is None or failed not in home_plan(p.plan).devices else None, p.sm_percent)
                 for p in phases]
         return rest, resume
 
@@ -346,7 +365,7 @@ class Supervisor:
             return None
 
     # ------------------------------------------------------------------ helpers
-    def _replan(self, devices: list[str]) -> Plan:
+    def _replan(self, devices: list[str]) -> Layout:
         if self.cluster is None:
             raise SpecError("--cluster", "re-planning needs the cluster file", "launch with --cluster")
         from planner.search.config import PlannerConfig
@@ -356,11 +375,16 @@ class Supervisor:
             cfg = PlannerConfig(time_limit_s=self.opts.replan_time_s, dtype=self.plan.options.dtype,
                                 compile=self.plan.options.compile,
                                 residual_dtype=self.plan.options.residual_dtype)
+        if isinstance(self.layout, StrategyPool):
+            return replan_pool(self.cluster, devices, self.layout, config=cfg)
         return replan(self.cluster, devices, self.plan, config=cfg).plan
 
-    def _save(self, plan: Plan, e: int) -> str:
+    def _save(self, layout: Layout, e: int) -> str:
         path = self.dir / f"plan-{self.attempt}-{e}.json"
-        save_plan(plan, path)
+        if isinstance(layout, StrategyPool):
+            layout.save(path)
+        else:
+            save_plan(layout, path)
         return str(path)
 
     def _fault(self) -> str | None:
@@ -381,6 +405,15 @@ class Supervisor:
         if self.opts.report_jsonl:
             with open(self.opts.report_jsonl, "a") as f:
                 f.write(json.dumps(rec) + "\n")
+
+
+def _same(a: Layout, b: Layout) -> bool:
+    """The same layout for training (estimates and cluster names aside)."""
+    if isinstance(a, StrategyPool) or isinstance(b, StrategyPool):
+        if not (isinstance(a, StrategyPool) and isinstance(b, StrategyPool)) or len(a.strategies) != len(b.strategies):
+            return False
+        return a.home == b.home and all(_same(x.plan, y.plan) for x, y in zip(a.strategies, b.strategies))
+    return (a.pipelines, a.options) == (b.pipelines, b.options)
 
 
 def _flag(args: list[str], name: str) -> str | None:

@@ -10,24 +10,30 @@ from typing import Any
 from hexiscale.launch.elastic import ElasticOptions, Supervisor, _flag
 from planner.errors import SpecError
 from planner.plan import Plan
+from planner.varlen.layout_doc import Layout, home_plan
+from planner.varlen.pool import StrategyPool
 
 
-def launch_elastic(args: argparse.Namespace, plan: Plan, run_id: str, *, env: dict[str, str]) -> int:
+def launch_elastic(args: argparse.Namespace, layout: Layout, run_id: str, *, env: dict[str, str]) -> int:
+    """``layout``: the launch plan, or a strategy pool (its home plan places the ranks)."""
     from planner.cluster import load_cluster
     from planner.elastic_trace import load_trace
     from planner.validate import validate
 
     if not args.local:
         raise SpecError("--elastic", "elastic jobs run on one machine for now", "add --local")
+    plan = home_plan(layout)
     cluster = load_cluster(args.cluster) if args.cluster else None
     if cluster is not None:
+        for st in layout.strategies if isinstance(layout, StrategyPool) else ():
+            validate(st.plan, cluster)
         validate(plan, cluster)
     trace = None
     train_args = list(args.train_args) + (["--cluster", os.path.abspath(args.cluster)] if args.cluster else [])
     if args.elastic_trace:
         if cluster is None:
             raise SpecError("--cluster", "missing", "a trace names devices of a cluster file: pass --cluster")
-        trace = load_trace(args.elastic_trace, cluster=cluster, plan=plan)
+        trace = load_trace(args.elastic_trace, cluster=cluster, plan=layout)
         steps = _flag(train_args, "--steps")
         if steps is None:
             train_args += ["--steps", str(trace.total_steps)]
@@ -49,7 +55,7 @@ def launch_elastic(args: argparse.Namespace, plan: Plan, run_id: str, *, env: di
     opts = ElasticOptions(train_args, device=device, run_id=run_id, grace_s=args.grace,
                           max_restarts=args.max_restarts, report_jsonl=args.elastic_log, extra_env=env,
                           shares=_shares(args.sm_percent, cluster, plan))
-    return Supervisor(plan, cluster, opts, trace).run()
+    return Supervisor(layout, cluster, opts, trace).run()
 
 
 def refuse_sm_share_on_cpu(items: list[str], device: str) -> None:

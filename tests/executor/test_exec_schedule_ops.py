@@ -149,3 +149,20 @@ def test_zb_h1_communication_by_hand() -> None:
                            "recv_backward"]
     assert last.calls == ["recv_forward", "send_backward_recv_forward", "send_backward", "recv_forward",
                           "send_backward"]
+
+
+@pytest.mark.parametrize("name", TRAINED_SCHEDULES)
+def test_a_pipeline_without_micro_batches_runs_no_op(name: str) -> None:
+    """A hot-switching phase may give a pipeline no sequences: its ranks run nothing and send nothing
+    (the registry's op lists start at one micro-batch)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from executor.schedules import run_schedule
+
+    comm = Recorder(3, 1, 0)
+    comm.stage = SimpleNamespace(index=1)  # type: ignore[attr-defined]
+    module = SimpleNamespace(spec=SimpleNamespace(hidden_size=8), modules=lambda: iter([torch.nn.Linear(2, 2)]))
+    assert run_schedule(name, module=module, comm=comm, micro=[], loss_scale=1.0, n_stages=3) is None  # type: ignore[arg-type]
+    assert comm.calls == [] and comm.compute == []

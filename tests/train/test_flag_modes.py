@@ -18,7 +18,18 @@ from typing import Any
 
 import pytest
 
-from executor import elastic_train, flag_modes, preflight, train, train_setup, train_varlen
+from executor import (
+    elastic_switch,
+    elastic_train,
+    flag_modes,
+    plan_runner,
+    pool_runner,
+    pool_source,
+    preflight,
+    train,
+    train_loop,
+    train_setup,
+)
 from executor.flag_modes import FLAGS, MODES, value_of
 from executor.train_config import TrainConfig
 from executor.train_setup import resolve_plan
@@ -31,6 +42,7 @@ POOL = ROOT / "tests" / "data" / "pool-tiny-h100x4.json"
 CLUSTER = ROOT / "examples" / "clusters" / "h100x4.yaml"
 BASE = {"plan": ["--plan", str(PLAN)], "elastic": ["--plan", str(PLAN)],
         "pool": ["--plan", str(POOL), "--cluster", str(CLUSTER), "--step-tokens", "4096"]}
+BASE["elastic_pool"] = BASE["pool"]
 # a value other than the default for every flag (dest -> the values after the flag; --plan is in BASE)
 SAMPLE: dict[str, list[str]] = {
     "plan": [], "cluster": [str(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml")], "model": ["tiny"],
@@ -45,14 +57,15 @@ SAMPLE: dict[str, list[str]] = {
     "on_nonfinite": ["skip"], "heartbeat": ["2"], "dead_after": ["40"], "hang_after": ["900"],
     "startup_timeout": ["60"], "pg_timeout": ["2400"],
 }
-SAMPLE_IN = {("cluster", "pool"): [str(CLUSTER)]}  # the pool's own cluster
+SAMPLE_IN = {("cluster", "pool"): [str(CLUSTER)], ("cluster", "elastic_pool"): [str(CLUSTER)]}  # the pool's own cluster
 # the name the loops read a field by, where it is another (RunSection.end: --stop-at, else --steps)
 READ_AS = {"stop_at": "run.end"}
 # the code each mode's loop runs (besides the checks every mode shares); a flag it honours is read there
 LOOP: dict[str, list[Any]] = {
-    "plan": [train.run_training, train._train_plan, train_setup],
-    "pool": [train.run_training, train_varlen, train_setup],
-    "elastic": [elastic_train, train_setup],
+    "plan": [train.run_training, train._train, train._plan_runner, train_loop, plan_runner, train_setup],
+    "pool": [train.run_training, train._train, train._pool_runner, train_loop, pool_runner, pool_source, train_setup],
+    "elastic": [elastic_train, elastic_switch, train_loop, plan_runner, train_setup],
+    "elastic_pool": [elastic_train, elastic_switch, train_loop, pool_runner, pool_source, train_setup],
 }
 # made in pre-flight for every mode (the data source, the torch device): the loop takes them from there
 VIA_PREFLIGHT = {"data": "source", "device": "device"}
@@ -91,7 +104,7 @@ def test_flag_takes_effect_or_is_refused(dest: str, mode: str, monkeypatch: pyte
     args = _parser().parse_args([*BASE[mode], *given])
     try:
         config = train_config(args)
-        resolved = resolve_plan(config, elastic=mode == "elastic")
+        resolved = resolve_plan(config, elastic=mode.startswith("elastic"))
     except SpecError as exc:  # refused: one line naming the flag (and the mode, where the mode is why)
         text = str(exc)
         assert "\n" not in text and exc.path == row.flag, text
@@ -162,13 +175,13 @@ def test_zero_flag_reaches_the_engine(tmp_path: Path, monkeypatch: pytest.Monkey
                 "HEXISCALE_ELASTIC"):
         monkeypatch.delenv(key, raising=False)
     built = []
-    real = train.Engine
+    real = plan_runner.Engine
 
     def engine(plan, *a, **kw):  # type: ignore[no-untyped-def]
         built.append(plan.options)
         return real(plan, *a, **kw)
 
-    monkeypatch.setattr(train, "Engine", engine)
+    monkeypatch.setattr(plan_runner, "Engine", engine)
     assert main(["train", "--plan", str(path), "--zero", "1", "--recompute", "full", "--dtype", "fp32",
                  "--steps", "1", "--device", "cpu"]) == 0
     assert [(o.zero, o.recompute, o.dtype) for o in built] == [(1, "full", "fp32")]
@@ -185,6 +198,11 @@ def test_the_launcher_refuses_what_its_ranks_would() -> None:
     with pytest.raises(SpecError, match="^--trace: not available with a strategy pool"):
         checked_train_args(["--step-tokens", "4096", "--trace", "t.json"], plan_path=str(POOL), mode="pool")
     assert checked_train_args(["--zero", "1"], plan_path=str(PLAN)) == ["--zero", "1"]
+    # an elastic job on a pool takes the mixed-length flags and refuses what a pool or an elastic job refuses
+    assert checked_train_args(["--step-tokens", "4096"], plan_path=str(POOL), mode="elastic_pool") == \
+        ["--step-tokens", "4096"]
+    with pytest.raises(SpecError, match="^--zero: not available with an elastic job on a strategy pool"):
+        checked_train_args(["--step-tokens", "4096", "--zero", "1"], plan_path=str(POOL), mode="elastic_pool")
 
 
 def test_an_elastic_trace_refuses_a_stop_before_its_last_change(tmp_path: Path,

@@ -11,9 +11,9 @@ import pytest
 
 from executor.data_format import write_token_file
 from executor.doc_source import SyntheticDocs, TokenFileDocs
+from executor.pool_source import doc_source
 from executor.train_config import TrainConfig
 from executor.train_setup import resolve_plan
-from executor.train_varlen import doc_source
 from planner.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
