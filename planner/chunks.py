@@ -1,9 +1,9 @@
 """Rectangles of logical tensors (torch-free): what a rank's shard or optimizer part covers, in the
 coordinates of the full logical tensor, as a checkpoint stores it and a layout switch moves it
-(:mod:`planner.state_layout`, :mod:`planner.reshard`).
+(:mod:`planner.state_layout`, :mod:`planner.state_move_plan`).
 
 A :class:`Chunk` is ``offsets`` + ``sizes`` inside the logical tensor ``name``. A TP shard is one
-chunk (:func:`shard_chunk`). A ZeRO-1 part (:mod:`executor.zero`) is a range ``[lo, hi)`` of the
+chunk (:func:`shard_chunk`). A ZeRO-1 part (:mod:`executor.parallel.zero`) is a range ``[lo, hi)`` of the
 concatenation of row-major flattened *views* (slices of local shards), so it becomes at most three
 chunks per view (:func:`flat_chunks`): the rest of a first partial row, the whole rows, the start of
 a last partial row. Worked example: a view of shape ``(4, 3)`` at logical offset ``(8, 0)``, flat

@@ -13,7 +13,7 @@ Example (HSPMD-style C1 -> C2 -> C1 traces; ``hexiscale launch PLAN --local --el
         sm_percent: {slow: 50}                     # optional, GPU emulation: MPS share per node
 
 Phase ``i`` runs steps ``[start_i, start_i + steps_i)`` (``start_0 = 0``); between two phases the
-job switches layout in process (:mod:`executor.switch`). A phase without ``plan`` is re-planned for
+job switches layout in process (:mod:`executor.switch.state_move`). A phase without ``plan`` is re-planned for
 its devices, warm-started from the previous phase's plan (:mod:`planner.replan`). Phase 0 runs
 the launch plan; its ``devices``, if given, must be that plan's. A job that trains a strategy pool
 has pools for plans: the launch pool, a phase's ``plan`` file a pool too, each re-planned phase's

@@ -449,7 +449,7 @@ def reduce_order(parts: Sequence[FlatPart]) -> list[tuple[int, int]]:
     """``(part, bucket)`` indices of ``parts`` in the plan-wide reduction order: latest parameters
     first (their gradients are final first in backward), ties broken by sync group, decayed part
     first, later bucket first. The key depends only on the bucket, which every owner computes alike,
-    so all ranks issue subsequences of one global order (:mod:`executor.grad_sync`)."""
+    so all ranks issue subsequences of one global order (:mod:`executor.parallel.grad_sync`)."""
     keys = [((-b.position, p.group, not p.decayed, -j), (i, j))
             for i, p in enumerate(parts) for j, b in enumerate(p.buckets)]
     return [ij for _, ij in sorted(keys)]

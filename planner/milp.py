@@ -7,7 +7,7 @@ solve must stop in time: HiGHS gets ``time_limit`` (wall clock) *and* ``mip_max_
 greedy solution is passed in with ``setSolution`` so the search starts from it and whatever is
 returned is never worse than the greedy. Where the wall-clock cap stops the search the answer
 depends on the machine's speed, so training computes each step's layout on one rank and
-broadcasts it (:mod:`executor.step_prefetch`).
+broadcasts it (:mod:`executor.data.step_prefetch`).
 
 Model: minimise ``cᵀx`` subject to ``lo_r <= A_r·x <= hi_r``, ``lb <= x <= ub``, ``x_i``
 integer where ``integer[i]``. Rows are lists of ``(column, coefficient)``.

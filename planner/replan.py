@@ -17,7 +17,7 @@
    relabelled so that, slot by slot in rank order, each slot of the new plan goes to the device
    that already holds the most of the weights that slot needs (a device the plan leaves idle
    counts as interchangeable too): a staying device reuses its local copy instead of
-   receiving it (:mod:`planner.reshard` moves fewer bytes).
+   receiving it (:mod:`planner.state_move_plan` moves fewer bytes).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Which rectangles of the training state every rank of a plan holds (pure, no torch).
 
 The training state is, per logical parameter ``p``, three logical tensors — the checkpoint's names
-(:mod:`executor.checkpoint_pieces`): ``model/p`` (the fp32 master weights), ``optim/exp_avg/p`` and
+(:mod:`executor.state.checkpoint_pieces`): ``model/p`` (the fp32 master weights), ``optim/exp_avg/p`` and
 ``optim/exp_avg_sq/p`` (the AdamW moments) — plus the step count. Rank ``r`` (stage ``s``, TP rank
 ``t`` of ``s.tp``) holds:
 
@@ -9,7 +9,7 @@ The training state is, per logical parameter ``p``, three logical tensors — th
   a replicated norm scale whole. Every pipeline holds a full copy of the weights.
 * the moments without ZeRO-1 (``options.zero == 0``, or one pipeline, where the engine runs
   without it): the same rectangles as the weights.
-* the moments under ZeRO-1: its *flat parts* (:mod:`executor.zero`). Per sync group the rank
+* the moments under ZeRO-1: its *flat parts* (:mod:`executor.parallel.zero`). Per sync group the rank
   belongs to (topology order), the rank's local views of the group's slices, decayed matrices
   first and then the undecayed norm scales (:func:`planner.layout.decays`), each list cut into
   flat buckets (:func:`planner.layout.flat_parts`); in a bucket of ``N`` elements the owner at
@@ -21,7 +21,7 @@ The training state is, per logical parameter ``p``, three logical tensors — th
 
 A :class:`RankState` lists these holdings in one fixed order (weights in parameter order, then
 each moment's rectangles): the executor builds one local tensor per holding in the same order
-(:mod:`executor.state_pieces`), and :mod:`planner.reshard` names holdings by their index.
+(:mod:`executor.state.state_pieces`), and :mod:`planner.state_move_plan` names holdings by their index.
 
 Worked example (model ``tiny``: hidden 64, ffn 176, 4 layers; two pipelines ``[a:0 a:1]`` (TP 2)
 and ``[b:0]`` (TP 1), ZeRO-1): ``layers.0.attn.wq.weight`` is ``(64, 64)`` sharded on dim 0;

@@ -12,7 +12,7 @@ The trace file (``hexiscale.trace/1``, written by rank 0 of a ``--trace`` run)::
      "steps": [{"step": k, "ranks": [{"rank": r, "events": [[kind, mb, start_s, end_s], ...]}, ...]}]}
 
 Times count from the step's start on the earliest rank (a barrier starts the step; each rank's
-anchor is placed by its wall clock, :mod:`executor.trace`). Measured ``p2p`` spans include the wait
+anchor is placed by its wall clock, :mod:`executor.train.trace`). Measured ``p2p`` spans include the wait
 for the peer (a receive blocks until the sender is ready), and ``grad_sync`` is the part of the
 gradient reduction left after the schedule, waits for the other pipelines included.
 """

@@ -7,10 +7,10 @@ On 4x H200 (llama2-7b, seq 4096, DP4 ZeRO-1, compiled blocks) ``max_memory_alloc
 measures, on one device in about a minute, what each path keeps for the backward.
 
 It builds a middle stage of ``--layers`` blocks of ``--model`` with the executor's own module
-(:class:`executor.model.StageModule`: no embedding, no head, TP 1), fp32 parameters (the master
+(:class:`executor.model.llama.StageModule`: no embedding, no head, TP 1), fp32 parameters (the master
 weights) and the forward under the engine's autocast (:func:`executor.profiler.compute.prepare`,
 :func:`~executor.profiler.compute.autocast`); its input is the fp32 residual stream ``[b, s, h]``.
-For each mode (eager, then the same blocks compiled by :func:`executor.fast_path.compile_blocks`)
+For each mode (eager, then the same blocks compiled by :func:`executor.model.fast_path.compile_blocks`)
 and each micro-batch size ``b``: one warm-up forward + backward (compilation, cuBLAS workspaces,
 the parameters' gradients), then one measured pass on CUDA::
 
@@ -58,8 +58,8 @@ import torch
 
 from benchmarks.executor.run_meta import run_versions
 from benchmarks.executor.saved_tensors import breakdown, bytes_by_kind, forward_by_layer, record_saved
-from executor import fast_path
-from executor.model import StageModule
+from executor.model import fast_path
+from executor.model.llama import StageModule
 from executor.profiler.compute import autocast, prepare
 from planner.cost.memory import layer_activation_bytes, weight_cast_bytes
 from planner.cost.params import DEFAULT_PARAMS, CostParams

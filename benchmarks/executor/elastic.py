@@ -15,7 +15,7 @@ time without communicator set-up (slowest rank) and the set-up apart (its parts:
 created, the exchanging pairs connected — NCCL connects two ranks in their first point-to-point
 call —, the new plan's groups created), the old plan's groups and the default groups the switch
 left (``leave``: only their detaching) destroyed after the new plan's first step (``retire``: not
-in the switch, but the second step waits for it; :mod:`executor.group_retire`), and the downtime
+in the switch, but the second step waits for it; :mod:`executor.parallel.group_retire`), and the downtime
 the event cost: ``time(step k+2 ends) - time(step k ends) - 2 x the new phase's steady step time``
 for the elastic job (two steps, so that the retire point after step k+1 counts;
 ``gap(k, k+1) - steady + retire`` where the phase has one step); for checkpoint-restart
@@ -44,9 +44,9 @@ from typing import Any
 from benchmarks.executor.hetero_e2e import CLI, ROOT
 from benchmarks.executor.hetero_e2e import _run as run_logged
 from benchmarks.executor.run_meta import run_versions
-from executor.switch import SWITCH_PARTS as PARTS
+from executor.switch.state_move import SWITCH_PARTS as PARTS
 
-# the communicator set-up the target leaves out (executor.elastic_switch.switch_report): default groups
+# the communicator set-up the target leaves out (executor.switch.elastic_switch.switch_report): default groups
 # created, the exchanging pairs connected on the switch world, the new plan's groups created
 COMM_PARTS = ("world_setup_s", "connect_s", "groups_s")
 FOUR = ["fast:0", "fast:1", "slow:0", "slow:1"]  # the cluster file's devices

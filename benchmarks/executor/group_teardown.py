@@ -153,11 +153,11 @@ def background_job(groups: int, iters: int) -> dict[str, Any]:
 
 def parallel_job(groups: int) -> dict[str, Any]:
     """``groups`` 4-rank groups created and connected, then all destroyed at once by
-    :func:`executor.group_release.release` (a thread per group); seconds in all."""
+    :func:`executor.parallel.group_release.release` (a thread per group); seconds in all."""
     import torch
     import torch.distributed as dist
 
-    from executor.group_release import release
+    from executor.parallel.group_release import release
 
     device, made = _connected_groups(groups)
     torch.cuda.synchronize(device)
@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
               f"iterations); the thread took {thread:.1f} ms")
     if "parallel" in extra:
         par = max(r["release_s"] for r in extra["parallel"]) * 1e3
-        print(f"{groups} 4-rank groups destroyed at once, a thread each (executor.group_release): {par:.1f} ms")
+        print(f"{groups} 4-rank groups destroyed at once, a thread each (executor.parallel.group_release): "
+              f"{par:.1f} ms")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = run_versions(gpu)

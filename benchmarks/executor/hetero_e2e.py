@@ -75,7 +75,7 @@ def comm_memory_job() -> dict[str, float]:
     """On each of 4 NCCL ranks: device memory and set-up time of one plan's communicators."""
     import torch.distributed as dist
 
-    from executor.groups import ProcessGroups
+    from executor.parallel.groups import ProcessGroups
     from planner.layout import build_topology
     from planner.model import PRESETS
     from planner.plan import Pipeline, Plan, Stage
@@ -107,7 +107,7 @@ def main() -> int:
     name = _gpu_name()
     kind = "h200" if "H200" in name else "h100"
     cluster = ROOT / "examples" / "clusters" / f"{kind}x4-mps-100-100-50-50.yaml"
-    with DistPool(4, backend="nccl", timeout=120, preload=("executor.engine",)) as pool:
+    with DistPool(4, backend="nccl", timeout=120, preload=("executor.train.engine",)) as pool:
         comm = pool.run(comm_memory_job)
     print("communicator memory per rank:", comm, flush=True)
 

@@ -54,7 +54,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from benchmarks.executor.device_gaps import format_gaps, gaps_of_file  # noqa: E402
-from executor.spawn import free_port, spawn  # noqa: E402
+from executor.job.spawn import free_port, spawn  # noqa: E402
 from planner.model import PRESETS, ModelSpec  # noqa: E402
 from planner.plan import Pipeline, Plan, PlanOptions, Stage  # noqa: E402
 
@@ -250,10 +250,10 @@ def _hf_worker(s: Setup) -> dict[str, Any]:
 
 
 def _engine_worker(config: str, s: Setup, rank: int) -> dict[str, Any]:
-    from executor import fast_path
-    from executor.engine import Engine
-    from executor.groups import ProcessGroups
-    from executor.optim import OptimConfig
+    from executor.model import fast_path
+    from executor.parallel.groups import ProcessGroups
+    from executor.train.engine import Engine
+    from executor.train.optim import OptimConfig
     from planner.layout import build_topology
 
     device = torch.device("cuda", rank) if s.cuda else torch.device("cpu")

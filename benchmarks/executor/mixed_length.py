@@ -20,7 +20,7 @@ For every context and distribution (``planner/varlen/data/<code|web>-<K>k.json``
 Each method runs ``--warmup`` + ``--steps`` steps of ``--step-tokens`` tokens (synthetic tokens
 with the distribution's lengths, the same sequences for every method) in one job of a
 :class:`~tests.support.dist_testing.DistPool` of 4 ranks (rank ``r`` on GPU ``r``, as
-``hetero_e2e``), layouts computed one step ahead on rank 0 (:mod:`executor.step_prefetch`);
+``hetero_e2e``), layouts computed one step ahead on rank 0 (:mod:`executor.data.step_prefetch`);
 working weights travel in bf16. Reported per method: tokens/s, seconds per step, switch seconds per
 step, dispatch + packing seconds per step and its share of the step, how long training waited for
 it, peak memory per GPU and the cost model's estimate of the same steps as laid out (the
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, dict[str, Any]] = results["runs"]
     longest = 0.0
     with DistPool(4, backend="gloo" if args.smoke else "nccl", timeout=300 if args.smoke else 180,
-                  preload=("executor.hot_switch",)) as dpool:
+                  preload=("executor.switch.hot_switch",)) as dpool:
         for dist_name in args.dists:
             for ctx in args.contexts:
                 model = resolve_model(args.model, ctx)

@@ -17,11 +17,11 @@ def run_job(pool_dict: dict[str, Any], costs: list[Any], assign: str, hist_dict:
     import torch
     import torch.distributed as dist
 
-    from executor.doc_source import SyntheticDocs
-    from executor.fast_path import synchronize
-    from executor.hot_switch import HotSwitchEngine, switch_groups
-    from executor.optim import OptimConfig
-    from executor.step_prefetch import LayoutStream
+    from executor.data.doc_source import SyntheticDocs
+    from executor.data.step_prefetch import LayoutStream
+    from executor.model.fast_path import synchronize
+    from executor.switch.hot_switch import HotSwitchEngine, switch_groups
+    from executor.train.optim import OptimConfig
     from planner.varlen.histogram import histogram_from_dict
     from planner.varlen.pool import pool_from_dict
 

@@ -19,8 +19,8 @@ Configurations (each in fresh processes, one per GPU, NCCL; the same random toke
   best homogeneous config is the fastest of those measured (more memory per micro-batch, fewer
   FSDP gathers or pipeline steps). Ours takes the planner's micro-batches on 4 GPUs.
 * ours only, last: ``-base`` runs without the issue-33 paths (the unchunked cross-entropy with
-  its fp32 logits, :mod:`executor.chunked_loss`; autocast's weight cast per micro-batch,
-  :mod:`executor.cast_once`), ``-noce`` / ``-nocast`` without one of them, so one run compares
+  its fp32 logits, :mod:`executor.model.chunked_loss`; autocast's weight cast per micro-batch,
+  :mod:`executor.model.cast_once`), ``-noce`` / ``-nocast`` without one of them, so one run compares
   them: ``ours-1,ours-1-base,titan-1``. Configs that differ only in this suffix share one plan.
 
 Every system: bf16 compute over fp32 master weights, fp32 gradient reduction, AdamW
@@ -58,7 +58,7 @@ import torch.distributed as dist  # noqa: E402
 
 from benchmarks.executor import mfu  # also sets the NCCL multicast variables (read when NCCL starts)
 from benchmarks.executor.device_gaps import format_gaps  # noqa: E402
-from executor.spawn import free_port, spawn  # noqa: E402
+from executor.job.spawn import free_port, spawn  # noqa: E402
 from planner.model import PRESETS, ModelSpec  # noqa: E402
 from planner.plan import Plan, load_plan  # noqa: E402
 
@@ -84,8 +84,8 @@ class Job:
     fixed_micro: int = 0  # ours on 4 GPUs: micro-batches of this many samples instead of the planner's
     profile: str = ""  # a file for one extra, profiled step's kernel table (rank 0), or none
     residual: str = "fp32"  # ours: the plan's options.residual_dtype (fp32, or the compute dtype)
-    chunked_loss: bool = True  # ours: executor.chunked_loss (False: the unchunked cross-entropy)
-    cast_once: bool = True  # ours: executor.cast_once (False: autocast's cast per micro-batch)
+    chunked_loss: bool = True  # ours: executor.model.chunked_loss (False: the unchunked cross-entropy)
+    cast_once: bool = True  # ours: executor.model.cast_once (False: autocast's cast per micro-batch)
 
 
 # ours' config suffix -> (chunked_loss, cast_once)
@@ -186,10 +186,10 @@ def _rows(job: Job, rank: int, world: int) -> torch.Tensor:
 
 
 def _ours(job: Job, rank: int, device: torch.device) -> dict[str, Any]:
-    from executor import fast_path
-    from executor.engine import Engine
-    from executor.groups import ProcessGroups
-    from executor.optim import OptimConfig
+    from executor.model import fast_path
+    from executor.parallel.groups import ProcessGroups
+    from executor.train.engine import Engine
+    from executor.train.optim import OptimConfig
     from planner.layout import build_topology
 
     plan: Plan = load_plan(job.plan_path)

@@ -1,5 +1,5 @@
 """What selective recompute costs a layer: none, selective as one autograd node
-(``executor.recompute_core``) and selective through ``torch.utils.checkpoint`` (what that node
+(``executor.model.recompute_core``) and selective through ``torch.utils.checkpoint`` (what that node
 replaced), timed in one process with the profiler's own layer measurement (eager, chained layers,
 the engine's autocast) at the fidelity plans' shapes.
 
@@ -29,8 +29,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from benchmarks.executor.run_meta import run_versions
-from executor import model as model_mod
-from executor.model import Block
+from executor.model import llama as model_mod
+from executor.model.llama import Block
 from executor.profiler.compute import _rope, autocast, measure_layer, prepare
 from planner.model import PRESETS
 

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.executor.run_meta import run_versions
-from executor.spawn import free_port
+from executor.job.spawn import free_port
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 
@@ -59,10 +59,10 @@ def batches(stream: np.ndarray, *, steps: int, batch: int, seq: int, seed: int) 
 
 def train(model: ModelSpec, residual: str, data: torch.Tensor, *, cuda: bool, lr: float) -> list[float]:
     """Losses of ``len(data)`` steps of one stage on this process's device."""
-    from executor import fast_path
-    from executor.engine import Engine
-    from executor.groups import ProcessGroups
-    from executor.optim import OptimConfig
+    from executor.model import fast_path
+    from executor.parallel.groups import ProcessGroups
+    from executor.train.engine import Engine
+    from executor.train.optim import OptimConfig
     from planner.layout import build_topology
 
     batch = data.shape[1]

@@ -16,7 +16,7 @@ running when it was saved (``linear``, ``rms_norm``, ``scaled_dot_product_attent
   their storage once). That is the memory the saved tensors keep alive, less whatever else holds
   the same storages (the stage input, which its caller holds, counts as layer 0's activation).
 
-Compiled blocks (:func:`executor.fast_path.compile_blocks`) save through their compiled autograd
+Compiled blocks (:func:`executor.model.fast_path.compile_blocks`) save through their compiled autograd
 function, which these hooks see too (``name_ops=False``, see :func:`record_saved`).
 Non-reentrant checkpoints install their own hooks, so what they save is not seen here: use it
 with ``recompute="none"``. Works on any device (on CPU it is the only measurement we have).
@@ -120,7 +120,7 @@ def record_saved(stage: nn.Module, *, name_ops: bool = True) -> Iterator[Recorde
 
 
 def forward_by_layer(stage: nn.Module, x: torch.Tensor, rec: Recorder) -> torch.Tensor:
-    """A middle stage's forward (:meth:`executor.model.StageModule.forward` without embedding,
+    """A middle stage's forward (:meth:`executor.model.llama.StageModule.forward` without embedding,
     packed documents or parameter gate: its blocks in order on the stage's RoPE tables), telling
     ``rec`` which block runs. Explicit, not module hooks: hooks would run inside compiled blocks."""
     cos, sin = stage.get_buffer("rope_cos"), stage.get_buffer("rope_sin")

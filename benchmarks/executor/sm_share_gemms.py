@@ -1,10 +1,10 @@
 """Which matrix products of a model's stage come back wrong on this GPU, per BLAS setting: the study
-behind :mod:`executor.gemm_check` (issue 29: on an H100 given 55-85 % of its SMs through MPS,
+behind :mod:`executor.model.gemm_check` (issue 29: on an H100 given 55-85 % of its SMs through MPS,
 cuBLAS 13.1 left output tiles unwritten).
 
 Each setting runs the stage's products (forward, input and weight gradient of every linear shape, at
 the check's token counts) into NaN-poisoned outputs and counts the ones Freivalds' test rejects
-(:func:`executor.gemm_check.failing_products`). Settings: ``default`` (the library's choice),
+(:func:`executor.model.gemm_check.failing_products`). Settings: ``default`` (the library's choice),
 ``cublaslt`` (torch's cuBLASLt path), ``carveN`` (cuBLASLt with an SM carve-out of N, i.e. the
 SM-count target the device's SMs minus N). Run it under a share::
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from executor.gemm_check import EXTRA_TOKENS, failing_products, linear_shapes
+    from executor.model.gemm_check import EXTRA_TOKENS, failing_products, linear_shapes
     from planner.hf_config import resolve_model
 
     if not torch.cuda.is_available():

@@ -8,7 +8,7 @@ alternatives, timed on the same matmuls:
 * ``cast-once``: one bf16 copy of every weight per step (``torch._foreach_copy_``); the weight
   gradient GEMM writes fp32 directly (``torch.mm(..., out_dtype=torch.float32)``), autograd
   still accumulates it into ``.grad`` (so gradient-sync hooks see what they see today). Since
-  issue 33 this is the executor's own :class:`executor.cast_once.CastOnceLinear`.
+  issue 33 this is the executor's own :class:`executor.model.cast_once.CastOnceLinear`.
 * ``main-grad``: as ``cast-once``, but the GEMM accumulates into an fp32 main gradient in place
   (``torch.addmm(..., out=main_grad)``, Megatron's gradient-accumulation fusion): no ``.grad``
   for autograd to add, which is what moves the change into the gradient-sync and ZeRO-1 hooks.
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.executor.run_meta import run_versions
-from executor.cast_once import CastOnceLinear, fp32_wgrad_supported
+from executor.model.cast_once import CastOnceLinear, fp32_wgrad_supported
 from planner.model import PRESETS, ModelSpec
 
 VARIANTS = ("autocast", "cast-once", "main-grad")
@@ -94,7 +94,7 @@ def run_variant(variant: str, m: ModelSpec, layers: int, tokens: int, micro: int
         if variant == "autocast":
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 outs = [F.linear(xin[k], w) for (k, _, _), w in zip(shapes, ws)]
-        elif variant == "cast-once":  # the executor's own projection (executor.cast_once)
+        elif variant == "cast-once":  # the executor's own projection (executor.model.cast_once)
             outs = [CastOnceLinear.apply(xin[k], w, lp, fp32) for (k, _, _), w, lp in zip(shapes, ws, lps)]
         else:
             outs = [_LowpLinear.apply(xin[k], w, lp, mg) for (k, _, _), w, lp, mg in zip(shapes, ws, lps, mains)]

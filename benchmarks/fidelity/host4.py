@@ -242,7 +242,7 @@ def main() -> int:
     ap.add_argument("--only", type=int, default=0, help="run only the first N plans of each launch (smoke)")
     ap.add_argument("--alloc-conf", default=None,
                     help="PYTORCH_CUDA_ALLOC_CONF for calibration and every worker; default: the executor's "
-                         "(expandable_segments:True, executor/allocator.py); '' for torch's own default")
+                         "(expandable_segments:True, executor/model/allocator.py); '' for torch's own default")
     args = ap.parse_args()
     try:
         todo = launches(args.cpu, args.gpus)
@@ -260,8 +260,7 @@ def main() -> int:
     os.environ["HEXISCALE_HOME"] = str(home)  # before planner reads its catalog
     if args.alloc_conf is not None:  # inherited by the calibration and the workers, read at their CUDA start
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = args.alloc_conf
-    from executor import allocator
-
+    from executor.model import allocator
     allocator.use_default()  # what the executor's processes run with (recorded in the JSON's meta)
     cal = calibrate(home, args.cpu, "llama-1.3b")
     measured_key = cal["applies_to"][0]

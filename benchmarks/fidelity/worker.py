@@ -3,7 +3,7 @@
 ``run_launch(launch_plans, sm, cpu, out)`` starts one process per GPU (``sm[k]`` = MPS SM share of GPU
 ``k``, set before its CUDA context exists). For every plan, the processes whose device the plan uses
 form a fresh process group (a ``FileStore`` per plan; the plan rank of a process is the index of its
-device ``g<k>:0`` in the plan), build the :class:`executor.engine.Engine`, run ``warmup`` steps and
+device ``g<k>:0`` in the plan), build the :class:`executor.train.engine.Engine`, run ``warmup`` steps and
 ``steps`` timed steps on synthetic tokens, and record:
 
 * step time: every step starts after a barrier; each rank times it (device synchronised), the step's
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.spawn import spawn
+from executor.job.spawn import spawn
 from planner.plan import plan_from_dict
 
 GIB = float(1 << 30)
@@ -57,7 +57,7 @@ def _packed_step(engine: Any, plan: Any, packed: list[list[list[int]]], gen: tor
                  device: torch.device) -> Any:
     """One step on packed micro-batches: ``packed[p][j]`` lists the document lengths (labels) of
     micro-batch ``j`` of pipeline ``p``, each document random tokens of that length + 1."""
-    from executor.packed_batch import pack_documents
+    from executor.data.packed_batch import pack_documents
 
     mine = packed[engine.stage.pipeline]
     micro = []
@@ -72,9 +72,9 @@ def _packed_step(engine: Any, plan: Any, packed: list[list[list[int]]], gen: tor
 
 def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_dir: str, index: int,
               warmup: int, steps: int, packed: list[list[list[int]]] | None = None) -> dict[str, Any] | None:
-    from executor.engine import Engine
-    from executor.groups import ProcessGroups
-    from executor.optim import OptimConfig
+    from executor.parallel.groups import ProcessGroups
+    from executor.train.engine import Engine
+    from executor.train.optim import OptimConfig
     from planner.layout import build_topology
 
     plan = plan_from_dict(plan_dict)
@@ -96,15 +96,15 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
         topo = build_topology(plan)
         reserved0 = _reserved(device)
         groups = ProcessGroups.create(topo)
-        if device.type == "cuda":  # the communicators exist and are connected (executor.groups); settle them
+        if device.type == "cuda":  # the communicators exist and are connected (executor.parallel.groups); settle them
             dist.barrier()
             torch.cuda.synchronize(device)
             rec["comm_gib"] = max(0.0, _device_in_use(device) - rec["in_use_before_gib"]
                                   - (_reserved(device) - reserved0))
         engine = Engine(plan, topo, groups, device=device, optim=OptimConfig(warmup_steps=1, total_steps=1000),
                         seed=0)
-        if plan.options.compile:  # as training does (executor.elastic_train); a CPU run stays eager
-            from executor.fast_path import compile_blocks
+        if plan.options.compile:  # as training does (executor.switch.elastic); a CPU run stays eager
+            from executor.model.fast_path import compile_blocks
 
             rec["compiled_blocks"] = compile_blocks(engine.module)
         pipe_idx = engine.stage.pipeline

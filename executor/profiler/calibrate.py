@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from executor import allocator
+from executor.model import allocator
 from executor.profiler import compute
 from executor.profiler.compiled import compiled_ratio
 from executor.profiler.packed import measure_packed_layer, packed_rows

@@ -8,7 +8,7 @@ times, for each message size ``B``:
 * all-reduce (SUM) over all ranks, ``K`` calls; one takes ``elapsed / K``.
 
 * TP collective issue — the host seconds one tensor-parallel all-reduce takes to issue as the
-  executor issues it (:func:`executor.tp_layers.reduce_from_tp`: the autograd Function, the local
+  executor issues it (:func:`executor.parallel.tp_layers.reduce_from_tp`: the autograd Function, the local
   copy, c10d's ``all_reduce`` and the backend's enqueue), timed on the host clock WITHOUT waiting
   for the device over ``K`` calls on a small tensor (the slowest rank's figure): the cost model's
   ``collective_host_s`` (:mod:`planner.cost.stage`), which a launch-bound pass pays on its host.
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from executor.spawn import free_port, spawn
+from executor.job.spawn import free_port, spawn
 
 
 def fit_link(sizes: list[float], times: list[float], kind: str, world: int) -> dict[str, float]:
@@ -107,9 +107,9 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int], it
 
 
 def tp_issue_seconds(device: torch.device, sync: Callable[[], None], calls: int = 50) -> float:
-    """Host seconds per call of :func:`executor.tp_layers.reduce_from_tp` over the default group on a
+    """Host seconds per call of :func:`executor.parallel.tp_layers.reduce_from_tp` over the default group on a
     small tensor, the device not waited for inside the timed loop (module docstring)."""
-    from executor.tp_layers import reduce_from_tp
+    from executor.parallel.tp_layers import reduce_from_tp
 
     x = torch.ones(1024, dtype=torch.float32, device=device)
     group = dist.group.WORLD

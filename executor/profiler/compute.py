@@ -1,7 +1,7 @@
 """Compute measurements with the executor's own modules (what is profiled is what is run).
 
 A TP-``t`` shard is simulated on one device by building the module with ``tp=t`` and no process group:
-:class:`executor.tp_layers.ColumnParallelLinear` then holds ``out/t`` rows, ``RowParallelLinear`` ``in/t``
+:class:`executor.parallel.tp_layers.ColumnParallelLinear` then holds ``out/t`` rows, ``RowParallelLinear`` ``in/t``
 columns, attention ``heads/t`` query heads and ``kv_heads/t`` KV heads — exactly one rank's shapes — and
 the TP collectives are skipped (they are measured separately, in :mod:`executor.profiler.comm`).
 :func:`measure_layer` with a real TP ``group`` runs the same shard on one rank of ``t`` with its
@@ -35,9 +35,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executor.model import Block, StageModule
-from executor.optim import OptimConfig, build_optimizer
+from executor.model.llama import Block, StageModule
 from executor.profiler.timing import synchronize, time_call, time_phases
+from executor.train.optim import OptimConfig, build_optimizer
 from planner.model import ModelSpec
 
 M = TypeVar("M", bound=nn.Module)
@@ -45,7 +45,7 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 
 
 def prepare(module: M, dtype: str, device: torch.device) -> M:
-    """Put a module on ``device`` the way :class:`executor.engine.Engine` runs it: fp32 parameters (they
+    """Put a module on ``device`` the way :class:`executor.train.engine.Engine` runs it: fp32 parameters (they
     are the master weights), random values (never zeros: zeros can run faster than real data)."""
     module.to(device=device, dtype=torch.float32)
     with torch.no_grad():
@@ -63,7 +63,7 @@ def autocast(dtype: str, device: torch.device) -> contextlib.AbstractContextMana
 
 
 def _rope(model: ModelSpec, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    from executor.model import rope_tables
+    from executor.model.llama import rope_tables
 
     return rope_tables(seq_len, model.head_dim, model.rope_theta, device, model.rope_scaling)
 
@@ -118,7 +118,7 @@ def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, 
                   device: torch.device, warmup: int, repeats: int, chain: int = 1, group: Any = None,
                   compiled: bool = False) -> dict[str, Any]:
     """One transformer layer (``Block``) on a TP-``tp`` shard, one micro-batch (``compiled``: the block
-    ``torch.compile``'d as :func:`executor.fast_path.compile_blocks` does; the warm-up compiles it).
+    ``torch.compile``'d as :func:`executor.model.fast_path.compile_blocks` does; the warm-up compiles it).
 
     ``group`` (a TP process group of ``tp`` ranks, every rank calling this with the same arguments):
     the shard runs with its real all-reduces, and every repetition starts with a one-element

@@ -9,11 +9,11 @@ backward per layer against 0.7-0.8 / 1.1-1.9 ms shard-only plus ~0.2 ms of model
 The live rows measure that directly; :mod:`planner.cost.measured` (rule 6) reads them and
 :mod:`planner.cost.stage` then adds none of the layer's all-reduces again.
 
-How: one :func:`executor.spawn.spawn` of ``world = max(tps)`` processes (one per local GPU with
+How: one :func:`executor.job.spawn.spawn` of ``world = max(tps)`` processes (one per local GPU with
 NCCL, the default group bound to its device so every communicator is created eagerly; gloo
 processes on the CPU), the store hosted by the parent on a port the OS picks. For each TP degree
 ``t`` in order, every rank creates the group of ranks ``0..t-1`` (the default group when ``t`` is the
-world) — the same groups in the same order on every rank, as :mod:`executor.groups` requires —
+world) — the same groups in the same order on every rank, as :mod:`executor.parallel.groups` requires —
 connects it with one all-reduce, and its members time each point with ``measure_layer(...,
 group=...)``: chained layers, forward then backward, warm-up then the median of the repeats, each
 repetition started together. The row is the slowest member's median (``MAX`` over the group).
@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.job.spawn import spawn
 from executor.profiler import compute
-from executor.spawn import spawn
 from planner.model import ModelSpec, model_from_dict
 
 TIMEOUT_S = 600.0  # a whole live run (ranks blocked in a collective never hang calibrate)

@@ -1,5 +1,5 @@
 """Packed micro-batches timed on this host (``hexiscale calibrate``): one transformer layer on one row
-of documents of mixed length — the executor's packed attention (:mod:`executor.packed_docs`: positions
+of documents of mixed length — the executor's packed attention (:mod:`executor.data.packed_docs`: positions
 restart and attention stays inside each document) — so the varlen cost ``a·Σs² + b·Σs + c`` is fitted
 to the path it prices (:mod:`planner.calibration.packed`), not carried from full-length rows.
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from executor.packed_docs import DocSpans
+from executor.data.packed_docs import DocSpans
 from executor.profiler import compute
 from planner.model import ModelSpec
 
@@ -42,7 +42,7 @@ def packed_rows(seq_len: int, rows_tokens: tuple[int, ...]) -> list[list[int]]:
 def measure_packed_layer(model: ModelSpec, rows: list[list[int]], *, dtype: str, device: torch.device, warmup: int,
                          repeats: int, chain: int = 1) -> list[dict[str, Any]]:
     """Time one layer forward + backward on each packed row of ``rows`` (module docstring)."""
-    from executor.model import Block
+    from executor.model.llama import Block
 
     out = []
     for lengths in rows:

@@ -109,7 +109,7 @@ def machine_meta(cfg: ProfileConfig) -> dict[str, Any]:
         "mode": "gpu" if cuda else "cpu",
         "device_count": torch.cuda.device_count() if cuda else 0,
         "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count if cuda else None,
-        # F.rms_norm (executor.fast_path) is one fused kernel on CUDA, which saves less for the
+        # F.rms_norm (executor.model.fast_path) is one fused kernel on CUDA, which saves less for the
         # backward than the CPU composite: the activation rows say which (CostParams.fused_rms_norm)
         "fused_rms_norm": cuda,
     }

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     check_number("--max-held-out-error", args.max_held_out, 0.0, 1e4, above=True, unit=" %")
     model = resolve_model("tiny" if args.cpu and args.model == "llama-1.3b" else args.model, args.seq_len)
     home = Path(args.home) if args.home else calibration_home()
-    from executor.devices import cuda_device_count
+    from executor.model.devices import cuda_device_count
     from executor.profiler.calibrate import run_calibrate
 
     if not args.cpu and cuda_device_count() == 0:

@@ -24,7 +24,7 @@ import os
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from executor.dataprep.corpus import FORMATS, TEXT_DOCS
+from executor.data.prep.corpus import FORMATS, TEXT_DOCS
 from hexiscale.cli import data_varlen
 from hexiscale.cli.flag_names import add_renamed
 from hexiscale.cli.output import console, err_console
@@ -69,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.data_format import (
+    from executor.data.token_file import (
         check_token_file,
         load_token_list,
         read_index,
@@ -108,9 +108,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_prep(args: argparse.Namespace) -> int:
-    from executor.dataprep.corpus import expand_inputs, read_batches
-    from executor.dataprep.pipeline import prep
-    from executor.dataprep.tokenizer import load_tokenizer_spec
+    from executor.data.prep.corpus import expand_inputs, read_batches
+    from executor.data.prep.pipeline import prep
+    from executor.data.prep.tokenizer import load_tokenizer_spec
 
     spec = load_tokenizer_spec(args.tokenizer, eos=args.eos, special_tokens=not args.no_special_tokens)
     files = expand_inputs(args.inputs)

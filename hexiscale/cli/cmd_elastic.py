@@ -2,7 +2,7 @@
 
 The job (``hexiscale launch PLAN --local --elastic --cluster CLUSTER``) prints its store address
 and run id when it starts. The command writes a request into that store
-(:mod:`executor.elastic_channel`) and waits for the supervisor's answer: the job re-plans for the
+(:mod:`executor.switch.elastic_channel`) and waits for the supervisor's answer: the job re-plans for the
 new device set, starts the joining devices, and switches layout in process after the next step;
 leaving devices hand their state over and exit. Exit code 0 when the switch is done, 1 when the
 supervisor refused the request (its reason is printed), 3 when no answer came in ``--timeout``.
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from torch.distributed import TCPStore
 
-    from executor.elastic_channel import request_prefix
+    from executor.switch.elastic_channel import request_prefix
 
     host, sep, port = args.store.rpartition(":")
     if not sep or not port.isdigit():

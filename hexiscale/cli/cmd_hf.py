@@ -36,8 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.checkpoint_verify import find_checkpoint
-    from executor.hf_convert import export_hf, import_hf
+    from executor.state.checkpoint_verify import find_checkpoint
+    from executor.state.hf_convert import export_hf, import_hf
 
     if args.hf_command == "import":
         model = import_hf(args.folder, args.output, args.seq_len)

@@ -227,7 +227,7 @@ def _run_local(args: argparse.Namespace, plan, run_id: str) -> int:  # type: ign
     per_rank = sm_shares(args.sm_percent, plan)
     device = args.device
     if device == "auto":
-        from executor.devices import cuda_device_count
+        from executor.model.devices import cuda_device_count
 
         device = "cuda" if cuda_device_count() >= world_size else "cpu"
     refuse_sm_share_on_cpu(args.sm_percent, device)

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
         os.environ.setdefault("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(int(args.sm_percent)))
 
-    from executor.devices import cuda_device_count
+    from executor.model.devices import cuda_device_count
     from executor.profiler.runner import default_config, run_profile
     from hexiscale.cli.output import console
 

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from executor.train_config import TrainConfig
+from executor.train.config import TrainConfig
 from hexiscale.cli.train_args import add_train_arguments, train_argv, train_config
 from hexiscale.launch.own_address import own_address
 from planner.plan import save_plan
@@ -44,7 +44,7 @@ def _launch_here(config: TrainConfig, master_addr: str, master_port: int | None)
     plan = config.layout.seed_layout.plan(config.layout.cluster)
     if plan.world_size == 1:
         return None
-    from executor.devices import cuda_device_count
+    from executor.model.devices import cuda_device_count
     from hexiscale.launch.local import run_local
 
     device = config.run.device
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             return code
     import torch
 
-    from executor.train import run_training
+    from executor.train.entry import run_training
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     return run_training(config)

@@ -2,7 +2,7 @@
 
     hexiscale data lengths PATH --context C [-o HIST.json] [--vocab-size V]
         The documents of a token file cut to sequences of at most C inputs
-        (:class:`executor.doc_source.TokenFileDocs`), their length histogram (``hexiscale.lengths/1``,
+        (:class:`executor.data.doc_source.TokenFileDocs`), their length histogram (``hexiscale.lengths/1``,
         what ``hexiscale plan --lengths`` reads) and its summary.
     hexiscale data packing PATH --pool POOL.json --cluster CLUSTER --step-tokens N [--steps K] [-o OUT.json]
         The first K steps as training lays them out: each step's sequences (a global batch of N
@@ -50,7 +50,7 @@ def _positive(flag: str, value: int) -> None:
 
 
 def run_lengths(args: argparse.Namespace) -> int:
-    from executor.doc_source import TokenFileDocs
+    from executor.data.doc_source import TokenFileDocs
     from planner.varlen.histogram import LengthHistogram
 
     _positive("--context", args.context)
@@ -67,7 +67,7 @@ def run_lengths(args: argparse.Namespace) -> int:
 
 
 def run_packing(args: argparse.Namespace) -> int:
-    from executor.doc_source import TokenFileDocs, step_sequences
+    from executor.data.doc_source import TokenFileDocs, step_sequences
     from planner.cluster import load_cluster
     from planner.errors import SpecError
     from planner.varlen.pool import load_pool, strategy_costs

@@ -11,7 +11,7 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from executor.flag_modes import check_flags
+from executor.train.flag_modes import check_flags
 from hexiscale.cli.flag_hints import RaisingParser, UsageError, unknown_arguments
 from hexiscale.cli.train_args import add_train_arguments, path_dests, train_config
 from planner.errors import SpecError
@@ -57,7 +57,7 @@ def with_absolute_paths(argv: Sequence[str], parser: argparse.ArgumentParser) ->
 
 def checked_train_args(train_args: Sequence[str], *, plan_path: str, mode: str = "plan") -> list[str]:
     """``train_args`` as every rank will parse them (a ``SpecError`` naming the flag if not, or a
-    flag the ranks' ``mode`` refuses: :mod:`executor.flag_modes`), with absolute paths."""
+    flag the ranks' ``mode`` refuses: :mod:`executor.train.flag_modes`), with absolute paths."""
     parser = _train_parser()
     try:
         ns, extras = parser.parse_known_args(["--plan", plan_path, *train_args])

@@ -1,8 +1,8 @@
 """Command-line arguments of ``hexiscale train``, generated from the config's declarations, and the
 :class:`TrainConfig` they make; no torch here.
 
-Every option comes from one field's declaration in :mod:`executor.config_sections` (flag, help,
-type, choices, default; :mod:`executor.config_option`), in the help group the field names; the
+Every option comes from one field's declaration in :mod:`executor.train.config_sections` (flag, help,
+type, choices, default; :mod:`executor.train.config_option`), in the help group the field names; the
 seed-style flags come from :mod:`planner.seed_layout`. Nothing here names a flag of its own.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import fields
 from typing import Any
 
-from executor.config_option import Opt, opt_of, options
-from executor.train_config import SECTIONS, TrainConfig
+from executor.train.config import SECTIONS, TrainConfig
+from executor.train.config_option import Opt, opt_of, options
 from planner.errors import SpecError
 from planner.seed_layout import SeedLayout
 

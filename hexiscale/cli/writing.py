@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from executor.output_files import output_error
+from executor.train.output_files import output_error
 from planner.errors import SpecError
 
 

@@ -2,7 +2,7 @@
 
 The supervisor does what :mod:`hexiscale.launch.local` does — host the TCPStore, start one
 ``hexiscale train`` per device (:mod:`hexiscale.launch.elastic_procs`), forward output, reap — and
-drives the job's epochs through the store (:mod:`executor.elastic_channel`):
+drives the job's epochs through the store (:mod:`executor.switch.elastic_channel`):
 
 * **Events.** A trace (:mod:`planner.elastic_trace`) schedules epoch ``e`` after its phase's first
   step up front (``at/<e>``); a ``hexiscale elastic leave|join`` request (``request/<n>``) is taken
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from executor.elastic_channel import Channel, request_prefix
-from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_OK, EXIT_RANK_FAILURE, Verdict
+from executor.job.watchdog import EXIT_INTERRUPTED, EXIT_OK, EXIT_RANK_FAILURE, Verdict
+from executor.switch.elastic_channel import Channel, request_prefix
 from hexiscale.launch.elastic_procs import DeviceProcess, Processes
 from hexiscale.launch.local import describe_exit, job_exit_code
 from planner.cluster import ClusterSpec
@@ -354,7 +354,7 @@ class Supervisor:
         return None
 
     def _newest_checkpoint(self) -> str | None:
-        from executor.checkpoint_verify import find_checkpoint
+        from executor.state.checkpoint_verify import find_checkpoint
 
         ckpt = _flag(self.opts.train_args, "--checkpoint-dir")
         if ckpt is None:
@@ -428,7 +428,7 @@ def _flag(args: list[str], name: str) -> str | None:
 def _resume_step(resume: str | None) -> int:
     if resume is None:
         return 0
-    from executor.checkpoint import read_meta
+    from executor.state.checkpoint import read_meta
 
     return int(read_meta(resume)["step"])
 

@@ -48,7 +48,7 @@ def launch_elastic(args: argparse.Namespace, layout: Layout, run_id: str, *, env
     devices = {d for d in plan.devices} | {d for p in (trace.phases if trace else ()) for d in p.devices}
     device = args.device
     if device == "auto":
-        from executor.devices import cuda_device_count
+        from executor.model.devices import cuda_device_count
 
         device = "cuda" if cuda_device_count() >= len(devices) else "cpu"
     refuse_sm_share_on_cpu(args.sm_percent, device)

@@ -5,7 +5,7 @@ Each process gets the launcher environment of :func:`hexiscale.launch.local.run_
 rank in the plan it starts with, plus ``HEXISCALE_ELASTIC=1``, ``HEXISCALE_DEVICE`` (its device
 id), ``LOCAL_RANK`` = the device's fixed GPU index (its position among the job's devices, so a
 device keeps its GPU whatever its rank), ``TORCHELASTIC_RESTART_COUNT`` = the attempt (its store
-prefix, :mod:`executor.launch.env`), ``HEXISCALE_ELASTIC_JOIN=e`` for a device joining at epoch
+prefix, :mod:`executor.job.env`), ``HEXISCALE_ELASTIC_JOIN=e`` for a device joining at epoch
 ``e``, and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` where the trace gives it an SM share. Output is
 forwarded line by line; only these processes are ever signalled, by pid.
 """

@@ -11,7 +11,7 @@ and ranks 2..5 are r4090:0..3, so node 0 = a100 (ranks [0, 1], CUDA_VISIBLE_DEVI
 1 = r4090 (ranks [2, 3, 4, 5], CUDA_VISIBLE_DEVICES=0,1,2,3). A plan whose ranks on a node are not
 contiguous (ranks 0-3 and 8-11 on one node) is fine: the node's processes carry
 ``HEXISCALE_NODE_RANKS=0,1,2,3,8,9,10,11`` and each one takes the global rank at its local index
-(the launcher's own numbering, e.g. torchrun's, is ignored; see ``executor.launch.env``).
+(the launcher's own numbering, e.g. torchrun's, is ignored; see ``executor.job.env``).
 """
 
 from __future__ import annotations

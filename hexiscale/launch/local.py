@@ -4,7 +4,7 @@ The supervisor hosts the job's TCPStore (so the store outlives any rank, rank 0 
 one ``python -m hexiscale train`` per plan rank with the launcher environment (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``, ``HEXISCALE_STORE_HOSTED=1``),
 forwards their output, and waits. When a rank fails, the others normally stop by themselves within
-the heartbeat bound (:mod:`executor.launch.watchdog`); any still running ``grace_s`` seconds later
+the heartbeat bound (:mod:`executor.job.watchdog`); any still running ``grace_s`` seconds later
 are terminated (SIGTERM, then SIGKILL) — only the processes it started, by pid.
 
 The job's exit code: 0 if every rank succeeded; 4 if any rank reported out-of-memory; 1 if every
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from executor.launch.watchdog import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
+from executor.job.watchdog import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
 from hexiscale.launch.scripts import TRAIN_ENTRY
 from planner.errors import SpecError
 
@@ -98,7 +98,7 @@ def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, dev
     variables to single ranks (e.g. an MPS SM share); ``store_port`` 0: any free port, else that one
     (the flag ``port_flag`` asked for it); ``store_addr``: one of this machine's addresses (loopback
     unless a flag asked for another, see :mod:`hexiscale.launch.own_address`)."""
-    from executor.launch.env import serve_store
+    from executor.job.env import serve_store
 
     try:  # listens on this machine only (loopback by default): the job never leaves it
         store = serve_store(store_addr, store_port)

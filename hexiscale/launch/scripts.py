@@ -6,7 +6,7 @@ Three forms, all running ``python -m hexiscale train --plan PLAN [train args]`` 
   ``--nnodes``, ``--nproc-per-node``, ``--node-rank`` and a c10d rendezvous at the master address.
   torchrun numbers nodes in rendezvous order, not plan order, so each line also sets
   ``HEXISCALE_NODE_RANKS`` (the node's plan ranks by local rank) and ``CUDA_VISIBLE_DEVICES`` (their
-  GPUs in the same order); the trainer takes its global rank from those (``executor.launch.env``).
+  GPUs in the same order); the trainer takes its global rank from those (``executor.job.env``).
 * **per-node scripts** (any layout, needed when nodes run different process counts): a bash
   script per node that starts one process per local plan rank with ``RANK``, ``WORLD_SIZE``,
   ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` and ``CUDA_VISIBLE_DEVICES``, logs each rank to a

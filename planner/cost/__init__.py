@@ -70,8 +70,8 @@ measured (profiler tables), links (collectives), stage (per-stage time, p2p), me
 
 Checked against the executor itself (tests/planner/test_cost_memory_executor.py,
 test_cost_executor_comm.py, test_cost_step.py): the activation bytes per layer and of the head
-equal what autograd saves in ``executor.model`` (fp32 and bf16 autocast, every recompute mode,
-TP shard shapes); the TP all-reduces equal the ones ``executor.tp_layers`` issues; the gradient
+equal what autograd saves in ``executor.model.llama`` (fp32 and bf16 autocast, every recompute mode,
+TP shard shapes); the TP all-reduces equal the ones ``executor.parallel.tp_layers`` issues; the gradient
 sync groups equal ``planner.layout``'s. Times are the spec roofline until profiles are measured.
 """
 

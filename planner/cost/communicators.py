@@ -1,6 +1,6 @@
 """How many NCCL communicators each device belongs to (their buffers are device memory).
 
-The executor (``executor.groups``) creates, before the first step: the default group (every
+The executor (``executor.parallel.groups``) creates, before the first step: the default group (every
 plan device, when there are several), one group per TP stage of more than one device, one group
 per distinct owner set of the finest-common gradient slices (:mod:`planner.cost.gradsync`), and
 one dedicated two-device group per stage boundary (its two leaders). Rank sets that coincide are

@@ -20,12 +20,12 @@ another pipeline holds that tensor at a TP degree that does not divide this stag
     reduced gradient chunks     0                0                 4·P / k
 
 * weights: the fp32 parameters are the master weights (the compute dtype comes from autocast;
-  executor/engine.py). Under ZeRO-1 they live in one all-gather buffer per flat bucket
-  (executor/zero.py: ``k·c`` fp32 elements for a bucket of ``N``, ``c = ceil(N/k)``; the padding,
+  executor/train/engine.py). Under ZeRO-1 they live in one all-gather buffer per flat bucket
+  (executor/parallel/zero.py: ``k·c`` fp32 elements for a bucket of ``N``, ``c = ceil(N/k)``; the padding,
   under ``k`` elements a bucket, is not counted); a shard cut into several slices keeps its own
   tensor beside its slots.
 * gradients: with several pipelines every sync slice has its slot in a flat fp32 bucket buffer
-  (executor/grad_sync.py), allocated zeroed at the step's start, before the first forward
+  (executor/parallel/grad_sync.py), allocated zeroed at the step's start, before the first forward
   (``GradSync.arm``), and bound as ``.grad`` so micro-batches accumulate in place; a shard cut into
   slices gets autograd's own gradient at its first backward, copied into its slots at launch. With
   one pipeline there are no buckets: autograd allocates the gradients at the first backward.
@@ -126,7 +126,7 @@ from planner.model import ModelSpec
 from planner.plan import Plan
 
 GIB = float(1 << 30)
-# Elements per owner in one reduce-scatter / all-gather round of ZeRO-1 (executor.grad_sync's
+# Elements per owner in one reduce-scatter / all-gather round of ZeRO-1 (executor.parallel.grad_sync's
 # DEFAULT_BUCKET_NUMEL; tests/planner/test_cost_memory.py checks that they agree).
 ZERO_BUCKET_NUMEL = 1 << 25
 
@@ -341,7 +341,7 @@ def full_recompute_transient(model: ModelSpec, *, micro_batch: int, tp: int, dty
     backward, a recomputed layer's whole activations and its weights' compute-dtype copies. At the end
     of an eager forward, autocast's cast cache: the checkpointed layers save no copies, but the cache
     keeps every matmul weight's copy of the stage until the forward leaves its autocast region (one
-    region per micro-batch forward, ``executor.schedules``). Measured on 2x H200 (fidelity ``--gpus 2``,
+    region per micro-batch forward, ``executor.parallel.schedules``). Measured on 2x H200 (fidelity ``--gpus 2``,
     ``7b-pp2-full``, 2026-11-26): 5.8 and 6.0 GiB allocated above the model's estimate without that
     moment, against 6.0 GiB of copies of a 16-layer llama2-7b stage. Compiled blocks cast inside their
     graphs (not cached): the first moment only (not measured)."""

@@ -196,7 +196,7 @@ def embedding_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num
 
 
 def head_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Numerics) -> tuple[list[Op], list[Op]]:
-    """Final RMSNorm, vocab-parallel LM head and cross-entropy, as executor/tp_layers.py runs it over
+    """Final RMSNorm, vocab-parallel LM head and cross-entropy, as executor/parallel/tp_layers.py runs it over
     the ``N = T·V/t`` logits: forward casts them to fp32 and takes max, shift, exp, sum and the
     in-place division (``(e + 36)·N`` bytes); backward clones the softmax, scales it and casts it
     back (``(20 + e)·N``)."""

@@ -57,7 +57,7 @@ class CostParams:
     link_efficiency: float = 0.85
     # All-reduce algorithm: ring, tree or the faster of the two per call (what NCCL tunes to).
     allreduce_algo: str = "best"
-    # Host (CPU) time to issue one tensor-parallel collective as executor/tp_layers.py does it: the
+    # Host (CPU) time to issue one tensor-parallel collective as executor/parallel/tp_layers.py does it: the
     # autograd Function, c10d's all_reduce and ProcessGroupNCCL's enqueue (its stream waits and event
     # records), seconds per call; the local copy before it is one more kernel at host_overhead_s. It
     # loads the host, which a launch-bound pass already saturates (planner/cost/stage.py). Default:
@@ -71,18 +71,18 @@ class CostParams:
     # ------------------------------------------------------------------ overlap (step.py)
     # Fraction of the cross-pipeline gradient sync that can run during the last micro-batch's
     # backward of the same stage (bucketed all-reduce started as buckets fill). 0..1. The
-    # executor (executor/engine.py) syncs after the whole schedule, hence 0.
+    # executor (executor/train/engine.py) syncs after the whole schedule, hence 0.
     dp_overlap: float = 0.0
 
     # ------------------------------------------------------------------ the executor's numerics
-    # These are facts of the implementation being modelled (executor/model.py, engine.py), not
+    # These are facts of the implementation being modelled (executor/model/llama.py, engine.py), not
     # fitted numbers: parameters are the fp32 master weights and the compute dtype comes from
     # torch.autocast. With fp32_residual the residual stream, RMSNorm, stage-boundary activations
     # and their gradients are fp32 (4 B) while matmul inputs/outputs are in the compute dtype.
     fp32_residual: bool = True
     # The plan's ``options.residual_dtype`` is the compute dtype: inside a stage the residual stream,
     # the RMSNorm inputs and the residual adds are ``e`` bytes; a stage's input and output stay as
-    # ``fp32_residual`` says (executor/model.py casts at the stage's ends). A plan option, not a
+    # ``fp32_residual`` says (executor/model/llama.py casts at the stage's ends). A plan option, not a
     # fitted term: :meth:`planner.cost.profile_set.ProfileSet.for_options` sets it from the plan.
     residual_in_compute_dtype: bool = False
     # Each forward under autocast casts the stage's matmul weights to the compute dtype; the casts
@@ -103,7 +103,7 @@ class CostParams:
     # Caching-allocator slack and workspaces (cuBLAS workspace, NCCL buffers), GiB per device.
     workspace_gib: float = 0.6
     # Device memory of one NCCL communicator a device belongs to (buffers outside PyTorch's allocator;
-    # executor.groups creates and connects them all before the first step), GiB. Measured on 4 x H200
+    # executor.parallel.groups creates and connects them all before the first step), GiB. Measured on 4 x H200
     # (NV18, torch 2.11, NCCL 2.28.9, 2026-11-26): 482-559 MiB per communicator over 6 ranks' sets
     # of 2-4 communicators (benchmarks/executor/hetero_e2e.py), mean 519 MiB.
     comm_gib: float = 0.52

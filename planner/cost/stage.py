@@ -5,7 +5,7 @@ Compute (forward; the backward likewise)::
 
     compute_f = max over the stage's devices d of  slowdown_d · (n · layer_f + [first] embed_f + [last] head_f)
 
-TP all-reduces (Megatron tensor parallelism without sequence parallelism, as executor/tp_layers.py
+TP all-reduces (Megatron tensor parallelism without sequence parallelism, as executor/parallel/tp_layers.py
 does it), over the stage's TP group (flat, over the slowest link the group crosses); ``e``
 compute bytes, ``r`` residual bytes (``Numerics``)::
 
@@ -27,7 +27,7 @@ its kernels, else a launch-bound figure — host time — and never compute to b
     pass      = max(compute + comm_gpu, Σ_parts H_part + comm_host);   TP time = pass - compute
 
 ``copy`` is the local copy each all-reduce makes first (``contiguous().clone()`` in
-executor/tp_layers.py: ``kernel_overhead_s + 2·bytes / bandwidth`` on the slowest device of the
+executor/parallel/tp_layers.py: ``kernel_overhead_s + 2·bytes / bandwidth`` on the slowest device of the
 group). A GPU-bound pass gets its all-reduces on top, as before; a launch-bound pass gets the
 host's cost of issuing them when that is the larger: its host is the bottleneck, and the
 collectives are host work too. The all-reduces' GPU time is not taken as hidden in a launch-bound
@@ -47,7 +47,7 @@ time), so a ``slowdown`` scales its all-reduce waits too. Profiles without live 
 before them) are composed exactly as above.
 
 P2P between stage ``i`` and ``i+1`` (any TP degrees), one activation (or gradient) of ``T·h·r``
-bytes, replicated on every TP rank of both stages (executor/p2p.py): the sending stage's leader
+bytes, replicated on every TP rank of both stages (executor/parallel/p2p.py): the sending stage's leader
 sends to the receiving stage's leader, which broadcasts it inside its TP group::
 
     boundary = p2p(link between the leaders) + broadcast(receiving TP group)

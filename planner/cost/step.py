@@ -21,7 +21,7 @@ Model of one training step (every term named; parameters in ``CostParams``):
 
    then each TP stage's leader broadcasts the reduced norm-scale gradients in its TP group.
 
-   The executor (executor/engine.py) starts the sync after the whole schedule: ``dp_overlap = 0``.
+   The executor (executor/train/engine.py) starts the sync after the whole schedule: ``dp_overlap = 0``.
 
 4. ``sync_done = max(max_p T_p, max_d end_d)``; then the global gradient-norm all-reduce (one fp32
    scalar over every device, latency-bound), the optimizer step (clipping + AdamW, memory-bound,
@@ -30,7 +30,7 @@ Model of one training step (every term named; parameters in ``CostParams``):
 
        step = sync_done + grad_norm + max_d optimizer_d + zero_all_gather
 
-   ZeRO-1's copies (executor/zero.py) are device-memory traffic on the critical path, counted with
+   ZeRO-1's copies (executor/parallel/zero.py) are device-memory traffic on the critical path, counted with
    the collective they surround (``B`` a group's fp32 gradient bytes on each owner, ``k`` owners;
    read + write of each copy)::
 
@@ -215,7 +215,7 @@ def _gradient_sync(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet, ready
                    last_bwd: dict[str, float], busy: dict[str, list[tuple[float, float]]] | None = None
                    ) -> tuple[dict[str, float], float]:
     """When each device finishes the cross-pipeline sync, as the executor runs it
-    (executor/grad_sync.py): every device walks the sync groups in one global order (sorted by
+    (executor/parallel/grad_sync.py): every device walks the sync groups in one global order (sorted by
     rank tuple); a group's all-reduce starts once all its owners are free and ends ``time_g`` later.
     Then every TP stage's leader broadcasts the reduced replicated gradients (norm scales) to its
     group. Returns ({device: end of its sync}, ZeRO-1 all-gather seconds after the step); ``busy``

@@ -2,7 +2,7 @@
 
 A :class:`Schedule` gives, per stage, its op order (:mod:`planner.schedules.ops`) and derives from
 that order its in-flight and memory rules. The executor interprets these ops
-(:mod:`executor.schedules`) and the cost model's simulator prices the same ops
+(:mod:`executor.parallel.schedules`) and the cost model's simulator prices the same ops
 (:mod:`planner.cost.simulate`), so the order is written once. A schedule the executor cannot run
 yet (``trained=False``) is still priced; the executor refuses it in one line.
 """

@@ -181,7 +181,7 @@ def draw_step(hist: LengthHistogram, step_tokens: int, rng: np.random.Generator,
               ) -> list[int]:
     """Sequence lengths of one step whose global batch is ``step_tokens`` tokens: sequences drawn
     from ``hist`` while they fit the budget (at least one), as the data loader fills a step
-    (:func:`executor.doc_source.step_sequences`, which carries the sequence that does not fit over
+    (:func:`executor.data.doc_source.step_sequences`, which carries the sequence that does not fit over
     to the next step; a sampled step just leaves it out)."""
     out: list[int] = []
     total = 0

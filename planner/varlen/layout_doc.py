@@ -1,6 +1,6 @@
 """A training layout as data: a plan or a strategy pool, told apart by its ``format`` (pure).
 
-An elastic job may run either (:mod:`executor.elastic_channel` publishes each epoch's layout as
+An elastic job may run either (:mod:`executor.switch.elastic_channel` publishes each epoch's layout as
 JSON); what numbers its ranks — and what holds its state — is the *home plan*: the plan itself, or
 the pool's home strategy's plan.
 """

@@ -3,7 +3,7 @@
 A *strategy* is a plan for every device of the cluster (a pool's plans list the same device set).
 One of them is the *home* strategy: its layout holds the fp32 master weights and the optimizer
 state; every other strategy gets working weights from it and gives its gradients back, inside the
-step (:mod:`executor.hot_switch`). File format (``hexiscale.pool/1``)::
+step (:mod:`executor.switch.hot_switch`). File format (``hexiscale.pool/1``)::
 
     {"format": "hexiscale.pool/1", "context": 16384, "home": 0,
      "strategies": [{"name": "tp1x4", "plan": {...hexiscale.plan/1...}}, ...],

@@ -2,7 +2,7 @@
 
 A step's sequences are split into *phases*; each phase runs one strategy (a plan over the same
 devices) on its share, the phases run one after the other and their gradients accumulate, then one
-optimizer step follows (:mod:`executor.hot_switch`). Step time::
+optimizer step follows (:mod:`executor.switch.hot_switch`). Step time::
 
     T = Σ_phases (T_dispatch(phase) + switch_s(strategy))
 

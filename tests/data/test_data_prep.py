@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from executor.data_format import open_tokens, read_index
-from executor.dataprep.corpus import expand_inputs, read_batches
-from executor.dataprep.pipeline import prep
-from executor.dataprep.tokenizer import load_tokenizer_spec
+from executor.data.prep.corpus import expand_inputs, read_batches
+from executor.data.prep.pipeline import prep
+from executor.data.prep.tokenizer import load_tokenizer_spec
+from executor.data.token_file import open_tokens, read_index
 from hexiscale.cli.main import main as cli
 from planner.errors import SpecError
 from tests.support.tokenizer import EOS, stdlib_texts

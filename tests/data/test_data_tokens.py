@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from executor.data import (
+from executor.data.stream import (
     BatchStream,
     DataPosition,
     SyntheticSource,
@@ -19,7 +19,7 @@ from executor.data import (
     make_source,
     pipeline_rows,
 )
-from executor.data_format import check_token_file, read_index, token_paths, write_token_file
+from executor.data.token_file import check_token_file, read_index, token_paths, write_token_file
 from hexiscale.cli.main import main as cli
 from planner.errors import SpecError
 from planner.plan import load_plan

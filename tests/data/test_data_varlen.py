@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from executor.data_format import write_token_file
-from executor.doc_source import SyntheticDocs, TokenFileDocs, step_sequences
-from executor.step_prefetch import LayoutStream
+from executor.data.doc_source import SyntheticDocs, TokenFileDocs, step_sequences
+from executor.data.step_prefetch import LayoutStream
+from executor.data.token_file import write_token_file
 from hexiscale.cli.main import main as cli
 from planner.errors import SpecError
 from planner.varlen.histogram import load_histogram

@@ -17,7 +17,7 @@ def dist_pool(request: pytest.FixtureRequest) -> Iterator[DistPool]:
     process. The tests carry ``xdist_group("executor-pool")`` so that ``--dist loadgroup`` could
     send them all to one worker; with pytest 9.2 + xdist 3.8 the grouping has no effect (checked),
     so each of the two CI workers may start its own pool — correct either way, one start more."""
-    pool = DistPool(POOL_RANKS, timeout=240, preload=("executor.engine", "tests.support.reference", "exec_jobs"))
+    pool = DistPool(POOL_RANKS, timeout=240, preload=("executor.train.engine", "tests.support.reference", "exec_jobs"))
     request.config.stash[_POOL] = pool
     yield pool
     pool.close()

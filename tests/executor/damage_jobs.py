@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 from exec_jobs import ORACLE_OPTIM
 
-from executor.checkpoint import load, save
-from executor.engine import Engine
-from executor.groups import ProcessGroups
-from executor.nonfinite import NonFiniteStep
+from executor.parallel.groups import ProcessGroups
+from executor.state.checkpoint import load, save
+from executor.train.engine import Engine
+from executor.train.nonfinite import NonFiniteStep
 from planner.errors import SpecError
 from planner.layout import build_topology
 from planner.model import ModelSpec

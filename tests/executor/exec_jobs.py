@@ -8,9 +8,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.engine import Engine
-from executor.groups import ProcessGroups
-from executor.optim import OptimConfig
+from executor.parallel.groups import ProcessGroups
+from executor.train.engine import Engine
+from executor.train.optim import OptimConfig
 from planner.layout import build_topology
 from planner.model import PRESETS, ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
@@ -65,7 +65,7 @@ def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: Opt
     """On every rank: train each plan on its batches; per plan, the losses/norms seen by this rank
     and (on rank 0) the gathered logical weights. Ranks beyond a plan's size idle. With
     ``accelerator`` each rank runs on its current CUDA device (NCCL checks); ``chunked_loss``: the
-    last stages' cross-entropy in row chunks (executor.chunked_loss)."""
+    last stages' cross-entropy in row chunks (executor.model.chunked_loss)."""
     rank = dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
     out: list[dict[str, Any] | None] = []
@@ -103,7 +103,7 @@ def train_packed(plan: Plan, steps: list[list[torch.Tensor]], layouts: list[list
                  optim: OptimConfig = ORACLE_OPTIM, seed: int = 0) -> dict[str, Any] | None:
     """On every rank: train ``plan`` on packed documents; ``layouts[k][p]`` lists pipeline ``p``'s
     micro-batches of step ``k``, each a list of indices into ``steps[k]``."""
-    from executor.packed_batch import label_tokens, pack_micro_batches
+    from executor.data.packed_batch import label_tokens, pack_micro_batches
 
     rank = dist.get_rank()
     eng = pool_engine(plan, optim=optim, seed=seed)
@@ -149,9 +149,9 @@ def tp_layers_job(n: int) -> int:
     import torch.nn.functional as F
     from torch.testing import assert_close
 
-    from executor.chunked_loss import chunked_vocab_cross_entropy
-    from executor.model import MLP, Attention, rope_tables
-    from executor.tp_layers import (
+    from executor.model.chunked_loss import chunked_vocab_cross_entropy
+    from executor.model.llama import MLP, Attention, rope_tables
+    from executor.parallel.tp_layers import (
         ColumnParallelLinear,
         RowParallelLinear,
         VocabParallelEmbedding,
@@ -268,7 +268,7 @@ def checkpoint_job(plan_x: Plan, plan_y: Plan, other_model_plan: Plan, batches: 
     train the remaining steps. Also try loading the checkpoint under another model."""
     from pathlib import Path
 
-    from executor.checkpoint import load, read_meta, save
+    from executor.state.checkpoint import load, read_meta, save
     from planner.errors import SpecError
 
     rank = dist.get_rank()
@@ -338,7 +338,7 @@ def train_hot_switch(plans: list[Plan], home: int, steps: list[list[torch.Tensor
     """On every rank: hot-switching steps over a pool (``layouts[k]``: step k's StepLayout); the
     losses, norms, transfer counts and (rank 0) the gathered home weights. ``accelerator``: on this
     rank's GPU (NCCL pools); ``wire_bf16``: working weights travel in bf16."""
-    from executor.hot_switch import HotSwitchEngine, switch_groups
+    from executor.switch.hot_switch import HotSwitchEngine, switch_groups
 
     rank = dist.get_rank()
     groups = switch_groups(plans, home)

@@ -1,6 +1,6 @@
 """Jobs of the switch oracle on a DistPool (the shared gloo pool, or 4 NCCL ranks with one GPU
 each): pool rank ``p`` plays device ``UNIVERSE[p]``; each epoch re-creates the default group for
-its plan's devices (:class:`executor.epoch_world.World`, as an elastic job does), and the job
+its plan's devices (:class:`executor.switch.epoch_world.World`, as an elastic job does), and the job
 gives the pool its default group of every rank back at the end."""
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from executor import checkpoint
-from executor.engine import Engine
-from executor.epoch_world import World
-from executor.group_release import distinct, subgroups
-from executor.group_retire import Retired, detach_world
-from executor.groups import ProcessGroups
-from executor.optim import OptimConfig
-from executor.state_pieces import held_tensors
-from executor.switch import switch, switch_members
-from executor.warm_up import warm_up
+from executor.parallel.group_release import distinct, subgroups
+from executor.parallel.group_retire import Retired, detach_world
+from executor.parallel.groups import ProcessGroups
+from executor.state import checkpoint
+from executor.state.state_pieces import held_tensors
+from executor.switch.epoch_world import World
+from executor.switch.state_move import switch, switch_members
+from executor.switch.warm_up import warm_up
+from executor.train.engine import Engine
+from executor.train.optim import OptimConfig
 from planner.layout import build_topology
 from planner.plan import Plan
-from planner.reshard import ReshardPlan, reshard_plan
 from planner.state_layout import rank_states
+from planner.state_move_plan import ReshardPlan, reshard_plan
 from tests.support.random_plans import UNIVERSE
 
 _STORES: list[Any] = []  # the restored default groups use these stores: they live as long as the pool
@@ -92,7 +92,7 @@ def _retired(retired: list[Retired]) -> list[dict[str, Any]]:
 
 def worlds_left(rp: ReshardPlan, me: str) -> list[tuple[str, ...]]:
     """The default groups ``me`` leaves in a switch per ``rp`` (their members): the old world if the
-    switch world differs, the switch world if the new plan's does (:mod:`executor.switch`)."""
+    switch world differs, the switch world if the new plan's does (:mod:`executor.switch.state_move`)."""
     old, via, new = tuple(rp.old.devices), switch_members(rp), tuple(rp.new.devices)
     return [a for a, b in ((old, via), (via, new)) if a != b and me in a]
 
@@ -127,7 +127,7 @@ def _train(engine: Engine, batches: list[torch.Tensor]) -> list[float]:
 def switch_oracle_job(old: Plan, new: Plan, batches: list[torch.Tensor], split: int, ckpt: str,
                       optim: OptimConfig) -> dict[str, Any]:
     """Train ``old`` for ``split`` steps, switch to ``new`` in process (a joining device warms up
-    first, :mod:`executor.warm_up`), train the rest; then the baseline: ``new`` loaded from a
+    first, :mod:`executor.switch.warm_up`), train the rest; then the baseline: ``new`` loaded from a
     checkpoint of ``old`` at ``split`` trains the rest."""
     world = shared_world("switch-oracle")
     me = world.me
@@ -154,7 +154,7 @@ def switch_oracle_job(old: Plan, new: Plan, batches: list[torch.Tensor], split: 
             res.state.install(engine, split)
             out["after_state"] = holdings(engine)
             # the first step runs with the old plan's groups and the worlds left retired but alive
-            # (executor.group_retire)
+            # (executor.parallel.group_retire)
             out["new_losses"] = _train(engine, batches[split:split + 1])
             out["retired_after_first_step"] = _retired(res.retired)
             out["sums_on_retired_worlds"] = _sum_on_worlds(rp, me, res.retired)
@@ -184,7 +184,7 @@ def switch_oracle_job(old: Plan, new: Plan, batches: list[torch.Tensor], split: 
 
 
 def retire_job() -> dict[str, Any]:
-    """A group retired on one world (executor.group_retire) is no longer torch's, outlives that
+    """A group retired on one world (executor.parallel.group_retire) is no longer torch's, outlives that
     world's destruction and still works on its own, then is destroyed by :meth:`Retired.release`."""
     world = shared_world("retire")
     devices = UNIVERSE[:_POOL[0]]
@@ -212,7 +212,7 @@ def retire_job() -> dict[str, Any]:
 
 
 def detach_world_job() -> dict[str, Any]:
-    """A detached default group (:func:`executor.group_retire.detach_world`), and a group left
+    """A detached default group (:func:`executor.parallel.group_retire.detach_world`), and a group left
     registered beside it, are no longer torch's: torch is uninitialised with its group counter
     reset, a new default group and its subgroups are made beside them, and all of them work."""
     world = shared_world("detach-world")

@@ -1,4 +1,4 @@
-"""``executor.allocator``: executor processes run the CUDA allocator with expandable segments unless
+"""``executor.model.allocator``: executor processes run the CUDA allocator with expandable segments unless
 the user chose a setting, and processes the executor starts inherit it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from executor import allocator
-from executor.spawn import spawn
+from executor.job.spawn import spawn
+from executor.model import allocator
 
 
 def _report(rank: int, out: str) -> None:

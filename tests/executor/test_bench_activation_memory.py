@@ -12,7 +12,7 @@ import torch
 
 from benchmarks.executor.activation_memory import main, planner_params, predicted
 from benchmarks.executor.saved_tensors import breakdown, bytes_by_kind, forward_by_layer, record_saved
-from executor.model import StageModule
+from executor.model.llama import StageModule
 from executor.profiler.compute import prepare
 from planner.model import PRESETS
 

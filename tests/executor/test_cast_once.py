@@ -1,4 +1,4 @@
-"""executor.cast_once under CPU autocast (bf16), the numerics of the GPU path, which the engine
+"""executor.model.cast_once under CPU autocast (bf16), the numerics of the GPU path, which the engine
 never takes on CPU (there it trains in fp32, the oracle's path, untouched by this module):
 
 * a cast-once projection computes autocast's bf16 product bit for bit, and its input gradient;
@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from executor.cast_once import CastOnceLinear
-from executor.init import logical_init
-from executor.model import StageModule
-from executor.optim import OptimConfig, build_optimizer
-from executor.tp_layers import ColumnParallelLinear, RowParallelLinear
+from executor.model.cast_once import CastOnceLinear
+from executor.model.init import logical_init
+from executor.model.llama import StageModule
+from executor.parallel.tp_layers import ColumnParallelLinear, RowParallelLinear
+from executor.train.optim import OptimConfig, build_optimizer
 from planner.layout import stage_params
 from planner.model import PRESETS
 

@@ -1,4 +1,4 @@
-"""executor.chunked_loss: the row-chunked cross-entropy equals the unchunked one (fp32, 1e-6), and
+"""executor.model.chunked_loss: the row-chunked cross-entropy equals the unchunked one (fp32, 1e-6), and
 with it on, the last stage's loss saves no fp32 copy of the micro-batch's logits for backward (TP
 1; the TP collectives are checked on 2 and 4 ranks in ``test_exec_tp_layers``)."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from executor.chunked_loss import chunk_rows, chunked_vocab_cross_entropy
-from executor.model import StageModule
-from executor.tp_layers import vocab_parallel_cross_entropy
+from executor.model.chunked_loss import chunk_rows, chunked_vocab_cross_entropy
+from executor.model.llama import StageModule
+from executor.parallel.tp_layers import vocab_parallel_cross_entropy
 from planner.model import PRESETS
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch._dynamo.utils import counters
 
-from executor import fast_path
-from executor.init import logical_init
-from executor.model import StageModule
+from executor.model import fast_path
+from executor.model.init import logical_init
+from executor.model.llama import StageModule
 from planner.layout import stage_params
 from planner.model import PRESETS
 

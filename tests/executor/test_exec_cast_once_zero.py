@@ -1,4 +1,4 @@
-"""Cast-once weights (executor.cast_once) under ZeRO-1 on 2 gloo ranks, with the GPU path's bf16
+"""Cast-once weights (executor.model.cast_once) under ZeRO-1 on 2 gloo ranks, with the GPU path's bf16
 autocast forced on CPU: the copies are made after each layer's all-gather gate, so every block and
 the head multiply with the current weights at every step, and training follows autocast's casts."""
 
@@ -13,7 +13,7 @@ import torch.distributed as dist
 from exec_jobs import TINY, global_batches, make_plan, pipeline_rows, pool_engine
 from torch.testing import assert_close
 
-from executor.tp_layers import ColumnParallelLinear, RowParallelLinear
+from executor.parallel.tp_layers import ColumnParallelLinear, RowParallelLinear
 from planner.plan import Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]

@@ -9,7 +9,7 @@ import pytest
 from exec_jobs import ORACLE_OPTIM, TINY, TINY8, checkpoint_job, global_batches, make_plan
 from torch.testing import assert_close
 
-from executor.checkpoint import read_meta
+from executor.state.checkpoint import read_meta
 from planner.errors import SpecError
 from tests.support.reference import reference_train
 

@@ -1,4 +1,4 @@
-"""The communicators the executor creates (``executor.groups.group_sets``), against the count the
+"""The communicators the executor creates (``executor.parallel.groups.group_sets``), against the count the
 cost model charges device memory for (``planner.cost.communicators``), on random plans; and the
 global order every rank walks to create and connect them."""
 
@@ -10,7 +10,7 @@ from exec_jobs import TINY8, make_plan
 from hypothesis import given, settings
 from test_exec_random_plans import plans
 
-from executor.groups import group_sets
+from executor.parallel.groups import group_sets
 from planner.cost.communicators import communicators
 from planner.layout import build_topology
 from planner.plan import Plan

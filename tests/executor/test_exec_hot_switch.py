@@ -11,11 +11,11 @@ import torch
 from exec_jobs import ORACLE_OPTIM, TINY8, global_docs, make_plan, train_hot_switch
 from torch.testing import assert_close
 
-from executor.reshard_plan import grad_moves, weight_moves
-from executor.strategy_topology import rank_map, strategy_topology
 from planner.errors import SpecError
 from planner.layout import build_topology, logical_params, shard_range
+from planner.layout_moves import grad_moves, weight_moves
 from planner.plan import Pipeline, Plan, Stage
+from planner.strategy_topology import rank_map, strategy_topology
 from planner.varlen.seq_cost import PipelineCost, SeqCost
 from planner.varlen.step_layout import StrategyCost, plan_step
 from tests.support.reference import reference_train

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from exec_jobs import TINY, global_batches, make_plan, pipeline_rows, pool_engine
 from torch import nn
 
-from executor.engine import Engine
+from executor.train.engine import Engine
 from planner.cost.memory import partial_params, stage_params, state_bytes
 from planner.plan import Plan
 

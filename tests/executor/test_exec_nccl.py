@@ -39,7 +39,7 @@ RTOL, ATOL = 1e-4, 1e-5
 
 @pytest.fixture(scope="module")
 def nccl_pool():
-    pool = DistPool(2, timeout=300, backend="nccl", preload=("executor.engine", "exec_jobs"))
+    pool = DistPool(2, timeout=300, backend="nccl", preload=("executor.train.engine", "exec_jobs"))
     yield pool
     pool.close()
 

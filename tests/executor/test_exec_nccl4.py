@@ -4,7 +4,7 @@ CUDA devices; ``make test-gpu`` on a 4-GPU machine runs it, CPU CI never does).
 Every plan trains 3 AdamW steps (warm-up and clipping active) on its own GPU per rank and must
 equal the single-process reference: losses, gradient norms and every final weight, at the
 tolerances of :mod:`test_exec_nccl` (GPU kernels sum in other orders than the CPU reference). The
-first two plans deadlocked before :mod:`executor.groups` created and connected every communicator
+first two plans deadlocked before :mod:`executor.parallel.groups` created and connected every communicator
 in one global order (issue 12). bf16 plans must track their fp32 twin within bf16 tolerance.
 """
 
@@ -58,7 +58,7 @@ PLANS: dict[str, Plan] = {
     "tp4": _p([(8, 2, "1f1b", [(4, 8)])]),
     "pp4-1f1b": _p([(8, 8, "1f1b", [(1, 2), (1, 2), (1, 2), (1, 2)])]),
     # fewer micro-batches than stages: stages 0 and 1 turn from their last forward to their first
-    # backward with one fused send/receive (executor.schedules.run_ops), as GPipe's turn above does
+    # backward with one fused send/receive (executor.parallel.schedules.run_ops), as GPipe's turn above does
     "pp4-1f1b-fewer-mb-than-stages": _p([(8, 2, "1f1b", [(1, 2), (1, 2), (1, 2), (1, 2)])]),
     "tp2-vs-pp2": _p([(4, 2, "1f1b", [(2, 8)]), (4, 4, "1f1b", [(1, 4), (1, 4)])]),
     "tp2-vs-pp2-zero1": _p([(3, 3, "gpipe", [(2, 8)]), (5, 5, "1f1b", [(1, 6), (1, 2)])], zero=1),
@@ -69,7 +69,7 @@ PLANS: dict[str, Plan] = {
     "tp1-2-1-recompute-full": _p([(8, 4, "1f1b", [(1, 2), (2, 4), (1, 2)])], recompute="full"),
     "tp2-1+single-recompute-selective": _p([(6, 3, "1f1b", [(2, 5), (1, 3)]), (2, 2, "gpipe", [(1, 8)])],
                                            recompute="selective"),
-    # ZB-H1 (executor.weight_grad_store): W ops between a B's send and the next receive, TP changes
+    # ZB-H1 (executor.parallel.weight_grad_store): W ops between a B's send and the next receive, TP changes
     # between stages, the hooks' bucket launches coming from W ops, ZeRO-1, fewer mb than stages
     "zb-tp1-2-1": _p([(8, 4, "zb-h1", [(1, 2), (2, 4), (1, 2)])]),
     "zb-pp4": _p([(8, 8, "zb-h1", [(1, 2), (1, 2), (1, 2), (1, 2)])]),
@@ -83,7 +83,7 @@ BF16_PLANS = ("tp1-2-1", "tp2-1+single-gpipe-zero1", "tp2-vs-pp2", "zb-tp1-2-1")
 
 @pytest.fixture(scope="module")
 def nccl4() -> DistPool:
-    pool = DistPool(4, timeout=150, backend="nccl", pg_timeout=120, preload=("executor.engine", "exec_jobs"))
+    pool = DistPool(4, timeout=150, backend="nccl", pg_timeout=120, preload=("executor.train.engine", "exec_jobs"))
     yield pool
     pool.close()
 
@@ -100,7 +100,7 @@ def _reference() -> ReferenceRun:
 
 @pytest.mark.parametrize("name", [*PLANS, "chunked-loss:tp2-1+single-gpipe-zero1"])
 def test_nccl4_oracle(nccl4: DistPool, name: str) -> None:
-    """``chunked-loss:``: the plan with executor.chunked_loss (its TP all-reduces on NCCL)."""
+    """``chunked-loss:``: the plan with executor.model.chunked_loss (its TP all-reduces on NCCL)."""
     chunked, _, key = name.rpartition(":")
     plan, ref = PLANS[key], _reference()
     res = nccl4.run(train_plans, [plan], [_batches()], accelerator=True, chunked_loss=bool(chunked))
@@ -116,7 +116,7 @@ def test_nccl4_oracle(nccl4: DistPool, name: str) -> None:
 
 @pytest.mark.parametrize("name", [*BF16_PLANS, "chunked-loss:tp2-1+single-gpipe-zero1"])
 def test_nccl4_bf16_tracks_fp32(nccl4: DistPool, name: str) -> None:
-    """bf16 runs the engine's cast-once weights (executor.cast_once: copies made after ZeRO-1's
+    """bf16 runs the engine's cast-once weights (executor.model.cast_once: copies made after ZeRO-1's
     gates); ``chunked-loss:`` also the chunked cross-entropy, in both runs."""
     chunked, _, key = name.rpartition(":")
     fp32 = PLANS[key]

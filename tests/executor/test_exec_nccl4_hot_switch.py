@@ -29,7 +29,7 @@ RTOL, ATOL = 1e-4, 1e-5
 
 @pytest.fixture(scope="module")
 def nccl4() -> Iterator[DistPool]:
-    pool = DistPool(4, timeout=150, backend="nccl", pg_timeout=120, preload=("executor.hot_switch", "exec_jobs"))
+    pool = DistPool(4, timeout=150, backend="nccl", pg_timeout=120, preload=("executor.switch.hot_switch", "exec_jobs"))
     yield pool
     pool.close()
 

@@ -1,5 +1,5 @@
 """The switch oracle on 4 NCCL ranks, one GPU each (skipped without 4 CUDA devices; ``make test-gpu``
-runs it): the in-process switch of :mod:`executor.switch` — epoch worlds, batched
+runs it): the in-process switch of :mod:`executor.switch.state_move` — epoch worlds, batched
 send/receive, the old plan's communicators and the default groups left retired and destroyed after
 the first step (a detached default communicator alive beside the new one) — on the backend an
 elastic job uses on GPUs, for a leave, a join, a disjoint move and random plan pairs on 4 devices
@@ -46,7 +46,8 @@ CASES4: dict[str, tuple[Plan, Plan]] = {
 
 @pytest.fixture(scope="module")
 def nccl4() -> Iterator[DistPool]:
-    pool = DistPool(4, timeout=300, backend="nccl", pg_timeout=120, preload=("executor.switch", "switch_jobs"))
+    pool = DistPool(4, timeout=300, backend="nccl", pg_timeout=120,
+                    preload=("executor.switch.state_move", "switch_jobs"))
     yield pool
     pool.close()
 

@@ -1,4 +1,4 @@
-"""The NaN/Inf guard (executor.nonfinite) on 4 gloo ranks: a NaN gradient on ONE rank of one
+"""The NaN/Inf guard (executor.train.nonfinite) on 4 gloo ranks: a NaN gradient on ONE rank of one
 pipeline makes every rank take the same decision at the same step (the values are all-reduced), and
 nothing of that step reaches the weights — under ``stop`` (every rank raises) and ``skip`` (the
 step is dropped, training goes on), with and without ZeRO-1."""
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from exec_jobs import TINY, global_batches, make_plan, pipeline_rows, pool_engine
 
-from executor.nonfinite import NonFiniteStep
+from executor.train.nonfinite import NonFiniteStep
 from planner.plan import Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]

@@ -111,7 +111,7 @@ def test_oracle(dist_pool, name: str) -> None:
 
 @pytest.mark.parametrize("name", ["tp4-2-1-pipeline-uneven-mb", "tp4-vs-tp2x2-gpipe"])
 def test_oracle_chunked_loss(dist_pool, name: str) -> None:
-    """The cross-entropy in row chunks (executor.chunked_loss, TP 4 and 2 last stages) trains like
+    """The cross-entropy in row chunks (executor.model.chunked_loss, TP 4 and 2 last stages) trains like
     the dense reference too."""
     plan = PLANS[name]
     batches, ref = _reference(plan.model, plan.global_batch_size)
@@ -142,5 +142,5 @@ def test_oracle_tp_4_2_1_4_boundaries_on_11_ranks() -> None:
     assert [s.tp for s in plan.pipelines[0].stages] == [4, 2, 1, 4]
     batches, ref = _reference(plan.model, plan.global_batch_size)
     res = run_distributed(train_plans, plan.world_size, [plan], [batches], timeout=240,
-                          preload=("executor.engine", "exec_jobs"))
+                          preload=("executor.train.engine", "exec_jobs"))
     check_against_reference(plan, [r[0] for r in res], ref)

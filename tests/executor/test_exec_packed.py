@@ -8,9 +8,9 @@ import torch
 from exec_jobs import ORACLE_OPTIM, TINY, TINY8, assemble_pipeline, global_docs, make_plan, train_packed
 from torch.testing import assert_close
 
-from executor.model import StageModule
-from executor.packed_batch import label_tokens, pack_documents, pack_micro_batches
-from executor.packed_docs import DocSpans, packed_attention
+from executor.data.packed_batch import label_tokens, pack_documents, pack_micro_batches
+from executor.data.packed_docs import DocSpans, packed_attention
+from executor.model.llama import StageModule
 from planner.layout import stage_params
 from planner.plan import Plan
 from tests.support.reference import reference_model, reference_train

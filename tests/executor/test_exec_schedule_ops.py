@@ -1,4 +1,4 @@
-"""The executor's schedule interpreter (executor.schedules.run_ops) runs the registry's ops, with a
+"""The executor's schedule interpreter (executor.parallel.schedules.run_ops) runs the registry's ops, with a
 communication order that no two stages can deadlock on, without processes: a recording runner and
 p2p stand in for the stage module and StageComm."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from exec_jobs import TINY, make_plan
 
-from executor.schedules import check_plan_schedules, check_trainable, run_ops
+from executor.parallel.schedules import check_plan_schedules, check_trainable, run_ops
 from planner.errors import SpecError
 from planner.schedules import TRAINED_SCHEDULES, StageOp, schedule_named
 
@@ -159,7 +159,7 @@ def test_a_pipeline_without_micro_batches_runs_no_op(name: str) -> None:
 
     import torch
 
-    from executor.schedules import run_schedule
+    from executor.parallel.schedules import run_schedule
 
     comm = Recorder(3, 1, 0)
     comm.stage = SimpleNamespace(index=1)  # type: ignore[attr-defined]

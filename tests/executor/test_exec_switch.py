@@ -1,4 +1,4 @@
-"""THE SWITCH ORACLE: after an in-process layout switch (executor.switch), training continues
+"""THE SWITCH ORACLE: after an in-process layout switch (executor.switch.state_move), training continues
 exactly as a run that used the new plan from that step with the same state.
 
 Every case trains the old plan for ``SPLIT`` steps, switches (devices leave, join, or both; the
@@ -21,12 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from switch_jobs import detach_world_job, retire_job, switch_oracle_job, worlds_left
 from torch.testing import assert_close
 
-from executor.switch import SwitchStats
+from executor.switch.state_move import SwitchStats
 from planner.layout import logical_params
 from planner.model import ModelSpec
 from planner.plan import Plan
-from planner.reshard import reshard_plan
 from planner.state_layout import MOMENTS, state_tensor
+from planner.state_move_plan import reshard_plan
 from tests.support.random_plans import TINY, TINY8, named_plan, plan_pairs
 from tests.support.reference import ReferenceRun, reference_train
 

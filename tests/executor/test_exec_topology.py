@@ -7,7 +7,7 @@ import math
 import pytest
 from exec_jobs import TINY, TINY8, make_plan
 
-from executor.model import check_supported
+from executor.model.llama import check_supported
 from planner.errors import SpecError
 from planner.layout import SliceRef, build_topology, logical_params, shard_range, stage_params
 from planner.model import ModelSpec

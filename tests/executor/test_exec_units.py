@@ -11,9 +11,9 @@ import torch.distributed as dist
 from exec_jobs import TINY, TINY8, engine_errors_job
 from torch.testing import assert_close
 
-from executor.init import init_tensor, logical_init
-from executor.model import StageModule, shard_of
-from executor.optim import OptimConfig, clip_coefficient, decays, lr_at
+from executor.model.init import init_tensor, logical_init
+from executor.model.llama import StageModule, shard_of
+from executor.train.optim import OptimConfig, clip_coefficient, decays, lr_at
 from planner.layout import logical_params
 from tests.support.dist_testing import DistributedError, run_distributed
 from tests.support.reference import reference_model

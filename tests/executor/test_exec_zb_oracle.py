@@ -1,4 +1,4 @@
-"""The oracle for ZB-H1 (split backward, executor.weight_grad_store): plans whose pipelines run
+"""The oracle for ZB-H1 (split backward, executor.parallel.weight_grad_store): plans whose pipelines run
 zero-bubble train exactly like one dense process, with TP changes between stages, beside 1F1B and
 GPipe pipelines, under ZeRO 0 and 1, with full recompute, and with fewer micro-batches than stages."""
 

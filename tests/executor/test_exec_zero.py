@@ -1,4 +1,4 @@
-"""ZeRO-1 (executor.zero): sharded Adam state trains exactly like the dense reference, really holds
+"""ZeRO-1 (executor.parallel.zero): sharded Adam state trains exactly like the dense reference, really holds
 1/k of the state per rank, and its checkpoints load under zero=0 plans of other layouts (and back).
 
 One job on the shared 8-rank pool runs every check; the tests below assert on its results."""
@@ -16,9 +16,9 @@ from exec_jobs import TINY, TINY8, checkpoint_job, global_batches, make_plan, pi
 from test_exec_oracle import STEPS, W_ATOL, _reference, check_against_reference
 from torch.testing import assert_close
 
-from executor.engine import Engine
-from executor.groups import ProcessGroups
-from executor.optim import OptimConfig
+from executor.parallel.groups import ProcessGroups
+from executor.train.engine import Engine
+from executor.train.optim import OptimConfig
 from planner.layout import build_topology, logical_params
 from planner.plan import Plan
 from tests.support.reference import reference_train

@@ -1,4 +1,4 @@
-"""executor.gemm_check on the CPU: the product check catches unwritten and wrong tiles, and the
+"""executor.model.gemm_check on the CPU: the product check catches unwritten and wrong tiles, and the
 SM-count target search settles on the largest target that checks right or refuses in one line."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor import gemm_check
-from executor.gemm_check import GemmCheckError, failing_products, linear_shapes, settle, targets_below
+from executor.model import gemm_check
+from executor.model.gemm_check import GemmCheckError, failing_products, linear_shapes, settle, targets_below
 from planner.hf_config import resolve_model
 
 SHAPES = ((48, 32), (32, 80))

@@ -1,4 +1,4 @@
-"""``executor.recompute_core``: the attention core recomputed in the backward gives the gradients of
+"""``executor.model.recompute_core``: the attention core recomputed in the backward gives the gradients of
 the core kept whole, under autocast too, and keeps only its inputs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from executor.recompute_core import recomputed_core
+from executor.model.recompute_core import recomputed_core
 
 
 def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""``options.residual_dtype``: a bf16 residual stream inside each stage (executor/model.py).
+"""``options.residual_dtype``: a bf16 residual stream inside each stage (executor/model/llama.py).
 
 Under CPU autocast (the GPU path's numerics): the blocks see a bf16 residual, the stage's output
 is fp32 (so pipeline boundaries carry what they carried before), and a model cut into two stages
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor.init import logical_init
-from executor.model import StageModule
+from executor.model.init import logical_init
+from executor.model.llama import StageModule
 from planner.layout import stage_params
 from planner.model import PRESETS
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from executor.model import rope_tables
+from executor.model.llama import rope_tables
 from planner.hf_config import model_from_hf_config
 
 transformers = pytest.importorskip("transformers")

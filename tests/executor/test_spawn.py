@@ -1,4 +1,4 @@
-"""The one spawner (executor.spawn): exit codes by rank, a failing rank stops the others, a deadline
+"""The one spawner (executor.job.spawn): exit codes by rank, a failing rank stops the others, a deadline
 stops ranks that hang, and free ports bind."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from executor.spawn import RanksFailed, free_port, spawn
+from executor.job.spawn import RanksFailed, free_port, spawn
 
 
 def write_rank(rank: int, folder: str) -> None:

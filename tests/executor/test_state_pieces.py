@@ -1,11 +1,11 @@
-"""``executor.state_pieces.narrow``: the rectangle view every switch copy goes through."""
+"""``executor.state.state_pieces.narrow``: the rectangle view every switch copy goes through."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from executor.state_pieces import narrow
+from executor.state.state_pieces import narrow
 from planner.chunks import Chunk
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor.trace import StepTrace
+from executor.train.trace import StepTrace
 from planner.model import PRESETS
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 from planner.timeline import read_trace

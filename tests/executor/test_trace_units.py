@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from executor.tensorboard_sink import summary_writer_class
-from executor.trace import NO_TRACE, trace_window
+from executor.train.tensorboard_sink import summary_writer_class
+from executor.train.trace import NO_TRACE, trace_window
 from planner.errors import SpecError
 
 

@@ -1,4 +1,4 @@
-""":func:`executor.packed_docs.torch_varlen` adapts both signatures PyTorch's ``varlen_attn`` has had
+""":func:`executor.data.packed_docs.torch_varlen` adapts both signatures PyTorch's ``varlen_attn`` has had
 (``is_causal`` without grouped-query heads; ``window_size`` + ``enable_gqa``): checked on CPU with
 stand-ins of each that compute causal attention per document with SDPA."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from executor.packed_docs import torch_varlen
+from executor.data.packed_docs import torch_varlen
 
 
 def _per_doc(q, k, v, cu, causal):  # type: ignore[no-untyped-def]

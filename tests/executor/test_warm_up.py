@@ -1,4 +1,4 @@
-"""The joiner's warm-up (executor.warm_up): one training step of one block of its stage, run for
+"""The joiner's warm-up (executor.switch.warm_up): one training step of one block of its stage, run for
 every role a stage can have, that leaves torch's random number generators and grad mode as they
 were; a failing warm-up only logs. (That a joined job trains as before: the switch oracle's joiners
 warm up first, tests/executor/switch_jobs.py, and so does the elastic smoke job's joiner.)"""
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from executor.optim import OptimConfig, for_device
-from executor.warm_up import warm_up
+from executor.switch.warm_up import warm_up
+from executor.train.optim import OptimConfig, for_device
 from planner.plan import Plan
 from tests.support.random_plans import TINY, TINY8, named_plan
 

@@ -1,4 +1,4 @@
-"""Split backward (executor.weight_grad_store), one process: a B that defers the linear layers'
+"""Split backward (executor.parallel.weight_grad_store), one process: a B that defers the linear layers'
 weight gradients plus its W give the gradients, and the post-accumulate hooks, of a plain backward."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from exec_jobs import TINY
 from torch.testing import assert_close
 
-from executor.init import logical_init
-from executor.model import StageModule
-from executor.weight_grad_store import WeightGradStore, install, store_linear
+from executor.model.init import logical_init
+from executor.model.llama import StageModule
+from executor.parallel.weight_grad_store import WeightGradStore, install, store_linear
 from planner.layout import stage_params
 
 

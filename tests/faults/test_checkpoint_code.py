@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from executor.checkpoint import read_logical, write_logical
-from executor.checkpoint_index import read_index
-from executor.checkpoint_verify import verify_files, verify_meta
+from executor.state.checkpoint import read_logical, write_logical
+from executor.state.checkpoint_index import read_index
+from executor.state.checkpoint_verify import verify_files, verify_meta
 from hexiscale.cli.main import main
 from planner.errors import SpecError
 from planner.layout import logical_params

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor.checkpoint import _finish, _fresh_partial, read_logical, write_logical
-from executor.checkpoint_verify import PARTIAL, check_checkpoint_dir
+from executor.state.checkpoint import _finish, _fresh_partial, read_logical, write_logical
+from executor.state.checkpoint_verify import PARTIAL, check_checkpoint_dir
 from planner.errors import SpecError
 from planner.layout import logical_params
 from planner.model import PRESETS

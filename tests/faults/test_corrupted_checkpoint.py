@@ -1,4 +1,4 @@
-"""Corrupted checkpoints never load silently. Pre-flight verification (executor.checkpoint_verify)
+"""Corrupted checkpoints never load silently. Pre-flight verification (executor.state.checkpoint_verify)
 names what is wrong with a flipped byte, a truncated or missing file, another step's file, a wrong
 shape, another model, a step that disagrees with its folder, NaN weights under a valid checksum, a
 damaged DCP index or meta.json, an index edited to drop or move a tensor (its checksum updated);
@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from executor.checkpoint_index import read_index
-from executor.checkpoint_verify import verify_files, verify_meta
+from executor.state.checkpoint_index import read_index
+from executor.state.checkpoint_verify import verify_files, verify_meta
 from planner.errors import SpecError
 from planner.model import PRESETS
 from tests.support.checkpoint_damage import nan_item_with_valid_checksum

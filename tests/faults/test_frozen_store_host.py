@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from executor.launch.bounded_store import BoundedStore, StoreTimeout
-from executor.spawn import free_port
+from executor.job.bounded_store import BoundedStore, StoreTimeout
+from executor.job.spawn import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN4 = ROOT / "examples" / "plans" / "demo-cpu-4-tiny.json"

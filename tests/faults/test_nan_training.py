@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.checkpoint_verify import verify_files, verify_meta
+from executor.state.checkpoint_verify import verify_files, verify_meta
 from planner.model import PRESETS
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs")]

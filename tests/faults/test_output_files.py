@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from executor.metrics import StepLogger
-from executor.preflight_paths import check_output_dir
-from executor.trace import StepTrace
-from executor.train_config import TrainConfig
-from executor.train_setup import classify
+from executor.train.config import TrainConfig
+from executor.train.metrics import StepLogger
+from executor.train.preflight_paths import check_output_dir
+from executor.train.setup import classify
+from executor.train.trace import StepTrace
 from planner.errors import SpecError
 from planner.model import PRESETS
 from planner.plan import Pipeline, Plan, PlanOptions, Stage

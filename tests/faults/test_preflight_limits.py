@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor.launch.env import serve_store
-from executor.launch.watchdog import EXIT_OOM
-from executor.preflight_memory import check_memory
-from executor.train_setup import classify
+from executor.job.env import serve_store
+from executor.job.watchdog import EXIT_OOM
+from executor.train.preflight_memory import check_memory
+from executor.train.setup import classify
 from planner.errors import SpecError
 from planner.model import PRESETS, ModelSpec
 from planner.plan import Plan, plan_from_dict

@@ -1,7 +1,7 @@
 """A silent store port: the job's MASTER_PORT is held by a program that accepts TCP connections and
 never answers the store protocol (another program on the port, a frozen master). c10d's TCPStore
 constructor then blocks in its first handshake whatever its timeout (measured: over 400 s with a
-3 s timeout), so :func:`executor.launch.env.connect_store` bounds the whole connect: a rank stops
+3 s timeout), so :func:`executor.job.env.connect_store` bounds the whole connect: a rank stops
 within ``--startup-timeout`` with one line naming the flag, the address and the fix."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from executor.launch.env import RankEnv, connect_store
-from executor.launch.watchdog import EXIT_USER_ERROR
+from executor.job.env import RankEnv, connect_store
+from executor.job.watchdog import EXIT_USER_ERROR
 from planner.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]

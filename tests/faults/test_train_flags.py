@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.preflight_paths import check_output_dir, check_output_file
+from executor.train.preflight_paths import check_output_dir, check_output_file
 from hexiscale.cli.main import main
 from planner.errors import SpecError
 

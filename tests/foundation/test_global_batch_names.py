@@ -66,7 +66,7 @@ def test_train_refuses_the_total_beside_a_plan(capsys: pytest.CaptureFixture[str
     plan = Path(__file__).resolve().parents[2] / "examples" / "plans" / "demo-cpu-4-tiny.json"
     assert main(["train", "--plan", str(plan), "--global-batch-size", "4", "--device", "cpu"]) == 1
     err = capsys.readouterr().err.strip()
-    # the refusal names the row of executor/flag_modes.py: the seed's spelling of the layout's batch
+    # the refusal names the row of executor/train/flag_modes.py: the seed's spelling of the layout's batch
     assert err.endswith("error: --global-batch-size: given together with --plan (hint: use either --plan or the "
                         "seed-style flags)") and "\n" not in err, err
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.train_config import FLAT_NAMES
+from executor.train.config import FLAT_NAMES
 from hexiscale.cli.main import main
 from hexiscale.cli.train_args import add_train_arguments, relaunched, train_argv, train_config
 from planner.errors import SpecError

@@ -4,6 +4,6 @@ import half-way (a half-imported torch breaks every later case)."""
 
 from __future__ import annotations
 
-import executor.checkpoint_verify  # noqa: F401
-import executor.train  # noqa: F401
+import executor.state.checkpoint_verify  # noqa: F401
+import executor.train.entry  # noqa: F401
 import hexiscale.cli.main  # noqa: F401

@@ -1,4 +1,4 @@
-"""Checkpoints through pre-flight verification (executor.checkpoint_verify, what ``train --resume``
+"""Checkpoints through pre-flight verification (executor.state.checkpoint_verify, what ``train --resume``
 runs before anything loads): a mutated ``meta.json``, any flipped byte inside a stored item or
 DCP's index, and any truncation is a ``SpecError`` naming ``--resume``, never another exception;
 a flip can never pass unnoticed. DCP's index rewritten with random bytes under an updated checksum
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from executor.checkpoint_verify import verify_files, verify_meta
+from executor.state.checkpoint_verify import verify_files, verify_meta
 from planner.errors import SpecError
 from planner.model import PRESETS
 from tests.support.cli_run import CASE_TIMEOUT_S

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from executor.data_format import MAGIC, write_token_file
+from executor.data.token_file import MAGIC, write_token_file
 from tests.support.cli_run import names, run_cli
 from tests.support.fuzz_settings import fuzz
 from tests.support.fuzz_strategies import mutated

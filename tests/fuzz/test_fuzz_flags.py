@@ -102,7 +102,7 @@ def parse(text: str, kind: type) -> Any:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from executor.data_format import write_token_file
+    from executor.data.token_file import write_token_file
 
     stem = tmp_path_factory.mktemp("data") / "corpus"
     write_token_file(stem, [list(range(200))])

@@ -16,9 +16,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from executor.checkpoint import write_logical
-from executor.hf_convert import export_hf
-from executor.safetensors_io import INDEX, SINGLE
+from executor.state.checkpoint import write_logical
+from executor.state.hf_convert import export_hf
+from executor.state.safetensors_io import INDEX, SINGLE
 from planner.layout import logical_params
 from planner.model import PRESETS
 from tests.support.cli_run import run_cli

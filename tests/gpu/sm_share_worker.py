@@ -87,11 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", action="store_true", help="gloo on the CPU (a smoke test of this program)")
     args = ap.parse_args(argv)
 
-    from executor import fast_path
-    from executor.engine import Engine
-    from executor.groups import ProcessGroups
-    from executor.optim import OptimConfig
-    from executor.spawn import free_port
+    from executor.job.spawn import free_port
+    from executor.model import fast_path
+    from executor.parallel.groups import ProcessGroups
+    from executor.train.engine import Engine
+    from executor.train.optim import OptimConfig
     from planner.hf_config import resolve_model
     from planner.layout import build_topology
     from planner.plan import Pipeline, Plan, PlanOptions, Stage
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(plan, topo, ProcessGroups.create(topo), device=device,
                     optim=OptimConfig(lr=3e-4, warmup_steps=1, fused=not args.cpu), seed=0)
     out["build_s"] = round(time.perf_counter() - t0, 1)
-    if not args.cpu:  # what executor.gemm_check settled on
+    if not args.cpu:  # what executor.model.gemm_check settled on
         out["blas_after"] = str(torch.backends.cuda.preferred_blas_library())
         get = getattr(torch._C, "_get_sm_carveout_experimental", None)
         out["sm_carveout"] = get() if get else None

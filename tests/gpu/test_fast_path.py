@@ -1,4 +1,4 @@
-"""executor.fast_path on CPU: the fast functions compute the plain formulas (fp32, any machine)."""
+"""executor.model.fast_path on CPU: the fast functions compute the plain formulas (fp32, any machine)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from executor import fast_path
-from executor.model import StageModule
+from executor.model import fast_path
+from executor.model.llama import StageModule
 from planner.model import PRESETS
 
 

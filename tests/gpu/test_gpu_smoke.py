@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from executor import fast_path
-from executor.spawn import free_port
+from executor.job.spawn import free_port
+from executor.model import fast_path
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 
@@ -45,9 +45,9 @@ def _train(dtype: str, *, compile_blocks: bool = False, head: bool = True, steps
 def _steps(dtype: str, *, compile_blocks: bool = False, head: bool = True, steps: int = STEPS,
            residual: str = "fp32", chunked_loss: bool = False, cast_once: bool = True, copies: list | None = None
            ) -> list:
-    from executor.engine import Engine
-    from executor.groups import ProcessGroups
-    from executor.optim import OptimConfig
+    from executor.parallel.groups import ProcessGroups
+    from executor.train.engine import Engine
+    from executor.train.optim import OptimConfig
     from planner.layout import build_topology
 
     pipe = Pipeline(batch_size=4, micro_batches=2, stages=(Stage(("g:0",), 1, (0, SMOKE.num_layers)),))
@@ -112,10 +112,10 @@ def test_compiled_fp32_first_step_equals_eager(head: bool) -> None:
 @pytest.mark.usefixtures("nccl_rank")
 @pytest.mark.parametrize("compile_blocks", [False, True], ids=["eager", "compiled"])
 def test_chunked_loss_and_cast_once_train_like_the_old_paths(compile_blocks: bool) -> None:
-    """Issue 33's paths (executor.chunked_loss, opt-in; executor.cast_once with the fp32
+    """Issue 33's paths (executor.model.chunked_loss, opt-in; executor.model.cast_once with the fp32
     weight-gradient GEMM, the engine's default) against the unchunked loss and autocast's casts:
     the same training within bf16 tolerance, one weight copy per layer and step (2 micro-batches)."""
-    from executor.cast_once import fp32_wgrad_supported
+    from executor.model.cast_once import fp32_wgrad_supported
 
     assert fp32_wgrad_supported(torch.device("cuda", 0)), "torch.mm(..., out_dtype=float32) on this GPU"
     copies: list[int] = []

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from executor.packed_docs import DocSpans, packed_attention, varlen_kernel_name
+from executor.data.packed_docs import DocSpans, packed_attention, varlen_kernel_name
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

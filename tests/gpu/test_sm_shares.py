@@ -3,7 +3,7 @@ for a few steps by a process that gets 50, 55, ... 100 % of a GPU's SMs through 
 (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``). Every share must train finite, with the first steps'
 losses equal to the full GPU's within bf16 noise.
 
-Before :mod:`executor.gemm_check`, cuBLAS picked kernels at 55-85 % that left output tiles
+Before :mod:`executor.model.gemm_check`, cuBLAS picked kernels at 55-85 % that left output tiles
 unwritten, and training stopped at step 1 with NaN. Needs a GPU and ``nvidia-cuda-mps-control``
 (the workers spread over every visible GPU, one share per GPU at a time); skipped elsewhere.
 """

@@ -33,10 +33,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor.data import DataPosition, global_batch, make_source
-from executor.spawn import free_port
-from executor.train_config import TrainConfig
-from executor.train_setup import optim_config
+from executor.data.stream import DataPosition, global_batch, make_source
+from executor.job.spawn import free_port
+from executor.train.config import TrainConfig
+from executor.train.setup import optim_config
 from hexiscale.cli.main import main as cli
 from planner.model import PRESETS
 from planner.plan import Pipeline, Plan, PlanOptions, Stage, save_plan

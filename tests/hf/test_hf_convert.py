@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from executor.checkpoint import read_logical
-from executor.hf_convert import export_hf, import_hf
-from executor.model import StageModule
+from executor.model.llama import StageModule
+from executor.state.checkpoint import read_logical
+from executor.state.hf_convert import export_hf, import_hf
 from hexiscale.cli.main import main
 from planner.errors import SpecError
 from planner.layout import logical_params

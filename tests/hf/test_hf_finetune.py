@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor.checkpoint import read_logical
-from executor.hf_convert import import_hf
+from executor.state.checkpoint import read_logical
+from executor.state.hf_convert import import_hf
 from tests.hf.test_hf_convert import hf_logits, our_logits, tiny_hf
 from tests.train.test_train_jobs import PLAN4, hexiscale, losses
 

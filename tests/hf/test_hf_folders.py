@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor import checkpoint as checkpoint_module
-from executor.checkpoint import read_logical, write_logical
-from executor.hf_convert import export_hf, import_hf
-from executor.safetensors_io import model_entries, tensor
+from executor.state import checkpoint as checkpoint_module
+from executor.state.checkpoint import read_logical, write_logical
+from executor.state.hf_convert import export_hf, import_hf
+from executor.state.safetensors_io import model_entries, tensor
 from hexiscale.cli.main import main
 from tests.hf.test_hf_convert import tiny_hf
 

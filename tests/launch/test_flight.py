@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from executor.launch import flight
-from executor.launch.watchdog import device_wait
-from executor.train_config import TrainConfig
-from executor.train_setup import pg_timeout
+from executor.job import flight
+from executor.job.watchdog import device_wait
+from executor.train.config import TrainConfig
+from executor.train.setup import pg_timeout
 from planner.errors import SpecError
 from tests.support.dist_testing import run_distributed
 

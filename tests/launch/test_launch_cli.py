@@ -145,7 +145,7 @@ def _seed_line_store(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """The (address, port) a seed line's own ranks' store was asked to listen on (busy: exit 1)."""
     import errno
 
-    import executor.launch.env as launch_env
+    import executor.job.env as launch_env
 
     _no_processes(monkeypatch)
     for key in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.spawn import free_port
+from executor.job.spawn import free_port
 from hexiscale.launch.layout import build_layout
 from hexiscale.launch.scripts import LaunchOptions, node_script, torchrun_lines
 from planner.cluster import load_cluster

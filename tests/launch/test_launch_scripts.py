@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.launch.env import rank_env
+from executor.job.env import rank_env
 from hexiscale.launch.layout import build_layout
 from hexiscale.launch.scripts import LaunchOptions, node_script, slurm_script, torchrun_lines
 from planner.cluster import ClusterSpec, load_cluster

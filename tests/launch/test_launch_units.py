@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from torch.distributed import TCPStore
 
-from executor.checkpoint_verify import candidates
-from executor.launch.env import RankEnv, rank_env
-from executor.launch.faults import parse_fault
-from executor.launch.watchdog import Verdict
-from executor.preflight import agree
+from executor.job.env import RankEnv, rank_env
+from executor.job.faults import parse_fault
+from executor.job.watchdog import Verdict
+from executor.state.checkpoint_verify import candidates
+from executor.train.preflight import agree
 from hexiscale.cli.main import main as cli
 from hexiscale.launch.local import describe_exit, job_exit_code
 from planner.errors import SpecError
@@ -142,7 +142,7 @@ def test_fault_spec() -> None:
 def test_errors_map_to_exit_codes() -> None:
     import torch
 
-    from executor.train_setup import classify
+    from executor.train.setup import classify
 
     assert classify(SpecError("--data", "bad"))[1:] == (1, False)
     assert classify(torch.OutOfMemoryError("CUDA out of memory"))[1:] == (4, False)

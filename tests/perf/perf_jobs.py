@@ -7,10 +7,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.engine import Engine
-from executor.grad_sync import GradSync
-from executor.groups import ProcessGroups
-from executor.optim import OptimConfig
+from executor.parallel.grad_sync import GradSync
+from executor.parallel.groups import ProcessGroups
+from executor.train.engine import Engine
+from executor.train.optim import OptimConfig
 from planner.layout import build_topology
 from planner.plan import Plan
 

@@ -1,7 +1,7 @@
 """Cross-pipeline gradient reduction overlapped with backward (GradSync.arm) on gloo ranks:
 buckets launch from the backward hooks, before ``sync``, and the result equals reducing at the end.
 
-ZeRO-1 over the same flat buckets (executor.zero): the reduce-scatters launch from the hooks,
+ZeRO-1 over the same flat buckets (executor.parallel.zero): the reduce-scatters launch from the hooks,
 gradients accumulate in place in the buckets (no copies), the weights live in the all-gather
 buffers and their gathers are still in flight when a step returns; the result equals ZeRO-0's
 all-reduce, and the parts are the sizes the state layout plans."""

@@ -15,7 +15,7 @@ MODEL = ModelSpec("t", 2, 256, 704, 8, 4, 512, 128)
 
 
 def _recorded(monkeypatch: pytest.MonkeyPatch, run_forward, dtype: str) -> tuple[list[float], list[float]]:  # type: ignore[no-untyped-def]
-    import executor.tp_layers as tpl
+    import executor.parallel.tp_layers as tpl
 
     calls: list[float] = []
     monkeypatch.setattr(tpl.dist, "all_reduce", lambda t, **kw: calls.append(float(t.numel() * t.element_size())))
@@ -30,7 +30,7 @@ def _recorded(monkeypatch: pytest.MonkeyPatch, run_forward, dtype: str) -> tuple
 @pytest.mark.parametrize("recompute", ["none", "full"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_layer_all_reduces(monkeypatch: pytest.MonkeyPatch, dtype: str, recompute: str) -> None:
-    from executor.model import Block, rope_tables
+    from executor.model.llama import Block, rope_tables
 
     block = Block(MODEL, tp=2, group=object(), recompute=recompute, device=None)
     cos, sin = rope_tables(MODEL.seq_len, MODEL.head_dim, MODEL.rope_theta)
@@ -43,7 +43,7 @@ def test_layer_all_reduces(monkeypatch: pytest.MonkeyPatch, dtype: str, recomput
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_embedding_and_head_all_reduces(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
-    from executor.model import StageModule
+    from executor.model.llama import StageModule
 
     group = object()
     first = StageModule(MODEL, layers=(0, 0), first=True, last=False, tp=2, tp_rank=0, group=group)

@@ -221,7 +221,7 @@ def test_zero1_end_of_backward_beyond_the_schedule() -> None:
 
 def test_several_pipelines_allocate_gradients_at_the_start() -> None:
     """With several pipelines the flat gradient buckets are bound before the first forward
-    (executor.grad_sync.GradSync.arm): the peak is in_flight·A + G even where one pipeline's
+    (executor.parallel.grad_sync.GradSync.arm): the peak is in_flight·A + G even where one pipeline's
     autograd gradients would only come after the activations of a micro-batch are freed."""
     kw = dict(layers=4, tp=1, first=False, last=False, micro_batch=2, dtype="bf16", params=NO_OVERHEAD)
     one = stage_memory(MODEL, in_flight=1, held_with_grads=0, **kw)  # type: ignore[arg-type]
@@ -283,7 +283,7 @@ def test_partial_params_match_the_layout(tps: tuple[int, ...]) -> None:
 
 def test_zero_bucket_matches_the_executor() -> None:
     pytest.importorskip("torch")  # the executor's side; the planner's tests also run without torch
-    from executor.grad_sync import DEFAULT_BUCKET_NUMEL
+    from executor.parallel.grad_sync import DEFAULT_BUCKET_NUMEL
     from planner.cost.memory import ZERO_BUCKET_NUMEL
 
     assert ZERO_BUCKET_NUMEL == DEFAULT_BUCKET_NUMEL

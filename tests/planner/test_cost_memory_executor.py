@@ -1,5 +1,5 @@
 """The activation-memory formula against what the executor's layer really saves for its backward:
-count the bytes of every tensor autograd saves while one ``executor.model.Block`` runs forward
+count the bytes of every tensor autograd saves while one ``executor.model.llama.Block`` runs forward
 (parameters and buffers excluded: they are resident anyway), in fp32 and under bf16 autocast
 (CPU autocast casts like CUDA autocast), for every recompute mode and TP shard shape."""
 
@@ -36,7 +36,7 @@ def _bytes_saved_for_backward(run, resident: list, autocast: bool) -> int:  # ty
 
 
 def _saved_bytes(tp: int, micro_batch: int, recompute: str, autocast: bool) -> int:
-    from executor.model import Block, rope_tables
+    from executor.model.llama import Block, rope_tables
 
     block = Block(MODEL, tp=tp, group=None, recompute=recompute, device=None)
     cos, sin = rope_tables(MODEL.seq_len, MODEL.head_dim, MODEL.rope_theta)
@@ -58,7 +58,7 @@ def test_layer_activation_formula_matches_the_executor(recompute: str, tp: int, 
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_head_activation_formula_matches_the_executor(tp: int, dtype: str) -> None:
-    from executor.model import StageModule
+    from executor.model.llama import StageModule
 
     stage = StageModule(MODEL, layers=(0, 0), first=False, last=True, tp=tp, tp_rank=0, group=None)
     hidden = torch.randn(2, MODEL.seq_len, MODEL.hidden_size, requires_grad=True)

@@ -77,7 +77,7 @@ def test_uneven_batch_dp_pair_by_hand(zero: int) -> None:
     ag = 0.0
     if zero:
         # reduce-scatter of the fp32 gradients and, after the step, all-gather of the fp32
-        # parameters, each with the copies executor/zero.py makes around it (B bytes, k = 2 owners):
+        # parameters, each with the copies executor/parallel/zero.py makes around it (B bytes, k = 2 owners):
         # reduce side 6B + 7B/2, gather side 4B + 2B/2, at the slower device's copy bandwidth
         b_ = MODEL.param_count() * 4.0
         bw = min(profiles.get(g).device.memory_bandwidth_GBps for g in ("fast", "slow")) * 1e9

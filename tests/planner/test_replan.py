@@ -13,7 +13,7 @@ from planner.elastic_trace import parse_trace
 from planner.errors import SpecError
 from planner.plan import Pipeline, Stage, load_plan
 from planner.replan import keep_roles, replan, sub_cluster
-from planner.reshard import reshard_plan
+from planner.state_move_plan import reshard_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = load_cluster(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml")

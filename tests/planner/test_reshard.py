@@ -1,4 +1,4 @@
-"""planner.reshard: the pieces of a layout switch move every element of the training state exactly
+"""planner.state_move_plan: the pieces of a layout switch move every element of the training state exactly
 once into place (a numpy simulation of the transfer), reuse local copies, prefer same-node
 senders, fuse one message per pair, and report bytes and the lower bound; golden cases by hand."""
 
@@ -15,8 +15,8 @@ from planner.errors import SpecError
 from planner.layout import logical_params
 from planner.model import ModelSpec
 from planner.plan import Plan, PlanOptions
-from planner.reshard import ReshardPlan, reshard_plan
 from planner.state_layout import MOMENTS, rank_states, state_tensor
+from planner.state_move_plan import ReshardPlan, reshard_plan
 from tests.support.random_plans import TINY, TINY8, named_plan, plan_pairs
 
 
@@ -81,7 +81,7 @@ def test_random_switches_move_every_element_once_reuse_local_copies_and_prefer_t
 
 
 def test_golden_tp2_pipeline_to_two_pipelines() -> None:
-    """Golden (module docstring of planner.reshard): ``a:0`` receives the other half of every
+    """Golden (module docstring of planner.state_move_plan): ``a:0`` receives the other half of every
     sharded tensor from ``a:1``; ``b:0`` gets each half from its only holder and the replicated
     norm scales from the less loaded ``a:0``."""
     old = _plan(TINY, [(4, [(["a:0", "a:1"], 4)])])

@@ -108,7 +108,7 @@ def test_zb_h1_orders_by_hand() -> None:
     assert s.ops(2, 1, 3) == _order("F0 B0 F1 B1 W0 F2 B2 W1 W2")  # holds back its first W
     assert s.ops(4, 3, 5) == _order("F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 W2 W3 W4")
     assert s.ops(4, 0, 2) == _order("F0 F1 B0 W0 B1 W1")
-    assert (s.trained, s.chunks) == (True, 1)  # the executor trains it (executor.weight_grad_store)
+    assert (s.trained, s.chunks) == (True, 1)  # the executor trains it (executor.parallel.weight_grad_store)
 
 
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)

@@ -70,7 +70,7 @@ def test_profile_comm_sweep_on_two_gloo_ranks(tmp_path: Path) -> None:
     assert [p["bytes"] for p in comm["points"]["p2p"]] == [2**10, 2**14]
     assert [p["bytes"] for p in comm["points"]["allreduce"]] == [2**10, 2**14]
     assert comm["fit"]["allreduce"]["bandwidth_GBps"] > 0
-    # the host cost of one TP all-reduce as executor.tp_layers issues it (the cost model's collective_host_s)
+    # the host cost of one TP all-reduce as executor.parallel.tp_layers issues it (the cost model's collective_host_s)
     assert 0 < comm["tp_issue_s"] < 0.1 and "tp_issue_s" not in comm["points"]
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from executor.checkpoint_io import read_pieces
-from executor.checkpoint_pieces import Piece
-from executor.zero import MOMENTS
+from executor.parallel.zero import MOMENTS
+from executor.state.checkpoint_io import read_pieces
+from executor.state.checkpoint_pieces import Piece
 from planner.chunks import Chunk
 from planner.layout import logical_params
 from planner.model import model_from_dict

@@ -13,7 +13,7 @@ finds its rank with ``torch.distributed.get_rank()``; results travel back serial
 ``torch.save`` (tensors included). ``backend="nccl"`` gives rank ``r`` accelerator ``r`` (for GPU
 checks on a multi-GPU machine; never used on the CPU path). Processes start through
 ``forkserver`` (torch and the modules named in ``preload`` imported once, then forked per rank)
-where the platform has it, else ``spawn``; they are started and stopped by :mod:`executor.spawn`.
+where the platform has it, else ``spawn``; they are started and stopped by :mod:`executor.job.spawn`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.spawn import start_processes, stop_processes
+from executor.job.spawn import start_processes, stop_processes
 
 
 class DistributedError(RuntimeError):

@@ -2,7 +2,7 @@
 
 Written independently of the TP layers (plain ``nn.Linear``/``nn.Embedding``, attention with an
 explicit causal softmax, ``F.cross_entropy``), sharing only RoPE's table formula. Training uses
-the same :class:`~executor.optim.OptimConfig`, parameter groups, clipping rule and LR schedule as
+the same :class:`~executor.train.optim.OptimConfig`, parameter groups, clipping rule and LR schedule as
 the engine, so any plan must reproduce :func:`reference_train` exactly (up to fp32 rounding).
 """
 
@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor.init import logical_init
-from executor.model import rope_tables
-from executor.optim import OptimConfig, build_optimizer, clip_coefficient, lr_at, set_lr
+from executor.model.init import logical_init
+from executor.model.llama import rope_tables
+from executor.train.optim import OptimConfig, build_optimizer, clip_coefficient, lr_at, set_lr
 from planner.model import ModelSpec
 
 

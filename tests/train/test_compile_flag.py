@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.train_config import TrainConfig
+from executor.train.config import TrainConfig
 from hexiscale.cli.main import main
 from hexiscale.cli.train_args import train_argv
 from planner.plan import Pipeline, Plan, PlanOptions, Stage, load_plan, save_plan

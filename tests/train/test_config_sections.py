@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from executor.config_option import opt_of
-from executor.flag_modes import FLAGS
-from executor.train_config import FLAT_NAMES, SECTIONS, TrainConfig, renames_text
+from executor.train.config import FLAT_NAMES, SECTIONS, TrainConfig, renames_text
+from executor.train.config_option import opt_of
+from executor.train.flag_modes import FLAGS
 from hexiscale.cli.train_args import add_train_arguments, train_argv, train_config
 from planner.errors import SpecError
 

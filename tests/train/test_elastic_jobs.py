@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from test_train_jobs import CLUSTER, JOB_TIMEOUT, PLAN4, hexiscale
 
-from executor.data import DataPosition, SyntheticSource, global_batch
-from executor.train_config import TrainConfig
-from executor.train_setup import optim_config
+from executor.data.stream import DataPosition, SyntheticSource, global_batch
+from executor.train.config import TrainConfig
+from executor.train.setup import optim_config
 from planner.plan import load_plan
 from tests.support.reference import reference_train
 

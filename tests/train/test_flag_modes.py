@@ -1,7 +1,7 @@
 """Every ``hexiscale train`` flag in every mode (plan, strategy pool, elastic) takes effect or is
 refused in one line naming the flag and the mode: none is silently dropped (issue 30).
 
-The walk is over the parser itself, so a new flag without a row in :mod:`executor.flag_modes`
+The walk is over the parser itself, so a new flag without a row in :mod:`executor.train.flag_modes`
 (and a sample value here) fails. "Takes effect" is checked where the loop gets it: the config the
 loop receives holds the value, the code of that mode's loop reads it, and the plan-option flags
 are in the resolved plan's options; one run checks that the engine trains the rewritten plan.
@@ -30,9 +30,9 @@ from executor import (
     train_loop,
     train_setup,
 )
-from executor.flag_modes import FLAGS, MODES, value_of
-from executor.train_config import TrainConfig
-from executor.train_setup import resolve_plan
+from executor.train.config import TrainConfig
+from executor.train.flag_modes import FLAGS, MODES, value_of
+from executor.train.setup import resolve_plan
 from hexiscale.cli.train_args import add_train_arguments, train_config
 from planner.errors import SpecError
 
@@ -89,7 +89,7 @@ def _source(parts: list[Any]) -> str:
 
 def test_every_flag_has_a_row_and_a_sample() -> None:
     dests = _dests()
-    assert sorted(set(dests) - set(FLAGS)) == [], "add the new flag's row to executor/flag_modes.py"
+    assert sorted(set(dests) - set(FLAGS)) == [], "add the new flag's row to executor/train/flag_modes.py"
     assert sorted(set(FLAGS) - set(dests)) == []
     assert sorted(set(dests) - set(SAMPLE)) == []
     for dest in dests:  # the row names the flag as the parser spells it

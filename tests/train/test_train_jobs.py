@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.data_format import write_token_file
+from executor.data.token_file import write_token_file
 from planner.model import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """``hexiscale launch --local`` on 4 GPUs (NCCL): an asymmetric plan (TP 2 -> 1 next to a one-GPU
 pipeline) trains, and a failing rank stops the job naming the right rank — on NCCL a waiting rank
-blocks in the device synchronisation, not in a Python communication call (:mod:`executor.host_sync`).
+blocks in the device synchronisation, not in a Python communication call (:mod:`executor.parallel.host_sync`).
 Skipped without 4 CUDA devices (CPU CI); ``make test-gpu`` runs it on the device machine."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one training loop (executor.train_loop) with stand-in runners, no process group: the order
+"""The one training loop (executor.train.loop) with stand-in runners, no process group: the order
 of steps, logs, retire points and switches, --stop-at, and a device that leaves (fast, pure)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.train_config import TrainConfig
-from executor.train_loop import run_loop
+from executor.train.config import TrainConfig
+from executor.train.loop import run_loop
 
 
 @dataclass

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from executor.data_format import write_token_file
-from executor.doc_source import TokenFileDocs, step_sequences
-from executor.train_config import TrainConfig
-from executor.train_setup import optim_config
+from executor.data.doc_source import TokenFileDocs, step_sequences
+from executor.data.token_file import write_token_file
+from executor.train.config import TrainConfig
+from executor.train.setup import optim_config
 from planner.plan import plan_from_dict
 from tests.support.reference import reference_train
 from tests.train.test_train_jobs import ROOT, hexiscale

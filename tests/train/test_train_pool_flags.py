@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from executor.data_format import write_token_file
-from executor.doc_source import SyntheticDocs, TokenFileDocs
-from executor.pool_source import doc_source
-from executor.train_config import TrainConfig
-from executor.train_setup import resolve_plan
+from executor.data.doc_source import SyntheticDocs, TokenFileDocs
+from executor.data.pool_source import doc_source
+from executor.data.token_file import write_token_file
+from executor.train.config import TrainConfig
+from executor.train.setup import resolve_plan
 from planner.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.spawn import free_port
+from executor.job.spawn import free_port
 from tests.train.test_train_jobs import hexiscale
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs")]

@@ -1,0 +1,2 @@
+"""Training data: token files, batches, documents of mixed length, packing, and data preparation.
+"""

@@ -1,0 +1,2 @@
+"""The Llama model the executor trains: layers, initialisation, recompute, fast GPU paths.
+"""

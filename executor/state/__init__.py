@@ -1,0 +1,2 @@
+"""Training state on disk: checkpoints, resume, Hugging Face folders.
+"""

@@ -1,0 +1,117 @@
+"""The local tensors behind a rank's holdings (:class:`planner.state_layout.RankState`): views of a
+running engine's state, and freshly allocated state for a rank of the next layout.
+
+One tensor per holding, in the holding order, each of shape ``holding.chunk.sizes``:
+
+* ``model/<p>`` — the parameter's local shard (the engine's fp32 master weight);
+* ``optim/<key>/<p>`` without ZeRO-1 — the AdamW moment of that shard (zeros before the first step);
+* ``optim/<key>/<p>`` under ZeRO-1 — elements ``[at, at + numel)`` of the rank's flat part
+  ``holding.part``, viewed row-major as the rectangle (:mod:`executor.parallel.zero` stores parts flat).
+
+:func:`held_tensors` gives views of an :class:`~executor.train.engine.Engine`'s live state (nothing is
+copied; the engine must not step while they are read). :class:`NewState` allocates the tensors of a
+rank of another plan before its engine exists, and :meth:`NewState.install` hands them to that
+engine once it is built (``Engine(..., init=False)``). Both check that the engine's ZeRO-1 parts
+have the sizes :mod:`planner.state_layout` computed, so the two descriptions cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from executor.train.engine import Engine
+from planner.chunks import Chunk
+from planner.state_layout import MOMENTS, RankState
+
+OPTIM = "optim/"
+
+
+def narrow(t: torch.Tensor, base: Chunk, part: Chunk) -> torch.Tensor:
+    """The ``part`` rectangle of ``t``, a tensor holding rectangle ``base`` (a strided view): one
+    ``as_strided``, after checking that ``part`` lies inside ``base``."""
+    strides = t.stride()
+    starts = [o - b for o, b in zip(part.offsets, base.offsets)]
+    if len(starts) != t.dim() or any(a < 0 or a + n > m for a, n, m in zip(starts, part.sizes, t.shape)):
+        raise ValueError(f"{part} does not lie in {base} (a tensor of shape {tuple(t.shape)})")
+    return t.as_strided(part.sizes, strides, t.storage_offset() + sum(a * s for a, s in zip(starts, strides)))
+
+
+def _key_name(tensor: str) -> tuple[str, str]:
+    """``optim/exp_avg/layers.0.x`` -> ``("exp_avg", "layers.0.x")``."""
+    key, _, name = tensor[len(OPTIM):].partition("/")
+    return key, name
+
+
+def _check_parts(engine: Engine, state: RankState) -> None:
+    got = tuple(p.numel for p in engine.zero.parts) if engine.zero is not None else ()
+    if got != state.part_sizes:
+        raise RuntimeError(f"rank {engine.rank}: ZeRO-1 parts {got} differ from the planned {state.part_sizes} "
+                           "(planner.state_layout and executor.parallel.zero disagree)")
+
+
+def held_tensors(engine: Engine, state: RankState) -> list[torch.Tensor]:
+    """Views of ``engine``'s weights and moments, one per holding of ``state`` (its rank in the
+    engine's plan)."""
+    _check_parts(engine, state)
+    parts = engine.zero.part_moments() if engine.zero is not None else []
+    shard_moments: dict[str, dict[str, torch.Tensor]] = {}
+    if engine.zero is None:
+        for key in MOMENTS:
+            shard_moments[key] = {}
+            for n, p in engine.params.items():
+                st = engine.optimizer.state.get(p, {})
+                shard_moments[key][n] = st[key] if key in st else torch.zeros_like(p, dtype=torch.float32)
+    out = []
+    for h in state.holdings:
+        if not h.tensor.startswith(OPTIM):
+            out.append(engine.params[h.chunk.name].detach())
+            continue
+        key, name = _key_name(h.tensor)
+        if h.part is None:
+            out.append(shard_moments[key][name])
+        else:
+            out.append(parts[h.part][key][h.at:h.at + h.numel].view(h.chunk.sizes))
+    return out
+
+
+class NewState:
+    """The state of one rank of a plan, allocated (uninitialised) before its engine exists."""
+
+    def __init__(self, state: RankState, device: torch.device):
+        self.state = state
+        self.params: dict[str, torch.Tensor] = {}
+        self.moments: dict[str, dict[str, torch.Tensor]] = {key: {} for key in MOMENTS}
+        self.parts = [{key: torch.empty(n, dtype=torch.float32, device=device) for key in MOMENTS}
+                      for n in state.part_sizes]
+        self.tensors: list[torch.Tensor] = []
+        for h in state.holdings:
+            if not h.tensor.startswith(OPTIM):
+                t = self.params[h.chunk.name] = torch.empty(h.chunk.sizes, dtype=torch.float32, device=device)
+            elif h.part is None:
+                key, name = _key_name(h.tensor)
+                t = self.moments[key][name] = torch.empty(h.chunk.sizes, dtype=torch.float32, device=device)
+            else:
+                key, _ = _key_name(h.tensor)
+                t = self.parts[h.part][key][h.at:h.at + h.numel].view(h.chunk.sizes)
+            self.tensors.append(t)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() for t in self.tensors) * 4
+
+    def install(self, engine: Engine, step: int) -> None:
+        """Hand the weights, moments and step count to ``engine`` (built for this rank of the plan
+        with ``init=False``); this object's tensors are released."""
+        _check_parts(engine, self.state)
+        if set(engine.params) != set(self.params):
+            raise RuntimeError(f"rank {engine.rank}: the engine holds {sorted(engine.params)}, the switch "
+                               f"filled {sorted(self.params)}")
+        with torch.no_grad():
+            for n, p in engine.params.items():
+                p.copy_(self.params[n])
+        if engine.zero is not None:
+            engine.zero.set_part_moments(self.parts, step)
+            engine.step = step
+        else:
+            engine.set_optimizer_state(self.moments, step)
+        self.params, self.moments, self.parts, self.tensors = {}, {key: {} for key in MOMENTS}, [], []

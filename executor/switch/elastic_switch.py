@@ -1,0 +1,243 @@
+"""An elastic job's epochs as the :class:`~executor.train.loop.Boundary` of the one training loop:
+after each step the loop asks whether the next epoch is due; if so the state moves into the new
+layout, which may be a plan or a strategy pool (:mod:`executor.train.loop` runs either).
+
+Once the next epoch is published, each rank plans its state move between two steps (the reshard
+plan of a 1.3B model takes ~0.1 s of Python), so the switch itself does not pay for it. The state
+lives in a plan's engine, or in a pool's home engine (:attr:`HotSwitchEngine.home`): the move is
+:func:`planner.state_move_plan.reshard_plan` between the two *home plans*, carried out by
+:func:`executor.switch.state_move.switch` on that engine (a pool's other groups retire with its own). Then:
+either leave (a device that is not in the new layout exits 0 once its state is handed over) or
+build the new epoch — groups, an engine without init (for a pool: a new ``HotSwitchEngine`` whose
+home engine gets the state), the installed state, the same data position (a pool's
+:class:`~executor.data.step_prefetch.LayoutStream` goes on at the same sequence), a watchdog under the
+epoch's own store prefix — and go on with the next step. Right after that step comes the *retire
+point*: the old layout's groups and the default groups the switch left, kept alive through it,
+are destroyed there (:mod:`executor.parallel.group_retire`), and the new rank 0 reports the switch with
+that destroy's time (``retire_s``) beside the switch's own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.data.doc_source import DocSource
+from executor.data.stream import DataPosition
+from executor.job.env import RankEnv
+from executor.job.watchdog import Watchdog
+from executor.parallel.group_retire import Retired
+from executor.switch.elastic_channel import Channel
+from executor.switch.epoch_world import World
+from executor.switch.state_move import SWITCH_PARTS, switch
+from executor.train import plan_runner, pool_runner
+from executor.train.config import TrainConfig
+from executor.train.engine import Engine
+from executor.train.loop import StepRunner
+from executor.train.optim import OptimConfig
+from executor.train.plan_runner import PlanRunner
+from executor.train.pool_runner import PoolRunner
+from executor.train.preflight import Prepared
+from executor.train.tensorboard_sink import TensorBoardSink
+from planner.cluster import ClusterSpec
+from planner.errors import SpecError
+from planner.state_move_plan import ReshardPlan, reshard_plan
+from planner.varlen.layout_doc import Layout, home_plan
+from planner.varlen.pool import StrategyPool
+
+
+@dataclass(frozen=True)
+class Move:
+    """Epoch ``e``'s layouts and the state move between their home plans (the same on every rank),
+    computed between two steps once the epoch is published."""
+
+    e: int
+    old: Layout
+    new: Layout
+    rp: ReshardPlan
+    plan_s: float
+
+
+@dataclass
+class _Report:
+    """A switch's report, sent once the retired groups are destroyed after the first step."""
+
+    rp: ReshardPlan
+    stats: dict[str, Any]  # this rank's times of the switch
+    step: int
+    retired: list[Retired]  # what this rank retired in the switch, in order (executor.switch.state_move)
+
+
+@dataclass
+class ElasticJob:
+    """What stays the same on this process across epochs, and the loop's boundary (module docstring)."""
+
+    args: TrainConfig
+    me: str
+    base: RankEnv
+    store: Any
+    channel: Channel
+    world: World
+    prep: Prepared
+    opt: OptimConfig
+    cluster: ClusterSpec | None
+    fault: tuple[int, int, str] | None
+    wd: Watchdog
+    docs: DocSource | None = None  # a pool's sequences (executor.data.pool_source)
+    index: int = 0  # the running epoch
+    move: Move | None = None  # the next epoch's move, planned as soon as it was published
+    tensorboard: TensorBoardSink | None = None  # made once this process is an epoch's rank 0 (--tensorboard)
+    report: _Report | None = None  # the switch into the running epoch, until its retire point
+    left: bool = False  # this device handed its state over and left the job
+
+    # ------------------------------------------------------------------ the loop's boundary
+    def after_step(self, runner: StepRunner, step: int) -> None:
+        if self.report is not None:
+            self._retire(runner, step)
+
+    def due(self, runner: StepRunner, step: int) -> bool:
+        if self.channel.published(self.index + 1):
+            self.plan_move(self.index + 1, 0.0)
+        return self.channel.switch_due(self.index + 1, step, rank0=runner.rank == 0)
+
+    def switch(self, runner: StepRunner) -> StepRunner | None:
+        """Switch to the next epoch after the current step; None if this device leaves."""
+        self.wd.finish()
+        e = self.index + 1
+        ahead = self.move is not None and self.move.e == e
+        t0 = time.perf_counter()
+        move = self.plan_move(e, self.args.faults.hang_after)
+        wait_s = time.perf_counter() - t0 - (0.0 if ahead else move.plan_s)
+        old = home_plan(move.old)
+        if (old.pipelines, old.options) != (runner.plan.pipelines, runner.plan.options):
+            raise RuntimeError(f"epoch {e} switches from another layout than the running one")
+        step, offset = runner.position()
+        if runner.rank == 0:
+            self.channel.set_state(e, step, offset)
+        return self.switch_into(move, ahead, runner, (step, offset), wait_s)
+
+    # ------------------------------------------------------------------ epochs
+    def plan_move(self, e: int, timeout_s: float) -> Move:
+        """Epoch ``e``'s :class:`Move` (computed once; waits up to ``timeout_s`` for the go)."""
+        if self.move is None or self.move.e != e:
+            old, new = self.channel.epoch(e, timeout_s)
+            t0 = time.perf_counter()
+            rp = reshard_plan(home_plan(old), home_plan(new), self.cluster)
+            self.move = Move(e, old, new, rp, time.perf_counter() - t0)
+        return self.move
+
+    def build(self, layout: Layout, *, init: bool) -> tuple[Any, Engine, int]:
+        """The layout's engine (a plan's; a pool's with its groups), the engine holding the state,
+        and how many blocks were compiled."""
+        if isinstance(layout, StrategyPool):
+            hot, groups = pool_runner.build_engine(layout, self.args, device=self.prep.device, optim=self.opt,
+                                                   init=init)
+            return (hot, groups), hot.home, 0
+        engine, compiled = plan_runner.build_engine(layout, self.args, device=self.prep.device, optim=self.opt,
+                                                    init=init)
+        return engine, engine, compiled
+
+    def start(self, index: int, layout: Layout, built: Any, position: tuple[int, int]) -> StepRunner:
+        """Epoch ``index``'s watchdog and runner, reading from ``position`` (steps, data offset)."""
+        plan = home_plan(layout)
+        renv = self.base if index == 0 else replace(self.base, rank=plan.devices.index(self.me),
+                                                    world_size=plan.world_size, prefix=f"{self.base.prefix}/e{index}")
+        self.index = index
+        self.wd = Watchdog(renv, interval=self.args.faults.heartbeat, dead_after=self.args.faults.dead_after,
+                           hang_after=self.args.faults.hang_after)
+        self.wd.start(self.store)
+        if self.args.metrics.tensorboard and renv.rank == 0 and self.tensorboard is None:
+            self.tensorboard = TensorBoardSink(self.args.metrics.tensorboard)
+        sink = self.tensorboard if renv.rank == 0 else None
+        if isinstance(layout, StrategyPool):
+            assert self.docs is not None and self.cluster is not None
+            hot, groups = built
+            return PoolRunner(hot, groups, layout, self.args, source=self.docs, cluster=self.cluster,
+                              cursor=position[1], tensorboard=sink)
+        return PlanRunner(built, self.args, source=self.prep.source, position=DataPosition(*position),
+                          cluster=self.cluster, tensorboard=sink)
+
+    def switch_into(self, move: Move, ahead: bool, runner: StepRunner | None, position: tuple[int, int],
+                    wait_s: float) -> StepRunner | None:
+        """The switch proper, timed from here (``wait_s``: how long this rank waited for the epoch to be
+        published, reported apart: a trace boundary reached before the joiners were ready; the move's
+        planning counts in the switch unless it was done ``ahead``, between two steps)."""
+        t0 = time.perf_counter() - (0.0 if ahead else move.plan_s)
+        e, rp, plan_s = move.e, move.rp, move.plan_s
+        self.move = None
+        also: list[Any] = runner.groups.hand_over_extra() if isinstance(runner, PoolRunner) else []
+        res = switch(rp, me=self.me, world=self.world, engine=runner.engine if runner is not None else None,
+                     tag=f"e{e}", also=also)
+        del runner
+        if res.state is None:
+            print(f"[{self.me}] handed its state over at step {position[0]}; leaving the job", flush=True)
+            self.left = True
+            return None
+        t_groups = time.perf_counter()
+        built, engine, _ = self.build(move.new, init=False)
+        groups_s = time.perf_counter() - t_groups
+        t_install = time.perf_counter()
+        res.state.install(engine, position[0])
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
+        install_s = time.perf_counter() - t_install
+        switch_s = time.perf_counter() - t0
+        comm_s = res.stats.comm_s + engine.groups.setup_s  # default groups, pairs connected, the plan's groups
+        stats = dict(res.stats.to_dict(), plan_s=plan_s, groups_s=engine.groups.setup_s, build_s=groups_s,
+                     switch_s=switch_s, comm_s=comm_s, switch_excl_comm_s=switch_s - comm_s, wait_s=wait_s,
+                     install_s=install_s, planned_ahead=ahead)
+        new_runner = self.start(e, move.new, built, position)
+        self.report = _Report(rp, stats, position[0], res.retired)
+        return new_runner
+
+    def join(self, e: int, layout: Layout) -> StepRunner | None:
+        """A joining device: wait for epoch ``e``, receive its state, start training."""
+        move = self.plan_move(e, self.args.faults.hang_after)
+        if move.new != layout:
+            raise SpecError("--plan", f"the joining process was started with another layout than epoch {e}'s",
+                            "let the supervisor start joining devices")
+        step, offset = self.channel.state(e, self.args.faults.hang_after)
+        return self.switch_into(move, True, None, (step, offset), 0.0)
+
+    def _retire(self, runner: StepRunner, step: int) -> None:
+        """The retire point, after the new layout's first step (every rank of it, in step): the groups
+        the switch retired destroyed in order where nothing is in flight (:mod:`executor.parallel.group_retire`),
+        then the switch's report with that time, from the new rank 0. The next step waits for this."""
+        rep, self.report = self.report, None
+        assert rep is not None
+        retire_s = 0.0
+        if rep.retired:
+            runner.engine.drain()
+            retire_s = sum(r.release() for r in rep.retired)
+        stats = dict(rep.stats, retire_s=retire_s)
+        every = [None] * runner.plan.world_size
+        dist.all_gather_object(every, stats, group=runner.engine.groups.world)
+        if runner.engine.rank == 0:
+            self.channel.report(self.index, dict(switch_report(rep.rp, every, rep.step, self.cluster),
+                                                 retire_after_step=step))
+
+
+def switch_report(rp: Any, every: list[Any], step: int, cluster: ClusterSpec | None) -> dict[str, Any]:
+    """The switch as the supervisor prints it: bytes, the slowest rank's times (``comm_s``: default
+    communicators created (``world_setup_s``), the exchanging pairs connected on them
+    (``connect_s``) and the plan's communicators created (``groups_s``); ``switch_excl_comm_s``: the
+    rest of the switch), the lower bound from the cluster file's link bandwidth. ``retire_s``: the
+    old plan's groups and the worlds left destroyed after the new plan's first step — not in
+    ``switch_s``, but on the job's critical path (the second step waits for it:
+    ``retire_blocks_training``)."""
+    keys = ("switch_s", "transfer_s", "world_setup_s", "connect_s", "groups_s", "build_s", "plan_s", "wait_s",
+            "comm_s", "switch_excl_comm_s", "install_s", *SWITCH_PARTS, "retire_s")
+    worst: dict[str, Any] = {k: max(s[k] for s in every) for k in keys}
+    worst["planned_ahead"] = all(s["planned_ahead"] for s in every)
+    worst["retire_blocks_training"] = True
+    out = dict(worst, step=step, moved_bytes=rp.moved_bytes, local_bytes=rp.local_bytes,
+               leave=list(rp.leaving), join=list(rp.joining), old_ranks=rp.old.world_size,
+               new_ranks=rp.new.world_size, max_rank_bytes=max((max(rp.bytes_in(d), rp.bytes_out(d))
+                                                                for d in rp.devices), default=0))
+    if cluster is not None:
+        out["lower_bound_s"] = rp.lower_bound_s(cluster=cluster)
+    return out

@@ -1,0 +1,116 @@
+"""The job's default process group, re-created when its membership changes (elastic training).
+
+Neither gloo nor NCCL lets a process join or leave a communicator, so a job whose devices change
+runs in *epochs*: each epoch's default group holds exactly its processes, ranked by the epoch's
+plan (plan rank order, the contract every other module relies on). :class:`World` remembers the
+current members (device ids in rank order) and, when asked to :meth:`World.enter` another member
+list, leaves the current default group and initialises a new one on a fresh prefix of the job's
+TCPStore, so keys of one epoch never meet another's. A member list equal to the current one keeps
+the group (no set-up at all). Processes outside the new list leave and hold no group.
+
+Leaving is one of two things. Inside an elastic switch the old group is *retired*
+(:mod:`executor.parallel.group_retire`): detached from torch, alive, unused, and destroyed by its members
+after the new plan's first step — destroying an NCCL communicator costs 300-500 ms, which the
+switch no longer waits for. At the job's end it is destroyed (:meth:`World.leave`).
+
+On CUDA the new group is bound to this process's device (``device_id``), so NCCL creates the
+communicator eagerly, as at start-up (:func:`executor.train.setup.init_process_group`).
+
+Before a group is destroyed, its members meet on the store (:meth:`World.settle`, or the retired
+group's own meeting), not on the group: a process that finished its last operation must not close
+its connections while a peer is still reading its part of that operation from them (on gloo, under
+load, that peer failed with "Connection closed by peer", and the next group's set-up with it).
+Retiring closes nothing, so it needs no meeting of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.parallel.group_release import release, subgroups
+from executor.parallel.group_retire import Retired
+from executor.parallel.store_meet import meet
+
+
+class World:
+    def __init__(self, store: Any, prefix: str, device: torch.device, me: str, *, timeout_s: float = 1800.0):
+        self.store = store
+        self.prefix = prefix
+        self.device = device
+        self.me = me
+        self.timeout_s = timeout_s
+        self.backend = "nccl" if device.type == "cuda" else "gloo"
+        self.members: tuple[str, ...] = ()
+        self.tag = "initial"  # store prefix of the current group (unique per group of the job)
+        self.setup_s = 0.0  # seconds the last enter() spent creating the group
+        self.leave_s = 0.0  # seconds the last enter() spent leaving (or retiring) the previous one
+
+    @property
+    def rank(self) -> int:
+        return self.members.index(self.me)
+
+    def adopt(self, members: Sequence[str]) -> None:
+        """Take over a default group somebody else initialised with ``members`` in rank order."""
+        if not dist.is_initialized() or dist.get_world_size() != len(members):
+            raise RuntimeError(f"no default process group of {len(members)} ranks to adopt")
+        self.members = tuple(members)
+        self.tag = "adopted"
+
+    def settle(self, name: str, count: int | None = None) -> None:
+        """Wait on the store until every member of the current group (``count`` processes) has
+        called this with the same ``name``; a member that never comes is an error after the timeout."""
+        n = count if count is not None else len(self.members)
+        meet(self.store, f"{self.prefix}/{self.tag}/settle/{name}", n, timeout_s=self.timeout_s, who=self.me)
+
+    def enter(self, members: Sequence[str], tag: str, retire: list[Retired] | None = None) -> bool:
+        """Make the default group ``members`` (in rank order; ``tag`` names the store prefix, unique
+        per group of the job). Returns whether this process is a member. With ``retire``, a current
+        group is not destroyed but retired, appended to that list (module docstring)."""
+        members = tuple(members)
+        if len(set(members)) != len(members):
+            raise ValueError(f"members listed twice: {members}")
+        if members == self.members and dist.is_initialized():
+            self.setup_s = self.leave_s = 0.0
+            return True
+        t0 = time.perf_counter()
+        if retire is not None and dist.is_initialized():
+            retire.append(self.retire())
+        else:
+            self.leave()
+        self.leave_s = time.perf_counter() - t0
+        if self.me not in members:
+            return False
+        t0 = time.perf_counter()
+        if self.device.type == "cuda":  # a joining process never ran init_process_group's set-up
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(self.backend, store=dist.PrefixStore(f"{self.prefix}/{tag}", self.store),
+                                rank=members.index(self.me), world_size=len(members),
+                                timeout=timedelta(seconds=self.timeout_s),
+                                device_id=self.device if self.device.type == "cuda" else None)
+        self.members, self.tag = members, tag
+        self.setup_s = time.perf_counter() - t0
+        return True
+
+    def retire(self) -> Retired:
+        """Detach the default group (and any group split off it), alive until the returned
+        :class:`Retired` is released by every member of it."""
+        retired = Retired.take_world(store=self.store, key=f"{self.prefix}/{self.tag}/retire", device=self.device,
+                                     who=self.me, timeout_s=self.timeout_s)
+        self.members = ()
+        return retired
+
+    def leave(self) -> None:
+        """Destroy the default group (and every group split off it), if any."""
+        if dist.is_initialized():
+            if self.backend == "nccl":
+                torch.cuda.synchronize(self.device)
+            self.settle("leave", len(self.members) or dist.get_world_size())
+            release(subgroups())  # in parallel: destroying the default group would close them one by one
+            dist.destroy_process_group()
+        self.members = ()

@@ -1,0 +1,258 @@
+"""Switching a running job to another plan between two steps: the training state moves directly from
+the old layout to the new one (:mod:`planner.state_move_plan`), no checkpoint, no restart of the staying
+processes.
+
+Order of events (one :func:`switch` call on every process of the old or the new plan):
+
+1. Old members drain their engine (no collective of the old plan left in flight) and take views
+   of its state (:func:`executor.state.state_pieces.held_tensors`); new members allocate theirs
+   (:class:`executor.state.state_pieces.NewState`). Old members *retire* the old plan's groups
+   (:mod:`executor.parallel.group_retire`): detached from torch.distributed, alive and unused, destroyed
+   after the new plan's first step (``retire_s``) — not here, where each NCCL communicator's fixed
+   destroy cost sat on the switch's critical path.
+2. **The switch world** — a default group holding every process that sends or receives
+   (:mod:`executor.switch.epoch_world`): if no device joins, the old world as it is; if none leaves, the
+   new plan's world (joiners included); else a world of :attr:`ReshardPlan.devices` (the new
+   plan's devices, then the leaving ones). A world left behind — here the old one, in step 5 the
+   switch world — is retired too, not destroyed.
+3. **Connecting**: a process posts one ``batch_isend_irecv`` holding, for each of its pairs of
+   :meth:`ReshardPlan.pairs`, one element to the peer and one from it, and waits for them (and the
+   device). NCCL sets up the connection between two ranks of a communicator inside their first
+   point-to-point call, on every channel their point-to-point traffic may use whatever the size
+   (``enqueue.cc`` marks ``p2pnChannelsPerPeer`` channels; the group's end connects them); here it
+   does so for every pair that will exchange, so the exchange below times the transfer alone, and
+   the set-up counts with the communicators' (``connect_s``, part of :attr:`SwitchStats.comm_s`),
+   which the elastic target reports apart. (Gloo connects every pair when the group is created:
+   there this costs one tiny message each way.)
+4. **Local copies**, then **the exchange**, on the switch world itself: a process posts one
+   ``batch_isend_irecv`` holding, for each of its pairs of :meth:`ReshardPlan.pairs` in that global
+   order, its message to the peer (one flat fp32 buffer: its pieces for the peer, packed in plan
+   order) and a buffer for the peer's message; it waits for all of them, then unpacks.
+5. Leaving processes retire the switch world and release everything they retired, in order,
+   meeting the other holders at their retire point (their caller then exits); the new plan's
+   processes enter the new plan's world (unless the switch world is already it). The caller then
+   builds :class:`~executor.parallel.groups.ProcessGroups` and ``Engine(..., init=False)`` and installs the
+   state (:meth:`NewState.install`), continues at the next step with the same data position, and
+   releases :attr:`SwitchResult.retired` right after that step, in order (:meth:`Retired.release`).
+   Each process's list is a subsequence of one order — the old plan's groups, the old world, the
+   switch world — and is released in it, so no two holders wait on each other's store meetings.
+
+Why no two processes wait on each other, in steps 3 and 4 alike: every posted send has its matching
+receive posted by the peer (both compute the same :class:`ReshardPlan`, hence the same pairs), and
+each process posts all of its messages of the step in one batch — on NCCL one grouped call, which
+NCCL schedules as a whole, as it does an all-to-all; on gloo posting never blocks. A process waits
+for its whole connecting batch before it posts its exchange, so between two processes the two
+steps' messages are matched in that order on both sides. Nothing else runs on the world meanwhile.
+
+Why no pair groups (the first version had one per pair, as the plan's p2p has): on 4x H200 creating
+or destroying one NCCL communicator costs 300-500 ms whatever it carried
+(``benchmarks/executor/group_teardown.py``), and the pair groups' set-up and tear-down were 1-2.5 s
+of each switch; the world's own communicator already joins every pair, and a batch to several
+peers on it is the pattern NCCL's all-to-all uses. For the same reason no communicator is
+destroyed inside the switch at all: the old plan's groups and the worlds left behind (119-487 ms
+each on 4x H200, run 4's ``leave``) are destroyed at the retire point.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.parallel.group_retire import Retired
+from executor.state.state_pieces import NewState, held_tensors, narrow
+from executor.switch.epoch_world import World
+from executor.train.engine import Engine
+from planner.state_layout import RankState, rank_states
+from planner.state_move_plan import Piece, ReshardPlan
+
+
+@dataclass
+class SwitchStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    local_bytes: int = 0
+    world_setup_s: float = 0.0  # default groups created for the switch and the new plan
+    connect_s: float = 0.0  # every exchanging pair of this process connected (step 3)
+    transfer_s: float = 0.0  # local copies + the exchange (packing and unpacking included)
+    # where the rest goes (each phase ends with a device sync, so the time is its own)
+    close_s: float = 0.0  # the old plan's groups retired (detached; destroyed later: retire_s)
+    alloc_s: float = 0.0  # the new layout's state allocated
+    local_s: float = 0.0  # pieces this process keeps, copied into the new layout
+    pack_s: float = 0.0  # outgoing pieces packed into one buffer per peer
+    exchange_s: float = 0.0  # posting every pair's batch to the last receive done
+    unpack_s: float = 0.0  # received buffers copied into the new layout
+    leave_s: float = 0.0  # default groups left: retired (detached; destroyed later: retire_s)
+    # the old plan's groups and the worlds left destroyed (executor.parallel.group_retire), not in the switch:
+    # on a leaving process at its end, elsewhere after the new plan's first step (set by the caller)
+    retire_s: float = 0.0
+    peers: list[str] = field(default_factory=list)
+
+    @property
+    def comm_s(self) -> float:
+        """Communicator set-up inside the switch: default groups created, pairs connected."""
+        return self.world_setup_s + self.connect_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+SWITCH_PARTS = ("close_s", "alloc_s", "local_s", "pack_s", "exchange_s", "unpack_s", "leave_s")
+
+
+@dataclass
+class SwitchResult:
+    state: NewState | None  # None on a process that leaves
+    stats: SwitchStats
+    # what this process retired, in order (module docstring, step 5): the old plan's groups, the old
+    # world, the switch world — those it held; alive until released after the new plan's first step
+    # (empty on a leaving process: it released them)
+    retired: list[Retired] = field(default_factory=list)
+
+
+def switch_members(rp: ReshardPlan) -> tuple[str, ...]:
+    """The switch world's devices in rank order (module docstring, step 2)."""
+    if not rp.joining:
+        return tuple(rp.old.devices)
+    if not rp.leaving:
+        return tuple(rp.new.devices)
+    return rp.devices
+
+
+def _state_of(states: list[RankState], device: str) -> RankState | None:
+    return next((s for s in states if s.device == device), None)
+
+
+def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag: str,
+           also: Sequence[Any] = ()) -> SwitchResult:
+    """Move this process's part of the state per ``rp`` (module docstring); collective over every
+    process of the old and the new plan. ``engine``: the old plan's engine (None on a joiner);
+    ``also``: more groups of the old layout to retire with the engine's (a strategy pool's working
+    layouts, :meth:`executor.switch.hot_switch.SwitchGroups.hand_over_extra`)."""
+    stats = SwitchStats()
+    old_state = _state_of(rank_states(rp.old), me)
+    new_state = _state_of(rank_states(rp.new), me)
+    if (engine is None) != (old_state is None):
+        raise ValueError(f"{me}: an engine is given iff the device is in the old plan")
+    if engine is not None:
+        engine.drain()  # ZeRO-1's weight all-gathers: the weights complete, nothing left on the old groups
+    held = held_tensors(engine, old_state) if engine is not None and old_state is not None else []
+    clock = _Clock(world.device)
+    new = NewState(new_state, world.device) if new_state is not None else None
+    stats.alloc_s = clock.lap()
+    retired: list[Retired] = []
+    if engine is not None:
+        retired.append(Retired.take([*engine.groups.hand_over(), *also], store=world.store,
+                                    key=f"{world.prefix}/retire/{tag}", count=len(rp.old.devices),
+                                    device=world.device, who=me, timeout_s=world.timeout_s))
+    stats.close_s = clock.lap()
+    world.enter(switch_members(rp), f"{tag}/switch", retire=retired)
+    stats.world_setup_s += world.setup_s
+    stats.leave_s += world.leave_s
+    rank_of = {d: i for i, d in enumerate(world.members)}
+
+    mine = [(a, b) for a, b in rp.pairs() if me in (a, b)]
+    clock.lap()
+    _connect([rank_of[b if a == me else a] for a, b in mine], world.device)
+    stats.connect_s = clock.lap()
+    src = old_state.holdings if old_state is not None else ()
+    dst = new_state.holdings if new_state is not None else ()
+    local = rp.local(me)
+    if local:
+        assert new is not None
+        _copy([narrow(new.tensors[p.dst_slot], dst[p.dst_slot].chunk, p.chunk) for p in local],
+              [narrow(held[p.src_slot], src[p.src_slot].chunk, p.chunk) for p in local])
+        stats.local_bytes += sum(p.nbytes for p in local)
+    stats.local_s = clock.lap()
+    outbox: dict[str, torch.Tensor] = {}
+    for a, b in mine:
+        peer = b if a == me else a
+        out = rp.messages.get((me, peer), ())
+        if out:
+            outbox[peer] = _pack([narrow(held[p.src_slot], src[p.src_slot].chunk, p.chunk) for p in out], world.device)
+    stats.pack_s = clock.lap()
+    inbox: list[tuple[torch.Tensor, tuple[Piece, ...]]] = []
+    ops = []
+    for a, b in mine:  # one batch holding every message of this process, in the global pair order
+        peer = b if a == me else a
+        stats.peers.append(peer)
+        if peer in outbox:
+            ops.append(dist.P2POp(dist.isend, outbox[peer], rank_of[peer]))
+            stats.bytes_sent += outbox[peer].numel() * 4
+        into = rp.messages.get((peer, me), ())
+        if into:
+            buf = torch.empty(sum(p.numel for p in into), dtype=torch.float32, device=world.device)
+            ops.append(dist.P2POp(dist.irecv, buf, rank_of[peer]))
+            inbox.append((buf, into))
+            stats.bytes_received += buf.numel() * 4
+    for req in dist.batch_isend_irecv(ops) if ops else ():
+        req.wait()
+    stats.exchange_s = clock.lap()
+    outbox.clear()
+    for buf, pieces in inbox:
+        assert new is not None
+        views = [narrow(new.tensors[p.dst_slot], dst[p.dst_slot].chunk, p.chunk) for p in pieces]
+        _copy(views, [c.view(v.shape) for c, v in zip(buf.split([p.numel for p in pieces]), views)])
+    inbox.clear()
+    stats.unpack_s = clock.lap()
+    stats.transfer_s = stats.local_s + stats.pack_s + stats.exchange_s + stats.unpack_s
+
+    held.clear()
+    clock.lap()
+    if world.enter(rp.new.devices, f"{tag}/plan", retire=retired):
+        stats.world_setup_s += world.setup_s
+    stats.leave_s += world.leave_s
+    if new is None:  # a leaving process: with the other holders, at their retire point
+        stats.retire_s = sum(r.release() for r in retired)
+        retired = []
+    return SwitchResult(new, stats, retired)
+
+
+class _Clock:
+    """Seconds between laps, each lap ending with a device sync (the work of a phase is its own)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        _sync(self.device)
+        now = time.perf_counter()
+        dt, self.t = now - self.t, now
+        return dt
+
+
+def _pack(views: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One flat fp32 buffer holding ``views`` one after another (row-major each)."""
+    sizes = [v.numel() for v in views]
+    buf = torch.empty(sum(sizes), dtype=torch.float32, device=device)
+    _copy([c.view(v.shape) for c, v in zip(buf.split(sizes), views)], views)
+    return buf
+
+
+def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for every i, in one torch call (still one copy kernel per strided
+    piece: on 4x H200 the parts took as long as with a Python loop, benchmarks/executor/elastic.py, 2026-11-26)."""
+    torch._foreach_copy_(dst, src)
+
+
+def _connect(peers: list[int], device: torch.device) -> None:
+    """Connect this process to each of ``peers`` (ranks of the default group): one element each way
+    per peer, all in one batch (module docstring, step 3)."""
+    if not peers:
+        return
+    out = torch.ones(1, device=device)
+    ops = []
+    for peer in peers:
+        ops += [dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, torch.empty(1, device=device), peer)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,3 @@
+"""One `hexiscale train` rank: configuration, pre-flight, the training loop, its runners, engine,
+optimizer and what a run logs.
+"""
