@@ -26,6 +26,9 @@ def test_compiled_ratio_on_cuda() -> None:
     assert out["eager"]["peak_bytes"] > 0 and out["compiled"]["peak_bytes"] > 0
 
 
+@pytest.mark.xfail(strict=True, reason="measured on 4x H100 2026-11-27: the a*sum(s^2) + b*sum(s) + c fit misses "
+                   "its own packed rows by 30.6 % (calibrate on the same host: 16-20 %); issue 32's packed-path "
+                   "pricing is open (strict: passes once the fit holds, and then this marker must go)")
 def test_packed_rows_on_cuda_follow_the_varlen_cost() -> None:
     rows = packed_rows(MODEL.seq_len, (MODEL.seq_len, 2 * MODEL.seq_len))
     out = measure_packed_layer(MODEL, rows, dtype="bf16", device=torch.device("cuda", 0), warmup=2, repeats=5,
