@@ -18,18 +18,13 @@ from typing import Any
 
 import pytest
 
-from executor import (
-    elastic_switch,
-    elastic_train,
-    flag_modes,
-    plan_runner,
-    pool_runner,
-    pool_source,
-    preflight,
-    train,
-    train_loop,
-    train_setup,
-)
+from executor.data import pool_source
+from executor.switch import elastic as elastic_train
+from executor.switch import elastic_switch
+from executor.train import entry as train
+from executor.train import flag_modes, plan_runner, pool_runner, preflight
+from executor.train import loop as train_loop
+from executor.train import setup as train_setup
 from executor.train.config import TrainConfig
 from executor.train.flag_modes import FLAGS, MODES, value_of
 from executor.train.setup import resolve_plan
