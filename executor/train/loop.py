@@ -20,23 +20,22 @@ the loop a new runner — of either kind (:mod:`executor.switch.elastic_switch`)
 device leaves the job.
 
 **One training step, module by module** (what a newcomer reads; the issue asks for at most 10,
-it was 24)::
+it was 24). Before the first step, once per rank, ``executor.train.entry`` (``run_training``:
+pre-flight, store, process group, watchdog) builds the runner; a step then goes through::
 
-    1 executor.train.entry        run_training: pre-flight, store, process group, watchdog
-    2 executor.train.loop   this loop
-    3 executor.train.plan_runner  (a pool: executor.train.pool_runner -> executor.switch.hot_switch)
-    4 executor.data.stream         the step's batch
-    5 executor.train.engine       Engine.train_step: micro-batches, then the update
-    6 executor.parallel.schedules    1F1B / GPipe order of forward and backward
-    7 executor.model.llama        the stage's layers
-    8 executor.parallel.tp_layers    tensor-parallel linears
-    9 executor.parallel.p2p          activations between stages
-   10 executor.parallel.grad_sync    gradients across pipelines
-   11 executor.train.optim        clipping, AdamW (executor.parallel.zero under ZeRO-1; the guard:
-                                  executor.train.nonfinite)
+     1 executor.train.loop            this loop
+     2 executor.train.plan_runner     (a pool: executor.train.pool_runner -> executor.switch.hot_switch)
+     3 executor.data.stream           the step's batch
+     4 executor.train.engine          Engine.train_step: micro-batches, then the update
+     5 executor.parallel.schedules    the registry's op order (planner.schedules), interpreted
+     6 executor.model.llama           the stage's layers
+     7 executor.parallel.tp_layers    tensor-parallel linears
+     8 executor.parallel.p2p          activations between stages
+     9 executor.parallel.grad_sync    gradients across pipelines
+    10 executor.train.optim           clipping, AdamW (executor.parallel.zero under ZeRO-1; the guard:
+                                      executor.train.nonfinite)
 
-11 for a plain plan (12 with ZeRO-1), one over the issue's 10: what is left to fold is below the
-loop (the engine's update half: gradient sync, optimizer), not in it.
+10 for a plain plan's step (11 with ZeRO-1, 11 counting the start-up module too).
 """
 
 from __future__ import annotations
