@@ -22,6 +22,23 @@ from planner.errors import SpecError
 from planner.model import ModelSpec, model_from_dict
 
 SHAPE = ("hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads")
+SPLITS = (1, 2, 4, 8)  # documents per row, each row holding the same tokens
+
+
+def packed_rows(seq_len: int, rows_tokens: tuple[int, ...]) -> list[list[int]]:
+    """Document lengths per row: each total ``T`` of ``rows_tokens`` cut into documents of
+    ``seq_len / k`` tokens for ``k`` in :data:`SPLITS` (the same tokens, ``Σs²`` falling with ``k``;
+    the totals set ``Σs``), the last one taking the remainder."""
+    out: list[list[int]] = []
+    for total in rows_tokens:
+        for k in SPLITS:
+            size = seq_len // k
+            if size < 1:
+                continue
+            lengths = [size] * (total // size) + ([total % size] if total % size else [])
+            if lengths not in out:
+                out.append(lengths)
+    return out
 
 
 @dataclass(frozen=True)

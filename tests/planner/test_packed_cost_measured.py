@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from benchmarks.fidelity.host4 import cluster_for
-from executor.profiler.packed import packed_rows
-from planner.calibration.packed import packed_fit
+from planner.calibration.packed import packed_fit, packed_rows
 from planner.catalog import Catalog, default_catalog
 from planner.cost import ProfileSet
 from planner.errors import SpecError
