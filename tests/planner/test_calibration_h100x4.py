@@ -25,7 +25,7 @@ START = Path(__file__).resolve().parents[2] / "planner" / "profiles" / "calibrat
 
 @pytest.fixture(scope="module")
 def device() -> DeviceType:
-    path = DATA / "device.json"
+    path = DATA / "home" / "devices" / "h100-sxm-measured.json"
     return parse_device_entry(json.loads(path.read_text()), str(path))
 
 
