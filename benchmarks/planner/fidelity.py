@@ -101,6 +101,8 @@ def measure_row(case: Any, entry: dict[str, Any], result: dict[str, Any], cluste
     row: dict[str, Any] = {"plan": case.name, "sm": sm, "predicted_s": predicted, "term": est.bottleneck["term"],
                            "breakdown": est.breakdown, "planner": case.planner, "packed": case.packed,
                            "compile": plan.options.compile, "model": plan.model.name}
+    if "phases_s" in result:  # where the plan's wall time went on the device (benchmarks.fidelity.phases)
+        row["phases_s"] = result["phases_s"]
     if "error" in result:
         row["error"] = result["error"].strip().splitlines()[-1][:200]
         return row
