@@ -69,6 +69,7 @@ def test_calibrate_then_plan_and_estimate_use_it(tmp_path: Path) -> None:
     fitted = cal["fits"]["collective_host"]["fitted_s"]
     assert cal["params"]["collective_host_s"] == fitted == cal["fitted"]["collective_host_s"]
     live_fit = cal["fits"]["collective_host"]["live_rows"]
+    assert "TP all-reduce inside a pass: " in run.stdout
     assert live_fit["observations"] == 4 and live_fit["error_after"]["mean_abs_rel"] <= live_fit["error_before"][
         "mean_abs_rel"]
 
