@@ -6,6 +6,9 @@ form a fresh process group (a ``FileStore`` per plan; the plan rank of a process
 device ``g<k>:0`` in the plan), build the :class:`executor.train.engine.Engine`, run ``warmup`` steps and
 ``steps`` timed steps on synthetic tokens, and record:
 
+* where the plan's wall time goes (``phases_s``: groups, GEMM check, engine build, warm-up, timed
+  steps, teardown; :mod:`benchmarks.fidelity.phases`), printed with the step time; a rank reuses
+  the initial weights between plans of one model (:mod:`benchmarks.fidelity.engine_start`);
 * step time: every step starts after a barrier; each rank times it (device synchronised), the step's
   time is the slowest rank's, and the plan's figure is the median over the timed steps;
 * what a plan leaves allocated after its engine and groups are dropped (``left_allocated_gib``; 0
@@ -22,6 +25,7 @@ device ``g<k>:0`` in the plan), build the :class:`executor.train.engine.Engine`,
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -36,6 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks.fidelity import engine_start, phases
+from benchmarks.fidelity.phases import PhaseClock
 from executor.job.spawn import spawn
 from planner.plan import plan_from_dict
 
@@ -53,10 +59,12 @@ def _reserved(device: torch.device) -> float:
     return torch.cuda.memory_reserved(device) / GIB if device.type == "cuda" else 0.0
 
 
-def _packed_step(engine: Any, plan: Any, packed: list[list[list[int]]], gen: torch.Generator,
-                 device: torch.device) -> Any:
-    """One step on packed micro-batches: ``packed[p][j]`` lists the document lengths (labels) of
-    micro-batch ``j`` of pipeline ``p``, each document random tokens of that length + 1."""
+def _packed_inputs(engine: Any, plan: Any, packed: list[list[list[int]]], gen: torch.Generator,
+                   device: torch.device) -> tuple[list[Any], int]:
+    """One step's packed micro-batches of this rank's pipeline and the step's label count:
+    ``packed[p][j]`` lists the document lengths (labels) of micro-batch ``j`` of pipeline ``p``, each
+    document random tokens of that length + 1. Made before the step's clock starts, as the
+    unpacked rows are (drawing every pipeline's tokens is data loading, not the step)."""
     from executor.data.packed_batch import pack_documents
 
     mine = packed[engine.stage.pipeline]
@@ -67,11 +75,12 @@ def _packed_step(engine: Any, plan: Any, packed: list[list[list[int]]], gen: tor
             if p == engine.stage.pipeline:
                 micro.append(pack_documents(docs, device))
     assert len(micro) == len(mine)
-    return engine.train_micro_batches(micro, sum(n for pipe in packed for mb in pipe for n in mb))
+    return micro, sum(n for pipe in packed for mb in pipe for n in mb)
 
 
 def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_dir: str, index: int,
-              warmup: int, steps: int, packed: list[list[list[int]]] | None = None) -> dict[str, Any] | None:
+              warmup: int, steps: int, clock: PhaseClock,
+              packed: list[list[list[int]]] | None = None) -> dict[str, Any] | None:
     from executor.parallel.groups import ProcessGroups
     from executor.train.engine import Engine
     from executor.train.optim import OptimConfig
@@ -84,8 +93,11 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
     rank, world = plan.devices.index(mine), plan.world_size
     backend = "nccl" if device.type == "cuda" else "gloo"
     store = dist.FileStore(os.path.join(store_dir, f"plan{index}"), world)
+    t_start = time.perf_counter()
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=300))
-    rec: dict[str, Any] = {"rank": rank, "device": mine}
+    clock.add("groups", time.perf_counter() - t_start)
+    rec: dict[str, Any] = {"rank": rank, "device": mine, "phases_s": clock.seconds}
+    teardown = contextlib.ExitStack()
     try:
         if device.type == "cuda":
             gc.collect()
@@ -95,37 +107,44 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
             rec["allocated_before_gib"] = torch.cuda.memory_allocated(device) / GIB
         topo = build_topology(plan)
         reserved0 = _reserved(device)
-        groups = ProcessGroups.create(topo)
-        if device.type == "cuda":  # the communicators exist and are connected (executor.parallel.groups); settle them
+        with clock.phase("groups"):
+            groups = ProcessGroups.create(topo)
             dist.barrier()
-            torch.cuda.synchronize(device)
+        if device.type == "cuda":  # the communicators exist and are connected (executor.parallel.groups); settle them
             rec["comm_gib"] = max(0.0, _device_in_use(device) - rec["in_use_before_gib"]
                                   - (_reserved(device) - reserved0))
-        engine = Engine(plan, topo, groups, device=device, optim=OptimConfig(warmup_steps=1, total_steps=1000),
-                        seed=0)
-        if plan.options.compile:  # as training does (executor.switch.elastic); a CPU run stays eager
-            from executor.model.fast_path import compile_blocks
+        checked = clock.seconds.get("gemm_check", 0.0)
+        with clock.phase("build"):
+            engine = Engine(plan, topo, groups, device=device,
+                            optim=OptimConfig(warmup_steps=1, total_steps=1000), seed=0)
+            if plan.options.compile:  # as training does (executor.switch.elastic); a CPU run stays eager
+                from executor.model.fast_path import compile_blocks
 
-            rec["compiled_blocks"] = compile_blocks(engine.module)
+                rec["compiled_blocks"] = compile_blocks(engine.module)
+        clock.add("build", checked - clock.seconds.get("gemm_check", 0.0))  # the check is its own phase
         pipe_idx = engine.stage.pipeline
         offset = sum(p.batch_size for p in plan.pipelines[:pipe_idx])
         gen = torch.Generator().manual_seed(1234)
         seq = plan.model.seq_len
         times: list[float] = []
         for step in range(warmup + steps):
+            t_phase = time.perf_counter()
             if packed is None:
                 tokens = torch.randint(0, plan.model.vocab_size, (plan.global_batch_size, seq + 1), generator=gen)
                 rows = tokens[offset:offset + plan.pipelines[pipe_idx].batch_size]
+            else:
+                micro, labels = _packed_inputs(engine, plan, packed, gen, device)
             dist.barrier()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            stats = engine.train_step(rows) if packed is None else _packed_step(engine, plan, packed, gen, device)
+            stats = engine.train_step(rows) if packed is None else engine.train_micro_batches(micro, labels)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            dt = time.perf_counter() - t0
+            t1 = time.perf_counter()
             if step >= warmup:
-                times.append(dt)
+                times.append(t1 - t0)
+            clock.add("warmup" if step < warmup else "steps", t1 - t_phase)
             rec["loss"] = stats.loss
         slowest = torch.tensor(times, dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -135,15 +154,18 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
             rec.update(max_allocated_gib=torch.cuda.max_memory_allocated(device) / GIB,
                        max_reserved_gib=torch.cuda.max_memory_reserved(device) / GIB,
                        in_use_gib=_device_in_use(device))
+        teardown.enter_context(clock.phase("teardown"))
         del engine
         groups.close()
     except Exception:  # noqa: BLE001 - an OOM or a failing plan is a result, not the end of the launch
         rec["error"] = traceback.format_exc()[-2000:]
     finally:
-        dist.destroy_process_group()
-        gc.collect()
+        with teardown:
+            dist.destroy_process_group()
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         if device.type == "cuda":
-            torch.cuda.empty_cache()
             # what this plan left allocated once its engine and groups are gone: 0 unless something
             # keeps a dropped Engine alive (a hook cycle did, and inflated every later plan's peak)
             rec["left_allocated_gib"] = torch.cuda.memory_allocated(device) / GIB - rec.get("allocated_before_gib", 0.0)
@@ -162,13 +184,17 @@ def _worker(gpu: int, sm: list[int], plans: list[dict[str, Any]], cpu: bool, sto
         torch.zeros(1, device=device)  # create the context now (under the SM share)
     results = []
     context_gib = _device_in_use(device)
-    for i, entry in enumerate(plans):
-        rec = _run_plan(entry["plan"], gpu, device, store_dir, i, warmup, steps, entry.get("packed"))
-        if rec is not None:
-            rec["name"] = entry["name"]
-            results.append(rec)
-            msg = rec.get("error", "").strip().splitlines()[-1:] or [f"{rec['step_time_s'] * 1e3:.1f} ms"]
-            print(f"[gpu{gpu} sm{sm[gpu]}] {entry['name']}: {msg[0]}", flush=True)
+    current: list[PhaseClock] = []
+    with engine_start.installed(lambda: current[0] if current else None):
+        for i, entry in enumerate(plans):
+            current[:] = [PhaseClock(device)]
+            rec = _run_plan(entry["plan"], gpu, device, store_dir, i, warmup, steps, current[0], entry.get("packed"))
+            if rec is not None:
+                rec["name"] = entry["name"]
+                results.append(rec)
+                msg = rec.get("error", "").strip().splitlines()[-1:] or [f"{rec['step_time_s'] * 1e3:.1f} ms"]
+                print(f"[gpu{gpu} sm{sm[gpu]}] {entry['name']}: {msg[0]} ({phases.describe(rec['phases_s'])})",
+                      flush=True)
     Path(out_dir, f"gpu{gpu}.json").write_text(json.dumps({"gpu": gpu, "sm_percent": sm[gpu],
                                                            "context_gib": context_gib, "results": results}))
 
@@ -192,6 +218,8 @@ def run_launch(plans: list[dict[str, Any]], sm: list[int], *, cpu: bool, warmup:
         ranks = sorted(m["ranks"], key=lambda r: r["rank"])
         errors = [r["error"] for r in ranks if "error" in r]
         rec = {"name": entry["name"], "plan": entry["plan"], "sm": sm, "ranks": ranks}
+        if ranks:
+            rec["phases_s"] = phases.slowest([r["phases_s"] for r in ranks])
         if errors:
             rec["error"] = errors[0]
         else:

@@ -101,6 +101,8 @@ def measure_row(case: Any, entry: dict[str, Any], result: dict[str, Any], cluste
     row: dict[str, Any] = {"plan": case.name, "sm": sm, "predicted_s": predicted, "term": est.bottleneck["term"],
                            "breakdown": est.breakdown, "planner": case.planner, "packed": case.packed,
                            "compile": plan.options.compile, "model": plan.model.name}
+    if "phases_s" in result:  # where the plan's wall time went on the device (benchmarks.fidelity.phases)
+        row["phases_s"] = result["phases_s"]
     if "error" in result:
         row["error"] = result["error"].strip().splitlines()[-1][:200]
         return row
@@ -176,6 +178,7 @@ def run(args: argparse.Namespace) -> Path:
             resolved = resolve_profiles(cluster)
             print(resolved.line, flush=True)
             entries, cases = [], []
+            t_plan = time.perf_counter()  # the planner's searches: device idle, inside the 10 minutes too
             for case in (c for c in launch.cases if not args.plans or c.name in args.plans):
                 try:
                     plan = case.plan or planner_plan(case, cluster, resolved.profiles, args.quick)
@@ -192,9 +195,10 @@ def run(args: argparse.Namespace) -> Path:
             t0 = time.perf_counter()
             res = run_launch(entries, [100] * len(sm) if args.quick else sm, cpu=args.quick, warmup=args.warmup,
                              steps=args.steps)
-            res.update(name=launch.name, seconds=time.perf_counter() - t0)
+            res.update(name=launch.name, seconds=time.perf_counter() - t0, planning_s=t0 - t_plan)
             runs.append(res)
-            print(f"launch {launch.name}: {len(entries)} plans in {res['seconds']:.0f} s", flush=True)
+            print(f"launch {launch.name}: {len(entries)} plans in {res['seconds']:.0f} s (planned in "
+                  f"{res['planning_s']:.0f} s)", flush=True)
             for leak in leaks(res):
                 print(leak, flush=True)
             for case, entry, result in zip(cases, entries, res["plans"]):

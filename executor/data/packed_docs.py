@@ -55,9 +55,16 @@ class DocSpans:
         return max(self.lengths)
 
     def _cached(self, kind: str, device: torch.device, build: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``build()`` on ``device``, once. To a GPU from pinned memory without blocking: a plain copy
+        waits for every kernel queued before it, and a packed micro-batch makes two (positions, then
+        document boundaries in the first layer), so the host lost its lead on the GPU each time
+        (on 4x H100, 2026-11-27, packed plans ran 13-21 % over their prediction, ~24 % over the same
+        tokens unpacked, whose inputs are copied without blocking)."""
         key = (kind, str(device))
         if key not in self._cache:
-            self._cache[key] = build().to(device)
+            t = build()
+            on_gpu = torch.device(device).type == "cuda"
+            self._cache[key] = t.pin_memory().to(device, non_blocking=True) if on_gpu else t.to(device)
         return self._cache[key]
 
     def positions(self, device: torch.device) -> torch.Tensor:

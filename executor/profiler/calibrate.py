@@ -23,7 +23,8 @@ What is measured (one GPU; the link sweep over every local GPU):
 * on CUDA, one layer point eager and ``torch.compile``'d (:mod:`executor.profiler.compiled`): the
   compiled/eager ratio that prices ``options.compile`` (``compiled_layer_ratio``);
 * the p2p / all-reduce sweep between local GPUs (``link_efficiency`` against the NVLink nominal) and
-  the host cost of issuing one TP all-reduce as the executor does (``collective_host_s``).
+  the host cost of issuing one TP all-reduce as the executor does (``collective_host_s``, then
+  refitted to the live TP rows where there are some: :mod:`planner.calibration.collective`).
 
 Then the roofline's compute terms are fitted to all of it (:func:`planner.calibration.fit.fit_compute`),
 the link efficiency to the sweep, ``framework_gib`` is this process's CUDA context, and the
@@ -51,12 +52,14 @@ from executor.profiler import compute
 from executor.profiler.compiled import compiled_ratio
 from executor.profiler.packed import measure_packed_layer, packed_rows
 from executor.profiler.runner import ProfileConfig, detect_base, machine_meta, run_profile
+from planner.calibration.collective import fit_collective_host
 from planner.calibration.fit import fit_compute, fit_link_efficiency
 from planner.calibration.holdout import DEFAULT_MAX_MEAN, gate, held_out_compute
 from planner.calibration.local import calibrations
 from planner.calibration.packed import packed_fit
 from planner.calibration.store import load_params, save_calibration
 from planner.catalog import default_catalog, parse_device_entry
+from planner.cluster import Link
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.model import PRESETS, ModelSpec
 
@@ -183,6 +186,12 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     if comm and comm.get("tp_issue_s", 0) > 0:  # host cost of one TP collective as the executor issues it
         params = replace(params, collective_host_s=float(comm["tp_issue_s"]))
         fits["collective_host"] = {"measured_s": float(comm["tp_issue_s"]), "world": comm.get("world")}
+    if "link" in fits:  # ... and as a live TP layer pays it (planner.calibration.collective)
+        live_fit = fit_collective_host(entry, params, Link("nvlink", NVLINK_NOMINAL_GBPS, fits["link"]["latency_us"]))
+        if live_fit is not None:
+            params = live_fit.params
+            fits["collective_host"] = {**fits.get("collective_host", {}), "fitted_s": params.collective_host_s,
+                                       "live_rows": live_fit.to_dict()}
     if device.type == "cuda":  # the executor compiles on CUDA only: a CPU calibration leaves it unmeasured
         comp = compiled_ratio(model, micro_batch=2, dtype=cfg.dtype, device=device, warmup=cfg.warmup,
                               repeats=cfg.repeats, chain=cfg.layer_chain)

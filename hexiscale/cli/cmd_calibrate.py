@@ -71,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
     if summary["live_tps"]:
         print(f"TP layers timed live (with their all-reduces) at tp {', '.join(map(str, summary['live_tps']))}: "
               f"the cost model prices those TP degrees from them")
+    live_fit = summary["fits"].get("collective_host", {}).get("live_rows")
+    if live_fit:  # planner.calibration.collective
+        print(f"TP all-reduce inside a pass: {summary['fits']['collective_host']['fitted_s'] * 1e3:.2f} ms (fitted to "
+              f"the live rows: TP layers off them priced within {live_fit['error_after']['mean_abs_rel'] * 100:.1f} % "
+              f"mean, {live_fit['error_before']['mean_abs_rel'] * 100:.1f} % with the issue time alone)")
     if summary["refused"]:
         raise SpecError("--max-held-out-error", f"{summary['refused']}: nothing installed",
                         "pass --force to install this fit anyway, or calibrate with another --model")

@@ -6,7 +6,9 @@ the result lists each fitted term and the error before and after, so a term that
 data shows up as a large remaining error rather than being hidden by a global factor.
 
 * :func:`fit_compute` — ``gemm_efficiency``, ``gemm_half_dim``, ``attention_efficiency``,
-  ``attention_half_seq``, ``memory_efficiency``, ``kernel_overhead_s`` and the host overheads
+  ``attention_half_seq``, ``memory_efficiency``, ``kernel_overhead_s``, the host overheads and
+  ``checkpoint_host_s`` (without it the full-recompute rows of a 4x H100 calibration were 30-38 %
+  off and the held-out error 12.2 %; with it 6.8 %: tests/planner/test_calibration_h100x4.py)
   against a measured device's layer timings (its shard-only table and other widths; roofline of
   that device's catalog peaks; the live TP rows, which hold collectives, are not compute); the
   GEMM and memory efficiencies are capped by the measured ceilings (large GEMM, large copy) when
@@ -41,6 +43,7 @@ COMPUTE_TERMS: dict[str, tuple[float, float]] = {
     "kernel_overhead_s": (0.0, 1e-3),
     "host_overhead_s": (0.0, 1e-4),
     "host_overhead_backward_s": (0.0, 1e-4),
+    "checkpoint_host_s": (0.0, 5e-3),
 }
 
 

@@ -42,6 +42,11 @@ class CostParams:
     # (50 modelled kernels) and >= ~1.7 ms backward (85 kernels) whatever the micro-batch.
     host_overhead_s: float = 3.5e-5
     host_overhead_backward_s: float = 2e-5
+    # Host time torch.utils.checkpoint adds to one fully recomputed layer, per run of its forward
+    # (the wrapper and its saved-tensor hooks: once in the forward, once more when the backward
+    # re-runs it). On 4x H100 (torch 2.11, 2026-11-27) a llama-1.3b layer's forward took 0.7-0.85 ms
+    # longer under full recompute than without it, at the same kernels (tests/data/calibration/h100x4-20261127).
+    checkpoint_host_s: float = 0.0
     # A torch.compile'd transformer layer's time (forward + backward) over the eager one on this GPU
     # type: fewer kernels (fused elementwise ops) and no per-op Python launch cost. Measured by
     # ``hexiscale calibrate`` on CUDA (the same layer and point timed eager and compiled,

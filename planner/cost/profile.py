@@ -6,7 +6,8 @@ step) takes on one device type. Two sources behind one interface (:class:`Device
 
       time(op) = kernels · kernel_overhead_s + max(flops / (peak · eff(op)), bytes / (bw · memory_efficiency))
       time(pass) = max(Σ time(op), Σ kernels · host)   eager PyTorch is GPU- or CPU-bound; host =
-                   host_overhead_s (forward, Python) or host_overhead_backward_s (autograd engine)
+                   host_overhead_s (forward, Python) or host_overhead_backward_s (autograd engine);
+                   a fully recomputed layer's forward adds checkpoint_host_s to the host side
 
   with ``peak = DeviceType.peak(dtype)``, ``bw`` the memory bandwidth and the efficiency curves
   (``CostParams``)::
@@ -176,8 +177,9 @@ class DeviceProfile(ABC):
         def kernels(ops: list[Op]) -> int:
             return sum(op.kernels for op in ops)
 
-        host_f = kernels(fwd) * p.host_overhead_s
-        host_b = kernels(bwd) * p.host_overhead_backward_s + kernels(again) * p.host_overhead_s
+        ck = p.checkpoint_host_s if kind == "layer" and recompute == "full" else 0.0
+        host_f = kernels(fwd) * p.host_overhead_s + ck
+        host_b = kernels(bwd) * p.host_overhead_backward_s + kernels(again) * p.host_overhead_s + (ck if again else 0.0)
         gpu_f = sum(self.op_time(op, dtype) for op in fwd)
         gpu_b = sum(self.op_time(op, dtype) for op in bwd + again)
 
@@ -218,12 +220,13 @@ class DeviceProfile(ABC):
         t_flop = op.flops / (self.peak_flops(dtype) * eff)
         return op.kernels * p.kernel_overhead_s + max(t_flop, t_mem)
 
-    def ops_time(self, ops: list[Op], dtype: str, backward: bool = False) -> float:
+    def ops_time(self, ops: list[Op], dtype: str, backward: bool = False, extra_host_s: float = 0.0) -> float:
         """One pass of ``ops``: max(GPU time, host time to issue them): ``host_overhead_s`` per
-        kernel for a forward (Python), ``host_overhead_backward_s`` for a backward (autograd engine)."""
+        kernel for a forward (Python), ``host_overhead_backward_s`` for a backward (autograd engine),
+        plus ``extra_host_s`` of host work that launches no kernel (checkpoint's wrapper)."""
         gpu = sum(self.op_time(op, dtype) for op in ops)
         host = self.params.host_overhead_backward_s if backward else self.params.host_overhead_s
-        return max(gpu, sum(op.kernels for op in ops) * host)
+        return max(gpu, sum(op.kernels for op in ops) * host + extra_host_s)
 
     def explain_layer(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
                       seq_len: int | None = None) -> list[tuple[str, str, float, float, float]]:
@@ -238,7 +241,8 @@ class DeviceProfile(ABC):
     def _spec_layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                     seq_len: int) -> PassTime:
         num = self.numerics(dtype)
-        fwd = self.ops_time(layer_forward_ops(model, micro_batch, seq_len, tp, num), dtype)
+        ck = self.params.checkpoint_host_s if recompute == "full" else 0.0
+        fwd = self.ops_time(layer_forward_ops(model, micro_batch, seq_len, tp, num), dtype, extra_host_s=ck)
         bwd = self.ops_time(layer_backward_ops(model, micro_batch, seq_len, tp, num,
                                                self.params.attention_backward_flops_ratio), dtype, backward=True)
         return PassTime(fwd, bwd + self._recompute_extra(model, micro_batch, tp, dtype, recompute, seq_len, fwd))

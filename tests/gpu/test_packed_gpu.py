@@ -35,3 +35,19 @@ def test_varlen_kernel_equals_attention_per_document(hq: int, hkv: int) -> None:
         for g, x in zip(grads, (qq, kk, vv)):
             torch.testing.assert_close(g[:, :, sl].float(), x.grad.float(), rtol=5e-2, atol=5e-2)
         start += n
+
+
+def test_doc_spans_reach_the_gpu_without_waiting_for_it() -> None:
+    """A packed row's positions and document boundaries are copied to the GPU without a host sync:
+    with ~0.5 s of kernels queued, both come back while the GPU is still busy (before the fix each
+    copy waited for the queue: two host syncs per packed micro-batch)."""
+    dev = torch.device("cuda", 0)
+    torch.cuda.synchronize(dev)
+    torch.cuda._sleep(int(1e9))  # ~0.5 s of GPU cycles queued on the current stream
+    docs = DocSpans((700, 1, 129))
+    pos, cu = docs.positions(dev), docs.cu_seqlens(dev)
+    busy = not torch.cuda.current_stream(dev).query()
+    torch.cuda.synchronize(dev)
+    assert busy, "building a packed row's tables waited for the GPU's queued kernels"
+    assert cu.tolist() == [0, 700, 701, 830]
+    assert pos.tolist() == list(range(700)) + [0] + list(range(129))

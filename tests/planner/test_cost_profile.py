@@ -240,3 +240,21 @@ def test_slowdown_scales_the_gpu_share_only() -> None:
     slow = host.forward_s / gpu.forward_s * 3
     much = stage_time(MODEL, devices=[(prof, slow)], **kw)  # type: ignore[arg-type]
     assert much.forward_s == pytest.approx(2 * slow * gpu.forward_s)
+
+
+def test_checkpoint_host_time_lands_on_the_host_side_of_full_recompute() -> None:
+    """A host-bound layer under full recompute pays ``checkpoint_host_s`` in its forward and in the
+    backward's re-run; a GPU-bound one hides it; the other modes never pay it."""
+    host_bound = CostParams(host_overhead_s=1e-3, host_overhead_backward_s=1e-3)
+    ck = dataclasses.replace(host_bound, checkpoint_host_s=2e-3)
+    plain, with_ck = SpecProfile(FAST, host_bound), SpecProfile(FAST, ck)
+    for recompute in ("none", "selective"):
+        assert with_ck.layer_time(MODEL, 1, 1, "bf16", recompute) == plain.layer_time(MODEL, 1, 1, "bf16", recompute)
+    a, b = plain.layer_time(MODEL, 1, 1, "bf16", "full"), with_ck.layer_time(MODEL, 1, 1, "bf16", "full")
+    assert b.forward_s == pytest.approx(a.forward_s + 2e-3)
+    assert b.backward_s > a.backward_s + 2e-3 * 0.9  # the re-run pays it again
+    gpu, host = with_ck.pass_split("layer", MODEL, 1, 1, "bf16", "full")
+    assert host.forward_s == pytest.approx(b.forward_s)  # host-bound: the whole pass is host time
+    gpu_bound = SpecProfile(FAST, dataclasses.replace(P0, checkpoint_host_s=1e-9))
+    assert gpu_bound.layer_time(MODEL, 1, 1, "bf16", "full").forward_s == pytest.approx(
+        SpecProfile(FAST, P0).layer_time(MODEL, 1, 1, "bf16", "full").forward_s)

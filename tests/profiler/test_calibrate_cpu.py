@@ -64,7 +64,14 @@ def test_calibrate_then_plan_and_estimate_use_it(tmp_path: Path) -> None:
     assert not prof.layer_holds_collectives(PRESETS["tiny"], 1, 1, "fp32")
     # the host cost of one TP all-reduce as the executor issues it, measured on the link sweep's ranks
     issue = entry["measured"]["comm"]["tp_issue_s"]
-    assert 0 < issue < 0.1 and cal["params"]["collective_host_s"] == issue == cal["fitted"]["collective_host_s"]
+    assert 0 < issue < 0.1 and cal["fits"]["collective_host"]["measured_s"] == issue
+    # ... and what one costs inside the live layer: fitted to the live rows (planner.calibration.collective)
+    fitted = cal["fits"]["collective_host"]["fitted_s"]
+    assert cal["params"]["collective_host_s"] == fitted == cal["fitted"]["collective_host_s"]
+    live_fit = cal["fits"]["collective_host"]["live_rows"]
+    assert "TP all-reduce inside a pass: " in run.stdout
+    assert live_fit["observations"] == 4 and live_fit["error_after"]["mean_abs_rel"] <= live_fit["error_before"][
+        "mean_abs_rel"]
 
     cluster = tmp_path / "cpu.yaml"
     cluster.write_text("name: cpu-host\nnodes:\n  - {name: c, gpu: cpu-measured, gpus: 2, "

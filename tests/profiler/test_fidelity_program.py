@@ -81,6 +81,9 @@ def test_quick_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert data["summary"]["time_max_abs"] == max(abs(r["time_err"]) for r in rows.values())
     assert data["meta"]["date"] and data["meta"]["torch"] and data["meta"]["calibration_file"]
     assert "mean |error|" in run.stdout
+    for r in rows.values():  # where each plan's device time went (benchmarks.fidelity.phases)
+        assert {"groups", "build", "steps", "teardown"} <= set(r["phases_s"]) and "warmup" not in r["phases_s"]
+    assert data["runs"][0]["planning_s"] >= 0 and "planned in" in run.stdout
 
 
 def test_the_result_file_names_the_gpu() -> None:

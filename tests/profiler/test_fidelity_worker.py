@@ -26,6 +26,9 @@ def test_launch_runs_plans_on_their_gpus_and_agrees_on_the_loss() -> None:
     losses = [r["loss"] for p in by.values() for r in p["ranks"]]
     assert max(losses) - min(losses) < 1e-4 * abs(losses[0])  # same data, same model: same loss
     assert all(p["step_time_s"] > 0 for p in by.values())
+    for p in by.values():  # where each plan's wall time went (benchmarks.fidelity.phases)
+        assert {"groups", "build", "warmup", "steps", "teardown"} <= set(p["phases_s"]), p["phases_s"]
+        assert p["phases_s"]["steps"] >= p["step_time_s"]
 
 
 def test_memory_less_leftovers_and_summary() -> None:
