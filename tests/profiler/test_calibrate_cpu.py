@@ -70,8 +70,8 @@ def test_calibrate_then_plan_and_estimate_use_it(tmp_path: Path) -> None:
     assert cal["params"]["collective_host_s"] == fitted == cal["fitted"]["collective_host_s"]
     live_fit = cal["fits"]["collective_host"]["live_rows"]
     assert "TP all-reduce inside a pass: " in run.stdout
-    assert live_fit["observations"] == 4 and live_fit["error_after"]["mean_abs_rel"] <= live_fit["error_before"][
-        "mean_abs_rel"]
+    # the fit never raises what it minimises (the mean relative error of 4 noisy CPU rows may rise a little)
+    assert live_fit["observations"] == 4 and live_fit["error_after"]["rms_log"] <= live_fit["error_before"]["rms_log"]
 
     cluster = tmp_path / "cpu.yaml"
     cluster.write_text("name: cpu-host\nnodes:\n  - {name: c, gpu: cpu-measured, gpus: 2, "
