@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import sys
 
-from executor.data.pool_source import doc_source
 from executor.job import flight
 from executor.job.env import RankEnv, connect_store, rank_env
 from executor.job.faults import parse_fault
@@ -40,7 +39,7 @@ from executor.switch.warm_up import warm_up
 from executor.train import plan_runner, pool_runner
 from executor.train.config import TrainConfig
 from executor.train.loop import StepRunner, run_loop
-from executor.train.preflight import agree, local_checks
+from executor.train.preflight import agree, rank_checks
 from executor.train.progress import note, step_starting
 from executor.train.setup import check_world, classify, init_process_group, optim_config, pg_timeout, resolve_plan
 from planner.errors import SpecError
@@ -67,12 +66,7 @@ def run_elastic(args: TrainConfig) -> int:
         opt, timeout_s, fault = optim_config(args), pg_timeout(args), parse_fault(os.environ.get("HEXISCALE_FAULT"))
         store = connect_store(renv, args.faults.startup_timeout)
         channel = Channel(store, renv.prefix)
-        error, prep, docs = None, None, None
-        try:
-            prep = local_checks(plan, renv, args, pool=pool is not None)
-            docs = doc_source(args, pool, scan=renv.rank == 0) if pool is not None else None
-        except SpecError as exc:
-            error = exc
+        prep, docs, error = rank_checks(plan, renv, args, pool)
         if joining:
             if prep is not None:
                 warm_s = warm_up(plan, me, prep.device, opt)

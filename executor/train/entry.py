@@ -21,7 +21,6 @@ from typing import Any
 import torch.distributed as dist
 
 from executor.data.doc_source import DocSource
-from executor.data.pool_source import doc_source
 from executor.data.stream import DataPosition
 from executor.job import flight
 from executor.job.bounded_store import BoundedStore, StoreError, StoreTimeout
@@ -36,7 +35,7 @@ from executor.train.loop import StepRunner, run_loop
 from executor.train.optim import OptimConfig
 from executor.train.plan_runner import PlanRunner
 from executor.train.pool_runner import PoolRunner
-from executor.train.preflight import Prepared, agree, local_checks, wait_all_seen
+from executor.train.preflight import Prepared, agree, rank_checks, wait_all_seen
 from executor.train.progress import note, step_starting
 from executor.train.setup import (
     check_world,
@@ -75,12 +74,7 @@ def run_training(args: TrainConfig) -> int:
         store = connect_store(renv, args.faults.startup_timeout)
         if renv.master_port == 0:
             renv = replace(renv, master_port=store.port)
-        error, prep, docs = None, None, None
-        try:
-            prep = local_checks(plan, renv, args, pool=pool is not None)
-            docs = doc_source(args, pool, scan=renv.rank == 0) if pool is not None else None
-        except SpecError as exc:
-            error = exc
+        prep, docs, error = rank_checks(plan, renv, args, pool)
         # bounded: a store host that froze during start-up must not block this rank forever
         bounded = BoundedStore.around(store, args.faults.startup_timeout + 30.0, what="the rendezvous store")
         agree(bounded, renv, error, args.faults.startup_timeout)

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from executor.data.doc_source import DocSource
+from executor.data.pool_source import doc_source
 from executor.job.env import RankEnv
 from executor.model.llama import check_supported
 from executor.parallel.schedules import check_plan_schedules
@@ -35,6 +37,7 @@ from executor.train.preflight_paths import check_output_dir, check_output_file
 from executor.train.tensorboard_sink import summary_writer_class
 from planner.errors import SpecError
 from planner.plan import Plan
+from planner.varlen.pool import StrategyPool
 
 
 def pick_device(choice: str, renv: RankEnv, plan: Plan) -> torch.device:
@@ -103,6 +106,17 @@ class Prepared:
     device: torch.device
     source: Any  # executor.data.stream.SampleSource
     resume: Any = None  # executor.state.resume.ResumePoint, once chosen by all ranks together
+
+
+def rank_checks(plan: Plan, renv: RankEnv, args: TrainConfig, pool: StrategyPool | None,
+                ) -> tuple[Prepared | None, DocSource | None, SpecError | None]:
+    """This rank's :func:`local_checks` and, for a pool, its sequences (rank 0 scans a token file):
+    a bad input is returned, not raised, so the ranks agree on it before any of them stops."""
+    try:
+        prep = local_checks(plan, renv, args, pool=pool is not None)
+        return prep, (doc_source(args, pool, scan=renv.rank == 0) if pool is not None else None), None
+    except SpecError as exc:
+        return None, None, exc
 
 
 def local_checks(plan: Plan, renv: RankEnv, args: TrainConfig, *, pool: bool = False) -> Prepared:
