@@ -1,7 +1,11 @@
-"""The plan: the contract between planner and executor (``hexiscale.plan/1`` JSON).
+"""The plan: the contract between planner and executor (``hexiscale.plan/1`` and ``/2`` JSON).
 
 A plan lists pipelines (data-parallel replicas); each pipeline lists stages in order; each stage
-names its devices (its TP group, ``tp == len(devices)``) and the half-open layer range it holds.
+names its devices and the half-open layer range it holds. A stage's devices form a ``cp x tp``
+mesh (``tp * cp == len(devices)``): ``cp`` context-parallel slots, each a TP group of ``tp``
+consecutive devices (device ``i`` is ``cp_rank = i // tp``, ``tp_rank = i % tp``; TP innermost,
+since it needs the fastest links). Format ``/2`` adds the ``cp`` field (default 1); a plan is
+written as ``/1`` when no stage uses context parallelism, so older readers still load it.
 The embedding sits on every first stage, the final norm + LM head on every last stage.
 
 Rank order (**contract**): pipelines in order, stages in order, devices in order. Worked example,
@@ -34,6 +38,8 @@ from planner.model import MODEL_LIMITS, RECOMPUTE_MODES, ModelSpec, model_from_d
 from planner.schedules import SCHEDULE_NAMES, schedule_named
 
 PLAN_FORMAT = "hexiscale.plan/1"
+PLAN_FORMAT_CP = "hexiscale.plan/2"  # adds Stage.cp; written only when some stage has cp > 1
+PLAN_FORMATS = (PLAN_FORMAT, PLAN_FORMAT_CP)
 SCHEDULES = SCHEDULE_NAMES  # the registry's names (planner.schedules)
 DTYPES = ("fp32", "bf16", "fp16")
 MAX_MICRO_BATCHES = 100_000
@@ -46,6 +52,7 @@ class Stage:
     devices: tuple[str, ...]
     tp: int
     layers: tuple[int, int]  # half-open [start, end)
+    cp: int = 1  # context-parallel degree: cp TP groups of tp devices split each sequence
 
     @property
     def num_layers(self) -> int:
@@ -87,6 +94,7 @@ class RankInfo:
     pipeline: int
     stage: int
     tp_rank: int
+    cp_rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -114,8 +122,8 @@ class Plan:
         out: list[RankInfo] = []
         for pi, pipe in enumerate(self.pipelines):
             for si, stage in enumerate(pipe.stages):
-                for ti, dev in enumerate(stage.devices):
-                    out.append(RankInfo(len(out), dev, pi, si, ti))
+                for i, dev in enumerate(stage.devices):
+                    out.append(RankInfo(len(out), dev, pi, si, i % stage.tp, i // stage.tp))
         return out
 
     def with_estimate(self, estimate: dict[str, Any] | None) -> Plan:
@@ -162,9 +170,15 @@ def check_structure(plan: Plan) -> None:
         expect_start = 0
         for si, st in enumerate(pipe.stages):
             sp = f"{pp}.stages[{si}]"
-            if st.tp != len(st.devices):
-                raise SpecError(f"{sp}.tp", f"tp={st.tp} but the stage lists {len(st.devices)} devices",
-                                "tp must equal the number of devices of the stage")
+            if st.cp < 1:
+                raise SpecError(f"{sp}.cp", f"must be >= 1, got {st.cp}", "use 1 for no context parallelism")
+            if st.tp < 1 or st.tp * st.cp != len(st.devices):
+                raise SpecError(f"{sp}.tp", f"tp={st.tp} x cp={st.cp} but the stage lists {len(st.devices)} devices",
+                                "tp x cp must equal the number of devices of the stage")
+            if m.seq_len % (2 * st.cp):
+                raise SpecError(f"{sp}.cp", f"2 x cp={2 * st.cp} does not divide seq_len={m.seq_len} "
+                                "(each CP rank holds two equal causal-balanced chunks)",
+                                "choose a cp that divides seq_len / 2")
             for name, value in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),
                                 ("ffn_hidden_size", m.ffn_hidden_size)):
                 if value % st.tp:
@@ -203,7 +217,7 @@ def check_structure(plan: Plan) -> None:
 
 def _parse_stage(data: Any, path: str) -> Stage:
     data = expect_mapping(data, path)
-    check_keys(data, path, ("devices", "layers"), ("tp",))
+    check_keys(data, path, ("devices", "layers"), ("tp", "cp"))
     devs = expect_list(data["devices"], join(path, "devices"))
     if not devs:
         raise SpecError(join(path, "devices"), "a stage needs at least one device", "list its devices")
@@ -216,8 +230,9 @@ def _parse_stage(data: Any, path: str) -> Stage:
                                    for x in layers):
         raise SpecError(join(path, "layers"), f"expected [start, end] of integers in [0, {MAX_LAYER}], got "
                         f"{layers!r}"[:200], "write a half-open layer range such as [0, 16]")
-    tp = get_int(data, "tp", path, minimum=1, default=len(devs))
-    return Stage(tuple(devs), tp, (layers[0], layers[1]))
+    cp = get_int(data, "cp", path, minimum=1, maximum=len(devs), default=1)
+    tp = get_int(data, "tp", path, minimum=1, default=len(devs) // cp)
+    return Stage(tuple(devs), tp, (layers[0], layers[1]), cp)
 
 
 def _parse_pipeline(data: Any, path: str) -> Pipeline:
@@ -248,9 +263,12 @@ def plan_from_dict(data: Any) -> Plan:
     data = expect_mapping(data, "")
     check_keys(data, "", ("format", "model", "global_batch_size", "pipelines"), ("options", "cluster", "estimate"))
     fmt = data["format"]
-    if fmt != PLAN_FORMAT:
-        raise SpecError("format", f"unsupported plan format {fmt!r}", f"this HexiScale reads {PLAN_FORMAT!r}")
+    if fmt not in PLAN_FORMATS:
+        raise SpecError("format", f"unsupported plan format {fmt!r}",
+                        f"this HexiScale reads {' and '.join(map(repr, PLAN_FORMATS))}")
     pipes = expect_list(data["pipelines"], "pipelines")
+    if fmt == PLAN_FORMAT:
+        _refuse_cp_in_v1(pipes)
     estimate = data.get("estimate")
     if estimate is not None:
         estimate = dict(expect_mapping(estimate, "estimate"))
@@ -267,14 +285,33 @@ def plan_from_dict(data: Any) -> Plan:
     )
 
 
+def _refuse_cp_in_v1(pipes: list[Any]) -> None:
+    for pi, pipe in enumerate(pipes):
+        for si, st in enumerate(pipe.get("stages", []) if isinstance(pipe, dict) else []):
+            if isinstance(st, dict) and "cp" in st:
+                raise SpecError(f"pipelines[{pi}].stages[{si}].cp", f"{PLAN_FORMAT!r} has no cp field",
+                                f"write format {PLAN_FORMAT_CP!r} for context parallelism")
+
+
+def _stage_dict(s: Stage) -> dict[str, Any]:
+    out: dict[str, Any] = {"devices": list(s.devices), "tp": s.tp, "layers": list(s.layers)}
+    if s.cp > 1:
+        out["cp"] = s.cp
+    return out
+
+
+def uses_cp(plan: Plan) -> bool:
+    return any(s.cp > 1 for p in plan.pipelines for s in p.stages)
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "format": PLAN_FORMAT,
+        "format": PLAN_FORMAT_CP if uses_cp(plan) else PLAN_FORMAT,
         "model": plan.model.to_dict(),
         "global_batch_size": plan.global_batch_size,
         "pipelines": [
             {"batch_size": p.batch_size, "micro_batches": p.micro_batches, "schedule": p.schedule,
-             "stages": [{"devices": list(s.devices), "tp": s.tp, "layers": list(s.layers)} for s in p.stages]}
+             "stages": [_stage_dict(s) for s in p.stages]}
             for p in plan.pipelines
         ],
         "options": {"recompute": plan.options.recompute, "zero": plan.options.zero, "dtype": plan.options.dtype},
