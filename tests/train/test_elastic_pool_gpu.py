@@ -24,7 +24,7 @@ import torch
 from tests.train.test_train_jobs import ROOT, hexiscale
 from tests.train.test_train_pool import POOL
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow,
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_alone, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 4,
                                  reason="needs 4 CUDA devices"),
               pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="needs MPS")]
