@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,11 +47,13 @@ from benchmarks.executor.hetero_e2e import _run as run_logged
 from benchmarks.executor.run_meta import run_versions
 from planner.cluster import ClusterSpec, load_cluster
 from planner.cost import estimate
+from planner.errors import SpecError
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage, plan_to_dict, save_plan
 from planner.schedules import schedule_named
 from planner.timeline import Lane, read_trace
 from planner.timeline_ops import op_times, seconds_by_kind
+from planner.validate import validate
 
 GPU_DEVICES = ["fast:0", "fast:1", "slow:0", "slow:1"]  # the MPS cluster file's devices, one stage each
 # demo-cpu-6, mixed in the cost model only; two stages, not four: the smoke checks the program, and
@@ -76,6 +79,9 @@ def parse_runs(text: str, micro_batches: int) -> list[Setting]:
     for item in text.split(","):
         name, _, m = item.strip().partition(":")
         schedule_named(name, "--runs").check_trained("--runs")
+        if m and not (m.isdigit() and int(m) > 0):
+            raise SpecError("--runs", f"{item.strip()!r}: micro-batches {m!r} is not a positive integer",
+                            "write schedule or schedule:M, e.g. 1f1b,zb-h1:16")
         out.append(Setting(name, int(m) if m else micro_batches))
     return out
 
@@ -249,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace-steps", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.global_batch, args.micro_batches, args.steps, args.trace_steps = 4, 4, 3, 2
+    try:
+        settings = parse_runs(args.runs, args.micro_batches)
+    except SpecError as exc:
+        ap.error(str(exc))
     from planner.hf_config import resolve_model
 
     out = Path(args.out).resolve()
@@ -259,32 +271,43 @@ def main(argv: list[str] | None = None) -> int:
         kind, device, devices, sm = "cpu_smoke", "cpu", SMOKE_DEVICES, []
         cluster_path = ROOT / "examples" / "clusters" / "demo-cpu-6.yaml"
         model = resolve_model("tiny-8l")
-        args.global_batch, args.micro_batches, args.steps, args.trace_steps = 4, 4, 3, 2
     else:
         kind = "h200" if "H200" in meta["gpu"] else "h100"
         device, devices, sm = "cuda", GPU_DEVICES, ["--sm-percent=slow=50"]
         cluster_path = ROOT / "examples" / "clusters" / f"{kind}x4-mps-100-100-50-50.yaml"
         model = resolve_model(args.model, args.seq_len)
-    settings = parse_runs(args.runs, args.micro_batches)
     cluster = load_cluster(cluster_path)
-    counts = balanced_counts(cluster, model, devices, args.global_batch, args.micro_batches)
+    try:  # every setting's plan, checked before anything launches (e.g. micro-batches above the batch)
+        counts = balanced_counts(cluster, model, devices, args.global_batch, args.micro_batches)
+        plans = [make_plan(model, devices, counts, args.global_batch, st, cluster.name) for st in settings]
+        for plan in plans:
+            validate(plan, cluster)
+            schedule_named(plan.pipelines[0].schedule).check(len(devices), plan.pipelines[0].micro_batches)
+    except SpecError as exc:
+        ap.error(str(exc))
     print(f"layers per stage {counts} on {devices} ({cluster.name})", flush=True)
-    plans, codes, meas, pred = [], [], [], []
+    codes, meas, pred, order_errors = [], [], [], []
+    if not args.smoke and shutil.which("nvidia-cuda-mps-control") is None:
+        print("needs CUDA MPS (nvidia-cuda-mps-control) to make the GPUs heterogeneous; run --smoke without it")
+        return 2
     if not args.smoke:
         subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
     try:
-        for st in settings:
-            plan = make_plan(model, devices, counts, args.global_batch, st, cluster.name)
+        for st, plan in zip(settings, plans):
             path = work / f"plan_{st.schedule}_m{st.micro_batches}.json"
             save_plan(plan, path)
             t0 = time.perf_counter()
             code, trace, jsonl = run_one(work, path, cluster_path, device, sm, args.steps, args.trace_steps, st.label)
             print(f"{st.label}: exit {code}, {time.perf_counter() - t0:.0f} s", flush=True)
-            plans.append(plan)
             codes.append(code)
             if code != 0:
                 break
-            meas.append(measured(trace, jsonl))
+            try:
+                meas.append(measured(trace, jsonl))
+            except ValueError as exc:  # a rank ran another op order than the registry's (planner.timeline_ops)
+                print(f"{st.label}: {exc}", flush=True)
+                order_errors.append(f"{st.label}: {exc}")
+                break
             pred.append(predicted(plan, cluster))
     finally:
         if not args.smoke:
@@ -292,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = len(meas) == len(settings)
     rows = analyse(settings, meas, pred) if ok else []
     result = dict(meta, cluster=cluster.name, model=model.name, seq_len=model.seq_len, global_batch=args.global_batch,
-                  devices=devices, layers_per_stage=counts, exits=codes, plans=[plan_to_dict(p) for p in plans],
+                  devices=devices, layers_per_stage=counts, exits=codes,
+                  op_order_errors=order_errors, plans=[plan_to_dict(p) for p in plans],
                   rows=rows)
     path = out / f"bubbles_{kind}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
@@ -300,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAILED (logs under {work}); JSON {path}")
         return 1
     print_tables(rows)
+    print("\nop order: every rank ran the registry's ops in order on every traced step")
     print_verdict(rows)
     print(f"\nJSON {path}; logs under {work}")
     return 0

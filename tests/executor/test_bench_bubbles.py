@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.executor.bubbles import main
-
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs")]
+from benchmarks.executor.bubbles import main, parse_runs
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("hexiscale-jobs")
 def test_smoke_measures_both_schedules_per_rank(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["--smoke", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
@@ -35,3 +35,14 @@ def test_smoke_measures_both_schedules_per_rank(tmp_path: Path, capsys: pytest.C
             assert all(k["F"] > 0 and k["B"] > 0 for k in got["op_s"]), (part, got["op_s"])
         assert all(m > 0 for m in row["measured"]["memory_gib"]) and row["step_error"] is not None
     assert base["bubble_reduction"] == 0.0 and zb["bubble_reduction"] is not None
+
+
+def test_settings_parse_and_a_bad_one_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert [s.label for s in parse_runs("1f1b, zb-h1:16", 8)] == ["1f1b m=8", "zb-h1 m=16"]
+    for bad, said in (("zb-h1:x", "micro-batches 'x' is not a positive integer"),
+                      ("interleaved-1f1b", "priced but not trained yet"), ("zb-h2", "unknown schedule"),
+                      ("zb-h1:5", "micro_batches")):  # 5 micro-batches of the smoke's batch of 4
+        with pytest.raises(SystemExit):
+            main(["--smoke", "--runs", bad, "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert said in err, err
