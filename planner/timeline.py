@@ -9,12 +9,15 @@ span covers is idle.
 The trace file (``hexiscale.trace/1``, written by rank 0 of a ``--trace`` run)::
 
     {"format": "hexiscale.trace/1", "plan": {plan JSON},
-     "steps": [{"step": k, "ranks": [{"rank": r, "events": [[kind, mb, start_s, end_s], ...]}, ...]}]}
+     "steps": [{"step": k, "ranks": [{"rank": r, "events": [[kind, mb, start_s, end_s], ...],
+                                      "peak_memory_gib": x}, ...]}]}
 
 Times count from the step's start on the earliest rank (a barrier starts the step; each rank's
 anchor is placed by its wall clock, :mod:`executor.train.trace`). Measured ``p2p`` spans include the wait
 for the peer (a receive blocks until the sender is ready), and ``grad_sync`` is the part of the
 gradient reduction left after the schedule, waits for the other pipelines included.
+``peak_memory_gib`` (optional; older traces lack it) is the rank's peak memory so far at the end of
+the step: the allocator's peak on CUDA, the resident set on CPU.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Lane:
     pipeline: int
     stage: int
     spans: list[Span] = field(default_factory=list)
+    peak_memory_gib: float | None = None  # measured lanes: the rank's peak memory at the step's end
 
     def busy(self, kind: str) -> float:
         return sum(s.end - s.start for s in self.spans if s.kind == kind)
@@ -88,7 +92,12 @@ def trace_timelines(data: Any) -> tuple[Plan, list[Timeline]]:
             info = ranks[r]
             spans = [_span(ev, f"steps[{i}].ranks[{j}].events[{k}]")
                      for k, ev in enumerate(expect_list(rec.get("events"), f"steps[{i}].ranks[{j}].events"))]
-            lanes.append(Lane(f"p{info.pipeline} s{info.stage} r{r}", info.pipeline, info.stage, spans))
+            mem = rec.get("peak_memory_gib")
+            if mem is not None and (not isinstance(mem, int | float) or isinstance(mem, bool)):
+                raise SpecError(f"steps[{i}].ranks[{j}].peak_memory_gib", f"expected a number of GiB, got {mem!r}",
+                                "rewrite the trace")
+            lanes.append(Lane(f"p{info.pipeline} s{info.stage} r{r}", info.pipeline, info.stage, spans,
+                              None if mem is None else float(mem)))
         out.append(Timeline(f"measured step {step.get('step')}", sorted(lanes, key=lambda ln: (ln.pipeline, ln.stage))))
     if not out:
         raise SpecError("steps", "the trace holds no step", "trace at least one step")

@@ -9,7 +9,9 @@ anchor's distance to the earliest one: exact to microseconds on one host (one cl
 the hosts' clock sync across hosts, and unaffected by a rank that is descheduled after the barrier. On CUDA the
 spans are CUDA events read after the step (the host does not wait inside a step); on CPU,
 ``perf_counter``. After the traced steps, rank 0 gathers every rank's
-spans and writes the ``hexiscale.trace/1`` file described in :mod:`planner.timeline`.
+spans, with each rank's peak memory after each traced step (:func:`executor.train.metrics.memory_gib`:
+allocated on CUDA, resident on CPU), and writes the ``hexiscale.trace/1`` file described in
+:mod:`planner.timeline`.
 
 Off (the default), the engine holds :data:`NO_TRACE`, whose ``span`` returns one shared null
 context: a method call per op, nothing else.
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.train.metrics import memory_gib
 from executor.train.output_files import output_error, write_text
 from planner.plan import Plan, plan_to_dict
 from planner.timeline import TRACE_FORMAT
@@ -126,7 +129,8 @@ class StepTrace:
                       for kind, mb, a, b in self.pending]
         else:
             events = [[kind, mb, a, b] for kind, mb, a, b in self.pending]
-        self.steps.append({"step": k + 1, "wall0": self._t0 + self._offset, "events": events})
+        self.steps.append({"step": k + 1, "wall0": self._t0 + self._offset, "events": events,
+                           "peak_memory_gib": memory_gib(self.device)})
         if k + 1 == self.window.stop:
             self.write()
 
@@ -143,7 +147,8 @@ class StepTrace:
         for i, rec in enumerate(self.steps):
             wall0 = min(per_rank[i]["wall0"] for per_rank in gathered)
             steps.append({"step": rec["step"], "ranks": [
-                {"rank": r, "events": _shifted(per_rank[i]["events"], per_rank[i]["wall0"] - wall0)}
+                {"rank": r, "events": _shifted(per_rank[i]["events"], per_rank[i]["wall0"] - wall0),
+                 "peak_memory_gib": per_rank[i]["peak_memory_gib"]}
                 for r, per_rank in enumerate(gathered)]})
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -191,7 +191,11 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
     # A split backward's W: the weight-gradient GEMMs (dW = X^T dY) have the forward GEMMs' FLOPs,
     # so W is priced at the forward's compute (the attention core and element-wise work make that
     # an upper bound); everything else of the backward is B, which the previous stage waits for.
-    w = [[times[si, mb].forward_compute_s for mb in sizes] for si in range(n_st)]
+    # The input-gradient GEMMs (dX = dY W^T) have those FLOPs too and are B's, so W is at most half
+    # the backward's compute: a profile whose backward is not twice its forward (launch-bound
+    # passes) would otherwise leave B a negative duration.
+    w = [[min(times[si, mb].forward_compute_s, times[si, mb].backward_compute_s / 2) for mb in sizes]
+         for si in range(n_st)]
     sim = simulate(f, b, len(sizes), pipe.schedule, record=record, wgrad=w)
     lanes = [stage_lane(pi, si, sim.ops[si], [times[si, mb].forward_s for mb in sizes],
                         [times[si, mb].backward_s for mb in sizes], w[si], schedule_named(pipe.schedule).chunks)

@@ -11,6 +11,8 @@ from planner.cluster import load_cluster
 from planner.cost import estimate
 from planner.cost.sim_timeline import merged
 from planner.plan import load_plan
+from planner.schedules import schedule_named
+from planner.timeline_ops import op_times, seconds_by_kind
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = [("seed-32gpu-4types-llama2-7b", "seed-32gpu-4types"), ("demo-cpu-6-tiny", "demo-cpu-6"),
@@ -63,3 +65,21 @@ def test_split_backward_and_chunked_timelines_add_up(schedule: str, ops_per_mb: 
             sorted(ops_per_mb * list(range(pipe.micro_batches)))  # B and W, or two chunks, of every micro-batch
         assert lane.busy("forward") + lane.busy("backward") == pytest.approx(se.compute_s + se.tp_comm_s, rel=1e-9)
         assert lane.busy("p2p") == pytest.approx(se.pp_comm_s, rel=1e-9, abs=1e-15)
+
+
+def test_zb_h1_never_prices_a_b_op_below_zero() -> None:
+    """W (the weight-gradient GEMMs) is at most half the backward's compute, whose other half holds
+    the input-gradient GEMMs of the same FLOPs: on a profile whose backward is shorter than twice its
+    forward (the tiny model on demo-cpu-6: launch-bound, backward < forward), pricing W at the
+    forward's compute left every B op a negative duration."""
+    plan = load_plan(ROOT / "examples" / "plans" / "demo-cpu-4-tiny.json")
+    plan = replace(plan, pipelines=tuple(replace(p, schedule="zb-h1") for p in plan.pipelines))
+    est = estimate(plan, load_cluster(ROOT / "examples" / "clusters" / "demo-cpu-6.yaml"), timeline=True)
+    assert est.timeline is not None
+    for lane in est.timeline.lanes:
+        assert all(s.end >= s.start for s in lane.spans), lane.spans
+        pipe = plan.pipelines[lane.pipeline]
+        times = op_times(lane, schedule_named("zb-h1").ops(len(pipe.stages), lane.stage, pipe.micro_batches))
+        assert all(t.seconds > 0 for t in times), [(t.op, t.seconds) for t in times]
+        kinds = seconds_by_kind(times)
+        assert 0 < kinds["W"] <= kinds["B"] + 1e-12  # B: the input-gradient GEMMs and the rest of the backward

@@ -1,0 +1,48 @@
+"""The bubble benchmark's CPU smoke mode (benchmarks/executor/bubbles.py --smoke): 1F1B and ZB-H1
+on a 2-stage pipeline of the tiny model, each one launch with --trace; every rank's spans pair with
+the registry's op order, and the JSON holds per rank the busy time, the bubble, the peak memory and
+the simulator's prediction for the same plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.executor.bubbles import main, parse_runs
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("hexiscale-jobs")
+def test_smoke_measures_both_schedules_per_rank(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["--smoke", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| 1f1b m=4 |" in out and "| zb-h1 m=4 |" in out
+    [path] = tmp_path.glob("bubbles_cpu_smoke_*.json")
+    res = json.loads(path.read_text())
+    assert res["gpu"] is None and res["date"] and res["torch"] and res["exits"] == [0, 0]
+    base, zb = res["rows"]
+    assert (base["schedule"], zb["schedule"]) == ("1f1b", "zb-h1")
+    for row in (base, zb):
+        for part in ("measured", "predicted"):
+            got = row[part]
+            assert len(got["busy_s"]) == len(got["bubble_s"]) == 2
+            assert all(b > 0 for b in got["busy_s"]) and all(x >= 0 for x in got["bubble_s"])
+            assert all(b + x == pytest.approx(got["schedule_s"]) for b, x in zip(got["busy_s"], got["bubble_s"]))
+            # ZB-H1's weight gradients ran (and are priced) as W ops; 1F1B has none
+            assert all((k["W"] > 0) == (row["schedule"] == "zb-h1") for k in got["op_s"]), got["op_s"]
+            assert all(k["F"] > 0 and k["B"] > 0 for k in got["op_s"]), (part, got["op_s"])
+        assert all(m > 0 for m in row["measured"]["memory_gib"]) and row["step_error"] is not None
+    assert base["bubble_reduction"] == 0.0 and zb["bubble_reduction"] is not None
+
+
+def test_settings_parse_and_a_bad_one_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert [s.label for s in parse_runs("1f1b, zb-h1:16", 8)] == ["1f1b m=8", "zb-h1 m=16"]
+    for bad, said in (("zb-h1:x", "micro-batches 'x' is not a positive integer"),
+                      ("interleaved-1f1b", "priced but not trained yet"), ("zb-h2", "unknown schedule"),
+                      ("zb-h1:5", "micro_batches")):  # 5 micro-batches of the smoke's batch of 4
+        with pytest.raises(SystemExit):
+            main(["--smoke", "--runs", bad, "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert said in err, err
