@@ -71,17 +71,23 @@ class WeightGradStore:
         return list(self._queues)
 
     def run(self, key: int) -> None:
-        """The ``W`` op of micro-batch ``key``: its queued GEMMs, summed per weight (as autograd sums
-        a weight's uses before accumulating), accumulated into ``.grad`` by autograd."""
-        sums: dict[int, tuple[nn.Parameter, torch.Tensor]] = {}
-        with torch.no_grad():
-            for d in self._queues.pop(key):
-                g = weight_grad(d.x, d.dy).to(d.weight.dtype)
-                prev = sums.get(id(d.weight))
-                sums[id(d.weight)] = (d.weight, g if prev is None else prev[1] + g)
-        if sums:
-            weights, grads = zip(*sums.values())
-            torch.autograd.backward(list(weights), list(grads))
+        """The ``W`` op of micro-batch ``key``: per weight, in the order the ``B`` queued them (the
+        backward's: latest layers first), the sum of its queued GEMMs (as autograd sums a weight's
+        uses) handed to autograd, which accumulates it into ``.grad`` and fires the post-accumulate
+        hook. One weight at a time, so the gradient-sync hooks see the weights become final in
+        their issue order (:func:`planner.layout.reduce_order`) and launch each bucket while the rest
+        of the ``W`` runs; one backward over every weight let autograd accumulate them in an order
+        of its own (earliest layers first), which held every bucket until the whole ``W`` was done
+        (tests/executor/test_grad_overlap_order.py)."""
+        by_weight: dict[int, list[_Deferred]] = {}
+        for d in self._queues.pop(key):
+            by_weight.setdefault(id(d.weight), []).append(d)
+        for ds in by_weight.values():
+            with torch.no_grad():
+                g = weight_grad(ds[0].x, ds[0].dy).to(ds[0].weight.dtype)
+                for d in ds[1:]:
+                    g = g + weight_grad(d.x, d.dy).to(d.weight.dtype)
+            torch.autograd.backward([ds[0].weight], [g])
 
 
 def weight_grad(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:

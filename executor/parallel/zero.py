@@ -38,14 +38,15 @@ One step (see :meth:`executor.train.engine.Engine.train_step`):
    overlap the next step's forward. Whoever reads the weights otherwise waits for all first
    (:meth:`ZeroOptimizer.wait_all`; :attr:`executor.train.engine.Engine.params` does);
 5. stage leaders broadcast the updated norm scales inside their TP group (the TP ranks other than
-   the leader hold no norm state), after their gathers.
+   the leader hold no norm state), after the gathers of the buckets that hold them only (the norm
+   scales' own part: in forward order it comes early, the matrices' gathers stay in flight).
 
 Why the weight all-gathers cannot deadlock: they go on the sync communicators only, launched by
 every rank in the same order (the reverse of the reduction order, a global order, see
 :mod:`executor.parallel.grad_sync`) at the end of :meth:`step`, before the rank issues anything of the
 next step; a launch waits on nothing but the rank's own AdamW. So each gather completes once
-every owner has finished its step, whatever the next forward's TP and p2p traffic (other
-communicators) does meanwhile, and the forward's waits only wait for those. The next step's
+every owner has finished its step, whatever the norm-scale broadcasts and the next forward's TP
+and p2p traffic (other communicators) do meanwhile, and the forward's waits only wait for those. The next step's
 reduce-scatters on the same communicators come after the gathers on every rank.
 
 Sums run in another order than the all-reduce's, so results differ from ``zero == 0`` by fp32
@@ -154,6 +155,9 @@ class ZeroOptimizer:
             for key in sorted({_gate_key(n) for n in b.names}):
                 self._gates.setdefault(key, []).append(q)
         self._gathering: dict[int, Any] = {}  # bucket (issue order) -> its weight all-gather in flight
+        # the buckets holding the norm scales this rank broadcasts: waited for before the broadcast
+        broadcast = {n for _, _, names in self.bcasts for n in names}
+        self._before_bcast = [q for q, b in enumerate(self.sync.order) if b.names & broadcast]
 
     @property
     def bucket_numel(self) -> int:
@@ -222,8 +226,8 @@ class ZeroOptimizer:
                     m.grad = None
             for q in reversed(range(len(self.sync.order))):
                 self._gathering[q] = self._gather(self.sync.order[q], self.weights[q])
-            if self.bcasts:  # the leader's norm scales must be gathered before it broadcasts them
-                self.wait_all()
+            for q in self._before_bcast:  # the leader's norm scales are gathered before it broadcasts
+                self._finish(q)            # them; the other buckets stay in flight for the forward
             for group, src, names in self.bcasts:
                 ps = [self.params[n].detach() for n in names]
                 flat = torch.cat([t.reshape(-1) for t in ps])

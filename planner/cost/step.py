@@ -312,14 +312,12 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
             with_grads = held_with_grads(pipe.schedule, len(pipe.stages), si, pipe.micro_batches)
             mems: dict[str, MemoryBreakdown] = {}
             for gpu in {cluster.device(d).gpu for d in st.devices}:
-                prof = profiles.get(gpu)
+                layer_act, head_act = profiles.get(gpu).stage_activations(
+                    m, mb, st.tp, o.dtype, o.recompute, last=last, compile=o.compile)
                 mems[gpu] = stage_memory(
                     m, layers=st.num_layers, tp=st.tp, first=first, last=last, micro_batch=mb, in_flight=held,
                     dtype=o.dtype, recompute=o.recompute, zero_shards=zero_shards, params=profiles.params_for(gpu),
-                    # a profile's measured layer bytes are the eager path's; compiled blocks keep less
-                    layer_activation=None if o.compile and o.recompute == "none" else prof.activation_bytes(
-                        "layer", m, mb, st.tp, o.dtype, o.recompute),
-                    head_activation=prof.activation_bytes("head", m, mb, st.tp, o.dtype) if last else None,
+                    layer_activation=layer_act, head_activation=head_act,
                     held_with_grads=with_grads, pipelines=n_pipes, partial=partial[pi][si],
                     compile=o.compile)
             n_params = stage_params(m, st.num_layers, st.tp, first, last) / zero_shards

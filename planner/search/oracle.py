@@ -112,8 +112,10 @@ class Oracle:
         micro-batch size, recompute and dtype): ``a`` = one more layer's forward + backward, ``e`` =
         the embedding/head and the stage's own blocking sends, as :mod:`planner.cost.step` charges
         them (the activation to ``nxt`` in the forward, the gradient to ``prev`` in the backward).
-        Memory (cached per TP degree, position, in-flight count and setting): from
-        :func:`planner.cost.memory.stage_memory`, which is linear in the layer count."""
+        Memory (cached per GPU type, TP degree, position, in-flight count and setting): from
+        :func:`planner.cost.memory.stage_memory`, which is linear in the layer count, with the
+        device's measured activation bytes where its tables have them (as the estimate), so the
+        micro-batch sizes the search keeps are those that fit by measurement."""
         self.stats.oracle_calls += 1
         link_prev = self.node_link(prev.node, unit.node) if prev is not None else None
         link_next = self.node_link(unit.node, nxt.node) if nxt is not None else None
@@ -129,14 +131,17 @@ class Oracle:
             times = self._time_cache[tkey] = (t1 - t0, fixed)
         shards = zero_shards if s.zero else 1
         device_params = self.profiles.params_for(unit.gpu)  # overhead terms per GPU type
-        mkey = (unit.tp, unit.memory_gib, first, last, in_flight, s.micro_batch, s.recompute, s.dtype, shards,
-                s.compile, device_params)
+        mkey = (unit.gpu, unit.tp, unit.memory_gib, first, last, in_flight, s.micro_batch, s.recompute, s.dtype,
+                shards, s.compile, device_params)
         mem = self._mem_cache.get(mkey)
         if mem is None:
             self.stats.oracle_misses += 1
+            # measured activation bytes where the device's tables have them, as the estimate takes them
+            layer_act, head_act = self.profiles.get(unit.gpu).stage_activations(
+                self.model, s.micro_batch, unit.tp, s.dtype, s.recompute, last=last, compile=s.compile)
             kw = dict(tp=unit.tp, first=first, last=last, micro_batch=s.micro_batch, in_flight=in_flight,
                       dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=device_params,
-                      compile=s.compile)
+                      compile=s.compile, layer_activation=layer_act, head_activation=head_act)
             comm = stage_communicators(unit.tp, first, last) * device_params.comm_gib * GIB
             mem0 = stage_memory(self.model, layers=0, **kw).required + comm  # type: ignore[arg-type]
             mem1 = stage_memory(self.model, layers=1, **kw).required + comm  # type: ignore[arg-type]

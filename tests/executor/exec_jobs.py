@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.parallel.grad_sync import DEFAULT_BUCKET_NUMEL
 from executor.parallel.groups import ProcessGroups
 from executor.train.engine import Engine
 from executor.train.optim import OptimConfig
@@ -61,16 +62,18 @@ def pool_engine(plan: Plan, device: torch.device | None = None, **kw: Any) -> En
 
 
 def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: OptimConfig = ORACLE_OPTIM,
-                seed: int = 0, accelerator: bool = False, chunked_loss: bool = False) -> list[dict[str, Any] | None]:
+                seed: int = 0, accelerator: bool = False, chunked_loss: bool = False,
+                bucket_numel: int = DEFAULT_BUCKET_NUMEL) -> list[dict[str, Any] | None]:
     """On every rank: train each plan on its batches; per plan, the losses/norms seen by this rank
     and (on rank 0) the gathered logical weights. Ranks beyond a plan's size idle. With
     ``accelerator`` each rank runs on its current CUDA device (NCCL checks); ``chunked_loss``: the
-    last stages' cross-entropy in row chunks (executor.model.chunked_loss)."""
+    last stages' cross-entropy in row chunks (executor.model.chunked_loss); ``bucket_numel``: the
+    gradient buckets' size (small: many buckets, launched one by one during the backward)."""
     rank = dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
     out: list[dict[str, Any] | None] = []
     for plan, steps in zip(plans, batches):
-        eng = pool_engine(plan, device, optim=optim, seed=seed)
+        eng = pool_engine(plan, device, optim=optim, seed=seed, bucket_numel=bucket_numel)
         if eng is None:
             out.append(None)
             continue

@@ -79,6 +79,12 @@ PLANS: dict[str, Plan] = {
                                             recompute="full"),
 }
 BF16_PLANS = ("tp1-2-1", "tp2-1+single-gpipe-zero1", "tp2-vs-pp2", "zb-tp1-2-1")
+# ``small-buckets:``: gradient buckets of SMALL_BUCKETS elements, so the overlapped reduction runs as
+# dozens of reduce-scatters (all-reduces without ZeRO) launched from the backward's and the W ops'
+# hooks on the autograd thread, and ZeRO-1's dozens of weight all-gathers are waited layer by layer
+SMALL_BUCKETS = 3000
+OVERLAP = [f"small-buckets:{n}" for n, p in PLANS.items()
+           if p.options.zero or n in ("tp2-vs-pp2", "zb-tp2-1+zb-single-recompute-full")]
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +104,23 @@ def _reference() -> ReferenceRun:
     return reference_train(TINY8, _batches(), optim=ORACLE_OPTIM)
 
 
-@pytest.mark.parametrize("name", [*PLANS, "chunked-loss:tp2-1+single-gpipe-zero1"])
+def _variant(name: str) -> tuple[str, dict[str, object]]:
+    """``[chunked-loss:][small-buckets:]plan`` -> the plan's key and train_plans' keywords."""
+    *prefixes, key = name.split(":")
+    kw: dict[str, object] = {"chunked_loss": "chunked-loss" in prefixes}
+    if "small-buckets" in prefixes:
+        kw["bucket_numel"] = SMALL_BUCKETS
+    return key, kw
+
+
+@pytest.mark.parametrize("name", [*PLANS, "chunked-loss:tp2-1+single-gpipe-zero1", *OVERLAP,
+                                  "chunked-loss:small-buckets:zb-tp2-1+single-gpipe-zero1"])
 def test_nccl4_oracle(nccl4: DistPool, name: str) -> None:
-    """``chunked-loss:``: the plan with executor.model.chunked_loss (its TP all-reduces on NCCL)."""
-    chunked, _, key = name.rpartition(":")
+    """``chunked-loss:``: the plan with executor.model.chunked_loss (its TP all-reduces on NCCL);
+    ``small-buckets:``: see ``SMALL_BUCKETS``."""
+    key, kw = _variant(name)
     plan, ref = PLANS[key], _reference()
-    res = nccl4.run(train_plans, [plan], [_batches()], accelerator=True, chunked_loss=bool(chunked))
+    res = nccl4.run(train_plans, [plan], [_batches()], accelerator=True, **kw)
     results = [r[0] for r in res]
     for r in results:
         assert_close(r["losses"], ref.losses, rtol=RTOL, atol=0, msg=f"{name} losses")
@@ -114,15 +131,16 @@ def test_nccl4_oracle(nccl4: DistPool, name: str) -> None:
             assert_close(rebuilt[n], want, rtol=RTOL, atol=ATOL, msg=lambda m, n=n, p=p: f"{name} p{p} {n}: {m}")
 
 
-@pytest.mark.parametrize("name", [*BF16_PLANS, "chunked-loss:tp2-1+single-gpipe-zero1"])
+@pytest.mark.parametrize("name", [*BF16_PLANS, "chunked-loss:tp2-1+single-gpipe-zero1",
+                                  "small-buckets:zb-tp2-1+single-gpipe-zero1"])
 def test_nccl4_bf16_tracks_fp32(nccl4: DistPool, name: str) -> None:
     """bf16 runs the engine's cast-once weights (executor.model.cast_once: copies made after ZeRO-1's
-    gates); ``chunked-loss:`` also the chunked cross-entropy, in both runs."""
-    chunked, _, key = name.rpartition(":")
+    gates); ``chunked-loss:`` also the chunked cross-entropy, in both runs; ``small-buckets:`` the
+    copies made after each layer's own gathers."""
+    key, kw = _variant(name)
     fp32 = PLANS[key]
     bf16 = _opts(fp32, dtype="bf16")
-    res = nccl4.run(train_plans, [fp32, bf16], [_batches(), _batches()], accelerator=True,
-                    chunked_loss=bool(chunked))
+    res = nccl4.run(train_plans, [fp32, bf16], [_batches(), _batches()], accelerator=True, **kw)
     l32, l16 = res[0][0]["losses"], res[0][1]["losses"]
     assert all(torch.isfinite(torch.tensor(l16)))
     assert_close(l16, l32, rtol=2e-2, atol=0)

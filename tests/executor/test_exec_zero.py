@@ -179,4 +179,7 @@ def test_zero1_drain_waits_for_the_next_forwards_gathers(zero_results) -> None:
     after the last step: a process that exits with them pending aborts on gloo) leaves none."""
     ranks = [r["train"][i] for r in zero_results["res"] for i in range(len(PLANS)) if r["train"][i] is not None]
     assert sum(r["gathers_in_flight"] for r in ranks) > 0  # the path is exercised
+    # on TP stages too: the norm-scale broadcast waits for the norm scales' buckets only
+    tp_ranks = [r for r in ranks if r["tp"] > 1]
+    assert tp_ranks and all(r["gathers_in_flight"] > 0 for r in tp_ranks)
     assert [r["gathers_after_drain"] for r in ranks] == [0] * len(ranks)
