@@ -66,15 +66,11 @@ def check_gpus() -> None:
 def candidates(args: argparse.Namespace, model: Any, cluster: Any, profiles: Any,
                cp_reason: str | None) -> tuple[list[Any], dict[str, Any]]:
     """Every row before the run (the planner's first) and what planning took."""
-    from benchmarks.executor.long_context_plans import CP_LAYOUTS, TP_LAYOUTS, Candidate, ladder, same_layout
-    from planner.cost import estimate
+    from benchmarks.executor.long_context_plans import CP_LAYOUTS, TP_LAYOUTS, Candidate, ladder, predictor, same_layout
     from planner.errors import SpecError
     from planner.search import PlannerConfig, make_plan
 
-    def predict(plan: Any) -> tuple[float, float, float, bool]:
-        est = estimate(plan, cluster, profiles)
-        return est.step_time_s, max(est.memory_gib.values()), min(est.capacity_gib.values()), not est.oom
-
+    predict = predictor(cluster, profiles)
     notes: dict[str, Any] = {"skipped_layouts": {}}
     rows: list[Candidate] = []
     t0 = time.perf_counter()
@@ -146,6 +142,8 @@ def run(args: argparse.Namespace) -> Path:
     notes["launch_s"] = time.perf_counter() - t0
     print("dry run: nothing launched" if args.dry_run else f"launch: {len(todo)} plans in {notes['launch_s']:.0f} s",
           flush=True)
+    if args.dry_run:
+        cands = [c if c.status else replace(c, status="would run (dry run)") for c in cands]
     rows = [result_row(c, results.get(c.name)) for c in cands]
     for r in rows:
         if r["source"] == "planner" and "planner_same_as" in notes:

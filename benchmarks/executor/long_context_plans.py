@@ -7,12 +7,14 @@ fixed layouts of every sequence whole on one micro-batch of one sequence:
   ``tp2xpp2``, ``pp4`` and ``dp4`` (the strongest such layout when full recompute makes it fit);
 * with it: ``cp4`` (tp 1) and ``cp2xtp2`` (``Stage(..., cp=...)``, TP innermost).
 
-Each layout takes the least recompute that the cost model says fits the card (``none``, then
-``selective``, then ``full``); a layout that needs recompute also gets a row without it, reported
-"predicted OOM, not run". A plan over the card's memory is never started: on NCCL, an OOM on some
-ranks of a plan (a pipeline's first stage) leaves the others waiting in a collective until the
-worker's 300 s timeout, which one 5-minute call cannot afford. An OOM the estimate did not see is
-still caught and recorded as "OOM (measured)".
+Each layout takes the least recompute that the cost model says fits the card with ``HEADROOM`` to
+spare (``none``, then ``selective``, then ``full``); a layout that needs recompute also gets a row
+without it, reported "predicted OOM, not run" (or "predicted within 5 % of memory, not run"). Such a
+plan is never started: on NCCL, an OOM on some ranks of a plan (a pipeline's first stage) leaves
+the others waiting in a collective until the worker's 300 s timeout, which one 5-minute call cannot
+afford; the headroom is the memory model's tolerance (never under by more than 5 %, benchmarks/
+README.md). An OOM the estimate did not see is still caught and recorded as "OOM (measured)". The
+planner's own plan runs as the planner made it.
 
 Then the GPU-time budget (:func:`within_budget`): plans in priority order — the planner's, the CP
 layouts, the no-CP layouts fastest predicted first — each costing ``(warmup + steps) x predicted
@@ -32,6 +34,9 @@ N = 4
 DEVS = tuple(f"g{k}:0" for k in range(N))
 # per plan, besides its steps: process groups, the engine's build (weights on the GPU), 64K-token rows
 PLAN_OVERHEAD_S = 10.0
+HEADROOM = 0.05  # of the card's memory a hand-written plan must leave free to be run
+PREDICTED_OOM = "predicted OOM, not run"
+PREDICTED_TIGHT = f"predicted within {HEADROOM:.0%} of memory, not run"
 
 
 @dataclass(frozen=True)
@@ -94,18 +99,30 @@ class Candidate:
     status: str = ""  # "": to run; else why it is not run
 
 
+def predictor(cluster: Any, profiles: Any) -> Any:
+    """``predict(plan)`` for :func:`ladder`: the cost model's step time, peak and capacity (GiB) and
+    whether it says some device runs out of memory, as ``hexiscale estimate`` prices the plan."""
+    from planner.cost import estimate
+
+    def predict(plan: Plan) -> tuple[float, float, float, bool]:
+        est = estimate(plan, cluster, profiles)
+        return est.step_time_s, max(est.memory_gib.values()), min(est.capacity_gib.values()), bool(est.oom)
+    return predict
+
+
 def ladder(model: ModelSpec, layout: Layout, global_batch: int, predict: Any) -> list[Candidate]:
-    """The layout with the least recompute that fits (module docstring), and its no-recompute row
-    as "predicted OOM, not run" when that does not fit; every row predicted OOM when none fits.
-    ``predict(plan) -> (step s, peak GiB, capacity GiB, fits)``."""
+    """The layout with the least recompute that fits with ``HEADROOM`` (module docstring), and its
+    no-recompute row, not run, when that does not; every row not run when none fits.
+    ``predict(plan) -> (step s, peak GiB, capacity GiB, over: the estimate's OOM)``."""
     source = "cp" if layout.cp > 1 else "no-cp"
     out: list[Candidate] = []
     for mode in RECOMPUTE_MODES:
         plan = layout_plan(model, layout, global_batch, mode)
-        step, peak, cap, fits = predict(plan)
+        step, peak, cap, over = predict(plan)
         name = layout.name if mode == "none" else f"{layout.name}-{mode}"
-        row = Candidate(name, plan, source, step, peak, cap, "" if fits else "predicted OOM, not run")
-        if fits:
+        status = PREDICTED_OOM if over else PREDICTED_TIGHT if peak > (1 - HEADROOM) * cap else ""
+        row = Candidate(name, plan, source, step, peak, cap, status)
+        if not status:
             return out + [row]
         if mode in ("none", RECOMPUTE_MODES[-1]):  # a middle rung that does not fit says nothing more
             out.append(row)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from benchmarks.executor.long_context_plans import Candidate, describe
+from benchmarks.executor.long_context_plans import PREDICTED_OOM, PREDICTED_TIGHT, Candidate, describe
 
 TARGET_RATIO = 1.3
 TARGET_ERROR = 0.10
@@ -69,12 +69,13 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     no_cp_best = min((r for r in no_cp if r["status"] == MEASURED), key=lambda r: r["measured_s"], default=None)
     errs = [abs(r["time_err"]) for r in measured]
     out: dict[str, Any] = {
-        "planner_plan": planner["plan"] if planner else None,
+        "planner_plan": _layout(planner) if planner else None,
         "planner_uses_cp": bool(planner and planner["uses_cp"]),
         "cp_plan": cp_best["plan"] if cp_best else None,
         "best_no_cp_plan": no_cp_best["plan"] if no_cp_best else None,
         "no_cp_oom": sorted(r["plan"] for r in no_cp if r["status"] == OOM_MEASURED),
-        "no_cp_predicted_oom": sorted(r["plan"] for r in no_cp if r["status"].startswith("predicted OOM")),
+        "no_cp_predicted_oom": sorted(r["plan"] for r in no_cp if r["status"] == PREDICTED_OOM),
+        "no_cp_tight": sorted(r["plan"] for r in no_cp if r["status"] == PREDICTED_TIGHT),
         "no_cp_skipped": sorted(r["plan"] for r in no_cp if r["status"].startswith("skipped")),
         "time_mean_abs_err": statistics.mean(errs) if errs else None,
         "time_max_abs_err": max(errs) if errs else None,
@@ -90,6 +91,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _layout(r: dict[str, Any]) -> str:
+    same = f" = {r['same_as']}" if "same_as" in r else ""
+    return f"dp {r['dp']} x pp {r['pp']}, cp {r['cp']}, tp {r['tp']}, recompute {r['recompute']}{same}"
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:+.1f} %"
 
@@ -99,7 +105,8 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
     lines = []
     who = "the planner's plan" if s["planner_uses_cp"] else "the fastest hand-written CP plan"
     if not s["planner_uses_cp"]:
-        lines.append(f"the planner's plan ({s['planner_plan']}) uses no CP: the claim below is for {who}")
+        lines.append(f"the planner's plan ({s['planner_plan']}) uses no CP: the claim below is for {who}, "
+                     "and the planner's plan counts as a no-CP plan")
     if s["cp_plan"] is None:
         return lines + [f"no CP plan was measured ({who}): the claim cannot be checked in this run"]
     oom = ", ".join(s["no_cp_oom"] + [f"{p} (predicted)" for p in s["no_cp_predicted_oom"]]) or "none"
@@ -110,6 +117,9 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         lines.append(f"{who} {s['cp_plan']} against the fastest no-CP plan {s['best_no_cp_plan']}: it is "
                      f"{s['no_cp_over_cp']:.2f}x slower (target >= {TARGET_RATIO}x: "
                      f"{'met' if s['met_speed'] else 'missed'}); no-CP OOM: {oom}")
+    if s["no_cp_tight"]:
+        lines.append(f"{PREDICTED_TIGHT.removesuffix(', not run')}, so not run (not counted as OOM): "
+                     f"{', '.join(s['no_cp_tight'])}")
     if s["no_cp_skipped"]:
         lines.append(f"not run for the GPU-time budget (predicted slower): {', '.join(s['no_cp_skipped'])}")
     lines.append(f"prediction error: {s['cp_plan']} {_pct(s['cp_time_err'])}, best no-CP "

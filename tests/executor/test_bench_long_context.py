@@ -18,23 +18,21 @@ from benchmarks.executor.long_context import main
 from benchmarks.executor.long_context_plans import CP_LAYOUTS, TP_LAYOUTS, Candidate, cp_refusal, ladder
 from benchmarks.executor.long_context_report import OOM_MEASURED, result_row, summary, summary_lines
 from benchmarks.fidelity.host4 import cluster_for
-from planner.cost import ProfileSet, estimate
+from planner.cost import ProfileSet
 from planner.model import PRESETS
 from planner.validate import validate
 
 MODEL = replace(PRESETS["llama-1.3b"], seq_len=65536)
 
 
-def _predict(cluster: Any, profiles: Any) -> Any:
-    def predict(plan: Any) -> tuple[float, float, float, bool]:
-        est = estimate(plan, cluster, profiles)
-        return est.step_time_s, max(est.memory_gib.values()), min(est.capacity_gib.values()), not est.oom
-    return predict
-
-
 def test_64k_plans_take_the_least_recompute_that_fits_and_say_the_rest_is_predicted_oom() -> None:
     cluster = cluster_for((100,) * 4, "h100-sxm-measured", cpu=False)
-    predict = _predict(cluster, ProfileSet(cluster.catalog))
+    predict = lcp.predictor(cluster, ProfileSet(cluster.catalog))
+
+    def fits(plan: Any) -> bool:
+        _, peak, cap, over = predict(plan)
+        return not over and peak <= (1 - lcp.HEADROOM) * cap
+
     assert {lay.name for lay in (*CP_LAYOUTS, *TP_LAYOUTS)} >= {"cp4", "cp2xtp2", "tp4", "tp2xdp2", "tp2xpp2", "pp4"}
     assert [(lay.cp, lay.tp) for lay in CP_LAYOUTS] == [(4, 1), (2, 2)]
     needed_recompute = 0
@@ -45,12 +43,22 @@ def test_64k_plans_take_the_least_recompute_that_fits_and_say_the_rest_is_predic
             stages = [s for p in r.plan.pipelines for s in p.stages]
             assert {(s.cp, s.tp) for s in stages} == {(lay.cp, lay.tp)} and len(stages) == lay.dp * lay.pp
         run = [r for r in rows if not r.status]
-        assert len(run) <= 1 and all(r.status == "predicted OOM, not run" for r in rows if r not in run)
-        assert all(predict(r.plan)[3] for r in run) and not any(predict(r.plan)[3] for r in rows if r not in run)
+        assert len(run) <= 1 and all(r.status in (lcp.PREDICTED_OOM, lcp.PREDICTED_TIGHT) for r in rows if r not in run)
+        assert all(fits(r.plan) for r in run) and not any(fits(r.plan) for r in rows if r not in run)
         if run and run[0].plan.options.recompute != "none":  # the no-recompute sibling is listed, not run
             needed_recompute += 1
             assert rows[0].plan.options.recompute == "none" and rows[0].status
     assert needed_recompute >= 3  # 64K x one sequence per micro-batch: most layouts need recompute to fit 80 GB
+
+
+def test_a_plan_within_the_headroom_is_not_run_and_the_next_recompute_is() -> None:
+    peaks = {"none": 78.0, "selective": 77.0, "full": 40.0}  # of 80 GiB: none over 95 %, none OOM
+
+    def predict(plan: Any) -> tuple[float, float, float, bool]:
+        return 1.0, peaks[plan.options.recompute], 80.0, False
+
+    rows = ladder(PRESETS["tiny-8l"], TP_LAYOUTS[0], 4, predict)
+    assert [(r.name, r.status) for r in rows] == [("tp4", "predicted within 5% of memory, not run"), ("tp4-full", "")]
 
 
 def _cand(name: str, source: str, step: float, status: str = "") -> Candidate:
@@ -70,7 +78,8 @@ def test_budget_keeps_the_planner_and_cp_plans_and_drops_the_slowest_no_cp_first
 
 def _row(name: str, uses_cp: bool, measured: float | None, predicted: float, status: str = "measured",
          source: str = "cp") -> dict[str, Any]:
-    r: dict[str, Any] = {"plan": name, "uses_cp": uses_cp, "status": status, "source": source, "predicted_s": predicted}
+    r: dict[str, Any] = {"plan": name, "uses_cp": uses_cp, "status": status, "source": source, "predicted_s": predicted,
+                         "dp": 1, "pp": 1, "cp": "4" if uses_cp else "1", "tp": "1", "recompute": "none"}
     if measured is not None:
         r.update(measured_s=measured, time_err=predicted / measured - 1)
     return r
@@ -96,10 +105,12 @@ def test_verdict_when_every_no_cp_plan_runs_out_of_memory_or_the_planner_uses_no
     s = summary(rows)
     assert s["met_speed"] and s["no_cp_oom"] == ["tp4-full"]
     assert "every no-CP plan ran out of memory" in "\n".join(summary_lines(s))
-    rows = [_row("planner", False, 9.0, 9.0, source="planner"), _row("cp4-full", True, 8.0, 8.0)]
+    rows = [{**_row("planner", False, 9.0, 9.0, source="planner"), "dp": 4, "recompute": "full", "same_as": "dp4-full"},
+            _row("cp4-full", True, 8.0, 8.0)]
     s = summary(rows)
     assert s["cp_plan"] == "cp4-full" and s["best_no_cp_plan"] == "planner"
-    assert summary_lines(s)[0].startswith("the planner's plan (planner) uses no CP")
+    assert summary_lines(s)[0].startswith("the planner's plan (dp 4 x pp 1, cp 1, tp 1, recompute full = dp4-full) "
+                                          "uses no CP")
 
 
 def test_an_out_of_memory_error_is_recorded_as_oom_and_others_as_failed() -> None:
@@ -152,6 +163,7 @@ def test_dry_run_prices_64k_and_writes_the_table_without_launching(tmp_path: Pat
     assert {r["source"] for r in rows} == {"planner", "cp", "no-cp"}
     assert not any("measured_s" in r for r in rows) and data["meta"]["date"] and data["meta"]["torch"]
     assert any(r["status"] == "predicted OOM, not run" for r in rows)
+    assert rows[0]["status"] == "would run (dry run)"
     assert "| plan | cp | tp |" in capsys.readouterr().out
 
 
