@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from benchmarks.executor import long_context_plans as lcp
 from benchmarks.executor.long_context import main
@@ -147,8 +148,6 @@ def test_bad_arguments_and_a_machine_without_4_gpus_are_one_line(tmp_path: Path)
     with pytest.raises(SystemExit) as exc:
         main(["--plans", "tp3", "--out", str(tmp_path)])
     assert exc.value.code == 2
-    import torch
-
     if torch.cuda.device_count() < 4:
         with pytest.raises(SystemExit, match="needs 4 GPUs, found .*--smoke.*--dry-run"):
             main(["--out", str(tmp_path)])
@@ -185,3 +184,22 @@ def test_smoke_runs_the_benchmark_on_4_gloo_ranks(tmp_path: Path, capsys: Any) -
     else:
         assert not cp_rows and data["meta"]["cp_refusal"]
     assert "| planner |" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 4, reason="needs 4 CUDA GPUs")
+def test_the_gpu_path_on_4_gpus_with_a_tiny_model(tmp_path: Path) -> None:
+    """The program's CUDA path (GPU type, NCCL ranks, per-process peaks) in ~1 min; the 64K run itself is
+    ``python -m benchmarks.executor.long_context --out $OUT`` (one call of about 4 minutes)."""
+    assert main(["--model", "tiny-8l", "--seq-len", "2048", "--plans", "planner,tp2xdp2,cp4", "--warmup", "0",
+                 "--steps", "1", "--out", str(tmp_path)]) == 0
+    [path] = tmp_path.glob("long_context_cuda_*.json")
+    data = json.loads(path.read_text())
+    measured = [r for r in data["rows"] if r["status"] == "measured"]
+    assert data["rows"][0]["source"] == "planner" and data["rows"][0] in measured and data["meta"]["nccl"]
+    assert all(r["measured_peak_gib"] > 0 and r["measured_s"] > 0 for r in measured)
+    cp_rows = [r for r in data["rows"] if r["uses_cp"]]
+    if data["meta"]["cp_refusal"] is None:
+        assert cp_rows and all(r in measured for r in cp_rows)
+    else:
+        assert all(r["status"].startswith(("not run", "predicted")) for r in cp_rows)
