@@ -13,6 +13,10 @@ memory is reported "predicted OOM, not run"; one that runs out of memory anyway 
 CP plans run only once the executor lays out cp ranks (:func:`~long_context_plans.cp_refusal`);
 until then they are estimated and reported "not run".
 
+Prices: this host's calibration as ``hexiscale estimate`` finds it (``$HEXISCALE_HOME``, else the
+packaged one), or ``--calibration FILE`` (e.g. from ``benchmarks.planner.fidelity`` on the same host);
+the JSON names what priced the run (``priced_by``).
+
 Measurement: :func:`benchmarks.fidelity.worker.run_launch` (one process per GPU, all plans in one
 launch, ``--warmup`` untimed steps, the median of ``--steps`` timed ones, peak memory per process).
 Budget: the cost model prices a step of 4 x 64K tokens at 8-15 s on 4x H100 (full recompute), so the
@@ -79,7 +83,9 @@ def candidates(args: argparse.Namespace, model: Any, cluster: Any, profiles: Any
             plan = make_plan(cluster, model, args.global_batch_size, profiles=profiles,
                              config=PlannerConfig(time_limit_s=1.0 if args.smoke else 10.0))
             step, peak, cap, _ = predict(plan)
-            rows.append(Candidate("planner", plan, "planner", step, peak, cap))
+            uses_cp = any(st.cp > 1 for p in plan.pipelines for st in p.stages)
+            rows.append(Candidate("planner", plan, "planner", step, peak, cap,
+                                  f"not run: {cp_reason}" if uses_cp and cp_reason else ""))
         except SpecError as exc:  # PlanInfeasible and friends: a finding, not the end of the run
             notes["planner_error"] = str(exc)
             print(f"planner: {exc}", flush=True)
@@ -117,6 +123,12 @@ def run(args: argparse.Namespace) -> Path:
     from planner.plan import plan_to_dict
 
     t_start = time.perf_counter()
+    if args.calibration:  # before the planner reads its catalog: this run's home holds the calibration
+        from benchmarks.planner.fidelity import install_calibration
+
+        home = Path(args.out) / "hexiscale-home"
+        os.environ["HEXISCALE_HOME"] = str(home)
+        install_calibration(Path(args.calibration), home)
     cuda = not args.smoke and not args.dry_run
     if cuda:
         check_gpus()
@@ -184,6 +196,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=2, help="timed steps per plan, median taken (default 2)")
     ap.add_argument("--budget-s", type=float, default=180.0, help="predicted GPU seconds for all plans' steps "
                     "and builds (default 180): plans past it are skipped, the slowest no-CP ones first")
+    ap.add_argument("--calibration", help="a calibration written by 'hexiscale calibrate' "
+                    "(HOME/calibration/<key>.json) to price the plans with; default: this host's, as "
+                    "'hexiscale estimate' finds it")
     ap.add_argument("--dry-run", action="store_true", help="plan and estimate only: the table of predictions and "
                     "what would run, no launch (64K on a CPU machine, to size a GPU call)")
     ap.add_argument("--plans", default=",".join(LAYOUT_NAMES), help=f"comma list of {', '.join(LAYOUT_NAMES)} "

@@ -166,6 +166,34 @@ def test_dry_run_prices_64k_and_writes_the_table_without_launching(tmp_path: Pat
     assert "| plan | cp | tp |" in capsys.readouterr().out
 
 
+def test_dry_run_prices_with_a_given_calibration(tmp_path: Path) -> None:
+    from planner.calibration.store import save_calibration
+    from planner.cost.params import DEFAULT_PARAMS
+
+    cal = tmp_path / "home" / "calibration" / "h100-sxm-measured.json"
+    save_calibration(cal, DEFAULT_PARAMS, fitted={}, fits={}, provenance={"date": "2026-11-27"},
+                     applies_to=["h100-sxm-measured"])
+    out = tmp_path / "out"
+    assert main(["--dry-run", "--plans", "tp4", "--calibration", str(cal), "--out", str(out)]) == 0
+    [path] = out.glob("long_context_dry-run_*.json")
+    assert str(out / "hexiscale-home") in json.loads(path.read_text())["meta"]["priced_by"]
+
+
+def test_a_planner_cp_plan_is_not_started_before_the_executor_lays_out_cp(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner.search
+
+    cp_plan = lcp.layout_plan(MODEL, CP_LAYOUTS[0], 4, "full")
+    monkeypatch.setattr(planner.search, "make_plan", lambda *a, **k: cp_plan)
+    assert main(["--dry-run", "--plans", "planner", "--out", str(tmp_path)]) == 0
+    [path] = tmp_path.glob("long_context_dry-run_*.json")
+    data = json.loads(path.read_text())
+    [row] = data["rows"]
+    assert row["uses_cp"] and row["cp"] == "4"
+    reason = data["meta"]["cp_refusal"]
+    assert row["status"] == (f"not run: {reason}" if reason else "would run (dry run)")
+
+
 @pytest.mark.slow
 def test_smoke_runs_the_benchmark_on_4_gloo_ranks(tmp_path: Path, capsys: Any) -> None:
     assert main(["--smoke", "--plans", "planner,tp2xdp2,cp4", "--warmup", "0", "--steps", "1",
