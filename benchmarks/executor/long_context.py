@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> Path:
     cluster = cluster_for((100,) * 4, gpu_key(cuda), cpu=args.smoke)
     resolved = resolve_profiles(cluster)
     print(resolved.line, flush=True)
-    cp_reason = cp_refusal(model)
+    cp_reason = cp_refusal()
     if cp_reason:
         print(f"CP plans: {cp_reason}", flush=True)
     cands, notes = candidates(args, model, cluster, resolved.profiles, cp_reason)

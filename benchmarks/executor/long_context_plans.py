@@ -150,7 +150,7 @@ def same_layout(a: Plan, b: Plan) -> bool:
     return a.pipelines == b.pipelines and a.options == b.options and a.global_batch_size == b.global_batch_size
 
 
-def cp_refusal(model: ModelSpec) -> str | None:
+def cp_refusal() -> str | None:
     """None when the executor can lay out a cp plan's ranks, else why not, in one line. The executor
     builds its groups from :func:`planner.layout.build_topology`; until it knows ``cp`` the topology
     holds one TP group per stage and leaves the other cp slots' ranks out (those ranks would fail
@@ -158,6 +158,7 @@ def cp_refusal(model: ModelSpec) -> str | None:
     itself, once past this check, is recorded as the plan's error."""
     from planner.layout import build_topology
 
+    model = smoke_model(64)
     probe = Plan(model, 2, (Pipeline(2, 2, (Stage(("a:0", "a:1"), 1, (0, model.num_layers), 2),)),))
     try:
         topo = build_topology(probe)

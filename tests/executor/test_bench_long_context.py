@@ -134,14 +134,13 @@ def test_cp_plans_run_only_when_the_layout_places_every_cp_rank(monkeypatch: pyt
     def refuses(plan: Any) -> Any:
         raise ValueError("stages[0].cp: context parallelism is not trained yet\nmore")
 
-    tiny = lcp.smoke_model(64)
     monkeypatch.setattr(planner.layout, "build_topology", covers)
-    assert cp_refusal(tiny) is None
+    assert cp_refusal() is None
     monkeypatch.setattr(planner.layout, "build_topology", refuses)
-    assert cp_refusal(tiny) == "the executor's layout refuses cp: stages[0].cp: context parallelism is not trained yet"
+    assert cp_refusal() == "the executor's layout refuses cp: stages[0].cp: context parallelism is not trained yet"
     monkeypatch.setattr(planner.layout, "build_topology",
                         lambda plan: SimpleNamespace(world_size=1, pipelines=((SimpleNamespace(ranks=(0,)),),)))
-    assert "places 1 of a cp=2 stage's 2 ranks" in str(cp_refusal(tiny))
+    assert "places 1 of a cp=2 stage's 2 ranks" in str(cp_refusal())
 
 
 def test_bad_arguments_and_a_machine_without_4_gpus_are_one_line(tmp_path: Path) -> None:
@@ -207,7 +206,7 @@ def test_smoke_runs_the_benchmark_on_4_gloo_ranks(tmp_path: Path, capsys: Any) -
     for r in measured:
         assert r["time_err"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
     cp_rows = [r for r in rows.values() if r["uses_cp"]]
-    if cp_refusal(lcp.smoke_model(64)) is None:  # the executor lays out cp: the smoke measures a CP plan
+    if cp_refusal() is None:  # the executor lays out cp: the smoke measures a CP plan
         assert cp_rows and all(r["status"] == "measured" for r in cp_rows)
     else:
         assert not cp_rows and data["meta"]["cp_refusal"]
