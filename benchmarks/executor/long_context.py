@@ -26,7 +26,7 @@ build per plan), the slowest no-CP plans dropped first: with start-up about 4 mi
 (planning, estimates, the launch; per plan on every rank: groups, build, warm-up, steps).
 
 Prints the table and the Done-when lines (:mod:`benchmarks.executor.long_context_report`) and
-writes ``OUT/long_context_<cuda|cpu-smoke>_<date>.json`` (device, versions, date, every row with
+writes ``OUT/long_context_<cuda|cpu-smoke|dry-run>_<date>.json`` (device, versions, date, every row with
 its plan, the summary). ``--smoke`` measures nothing worth reading.
 """
 
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> Path:
     if cuda:
         check_gpus()
     model = smoke_model(args.seq_len) if args.smoke else replace(PRESETS[args.model], seq_len=args.seq_len)
-    cluster = cluster_for((100,) * 4, gpu_key(cuda), cpu=args.smoke)
+    cluster = cluster_for((100,) * 4, gpu_key(not args.smoke), cpu=args.smoke)
     resolved = resolve_profiles(cluster)
     print(resolved.line, flush=True)
     cp_reason = cp_refusal()
