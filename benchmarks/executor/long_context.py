@@ -53,9 +53,11 @@ def gpu_key(cuda: bool) -> str:
     ``nvidia-smi``: the driver process makes no CUDA context on GPU 0 that rank 0's memory would share."""
     name = ""
     if cuda:
-        proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, check=False)
-        name = proc.stdout
+        try:
+            name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                  text=True, check=False, timeout=60).stdout
+        except (OSError, subprocess.TimeoutExpired):  # no driver here (a --dry-run on a CPU machine)
+            name = ""
     return "h200-measured" if "H200" in name else "h100-sxm-measured"
 
 
