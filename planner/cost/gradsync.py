@@ -68,3 +68,17 @@ def sync_groups(plan: Plan) -> dict[tuple[str, ...], float]:
         else:
             _add_sharded(groups, head, info.numel)
     return dict(groups)
+
+
+def stage_owners(plan: Plan) -> list[list[int]]:
+    """Per pipeline and stage, the gradient owners of its first layer (``[pipeline][stage]``): one per
+    CP slot of the stage holding that layer in every pipeline (the pipeline count without CP). What
+    ZeRO-1 shards a stage's optimizer state over; stages whose later layers have other owners
+    (other pipelines with other CP degrees there) are counted by their first layer."""
+    cps = [[(s.layers, s.cp) for s in p.stages] for p in plan.pipelines]
+
+    def owners(layer: int) -> int:
+        return sum(next(cp for (lo, hi), cp in pipe if lo <= layer < hi) for pipe in cps)
+
+    memo: dict[int, int] = {}
+    return [[memo.setdefault(s.layers[0], owners(s.layers[0])) for s in p.stages] for p in plan.pipelines]

@@ -63,7 +63,7 @@ from planner.cluster import ClusterSpec
 from planner.cost.communicators import communicators
 from planner.cost.compiled import compile_notes
 from planner.cost.context import cp_groups, cp_slots, gathered_kv_bytes, local_seq, slots_link
-from planner.cost.gradsync import sync_groups
+from planner.cost.gradsync import stage_owners, sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
 from planner.cost.memory import (
     GIB,
@@ -299,7 +299,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     profiles = profiles.narrowed({cluster.device(d).gpu for p in plan.pipelines for s in p.stages for d in s.devices})
     params, m, o = profiles.params, plan.model, plan.options
     n_pipes = len(plan.pipelines)
-    zero_shards = n_pipes if o.zero == 1 else 1
+    owners = stage_owners(plan)  # gradient owners per stage: one per pipeline, one per CP slot
 
     pipes: list[PipelineEstimate] = []
     bwd_last: dict[str, float] = {}  # device -> its stage's last-micro-batch backward
@@ -324,7 +324,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
             # a CP stage: activations at S/cp per rank plus the gathered K,V; its slots are
             # gradient owners beside the pipelines (ZeRO-1 shards over pipelines x cp)
             seq = local_seq(m, st.cp) if st.cp > 1 else None
-            shards = zero_shards * st.cp if o.zero == 1 else 1
+            shards = owners[pi][si] if o.zero == 1 else 1
             for gpu in {cluster.device(d).gpu for d in st.devices}:
                 prof = profiles.get(gpu)
                 mems[gpu] = stage_memory(
@@ -335,7 +335,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
                     layer_activation=None if o.compile and o.recompute == "none" else prof.activation_bytes(
                         "layer", m, mb, st.tp, o.dtype, o.recompute, seq),
                     head_activation=prof.activation_bytes("head", m, mb, st.tp, o.dtype, seq_len=seq) if last else None,
-                    held_with_grads=with_grads, pipelines=n_pipes * st.cp, partial=partial[pi][si],
+                    held_with_grads=with_grads, pipelines=owners[pi][si], partial=partial[pi][si],
                     compile=o.compile, kv_gathered=gathered_kv_bytes(m, mb, st.tp, st.cp, o.dtype))
             n_params = stage_params(m, st.num_layers, st.tp, first, last) / shards
             n_tensors = stage_tensors(m, st.num_layers, first, last)

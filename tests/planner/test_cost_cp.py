@@ -10,7 +10,8 @@ import pytest
 from planner.cluster import Link, load_cluster
 from planner.cost import estimate
 from planner.cost.context import cp_comm_time
-from planner.cost.gradsync import sync_groups
+from planner.cost.gradsync import stage_owners, sync_groups
+from planner.cost.memory import stage_params
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 
@@ -46,6 +47,17 @@ def test_zero1_shards_over_the_cp_slots() -> None:
     assert cp2.optimizer == pytest.approx(one.optimizer / 2)
     groups = sync_groups(_plan(1, 2, zero=1))
     assert groups and all(set(owners) == set(DEVS) for owners in groups)  # the two slots sum their gradients
+
+
+def test_owners_count_every_cp_slot_of_every_pipeline() -> None:
+    plan = Plan(LONG, 4, (Pipeline(2, 2, (Stage(DEVS, 1, (0, 24), 2),)),
+                          Pipeline(2, 2, (Stage(("h100:2",), 1, (0, 12)), Stage(("h100:3",), 1, (12, 24))))),
+                PlanOptions(zero=1))
+    assert stage_owners(plan) == [[3], [3, 3]]
+    assert {len(owners) for owners in sync_groups(plan)} == {3}
+    est = estimate(plan, CLUSTER)
+    # ZeRO-1: AdamW's two fp32 moments of a third of the stage's parameters
+    assert est.memory["h100:0"].optimizer == pytest.approx(8.0 * stage_params(LONG, 24, 1, True, True) / 3)
 
 
 def test_cp2_time_balances_the_quadratic_attention() -> None:
