@@ -14,6 +14,9 @@ Algorithm (every step deterministic for a fixed ``seed``):
    proportion to the classes' compute) — the hierarchical partition that keeps 8,192-GPU
    clusters cheap: identical pipelines are refined once.
 3. **Phase 2 — stages** (:mod:`.stages`): stage order inside each pipeline.
+   For sequences longer than :data:`.context.CP_MIN_SEQ` (or when nothing fits), phase A' cuts
+   the nodes into context-parallel meshes (``cp`` TP groups a unit) for every uniform template and
+   CP degree (:mod:`.context`); the phases after it keep the best structure's CP degree.
 4. **Refinement** (:mod:`.layer_split` and :mod:`.batch_split` via :mod:`.candidate`): exact
    layer split per pipeline type and batch / micro-batch split (bisection in the search loop,
    the ILP for the finalists). Structures are first scored at micro-batch size 1, ZeRO-1 if

@@ -11,17 +11,18 @@ import pytest
 
 from hexiscale.cli.main import main
 from planner.cluster import load_cluster
-from planner.errors import PlanInfeasible
-from planner.model import PRESETS
-from planner.plan import PLAN_FORMAT_CP, plan_from_dict, uses_cp
+from planner.errors import PlanInfeasible, SpecError
+from planner.model import PRESETS, ModelSpec
+from planner.plan import PLAN_FORMAT_CP, Pipeline, Plan, Stage, plan_from_dict, uses_cp
 from planner.search import PlannerConfig, search
+from planner.seed_flags import plan_to_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = ROOT / "examples" / "clusters"
 FAST = PlannerConfig(local_search=False, polish=False)
 
 
-def _model(seq_len: int):  # type: ignore[no-untyped-def]
+def _model(seq_len: int) -> ModelSpec:
     return dataclasses.replace(PRESETS["llama-1.3b"], seq_len=seq_len)
 
 
@@ -66,3 +67,10 @@ def test_cp_plan_through_plan_json_and_estimate(tmp_path: Path, capsys: pytest.C
     assert main(["estimate", str(path), "--cluster", cluster]) == 0
     out = capsys.readouterr().out
     assert "cp comm" in out and "step time" in out
+
+
+def test_seed_flags_refuse_a_cp_plan_by_field() -> None:
+    devs = tuple(f"h100:{i}" for i in range(4))
+    plan = Plan(_model(65536), 4, (Pipeline(4, 2, (Stage(devs, 2, (0, 24), 2),)),))
+    with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[0\]\.cp.*no context-parallel degree"):
+        plan_to_flags(plan, load_cluster(CLUSTERS / "h100x4.yaml"))
