@@ -4,7 +4,8 @@ A stage of ``cp > 1`` is a ``cp x tp`` mesh (:mod:`planner.plan`): ``cp`` slots,
 of ``tp`` consecutive devices; the devices with the same TP rank form that rank's CP group. Each
 CP rank holds 2 causal-balanced chunks of the sequence (chunks ``r`` and ``2cp-1-r`` of ``2cp``),
 ``S/cp`` tokens, so every token-linear term (GEMMs, norms, TP all-reduces, the head) is the
-stage's work at ``S/cp``: the profile is read at ``seq_len = S/cp``.
+stage's work at ``S/cp``: the profile is read at ``seq_len = S/cp``. (The loss's sum over the CP
+ranks is one scalar all-reduce a micro-batch: latency only, not priced.)
 
 Attention (per layer): each rank gathers K and V of the whole sequence (all-gather over its CP
 group, forward) and its queries attend to them causally. The balanced chunks give every rank
