@@ -127,6 +127,9 @@ def advice(plan: Plan, cluster: ClusterSpec, est: Estimate) -> str:
     if term == "tp_comm":
         lk = cluster.slowest_link(stage.devices)
         kind = f"{lk.kind} {lk.bandwidth_GBps:g} GB/s" if lk else "?"
+        if stage.cp > 1:
+            return (f"{where} spends most on TP all-reduces and CP K/V collectives over {kind}: lower its TP or CP "
+                    "degree or keep them on faster links")
         return f"{where} spends most on TP all-reduces over {kind}: lower its TP degree or keep TP on faster links"
     if term == "pp_comm":
         return f"{where} waits on p2p between stages: put neighbouring stages on faster links or use fewer stages"

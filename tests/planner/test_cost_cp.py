@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hexiscale.cli.cmd_estimate import advice
 from planner.cluster import Link, load_cluster
 from planner.cost import estimate
 from planner.cost.context import cp_comm_time
@@ -80,3 +81,11 @@ def test_cp_collectives_follow_the_link_and_recompute() -> None:
     assert f_slow > 10 * f_fast and b_fast == pytest.approx(f_fast)
     assert b_full == pytest.approx(2 * b_fast)  # the recomputed forward gathers K,V again
     assert cp_comm_time(LONG, recompute="none", link=fast, **{**kw, "cp": 1}) == (0.0, 0.0, 0.0, 0.0)  # type: ignore[arg-type]
+
+
+def test_cp_over_a_slow_link_is_the_bottleneck_and_the_hint_says_so() -> None:
+    cluster = load_cluster(ROOT / "examples" / "clusters" / "nvlink-pcie-slow-link.yaml")
+    plan = Plan(LONG, 2, (Pipeline(2, 2, (Stage(("nv:0", "pc:0"), 1, (0, 24), 2),)),), PlanOptions(recompute="full"))
+    est = estimate(plan, cluster)
+    assert est.bottleneck["term"] == "tp_comm" and est.pipelines[0].stages[0].cp_comm_s > est.breakdown["compute"]
+    assert "CP K/V collectives" in advice(plan, cluster, est)
