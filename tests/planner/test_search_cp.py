@@ -15,6 +15,7 @@ from planner.errors import PlanInfeasible, SpecError
 from planner.model import PRESETS, ModelSpec
 from planner.plan import PLAN_FORMAT_CP, Pipeline, Plan, Stage, plan_from_dict, uses_cp
 from planner.search import PlannerConfig, search
+from planner.search.context import cp_choices, cp_wanted
 from planner.seed_flags import plan_to_flags
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,3 +75,10 @@ def test_seed_flags_refuse_a_cp_plan_by_field() -> None:
     plan = Plan(_model(65536), 4, (Pipeline(4, 2, (Stage(devs, 2, (0, 24), 2),)),))
     with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[0\]\.cp.*no context-parallel degree"):
         plan_to_flags(plan, load_cluster(CLUSTERS / "h100x4.yaml"))
+
+
+def test_cp_degrees_and_when_cp_is_tried() -> None:
+    assert cp_choices(_model(131072), 2, 8) == [2, 4]  # tp x cp within the largest node
+    assert cp_choices(dataclasses.replace(_model(4096), seq_len=4098), 1, 8) == []  # 2 x cp must divide 4098
+    assert not cp_wanted(_model(8192), True, found=True) and cp_wanted(_model(8192), True, found=False)
+    assert cp_wanted(_model(16384), True, found=True) and not cp_wanted(_model(16384), False, found=False)
