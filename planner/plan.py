@@ -175,8 +175,8 @@ def check_structure(plan: Plan) -> None:
             if st.tp < 1 or st.tp * st.cp != len(st.devices):
                 raise SpecError(f"{sp}.tp", f"tp={st.tp} x cp={st.cp} but the stage lists {len(st.devices)} devices",
                                 "tp x cp must equal the number of devices of the stage")
-            if m.seq_len % (2 * st.cp):
-                raise SpecError(f"{sp}.cp", f"2 x cp={2 * st.cp} does not divide seq_len={m.seq_len} "
+            if st.cp > 1 and m.seq_len % (2 * st.cp):  # without CP any sequence length goes
+                raise SpecError(f"{sp}.cp", f"2 x cp = {2 * st.cp} does not divide seq_len={m.seq_len} "
                                 "(each CP rank holds two equal causal-balanced chunks)",
                                 "choose a cp that divides seq_len / 2")
             for name, value in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),

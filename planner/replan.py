@@ -120,8 +120,10 @@ def replan(cluster: ClusterSpec, devices: Sequence[str], current: Plan, *,
     """The plan for ``devices`` (module docstring); same model, global batch and dtype as ``current``."""
     t0 = time.perf_counter()
     sub = sub_cluster(cluster, devices)
+    # no context parallelism: moving the training state into a CP layout (planner.state_layout) is not built
     cfg = config or PlannerConfig(time_limit_s=REPLAN_TIME_LIMIT_S, dtype=current.options.dtype,
-                                  compile=current.options.compile, residual_dtype=current.options.residual_dtype)
+                                  compile=current.options.compile, residual_dtype=current.options.residual_dtype,
+                                  context_parallel=False)
     result = search(sub.cluster, current.model, current.global_batch_size, config=cfg,
                     start=warm_start(current, sub))
     plan = _rename(result.plan, sub.real)
@@ -131,7 +133,7 @@ def replan(cluster: ClusterSpec, devices: Sequence[str], current: Plan, *,
 
 def _rename(plan: Plan, real: dict[str, str]) -> Plan:
     pipes = tuple(Pipeline(p.batch_size, p.micro_batches,
-                           tuple(Stage(tuple(real[d] for d in s.devices), s.tp, s.layers) for s in p.stages),
+                           tuple(Stage(tuple(real[d] for d in s.devices), s.tp, s.layers, s.cp) for s in p.stages),
                            p.schedule) for p in plan.pipelines)
     return replace(plan, pipelines=pipes)
 

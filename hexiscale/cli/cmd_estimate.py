@@ -27,7 +27,7 @@ from planner.cost import BREAKDOWN_TERMS, CostParams, Estimate, ProfileSet, esti
 from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.names import is_safe_name
-from planner.plan import Plan, load_plan, save_plan
+from planner.plan import Plan, load_plan, save_plan, uses_cp
 from planner.validate import other_cluster, validate
 
 if TYPE_CHECKING:
@@ -127,6 +127,9 @@ def advice(plan: Plan, cluster: ClusterSpec, est: Estimate) -> str:
     if term == "tp_comm":
         lk = cluster.slowest_link(stage.devices)
         kind = f"{lk.kind} {lk.bandwidth_GBps:g} GB/s" if lk else "?"
+        if stage.cp > 1:
+            return (f"{where} spends most on TP all-reduces and CP K/V collectives over {kind}: lower its TP or CP "
+                    "degree or keep them on faster links")
         return f"{where} spends most on TP all-reduces over {kind}: lower its TP degree or keep TP on faster links"
     if term == "pp_comm":
         return f"{where} waits on p2p between stages: put neighbouring stages on faster links or use fewer stages"
@@ -159,8 +162,9 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
     console.print(bt)
 
     st = Table(title="stages (per micro-batch of the largest size; totals per step)", title_justify="left")
-    for col in ("pipe", "stage", "devices", "gpu", "tp", "layers", "fwd/mb", "bwd/mb", "compute", "tp comm",
-                "pp comm", "memory GiB"):
+    cp = uses_cp(plan)  # context parallelism: the CP degree and its K,V collectives per stage
+    for col in ("pipe", "stage", "devices", "gpu", "tp", *(("cp",) if cp else ()), "layers", "fwd/mb", "bwd/mb",
+                "compute", "tp comm", *(("cp comm",) if cp else ()), "pp comm", "memory GiB"):
         st.add_column(col, justify="left" if col in ("devices", "gpu", "layers") else "right")
     for pi, (pipe, pe) in enumerate(zip(plan.pipelines, est.pipelines, strict=True)):
         for si, (stage, se) in enumerate(zip(pipe.stages, pe.stages, strict=True)):
@@ -170,8 +174,9 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
             mem_s = f"{mem:.1f}/{cap:g}" + (" OOM" if mem > cap else "")
             mark = "*" if si == pe.bottleneck_stage else ""
             st.add_row(str(pi) if si == 0 else "", f"{si}{mark}", _ranges(stage.devices), gpus, str(stage.tp),
+                       *((str(stage.cp),) if cp else ()),
                        f"{stage.layers[0]}-{stage.layers[1] - 1}", _s(se.forward_s), _s(se.backward_s),
-                       _s(se.compute_s), _s(se.tp_comm_s), _s(se.pp_comm_s),
+                       _s(se.compute_s), _s(se.tp_comm_s), *((_s(se.cp_comm_s),) if cp else ()), _s(se.pp_comm_s),
                        styled((mem_s, "red")) if mem > cap else mem_s)
         if pi != len(plan.pipelines) - 1:
             st.add_section()

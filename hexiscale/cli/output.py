@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.cluster import ClusterSpec
-from planner.plan import Plan
+from planner.plan import Plan, uses_cp
 
 
 def _console(stderr: bool = False) -> Console:
@@ -74,8 +74,10 @@ def plan_table(plan: Plan, cluster: ClusterSpec | None = None) -> Table:
              f"dtype={plan.options.dtype}" + (", compiled" if plan.options.compile else "")
              + (f", residual {plan.options.residual_dtype}" if plan.options.residual_dtype != "fp32" else ""))
     table = Table(title=title, title_justify="left")
-    for col in ("pipeline", "stage", "devices", "gpu", "tp", "layers", "batch", "micro-batches", "schedule"):
-        table.add_column(col, justify="right" if col in ("tp", "batch", "micro-batches") else "left")
+    cp = uses_cp(plan)  # context parallelism: a cp column
+    for col in ("pipeline", "stage", "devices", "gpu", "tp", *(("cp",) if cp else ()), "layers", "batch",
+                "micro-batches", "schedule"):
+        table.add_column(col, justify="right" if col in ("tp", "cp", "batch", "micro-batches") else "left")
     for pi, pipe in enumerate(plan.pipelines):
         for si, st in enumerate(pipe.stages):
             gpu = ""
@@ -83,7 +85,7 @@ def plan_table(plan: Plan, cluster: ClusterSpec | None = None) -> Table:
                 gpu = ",".join(sorted({cluster.device(d).gpu for d in st.devices if cluster.has_device(d)}))
             first = si == 0
             table.add_row(str(pi) if first else "", str(si), _ranges(st.devices), gpu, str(st.tp),
-                          f"{st.layers[0]}-{st.layers[1] - 1} ({st.num_layers})",
+                          *((str(st.cp),) if cp else ()), f"{st.layers[0]}-{st.layers[1] - 1} ({st.num_layers})",
                           str(pipe.batch_size) if first else "", str(pipe.micro_batches) if first else "",
                           pipe.schedule if first else "")
         if pi != len(plan.pipelines) - 1:

@@ -8,6 +8,10 @@ takes part in ``T / t_p`` groups. Replicated tensors (RMSNorm weights) are reduc
 pipeline, among the TP-rank-0 devices. The groups equal :func:`planner.layout.build_topology`'s,
 summed per owner set; layers are walked in segments between stage boundaries, not one by one.
 
+A context-parallel stage (``cp > 1``) holds its weights in each of its ``cp`` slots (TP groups,
+:mod:`planner.cost.context`), whose gradients are summed like data parallelism: every slot is a
+holder of its own, so a plan of one pipeline with a CP stage has groups too.
+
 Gradients are reduced in fp32 (4 bytes per element). This module only collects
 ``{owner-tuple: bytes}``; :mod:`planner.cost.step` turns them into time.
 """
@@ -16,21 +20,23 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from planner.cost.context import cp_slots
 from planner.cost.ops import GRAD_BYTES
 from planner.layout import embed_param, finest_slices, head_params, layer_numel
-from planner.plan import Plan
+from planner.plan import Plan, uses_cp
 
 
 def _owners(plan: Plan, layer: int, where: str) -> list[tuple[str, ...]]:
-    """Per pipeline, the devices (TP group) holding ``layer`` (or the embedding/head)."""
+    """Per pipeline, per CP slot, the devices (TP group) holding ``layer`` (or the embedding/head)."""
     out = []
     for pipe in plan.pipelines:
         if where == "embed":
-            out.append(pipe.stages[0].devices)
+            st = pipe.stages[0]
         elif where == "head":
-            out.append(pipe.stages[-1].devices)
+            st = pipe.stages[-1]
         else:
-            out.append(next(s.devices for s in pipe.stages if s.layers[0] <= layer < s.layers[1]))
+            st = next(s for s in pipe.stages if s.layers[0] <= layer < s.layers[1])
+        out += cp_slots(st.devices, st.tp)
     return out
 
 
@@ -41,10 +47,10 @@ def _add_sharded(groups: dict[tuple[str, ...], float], holders: list[tuple[str, 
 
 
 def sync_groups(plan: Plan) -> dict[tuple[str, ...], float]:
-    """``{(owner in pipeline 0, owner in pipeline 1, ...): fp32 gradient bytes}``; empty for one
-    pipeline (nothing to synchronise)."""
+    """``{(owner in pipeline 0, owner in pipeline 1, ...): fp32 gradient bytes}`` (a CP stage gives
+    one owner per slot); empty for one pipeline without CP (nothing to synchronise)."""
     groups: dict[tuple[str, ...], float] = defaultdict(float)
-    if len(plan.pipelines) < 2:
+    if len(plan.pipelines) < 2 and not uses_cp(plan):
         return {}
     m = plan.model
     sharded, replicated = layer_numel(m)
@@ -62,3 +68,17 @@ def sync_groups(plan: Plan) -> dict[tuple[str, ...], float]:
         else:
             _add_sharded(groups, head, info.numel)
     return dict(groups)
+
+
+def stage_owners(plan: Plan) -> list[list[int]]:
+    """Per pipeline and stage, the gradient owners of its first layer (``[pipeline][stage]``): one per
+    CP slot of the stage holding that layer in every pipeline (the pipeline count without CP). What
+    ZeRO-1 shards a stage's optimizer state over; stages whose later layers have other owners
+    (other pipelines with other CP degrees there) are counted by their first layer."""
+    cps = [[(s.layers, s.cp) for s in p.stages] for p in plan.pipelines]
+
+    def owners(layer: int) -> int:
+        return sum(next(cp for (lo, hi), cp in pipe if lo <= layer < hi) for pipe in cps)
+
+    memo: dict[int, int] = {}
+    return [[memo.setdefault(s.layers[0], owners(s.layers[0])) for s in p.stages] for p in plan.pipelines]

@@ -366,7 +366,7 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
                  params: CostParams = DEFAULT_PARAMS, seq_len: int | None = None,
                  layer_activation: float | None = None, head_activation: float | None = None,
                  held_with_grads: int | None = None, pipelines: int = 1, partial: float = 0.0,
-                 compile: bool = False) -> MemoryBreakdown:
+                 compile: bool = False, kv_gathered: float = 0.0) -> MemoryBreakdown:
     """Peak memory of ONE device of a stage (fast: plain arithmetic).
 
     ``micro_batch`` is the largest micro-batch of the pipeline, ``in_flight`` the number of
@@ -377,6 +377,9 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     ``layer_activation`` / ``head_activation``: measured bytes per micro-batch replacing the formulas.
     ``compile``: the blocks are compiled (the plan's ``options.compile``): the compiled path's
     layer activations (:func:`layer_activation_bytes`); the head stays eager.
+    ``kv_gathered``: a CP stage's gathered K,V bytes one layer keeps per micro-batch
+    (:func:`planner.cost.context.gathered_kv_bytes`; ``seq_len`` is then the rank's ``S/cp``):
+    held per layer and micro-batch, under full recompute one layer's while it is recomputed.
 
     ``held_with_grads``: micro-batches held once autograd's gradients exist
     (:func:`planner.cost.schedule.held_with_grads`); the executor drops the gradients at each step's
@@ -392,6 +395,8 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     per_layer = layer_activation if layer_activation is not None else layer_activation_bytes(
         model, micro_batch, tp, dtype, recompute, seq_len, params, compile=compile)
     per_mb = layers * per_layer  # everything one micro-batch in flight keeps
+    if recompute != "full":
+        per_mb += layers * kv_gathered
     per_mb += weight_cast_bytes(model, layers=layers, tp=tp, last=last, dtype=dtype, recompute=recompute,
                                 params=params)
     if not last:
@@ -400,6 +405,7 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
         per_mb += tokens * 8
     transient = 0.0  # while one micro-batch runs
     if recompute == "full":
+        transient += kv_gathered
         transient += full_recompute_transient(model, micro_batch=micro_batch, tp=tp, dtype=dtype, layers=layers,
                                               seq_len=seq_len, params=params, compile=compile)
     if last:

@@ -203,15 +203,16 @@ class DeviceProfile(ABC):
         return None
 
     def stage_activations(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str, *,
-                          last: bool, compile: bool = False) -> tuple[float | None, float | None]:
+                          last: bool, compile: bool = False,
+                          seq_len: int | None = None) -> tuple[float | None, float | None]:
         """The measured ``(layer_activation, head_activation)`` that
         :func:`planner.cost.memory.stage_memory` takes for a stage, as the estimate and the search's
         memory check both use them (None: the formula). Measured layer rows are the eager path's,
         so compiled blocks without recompute keep the compiled formula (it equals the saved tensors
         a GPU counted, llama2-7b on H200: benchmarks/results/activation_memory_cuda_*.json)."""
         layer = None if compile and recompute == "none" else self.activation_bytes(
-            "layer", model, micro_batch, tp, dtype, recompute)
-        head = self.activation_bytes("head", model, micro_batch, tp, dtype) if last else None
+            "layer", model, micro_batch, tp, dtype, recompute, seq_len)
+        head = self.activation_bytes("head", model, micro_batch, tp, dtype, seq_len=seq_len) if last else None
         return layer, head
 
     def numerics(self, dtype: str) -> Numerics:

@@ -51,6 +51,11 @@ bytes, replicated on every TP rank of both stages (executor/parallel/p2p.py): th
 sends to the receiving stage's leader, which broadcasts it inside its TP group::
 
     boundary = p2p(link between the leaders) + broadcast(receiving TP group)
+
+Context parallelism (``cp > 1``, :mod:`planner.cost.context`): every term above at ``seq_len / cp``
+tokens, plus the balanced chunks' extra attention (GPU work) and the CP collectives of K,V, added
+after the TP collectives and overlapped with nothing; a boundary's activation is split over the
+CP slots (:func:`slots_boundary_time`).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.cluster import ClusterSpec, Link
+from planner.cost.context import cp_attention_extra, cp_comm_time, cp_slots, local_seq
 from planner.cost.links import allreduce_time, group_broadcast_time, p2p_time
 from planner.cost.ops import DTYPE_BYTES, Numerics
 from planner.cost.params import DEFAULT_PARAMS, CostParams
@@ -76,14 +82,16 @@ class StageTime:
     forward_tp_s: float
     backward_tp_s: float
     slowest: int = 0
+    forward_cp_s: float = 0.0  # the CP all-gathers of K,V (planner.cost.context), exposed
+    backward_cp_s: float = 0.0  # the CP reduce-scatters of dK,dV
 
     @property
     def forward_s(self) -> float:
-        return self.forward_compute_s + self.forward_tp_s
+        return self.forward_compute_s + self.forward_tp_s + self.forward_cp_s
 
     @property
     def backward_s(self) -> float:
-        return self.backward_compute_s + self.backward_tp_s
+        return self.backward_compute_s + self.backward_tp_s + self.backward_cp_s
 
 
 def device_compute(model: ModelSpec, profile: DeviceProfile, *, layers: int, first: bool, last: bool,
@@ -136,9 +144,16 @@ def tp_comm_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micr
 def stage_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_batch: int, tp: int,
                devices: Sequence[tuple[DeviceProfile, float]], tp_link: Link | None, dtype: str = "bf16",
                recompute: str = "none", params: CostParams = DEFAULT_PARAMS,
-               seq_len: int | None = None) -> StageTime:
+               seq_len: int | None = None, cp: int = 1, cp_link: Link | None = None) -> StageTime:
     """Time of one micro-batch on a stage. ``devices`` lists (profile, slowdown) per device of the
-    TP group (identical devices may be passed once); ``tp_link`` is the slowest link inside it."""
+    stage (identical devices may be passed once); ``tp_link`` is the slowest link inside its TP
+    groups, ``cp_link`` inside its CP groups (``cp > 1``: :mod:`planner.cost.context`, every rank
+    works on ``seq_len / cp`` tokens; its CP collectives are added after the TP ones, exposed)."""
+    full_seq = seq_len
+    if cp > 1:
+        seq_len = local_seq(model, cp, seq_len)
+    cgf, cgb, chf, chb = cp_comm_time(model, layers=layers, micro_batch=micro_batch, tp=tp, cp=cp, dtype=dtype,
+                                      recompute=recompute, link=cp_link, params=params, seq_len=full_seq)
     comm: dict[bool, tuple[float, float, float, float]] = {}
 
     def collectives(in_layer_time: bool) -> tuple[float, float, float, float]:
@@ -150,7 +165,7 @@ def stage_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_
                 in_layer_time=in_layer_time)
         return comm[in_layer_time]
 
-    best = (-1.0, 0.0, 0.0, 0.0, 0.0)
+    best = (-1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     slowest = 0
     cache: dict[int, list[tuple[int, PassTime, PassTime]]] = {}
     for i, (prof, slow) in enumerate(devices):
@@ -160,13 +175,18 @@ def stage_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_
             parts = cache[id(prof)] = device_split(model, prof, layers=layers, first=first, last=last,
                                                    micro_batch=micro_batch, tp=tp, dtype=dtype,
                                                    recompute=recompute, seq_len=seq_len)
+            if cp > 1 and layers:  # the balanced chunks' extra attention: GPU work, no extra kernels
+                extra = cp_attention_extra(model, prof, micro_batch=micro_batch, tp=tp, cp=cp, dtype=dtype,
+                                           recompute=recompute, seq_len=full_seq)
+                parts = cache[id(prof)] = [*parts, (layers, extra, PassTime(0.0, 0.0))]
         cf = sum(n * max(slow * g.forward_s, h.forward_s) for n, g, h in parts)
         cb = sum(n * max(slow * g.backward_s, h.backward_s) for n, g, h in parts)
-        pf = max(cf + gf, sum(n * h.forward_s for n, _, h in parts) + hf)
-        pb = max(cb + gb, sum(n * h.backward_s for n, _, h in parts) + hb)
-        if pf + pb > best[0]:
-            best, slowest = (pf + pb, cf, cb, pf - cf, pb - cb), i
-    return StageTime(best[1], best[2], best[3], best[4], slowest)
+        host_f, host_b = sum(n * h.forward_s for n, _, h in parts), sum(n * h.backward_s for n, _, h in parts)
+        pf, pb = max(cf + gf, host_f + hf), max(cb + gb, host_b + hb)
+        qf, qb = max(cf + gf + cgf, host_f + hf + chf), max(cb + gb + cgb, host_b + hb + chb)  # with CP's
+        if qf + qb > best[0]:
+            best, slowest = (qf + qb, cf, cb, pf - cf, pb - cb, qf - pf, qb - pb), i
+    return StageTime(best[1], best[2], best[3], best[4], slowest, best[5], best[6])
 
 
 def tp_collective_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_batch: int, tp: int,
@@ -220,3 +240,12 @@ def boundary_time(nbytes: float, sender: Sequence[str], receiver: Sequence[str],
     leader to leader, then a broadcast in the receiving group."""
     return p2p_time(nbytes, cluster.link(sender[0], receiver[0]), params) + group_broadcast_time(
         nbytes, receiver, cluster, params)
+
+
+def slots_boundary_time(nbytes: float, sender: Sequence[str], sender_tp: int, receiver: Sequence[str],
+                        receiver_tp: int, cluster: ClusterSpec, params: CostParams = DEFAULT_PARAMS) -> float:
+    """:func:`boundary_time` between two stages that may be CP meshes: the activation is split over
+    the CP slots, which send their parts at once, so each carries ``nbytes / min(cp)`` (priced on the
+    first slots' leaders and the receiving first slot's TP group)."""
+    a, b = cp_slots(sender, sender_tp), cp_slots(receiver, receiver_tp)
+    return boundary_time(nbytes / min(len(a), len(b)), a[0], b[0], cluster, params)

@@ -41,10 +41,16 @@ Model of one training step (every term named; parameters in ``CostParams``):
        gather side  4·B + 2·B/k   the part into the send buffer, c10d's unflattening of the
                                   all-gather's output list, the written-back parameter views
 
+Context parallelism (``Stage.cp > 1``, :mod:`planner.cost.context`): stage times at ``S/cp``
+tokens per rank plus the extra balanced attention and the CP collectives (``cp_comm_s``, exposed),
+boundaries split over the CP slots, memory at ``S/cp`` plus the gathered K,V, each CP slot a
+gradient owner (sync groups, ZeRO-1 shards over pipelines x cp), the norm broadcast per slot.
+
 Breakdown (sums to ``step``; ``p*`` the slowest pipeline, ``k`` its bottleneck stage, i.e. the
 stage with the largest busy time): compute, tp_comm, pp_comm = stage ``k``'s busy time split by
-kind; bubble = ``T_p* -`` that busy time; dp_sync = ``sync_done - T_p* +`` grad-norm + ZeRO
-all-gather; optimizer. ``idle_s`` of pipeline ``p`` = ``sync_done - T_p`` (its wait at the sync).
+kind (tp_comm: its in-stage collectives, the CP ones included); bubble = ``T_p* -`` that busy
+time; dp_sync = ``sync_done - T_p* +`` grad-norm + ZeRO all-gather; optimizer. ``idle_s`` of
+pipeline ``p`` = ``sync_done - T_p`` (its wait at the sync).
 """
 
 from __future__ import annotations
@@ -56,7 +62,8 @@ from typing import Any
 from planner.cluster import ClusterSpec
 from planner.cost.communicators import communicators
 from planner.cost.compiled import compile_notes
-from planner.cost.gradsync import sync_groups
+from planner.cost.context import cp_groups, cp_slots, gathered_kv_bytes, local_seq, slots_link
+from planner.cost.gradsync import stage_owners, sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
 from planner.cost.memory import (
     GIB,
@@ -70,7 +77,7 @@ from planner.cost.profile_set import ProfileSet
 from planner.cost.schedule import held_with_grads, in_flight
 from planner.cost.sim_timeline import simulated_timeline, stage_lane
 from planner.cost.simulate import simulate
-from planner.cost.stage import StageTime, activation_bytes, boundary_time, stage_time
+from planner.cost.stage import StageTime, activation_bytes, slots_boundary_time, stage_time
 from planner.errors import PlanInfeasible
 from planner.layout import layer_numel, stage_tensors
 from planner.plan import Plan
@@ -92,6 +99,7 @@ class StageEstimate:
     pp_comm_s: float
     busy_s: float
     last_backward_end_s: float
+    cp_comm_s: float = 0.0  # the CP collectives of K,V (planner.cost.context); 0 without CP
 
 
 @dataclass
@@ -155,7 +163,9 @@ class Estimate:
                            "stages": [{"devices": list(s.devices), "slowest_device": s.slowest_device,
                                        "forward_s": round(s.forward_s, r + 3), "backward_s": round(s.backward_s, r + 3),
                                        "compute_s": round(s.compute_s, r + 3), "tp_comm_s": round(s.tp_comm_s, r + 3),
-                                       "pp_comm_s": round(s.pp_comm_s, r + 3)} for s in p.stages]}
+                                       "pp_comm_s": round(s.pp_comm_s, r + 3),
+                                       **({"cp_comm_s": round(s.cp_comm_s, r + 3)} if s.cp_comm_s else {})}
+                                      for s in p.stages]}
                           for p in self.pipelines],
             "profile_sources": self.sources,
             "calibration": self.calibration,
@@ -181,11 +191,13 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
             times[si, mb] = stage_time(
                 m, layers=st.num_layers, first=si == 0, last=si == n_st - 1, micro_batch=mb, tp=st.tp,
                 devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
-                tp_link=cluster.slowest_link(st.devices), dtype=o.dtype, recompute=o.recompute, params=params)
-            send_fwd[si, mb] = (boundary_time(nbytes, st.devices, pipe.stages[si + 1].devices, cluster, params)
-                                if si < n_st - 1 else 0.0)
-            send_bwd[si, mb] = (boundary_time(nbytes, st.devices, pipe.stages[si - 1].devices, cluster, params)
-                                if si > 0 else 0.0)
+                tp_link=slots_link(cluster, cp_slots(st.devices, st.tp)), dtype=o.dtype, recompute=o.recompute,
+                params=params, cp=st.cp, cp_link=slots_link(cluster, cp_groups(st.devices, st.tp)))
+            nxt, prv = (pipe.stages[si + 1] if si < n_st - 1 else None), (pipe.stages[si - 1] if si > 0 else None)
+            send_fwd[si, mb] = (slots_boundary_time(nbytes, st.devices, st.tp, nxt.devices, nxt.tp, cluster, params)
+                                if nxt is not None else 0.0)
+            send_bwd[si, mb] = (slots_boundary_time(nbytes, st.devices, st.tp, prv.devices, prv.tp, cluster, params)
+                                if prv is not None else 0.0)
     f = [[times[si, mb].forward_s + send_fwd[si, mb] for mb in sizes] for si in range(n_st)]
     b = [[times[si, mb].backward_s + send_bwd[si, mb] for mb in sizes] for si in range(n_st)]
     # A split backward's W: the weight-gradient GEMMs (dW = X^T dY) have the forward GEMMs' FLOPs,
@@ -208,6 +220,7 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
             devices=st.devices, slowest_device=st.devices[big.slowest], forward_s=big.forward_s,
             backward_s=big.backward_s, compute_s=sum(t.forward_compute_s + t.backward_compute_s for t in ts),
             tp_comm_s=sum(t.forward_tp_s + t.backward_tp_s for t in ts),
+            cp_comm_s=sum(t.forward_cp_s + t.backward_cp_s for t in ts),
             pp_comm_s=sum(send_fwd[si, mb] + send_bwd[si, mb] for mb in sizes), busy_s=sim.busy[si],
             last_backward_end_s=sim.last_backward_end[si]))
     k = max(range(n_st), key=lambda i: sim.busy[i])
@@ -250,11 +263,12 @@ def _gradient_sync(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet, ready
         for si, st in enumerate(pipe.stages):
             if st.tp > 1:
                 nbytes = (replicated * st.num_layers + (final_norm if si == len(pipe.stages) - 1 else 0)) * 4.0
-                t_b = group_broadcast_time(nbytes, st.devices, cluster, params)
-                end = max(free[d] for d in st.devices) + t_b
-                for d in st.devices:
-                    free[d] = end
-                    busy.setdefault(d, []).append((end - t_b, end))
+                for slot in cp_slots(st.devices, st.tp):  # one TP group per CP slot
+                    t_b = group_broadcast_time(nbytes, slot, cluster, params)
+                    end = max(free[d] for d in slot) + t_b
+                    for d in slot:
+                        free[d] = end
+                        busy.setdefault(d, []).append((end - t_b, end))
     return free, zero_ag
 
 
@@ -289,7 +303,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     profiles = profiles.narrowed({cluster.device(d).gpu for p in plan.pipelines for s in p.stages for d in s.devices})
     params, m, o = profiles.params, plan.model, plan.options
     n_pipes = len(plan.pipelines)
-    zero_shards = n_pipes if o.zero == 1 else 1
+    owners = stage_owners(plan)  # gradient owners per stage: one per pipeline, one per CP slot
 
     pipes: list[PipelineEstimate] = []
     bwd_last: dict[str, float] = {}  # device -> its stage's last-micro-batch backward
@@ -311,16 +325,20 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
             held = in_flight(pipe.schedule, len(pipe.stages), si, pipe.micro_batches)
             with_grads = held_with_grads(pipe.schedule, len(pipe.stages), si, pipe.micro_batches)
             mems: dict[str, MemoryBreakdown] = {}
+            # a CP stage: activations at S/cp per rank plus the gathered K,V; its slots are
+            # gradient owners beside the pipelines (ZeRO-1 shards over pipelines x cp)
+            seq = local_seq(m, st.cp) if st.cp > 1 else None
+            shards = owners[pi][si] if o.zero == 1 else 1
             for gpu in {cluster.device(d).gpu for d in st.devices}:
                 layer_act, head_act = profiles.get(gpu).stage_activations(
-                    m, mb, st.tp, o.dtype, o.recompute, last=last, compile=o.compile)
+                    m, mb, st.tp, o.dtype, o.recompute, last=last, compile=o.compile, seq_len=seq)
                 mems[gpu] = stage_memory(
                     m, layers=st.num_layers, tp=st.tp, first=first, last=last, micro_batch=mb, in_flight=held,
-                    dtype=o.dtype, recompute=o.recompute, zero_shards=zero_shards, params=profiles.params_for(gpu),
-                    layer_activation=layer_act, head_activation=head_act,
-                    held_with_grads=with_grads, pipelines=n_pipes, partial=partial[pi][si],
-                    compile=o.compile)
-            n_params = stage_params(m, st.num_layers, st.tp, first, last) / zero_shards
+                    dtype=o.dtype, recompute=o.recompute, zero_shards=shards, params=profiles.params_for(gpu),
+                    seq_len=seq, layer_activation=layer_act, head_activation=head_act,
+                    held_with_grads=with_grads, pipelines=owners[pi][si], partial=partial[pi][si],
+                    compile=o.compile, kv_gathered=gathered_kv_bytes(m, mb, st.tp, st.cp, o.dtype))
+            n_params = stage_params(m, st.num_layers, st.tp, first, last) / shards
             n_tensors = stage_tensors(m, st.num_layers, first, last)
             for di, dev_id in enumerate(st.devices):
                 dev = cluster.device(dev_id)
@@ -353,7 +371,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
     pstar = max(range(n_pipes), key=lambda i: pipes[i].time_s)
     pe = pipes[pstar]
     se = pe.stages[pe.bottleneck_stage]
-    breakdown = {"compute": se.compute_s, "tp_comm": se.tp_comm_s, "pp_comm": se.pp_comm_s,
+    breakdown = {"compute": se.compute_s, "tp_comm": se.tp_comm_s + se.cp_comm_s, "pp_comm": se.pp_comm_s,
                  "bubble": pe.time_s - se.busy_s, "dp_sync": sync_done - pe.time_s + grad_norm + zero_ag,
                  "optimizer": opt}
     term = max(breakdown, key=lambda k: breakdown[k])

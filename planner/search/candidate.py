@@ -52,7 +52,7 @@ class Candidate:
     step_s: float = math.inf
     layouts: list[Layout] = field(default_factory=list)
     problem: str = ""  # why it does not fit, when step_s is inf
-    origin: tuple[str, dict[str, int]] = ("", {})  # partitioner and TP template that produced it
+    origin: tuple[str, dict[str, int], int] = ("", {}, 1)  # partitioner, TP template and CP degree
 
     @property
     def feasible(self) -> bool:
@@ -358,7 +358,7 @@ def to_plan(cand: Candidate, oracle: Oracle, global_batch: int, cluster_name: st
         stages = []
         start = 0
         for u, n in zip(lay.units, lay.counts):
-            stages.append(Stage(u.devices, u.tp, (start, start + n)))
+            stages.append(Stage(u.devices, u.tp, (start, start + n), u.cp))
             start += n
         pipes.append(Pipeline(lay.batch, lay.micro_batches, tuple(stages), cand.setting.schedule))
     s = cand.setting

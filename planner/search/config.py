@@ -28,6 +28,7 @@ class PlannerConfig:
     local_search: bool = True
     polish: bool = True  # move single layers under the full estimate at the end (small clusters)
     max_evaluations: int = 2000
+    context_parallel: bool = True  # try CP degrees for long sequences (planner.search.context)
     finalists: int = 3
 
     def check(self) -> None:

@@ -34,7 +34,7 @@ DENSE_NODES = 16
 
 @dataclass(frozen=True)
 class Unit:
-    """A TP group on one node: a candidate stage."""
+    """A TP group on one node (or ``cp`` of them, a context-parallel mesh): a candidate stage."""
 
     index: int
     node: str
@@ -43,15 +43,16 @@ class Unit:
     memory_gib: float  # the smallest device memory of the group (TP shards are equal)
     slowdown: float  # the largest slowdown of the group (TP runs at its slowest member)
     compute: float  # TFLOP/s of the whole group: tp * peak / slowdown
-    link: Link  # the node's intra link (TP all-reduces run over it)
+    link: Link  # the node's intra link (TP all-reduces and CP collectives run over it)
+    cp: int = 1  # context-parallel slots: the devices are a cp x tp mesh (planner.plan.Stage)
 
     @property
     def tp(self) -> int:
-        return len(self.devices)
+        return len(self.devices) // self.cp
 
     @functools.cached_property
     def signature(self) -> tuple[object, ...]:  # cached: the search asks for it millions of times
-        return (self.gpu, self.tp, self.memory_gib, self.slowdown, self.link)
+        return (self.gpu, self.tp, self.memory_gib, self.slowdown, self.link, self.cp)
 
 
 def device_compute(cluster: ClusterSpec, dev_id: str, dtype: str) -> float:
@@ -103,12 +104,15 @@ def device_graph(cluster: ClusterSpec, dtype: str = "bf16") -> nx.Graph:
     return g
 
 
-def make_units(cluster: ClusterSpec, tp_of_node: Mapping[str, int | Sequence[int]], dtype: str = "bf16") -> list[Unit]:
+def make_units(cluster: ClusterSpec, tp_of_node: Mapping[str, int | Sequence[int]], dtype: str = "bf16",
+               cp: int = 1) -> list[Unit]:
     """Cut every node into TP groups of consecutive GPUs (in node order).
 
     ``tp_of_node[node]`` is one TP degree (every group of the node) or a list of group sizes
     (used by the enumerator: e.g. ``[4, 2, 2]``). With one degree that does not divide the node's
-    GPU count, the remainder becomes smaller groups of the largest power of two that fits."""
+    GPU count, the remainder becomes smaller groups of the largest power of two that fits.
+    ``cp > 1``: with one degree, each node is first cut into ``cp x tp`` meshes (CP units) while
+    they fit; the rest of the node into TP groups as above."""
     units: list[Unit] = []
     for node in cluster.nodes:
         spec = tp_of_node[node.name]
@@ -119,6 +123,10 @@ def make_units(cluster: ClusterSpec, tp_of_node: Mapping[str, int | Sequence[int
                 units.append(_unit(cluster, len(units), node.name, devs, dtype))
                 start += size
             continue
+        while cp > 1 and start + spec * cp <= node.gpus:
+            devs = tuple(f"{node.name}:{i}" for i in range(start, start + spec * cp))
+            units.append(_unit(cluster, len(units), node.name, devs, dtype, cp))
+            start += spec * cp
         while start < node.gpus:
             size = spec
             while start + size > node.gpus:
@@ -135,7 +143,7 @@ def unit_graph(cluster: ClusterSpec, units: list[Unit]) -> nx.Graph:
     g = nx.Graph()
     by_node: dict[str, list[int]] = {}
     for u in units:
-        g.add_node(u.index, compute=u.compute, memory_gib=u.memory_gib * u.tp)
+        g.add_node(u.index, compute=u.compute, memory_gib=u.memory_gib * len(u.devices))
         by_node.setdefault(u.node, []).append(u.index)
     for node in cluster.nodes:
         members = by_node.get(node.name, [])
@@ -184,7 +192,7 @@ def slowest_link_among(cluster: ClusterSpec, nodes: frozenset[str] | set[str]) -
 
 def split_unit(cluster: ClusterSpec, unit: Unit, next_index: int) -> tuple[Unit, Unit]:
     """A TP-``t`` unit as two TP-``t/2`` units of the same node (its lower and upper half)."""
-    half = unit.tp // 2
+    half = len(unit.devices) // 2
     a, b = unit.devices[:half], unit.devices[half:]
     return _unit(cluster, next_index, unit.node, a), _unit(cluster, next_index + 1, unit.node, b)
 
@@ -195,13 +203,14 @@ def merge_units(cluster: ClusterSpec, a: Unit, b: Unit, index: int) -> Unit:
     return _unit(cluster, index, a.node, devs)
 
 
-def _unit(cluster: ClusterSpec, index: int, node_name: str, devs: tuple[str, ...], dtype: str = "bf16") -> Unit:
+def _unit(cluster: ClusterSpec, index: int, node_name: str, devs: tuple[str, ...], dtype: str = "bf16",
+          cp: int = 1) -> Unit:
     node = cluster.node(node_name)
     specs = [cluster.device(d) for d in devs]
     slow = max(d.slowdown for d in specs)
     peak = cluster.catalog.get(node.gpu).peak(dtype)
     return Unit(index, node_name, devs, node.gpu, min(d.memory_gib for d in specs), slow,
-                len(devs) * peak / slow, node.intra_link)
+                len(devs) * peak / slow, node.intra_link, cp)
 
 
 @dataclass(frozen=True)

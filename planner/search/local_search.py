@@ -173,7 +173,7 @@ class _Moves:
     def tp_split(self, pipes: Pipes, rng: random.Random) -> Pipes | None:
         a = rng.randrange(len(pipes))
         i = rng.randrange(len(pipes[a]))
-        if pipes[a][i].tp < 2:
+        if pipes[a][i].tp < 2 or pipes[a][i].cp > 1:  # TP moves leave CP meshes whole
             return None
         x, y = split_unit(self.cluster, pipes[a][i], self.next_index)
         self.next_index += 2
@@ -184,7 +184,7 @@ class _Moves:
         a = rng.randrange(len(pipes))
         p = pipes[a]
         pairs = [(i, j) for i in range(len(p)) for j in range(i + 1, len(p))
-                 if p[i].node == p[j].node and p[i].tp == p[j].tp]
+                 if p[i].node == p[j].node and p[i].tp == p[j].tp and p[i].cp == p[j].cp == 1]
         if not pairs:
             return None
         i, j = pairs[rng.randrange(len(pairs))]
@@ -197,8 +197,11 @@ class _Moves:
         """Stage ``i`` of pipeline ``a`` grown to TP ``target`` with GPUs of its node from other
         stages: whole groups, from idle pipelines (``idle``) first, then largest first."""
         u = pipes[a][i]
+        if u.cp > 1:
+            return None
         donors = sorted(((b, j, v) for b, p in enumerate(pipes) for j, v in enumerate(p)
-                         if v.node == u.node and v is not u), key=lambda x: (x[0] not in idle, -x[2].tp, x[0], x[1]))
+                         if v.node == u.node and v is not u and v.cp == 1),
+                        key=lambda x: (x[0] not in idle, -x[2].tp, x[0], x[1]))
         need, taken = target - u.tp, []
         for b, j, v in donors:
             if v.tp <= need:
@@ -328,7 +331,7 @@ def _with_counts(plan: Plan, members: list[int], counts: list[int]) -> Plan:
         p = pipes[pi]
         stages, start = [], 0
         for s, n in zip(p.stages, counts):
-            stages.append(Stage(s.devices, s.tp, (start, start + n)))
+            stages.append(Stage(s.devices, s.tp, (start, start + n), s.cp))
             start += n
         pipes[pi] = Pipeline(p.batch_size, p.micro_batches, tuple(stages), p.schedule)
     return Plan(plan.model, plan.global_batch_size, tuple(pipes), plan.options, plan.cluster, plan.estimate)

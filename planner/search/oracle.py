@@ -23,11 +23,12 @@ from typing import Any
 
 from planner.cluster import ClusterSpec, Link
 from planner.cost.communicators import stage_communicators
+from planner.cost.context import gathered_kv_bytes, local_seq
 from planner.cost.links import allreduce_time
 from planner.cost.memory import GIB, stage_memory, stage_params, state_bytes
 from planner.cost.params import CostParams
 from planner.cost.profile_set import ProfileSet
-from planner.cost.stage import activation_bytes, boundary_time, stage_time
+from planner.cost.stage import activation_bytes, slots_boundary_time, stage_time
 from planner.layout import stage_tensors
 from planner.model import ModelSpec
 from planner.search.graph import Unit, slowest_link_among
@@ -96,13 +97,13 @@ class Oracle:
         st = stage_time(self.model, layers=layers, first=first, last=last, micro_batch=s.micro_batch, tp=unit.tp,
                         devices=[(self.profiles.get(d.gpu), d.slowdown) for d in devs],
                         tp_link=unit.link if unit.tp > 1 else None, dtype=s.dtype, recompute=s.recompute,
-                        params=self.params)
+                        params=self.params, cp=unit.cp, cp_link=unit.link if unit.cp > 1 else None)
         return st.forward_s + st.backward_s
 
     def send_seconds(self, a: Unit, b: Unit, s: Setting) -> float:
         """One micro-batch's activation (or gradient) sent from stage ``a`` to stage ``b``."""
         nbytes = activation_bytes(self.model, s.micro_batch, s.dtype)
-        return boundary_time(nbytes, a.devices, b.devices, self.cluster, self.params)
+        return slots_boundary_time(nbytes, a.devices, a.tp, b.devices, b.tp, self.cluster, self.params)
 
     def stage_cost(self, unit: Unit, first: bool, last: bool, in_flight: int, prev: Unit | None,
                    nxt: Unit | None, s: Setting, zero_shards: int) -> StageCost:
@@ -119,8 +120,8 @@ class Oracle:
         self.stats.oracle_calls += 1
         link_prev = self.node_link(prev.node, unit.node) if prev is not None else None
         link_next = self.node_link(unit.node, nxt.node) if nxt is not None else None
-        tkey = (unit.signature, first, last, link_prev, prev.tp if prev else 0, link_next, nxt.tp if nxt else 0,
-                s.micro_batch, s.recompute, s.dtype)
+        tkey = (unit.signature, first, last, link_prev, (prev.tp, prev.cp) if prev else 0, link_next,
+                (nxt.tp, nxt.cp) if nxt else 0, s.micro_batch, s.recompute, s.dtype)
         times = self._time_cache.get(tkey)
         if times is None:
             self.stats.oracle_misses += 1
@@ -129,20 +130,24 @@ class Oracle:
             fixed = t0 + (self.send_seconds(unit, nxt, s) if nxt is not None else 0.0)
             fixed += self.send_seconds(unit, prev, s) if prev is not None else 0.0
             times = self._time_cache[tkey] = (t1 - t0, fixed)
-        shards = zero_shards if s.zero else 1
+        shards = zero_shards * unit.cp if s.zero else 1  # CP slots own gradients beside the pipelines
         device_params = self.profiles.params_for(unit.gpu)  # overhead terms per GPU type
-        mkey = (unit.gpu, unit.tp, unit.memory_gib, first, last, in_flight, s.micro_batch, s.recompute, s.dtype,
+        mkey = (unit.gpu, unit.tp, unit.cp, unit.memory_gib, first, last, in_flight, s.micro_batch, s.recompute,
+                s.dtype,
                 shards, s.compile, device_params)
         mem = self._mem_cache.get(mkey)
         if mem is None:
             self.stats.oracle_misses += 1
             # measured activation bytes where the device's tables have them, as the estimate takes them
+            seq = local_seq(self.model, unit.cp)
             layer_act, head_act = self.profiles.get(unit.gpu).stage_activations(
-                self.model, s.micro_batch, unit.tp, s.dtype, s.recompute, last=last, compile=s.compile)
+                self.model, s.micro_batch, unit.tp, s.dtype, s.recompute, last=last, compile=s.compile,
+                seq_len=seq if unit.cp > 1 else None)
             kw = dict(tp=unit.tp, first=first, last=last, micro_batch=s.micro_batch, in_flight=in_flight,
                       dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=device_params,
-                      compile=s.compile, layer_activation=layer_act, head_activation=head_act)
-            comm = stage_communicators(unit.tp, first, last) * device_params.comm_gib * GIB
+                      compile=s.compile, layer_activation=layer_act, head_activation=head_act, seq_len=seq,
+                      kv_gathered=gathered_kv_bytes(self.model, s.micro_batch, unit.tp, unit.cp, s.dtype))
+            comm = stage_communicators(unit.tp, first, last, unit.cp) * device_params.comm_gib * GIB
             mem0 = stage_memory(self.model, layers=0, **kw).required + comm  # type: ignore[arg-type]
             mem1 = stage_memory(self.model, layers=1, **kw).required + comm  # type: ignore[arg-type]
             mem = self._mem_cache[mkey] = StageCost(times[0], times[1], mem1 - mem0, mem0, unit.memory_gib * GIB)
@@ -172,11 +177,15 @@ class Oracle:
 
     def optimizer_seconds(self, unit: Unit, layers: int, first: bool, last: bool, zero_shards: int,
                           s: Setting) -> float:
-        """AdamW step of one device of ``unit`` (as :func:`planner.cost.estimate` counts it)."""
+        """AdamW step of one device of ``unit`` (as :func:`planner.cost.estimate` counts it). A CP unit
+        adds the all-reduce of its gradients over its slots (the surrogate's sync across pipelines
+        does not see the slots; the full estimate syncs both in one group)."""
         prof = self.profiles.get(unit.gpu)
-        shard = self.stage_params(layers, unit.tp, first, last) / (zero_shards if s.zero else 1)
+        params = self.stage_params(layers, unit.tp, first, last)
+        shard = params / (zero_shards * unit.cp if s.zero else 1)
         tensors = stage_tensors(self.model, layers, first, last)
-        return prof.optimizer_time(shard, tensors, s.dtype) * unit.slowdown
+        slots = self.allreduce_s(params * 4.0, unit.cp, unit.link) * (0.5 if s.zero else 1.0)
+        return prof.optimizer_time(shard, tensors, s.dtype) * unit.slowdown + slots
 
     def stage_params(self, layers: int, tp: int, first: bool, last: bool) -> float:
         return stage_params(self.model, layers, tp, first, last)

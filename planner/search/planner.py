@@ -14,6 +14,9 @@ Algorithm (every step deterministic for a fixed ``seed``):
    proportion to the classes' compute) — the hierarchical partition that keeps 8,192-GPU
    clusters cheap: identical pipelines are refined once.
 3. **Phase 2 — stages** (:mod:`.stages`): stage order inside each pipeline.
+   For sequences longer than :data:`.context.CP_MIN_SEQ` (or when nothing fits), phase A' cuts
+   the nodes into context-parallel meshes (``cp`` TP groups a unit) for every uniform template and
+   CP degree (:mod:`.context`); the phases after it keep the best structure's CP degree.
 4. **Refinement** (:mod:`.layer_split` and :mod:`.batch_split` via :mod:`.candidate`): exact
    layer split per pipeline type and batch / micro-batch split (bisection in the search loop,
    the ILP for the finalists). Structures are first scored at micro-batch size 1, ZeRO-1 if
@@ -60,6 +63,7 @@ from planner.plan import Plan, PlanOptions
 from planner.search.budget import BudgetSpent
 from planner.search.candidate import Candidate, evaluate, to_plan
 from planner.search.config import PlannerConfig
+from planner.search.context import cp_choices, cp_wanted
 from planner.search.explain import infeasible
 from planner.search.graph import Unit, fast_cluster, make_units, unit_graph
 from planner.search.idle import idle_note
@@ -155,7 +159,7 @@ class Search:
         return self.cut_short
 
     def evaluate(self, pipelines: Sequence[Sequence[Unit]], s: Setting) -> Candidate:
-        key = (tuple(tuple(u.devices for u in p) for p in pipelines), s)
+        key = (tuple(tuple((u.devices, u.cp) for u in p) for p in pipelines), s)
         hit = self.cache.get(key)
         if hit is not None:
             return hit
@@ -242,10 +246,10 @@ class Search:
                     parts.extend(chunk(members, math.ceil(len(members) / kj)))
                 yield "class", self._ordered(parts, units)
 
-    def arcs(self, template: dict[str, int], pool: list[Candidate]) -> None:
+    def arcs(self, template: dict[str, int], pool: list[Candidate], cp: int = 1) -> None:
         """Pipelines as arcs of the units in class order, read as a ring: every choice of 2 cut
         points (3 when there are at most ``ARC3_UNITS`` units); clusters up to ``ARC_UNITS`` units."""
-        units = self.usable(make_units(self.cluster, template, self.config.dtype))
+        units = self.usable(make_units(self.cluster, template, self.config.dtype, cp))
         n = len(units)
         if n > ARC_UNITS or n < 2:
             return
@@ -257,7 +261,7 @@ class Search:
                 if any(len(p) > self.model.num_layers for p in pipes):
                     continue
                 cand = self.score_structure(pipes)
-                cand.origin = ("arc", template)
+                cand.origin = ("arc", template, cp)
                 if cand.feasible:
                     pool.append(cand)
         best = min(pool, key=_rank)
@@ -272,7 +276,7 @@ class Search:
         if not subsets:
             return
         best = min(pool, key=_rank)
-        _, template = best.origin
+        _, template, cp = best.origin
         k_best = len(best.pipelines)
         for label, nodes in subsets:
             kept = self.cluster.num_devices - sum(self.cluster.node(n).gpus for n in nodes)
@@ -280,7 +284,7 @@ class Search:
             if self.cluster.num_devices > SMALL_DEVICES:
                 k = max(1, round(k_best * kept / self.cluster.num_devices))
                 ks = sorted({max(1, k // 2), k, k * 2})
-            self.sweep(template, ks, pool, f"without {label}", leave_out=nodes)
+            self.sweep(template, ks, pool, f"without {label}", leave_out=nodes, cp=cp)
 
     def usable(self, units: list[Unit]) -> list[Unit]:
         """All units, unless the batch cannot use them all: at most ``B`` pipelines of at most ``L``
@@ -299,15 +303,16 @@ class Search:
         return [[units[i] for i in order_stages(self.cluster, units, p)] for p in parts if p]
 
     def sweep(self, template: dict[str, int], ks: Sequence[int] | None, pool: list[Candidate], label: str,
-              only: str | None = None, leave_out: frozenset[str] = frozenset()) -> None:
-        """Score the structures of ``template`` (``leave_out``: nodes whose units are not used)."""
-        units = make_units(self.cluster, template, self.config.dtype)
+              only: str | None = None, leave_out: frozenset[str] = frozenset(), cp: int = 1) -> None:
+        """Score the structures of ``template`` (``leave_out``: nodes whose units are not used; ``cp``:
+        the nodes cut into CP meshes of ``cp`` TP groups, :func:`.graph.make_units`)."""
+        units = make_units(self.cluster, template, self.config.dtype, cp)
         if leave_out:
             units = [dataclasses.replace(u, index=j) for j, u in enumerate(u for u in units if u.node not in leave_out)]
         units = self.usable(units)
         for name, pipes in self.structures(units, ks if ks is not None else self.k_grid(len(units)), only):
             cand = self.score_structure(pipes)
-            cand.origin = (name, template)
+            cand.origin = (name, template, cp)
             if cand.feasible:
                 pool.append(cand)
                 self.log.append(f"{label} {name} k={len(pipes)}: {cand.step_s:.4f} s ({cand.setting.label()})")
@@ -320,7 +325,7 @@ class Search:
         pool: list[Candidate] = []
         if start:
             cand = self.score_structure([order_units(self.cluster, p) for p in start])
-            cand.origin = ("warm", _template_of(cand))
+            cand.origin = ("warm", _template_of(cand), 1)
             if cand.feasible:
                 pool.append(cand)
                 self.log.append(f"warm start {len(start)} pipelines: {cand.step_s:.4f} s ({cand.setting.label()})")
@@ -328,25 +333,28 @@ class Search:
             # A: every uniform TP template, every partitioner, a coarse grid of pipeline counts
             for template in tp_templates(self.cluster, self.model, uniform_only=True):
                 self.sweep(template, None, pool, f"tp={_template_label(self.cluster, template)}")
+            # A': long sequences (or nothing fits): the uniform templates as CP meshes (.context)
+            if cp_wanted(self.model, self.config.context_parallel, bool(pool)):
+                self.context_parallel(pool)
             if pool:
                 # B: finer pipeline counts around the best, with its template and partitioner
                 best = min(pool, key=_rank)
-                name, template = best.origin
+                name, template, cp = best.origin
                 k_best = len(best.pipelines)
                 fine = sorted({max(1, round(k_best * f)) for f in FINE_K} - {k_best})
-                self.sweep(template, fine, pool, f"tp={_template_label(self.cluster, template)} (finer k)", name)
+                self.sweep(template, fine, pool, f"{_label(self.cluster, template, cp)} (finer k)", name, cp=cp)
                 # B': small clusters: every split of the unit ring into 2 (or 3) arcs, which gives
                 # unequal pipelines (a big one and a small one) that single moves cannot reach
                 best = min(pool, key=_rank)
-                name, template = best.origin
-                self.arcs(template, pool)
+                name, template, cp = best.origin
+                self.arcs(template, pool, cp)
                 # C: one node kind's TP degree changed at a time, at the best pipeline count
                 best = min(pool, key=_rank)
-                name, template = best.origin
+                name, template, cp = best.origin
                 k_best = len(best.pipelines)
                 only = name if self.cluster.num_devices > 64 else None  # large: the best partitioner only
                 for variant in _variations(self.cluster, self.model, template):
-                    self.sweep(variant, [k_best], pool, f"tp={_template_label(self.cluster, variant)}", only)
+                    self.sweep(variant, [k_best], pool, _label(self.cluster, variant, cp), only, cp=cp)
                 # L: leave out one node kind or node group at a time (a slow link or slow GPUs can
                 # slow the whole job down), with the best template
                 self.leave_out(pool)
@@ -354,8 +362,13 @@ class Search:
             self.log.append("structure search stopped by the budget")
         if not pool:
             raise self.infeasible()
-        # D: every setting for the best structures
-        top = _distinct(sorted(pool, key=_rank), TOP_STRUCTURES if self.cluster.num_devices <= 64 else 1)
+        # D: every setting for the best structures; with CP searched, the best TP-only ones too: a CP
+        # structure's lead at the light settings can vanish under heavier ones (recompute, larger
+        # micro-batches), which TP-only structures need to fit long sequences
+        n_top = TOP_STRUCTURES if self.cluster.num_devices <= 64 else 1
+        top = _distinct(sorted(pool, key=_rank), n_top)
+        if any(_uses_cp(c) for c in top):
+            top += _distinct(sorted((c for c in pool if not _uses_cp(c)), key=_rank), n_top)
         try:
             for i, cand in enumerate(top):
                 for st in self.all_settings():
@@ -377,6 +390,14 @@ class Search:
             pool.append(best)
         return self.finish(pool)
 
+    def context_parallel(self, pool: list[Candidate]) -> None:
+        """Phase A': every uniform TP template with every CP degree whose ``cp x tp`` mesh fits the
+        largest node (:func:`.context.cp_choices`), the coarse pipeline-count grid, every partitioner."""
+        top = max(n.gpus for n in self.cluster.nodes)
+        for template in tp_templates(self.cluster, self.model, uniform_only=True):
+            for cp in cp_choices(self.model, max(template.values()), top):
+                self.sweep(template, None, pool, _label(self.cluster, template, cp), cp=cp)
+
     def infeasible(self) -> PlanInfeasible:
         """Nothing fits: the error naming the smallest change that would (:mod:`.explain`)."""
         def step_time_with(config: PlannerConfig) -> float:
@@ -390,6 +411,8 @@ class Search:
         """ILP batch split for the finalists, then the full estimate, best surrogate first, until
         one fits (all of them on small clusters); the fastest estimate that fits wins."""
         finalists = _distinct(sorted(pool, key=_rank), self.config.finalists)
+        if all(_uses_cp(c) for c in finalists):  # the surrogate may misrank CP against TP: the best TP-only too
+            finalists += _distinct(sorted((c for c in pool if not _uses_cp(c)), key=_rank), 1)
         refined = []
         for cand in finalists:
             if self.past_deadline():  # the bisection's batch split stands
@@ -431,7 +454,11 @@ class Search:
 
 
 def _devices(c: Candidate) -> int:
-    return sum(u.tp for lay in c.layouts for u in lay.units)
+    return sum(len(u.devices) for lay in c.layouts for u in lay.units)
+
+
+def _uses_cp(c: Candidate) -> bool:
+    return any(u.cp > 1 for p in c.pipelines for u in p)
 
 
 def _rank(c: Candidate) -> tuple[float, int]:
@@ -442,7 +469,7 @@ def _distinct(cands: Sequence[Candidate], n: int) -> list[Candidate]:
     out: list[Candidate] = []
     seen: set[tuple[object, ...]] = set()
     for c in cands:
-        key = tuple(tuple(u.devices for u in p) for p in c.pipelines)
+        key = tuple(tuple((u.devices, u.cp) for u in p) for p in c.pipelines)
         if key in seen:
             continue
         seen.add(key)
@@ -463,6 +490,10 @@ def _template_of(cand: Candidate) -> dict[str, int]:
 def _template_label(cluster: ClusterSpec, template: dict[str, int]) -> str:
     kinds = node_kinds(cluster)
     return ",".join(f"{gpu}:{template[names[0]]}" for (gpu, _), names in kinds.items())
+
+
+def _label(cluster: ClusterSpec, template: dict[str, int], cp: int) -> str:
+    return f"tp={_template_label(cluster, template)}" + (f" cp={cp}" if cp > 1 else "")
 
 
 def _variations(cluster: ClusterSpec, model: ModelSpec, base: dict[str, int]) -> list[dict[str, int]]:

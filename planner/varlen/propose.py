@@ -167,7 +167,8 @@ def propose_pool(cluster: ClusterSpec, model: ModelSpec, hist: LengthHistogram, 
     bounds = bucket_bounds(hist, context, min_bucket)
     log: list[str] = []
     per_search = time_limit_s / (len(bounds) + 4)
-    cfg = PlannerConfig(time_limit_s=per_search, seed=seed, dtype=dtype, polish=False)
+    # no context parallelism: a pool's strategies are priced per sequence (.seq_cost) without CP terms
+    cfg = PlannerConfig(time_limit_s=per_search, seed=seed, dtype=dtype, polish=False, context_parallel=False)
     shares = [hist.token_fraction_below(b + 1) - (hist.token_fraction_below(lo + 1) if lo else 0.0)
               for lo, b in zip([0, *bounds[:-1]], bounds)]
     cands: list[Strategy] = []

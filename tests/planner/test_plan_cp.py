@@ -44,3 +44,10 @@ def test_mesh_that_does_not_fit_is_one_line(cp: int, tp: int, ndev: int, field: 
     devs = tuple(f"n:{i}" for i in range(ndev))
     with pytest.raises(SpecError, match=rf"stages\[0\]\.{field}"):
         Plan(MODEL, 4, (Pipeline(4, 2, (Stage(devs, tp, (0, 2), cp),)),))
+
+
+def test_an_odd_sequence_length_needs_no_cp_check_without_cp() -> None:
+    odd = ModelSpec("t", 2, 256, 704, 8, 4, 512, 127)
+    Plan(odd, 4, (Pipeline(4, 2, (Stage(("n:0",), 1, (0, 2)),)),))  # no CP: no chunks to balance
+    with pytest.raises(SpecError, match=r"stages\[0\]\.cp: 2 x cp = 4 does not divide seq_len=127"):
+        Plan(odd, 4, (Pipeline(4, 2, (Stage(("n:0", "n:1"), 1, (0, 2), 2),)),))

@@ -9,11 +9,18 @@ the work per candidate is what regresses, and that is what the budgets bound."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from benchmarks.planner.common import mixed_cluster
+from planner.cluster import load_cluster
 from planner.model import PRESETS
 from planner.search import PlannerConfig, search
+from planner.search.stats import SearchStats
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BOUNDED = PlannerConfig(time_limit_s=3600, max_evaluations=16, local_search=False, finalists=1)
 # stage prices per candidate: the types' splits and micro-batch caps (a few hundred stages each),
@@ -31,3 +38,28 @@ def test_search_work_within_budget(gpus: int) -> None:
     # one pass over the plan per refined candidate with several pipelines, never one per stage
     assert 0 < st.partial_params <= st.refinements, st
     assert st.estimates == 1, st  # one finalist, no polish above 64 devices
+
+
+# Context parallelism (issue 35): its CP meshes are one more sweep of the uniform templates, tried
+# only for sequences longer than planner.search.context.CP_MIN_SEQ. The work with it stays within
+# twice the work without it at 128K (a per-stage CP choice would multiply it), and is the same work
+# at 4K, where CP is not tried.
+NO_LOCAL = dict(local_search=False, polish=False)
+SLOW_LINK = ROOT / "examples" / "clusters" / "nvlink-pcie-slow-link.yaml"
+
+
+def _work(seq_len: int, cp: bool, cluster: Path = SLOW_LINK) -> SearchStats:
+    model = dataclasses.replace(PRESETS["llama-1.3b"], seq_len=seq_len)
+    return search(load_cluster(cluster), model, 16, config=PlannerConfig(context_parallel=cp, **NO_LOCAL)).stats
+
+
+def test_cp_search_work_at_128k_within_twice_the_tp_only_work() -> None:
+    with_cp, without = _work(131072, True), _work(131072, False)
+    assert with_cp.candidates <= 2 * without.candidates, (with_cp, without)
+    assert with_cp.oracle_misses <= 2 * without.oracle_misses, (with_cp, without)
+    assert with_cp.estimates <= without.estimates + 1  # the best TP-only finalist beside the CP ones
+
+
+def test_cp_search_adds_no_work_at_4k() -> None:
+    h100x4 = ROOT / "examples" / "clusters" / "h100x4.yaml"
+    assert _work(4096, True, h100x4) == _work(4096, False, h100x4)

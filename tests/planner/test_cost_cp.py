@@ -1,0 +1,91 @@
+"""The cost model prices context parallelism (planner.cost.context): properties a cp2 stage must
+have against the tp2 and the one-device stage of the same layers at long sequences."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hexiscale.cli.cmd_estimate import advice
+from planner.cluster import Link, load_cluster
+from planner.cost import estimate
+from planner.cost.context import cp_comm_time
+from planner.cost.gradsync import stage_owners, sync_groups
+from planner.cost.memory import stage_params
+from planner.model import ModelSpec
+from planner.plan import Pipeline, Plan, PlanOptions, Stage
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = load_cluster(ROOT / "examples" / "clusters" / "h100x4.yaml")
+LONG = ModelSpec("llama-1.3b", 24, 2048, 5632, 16, 16, 32000, 65536)
+DEVS = ("h100:0", "h100:1")
+
+
+def _plan(tp: int, cp: int, *, recompute: str = "none", zero: int = 0, model: ModelSpec = LONG) -> Plan:
+    devs = DEVS[:tp * cp]
+    return Plan(model, 2, (Pipeline(2, 2, (Stage(devs, tp, (0, model.num_layers), cp),)),),
+                PlanOptions(recompute=recompute, zero=zero))
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_cp2_memory_against_tp2_and_one_device(recompute: str) -> None:
+    one = estimate(_plan(1, 1, recompute=recompute), CLUSTER).memory["h100:0"]
+    tp2 = estimate(_plan(2, 1, recompute=recompute), CLUSTER).memory["h100:0"]
+    cp2 = estimate(_plan(1, 2, recompute=recompute), CLUSTER).memory["h100:0"]
+    # weights replicated across the CP slots, sharded by TP
+    assert cp2.weights == pytest.approx(one.weights) and tp2.weights < 0.6 * one.weights
+    # activations split by the sequence: below the one-device stage's half plus the gathered K,V,
+    # and below TP 2's (TP replicates the norms' inputs and the residual stream)
+    assert cp2.activations < tp2.activations
+    assert 0.5 * one.activations < cp2.activations < 0.5 * one.activations + LONG.num_layers * (
+        2 * 2 * 2 * LONG.seq_len * LONG.kv_dim)
+
+
+def test_zero1_shards_over_the_cp_slots() -> None:
+    one = estimate(_plan(1, 1, zero=1), CLUSTER).memory["h100:0"]
+    cp2 = estimate(_plan(1, 2, zero=1), CLUSTER).memory["h100:0"]
+    assert cp2.optimizer == pytest.approx(one.optimizer / 2)
+    groups = sync_groups(_plan(1, 2, zero=1))
+    assert groups and all(set(owners) == set(DEVS) for owners in groups)  # the two slots sum their gradients
+
+
+def test_owners_count_every_cp_slot_of_every_pipeline() -> None:
+    plan = Plan(LONG, 4, (Pipeline(2, 2, (Stage(DEVS, 1, (0, 24), 2),)),
+                          Pipeline(2, 2, (Stage(("h100:2",), 1, (0, 12)), Stage(("h100:3",), 1, (12, 24))))),
+                PlanOptions(zero=1))
+    assert stage_owners(plan) == [[3], [3, 3]]
+    assert {len(owners) for owners in sync_groups(plan)} == {3}
+    est = estimate(plan, CLUSTER)
+    # ZeRO-1: AdamW's two fp32 moments of a third of the stage's parameters
+    assert est.memory["h100:0"].optimizer == pytest.approx(8.0 * stage_params(LONG, 24, 1, True, True) / 3)
+
+
+def test_cp2_time_balances_the_quadratic_attention() -> None:
+    one = estimate(_plan(1, 1), CLUSTER).pipelines[0].stages[0]
+    cp2 = estimate(_plan(1, 2), CLUSTER).pipelines[0].stages[0]
+    half_seq = ModelSpec(**{**LONG.__dict__, "seq_len": LONG.seq_len // 2})
+    naive = estimate(_plan(1, 1, model=half_seq), CLUSTER).pipelines[0].stages[0]  # S/2 with its own attention
+    assert one.compute_s / 2 <= cp2.compute_s < one.compute_s
+    assert cp2.compute_s > naive.compute_s  # the balanced chunks attend to the whole sequence's K,V
+    assert cp2.cp_comm_s > 0 and one.cp_comm_s == 0
+    assert cp2.forward_s > one.forward_s / 2
+
+
+def test_cp_collectives_follow_the_link_and_recompute() -> None:
+    fast, slow = Link("nvlink", 450.0, 10.0), Link("pcie", 24.0, 10.0)
+    kw = dict(layers=24, micro_batch=1, tp=1, cp=2, dtype="bf16", seq_len=65536)
+    f_fast, b_fast, _, _ = cp_comm_time(LONG, recompute="none", link=fast, **kw)  # type: ignore[arg-type]
+    f_slow, b_slow, _, _ = cp_comm_time(LONG, recompute="none", link=slow, **kw)  # type: ignore[arg-type]
+    _, b_full, _, _ = cp_comm_time(LONG, recompute="full", link=fast, **kw)  # type: ignore[arg-type]
+    assert f_slow > 10 * f_fast and b_fast == pytest.approx(f_fast)
+    assert b_full == pytest.approx(2 * b_fast)  # the recomputed forward gathers K,V again
+    assert cp_comm_time(LONG, recompute="none", link=fast, **{**kw, "cp": 1}) == (0.0, 0.0, 0.0, 0.0)  # type: ignore[arg-type]
+
+
+def test_cp_over_a_slow_link_is_the_bottleneck_and_the_hint_says_so() -> None:
+    cluster = load_cluster(ROOT / "examples" / "clusters" / "nvlink-pcie-slow-link.yaml")
+    plan = Plan(LONG, 2, (Pipeline(2, 2, (Stage(("nv:0", "pc:0"), 1, (0, 24), 2),)),), PlanOptions(recompute="full"))
+    est = estimate(plan, cluster)
+    assert est.bottleneck["term"] == "tp_comm" and est.pipelines[0].stages[0].cp_comm_s > est.breakdown["compute"]
+    assert "CP K/V collectives" in advice(plan, cluster, est)
