@@ -17,7 +17,9 @@ by expected time, :mod:`benchmarks.planner.fidelity_split`) and ``--merge`` the 
 the planner's searches run at once, one process each (~10 s instead of ~40 s), and a plan's timing stops
 after 3 steps once their spread is within 2 % (:mod:`benchmarks.fidelity.steady`; at most ``--steps``).
 The table is followed by the device time per phase over all plans (``phases_s``), so a run shows where
-its minutes went. The plans and why:
+its minutes went. Each plan also runs one untimed traced step (``traced_s``: forward, backward, p2p,
+gradient sync, optimizer, uncovered time) recorded beside the estimate's same terms (``model_spans_s``),
+which puts a plan's error on a term. The plans and why:
 :mod:`benchmarks.planner.fidelity_plans`; packed rows: :mod:`benchmarks.planner.fidelity_packed`.
 The run itself comes from ``benchmarks/fidelity/worker.py`` (one process per GPU, SM share set before
 its CUDA context); memory is compared per process as in ``benchmarks.fidelity.host4``.
@@ -146,6 +148,9 @@ def measure_row(case: Any, entry: dict[str, Any], result: dict[str, Any], cluste
                            "compile": plan.options.compile, "model": plan.model.name}
     if "phases_s" in result:  # where the plan's wall time went on the device (benchmarks.fidelity.phases)
         row["phases_s"] = result["phases_s"]
+    if "traced_s" in result:  # one more step span by span, beside the estimate's same terms
+        row["traced_s"] = result["traced_s"]
+        row["model_spans_s"] = model_spans(est, plan)
     if "error" in result:
         row["error"] = result["error"].strip().splitlines()[-1][:200]
         return row
@@ -156,6 +161,20 @@ def measure_row(case: Any, entry: dict[str, Any], result: dict[str, Any], cluste
                       "err": est.memory_gib[r["device"]] / device_memory(r, context_gib) - 1.0}
                      for r in result["ranks"] if r.get("in_use_gib")]
     return row
+
+
+def model_spans(est: Any, plan: Any) -> dict[str, float]:
+    """The estimate in the kinds of a traced step (:mod:`benchmarks.fidelity.traced_step`), for the
+    slowest pipeline's bottleneck stage: its micro-batches' forward and backward (TP all-reduces in,
+    p2p out; unpacked micro-batches: a packed row's total is ``predicted_s``), the gradient sync and
+    the optimizer step, and the whole step."""
+    pi = max(range(len(est.pipelines)), key=lambda i: est.pipelines[i].time_s)
+    pe = est.pipelines[pi]
+    st = pe.stages[pe.bottleneck_stage]
+    n = plan.pipelines[pi].micro_batches
+    return {"forward": n * st.forward_s, "backward": n * st.backward_s, "p2p": st.pp_comm_s,
+            "grad_sync": est.breakdown.get("dp_sync", 0.0), "optimizer": est.breakdown.get("optimizer", 0.0),
+            "micro_batches": float(n), "step_s": est.step_time_s}
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -243,7 +262,7 @@ def run(args: argparse.Namespace) -> Path:
                 continue
             t0 = time.perf_counter()
             res = run_launch(entries, [100] * len(sm) if args.quick else sm, cpu=args.quick, warmup=args.warmup,
-                             steps=args.steps, min_steps=args.min_steps)
+                             steps=args.steps, min_steps=args.min_steps, trace=not args.no_trace)
             res.update(name=launch.name, seconds=time.perf_counter() - t0, planning_s=t0 - t_plan)
             runs.append(res)
             print(f"launch {launch.name}: {len(entries)} plans in {res['seconds']:.0f} s (planned in "
@@ -341,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help="timed steps per plan, median taken (default 6: steps 3-8; --quick: 1)")
     ap.add_argument("--min-steps", type=int, help="stop timing a plan after this many steps once its last 3 agree "
                     "within 2 %% (default 3; --quick: 1; = --steps: always --steps)")
+    ap.add_argument("--no-trace", action="store_true", help="skip the one traced step per plan (forward, backward, "
+                    "grad sync, optimizer and uncovered time beside the estimate's, in traced_s / model_spans_s)")
     ap.add_argument("--plans", default="", help="comma list of plan names to run (default: all)")
     ap.add_argument("--part", help="K/N: run the K-th of N parts of the plans, balanced by expected time (run the "
                     "others with --calibration of the first part's HOME/calibration file, then --merge)")
