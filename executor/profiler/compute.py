@@ -67,10 +67,10 @@ def engine_copies(module: nn.Module, dtype: str) -> Callable[[], None]:
     Why: the :class:`~executor.train.engine.Engine` turns cast-once on, so every linear of a training
     step runs :class:`~executor.model.cast_once.CastOnceLinear` (a Python autograd function, forward
     and backward) on the step's one bf16 copy; a bare module runs ``F.linear`` under autocast's
-    per-region casts instead. Timed that way, a layer missed the host time of 7 Python functions
-    forward and backward, which the step pays wherever it is launch-bound (TP shards, packed rows):
-    on 4x H100 (2026-11-27) TP plans ran 9-11 % and packed plans 13-21 % over their prediction, the
-    compiled plan (whose graph holds those functions) 3 % under it."""
+    per-region casts instead. Timed that way, a layer misses the host time of 7 Python functions
+    forward and backward (on a CPU under autocast, ~20 % of a small layer's host time), which a step
+    pays wherever it is launch-bound (TP shards, packed rows). The engine runs cast-once since
+    2026-11-27 01:25 UTC: the 4x H100 rows and step times of 01:15 were both the autocast path."""
     linears = [m for m in module.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
     copies, target = WeightCopies(), TORCH_DTYPES[dtype]
     return lambda: copies.refresh("profiled", linears, target)

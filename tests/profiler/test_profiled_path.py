@@ -1,8 +1,8 @@
 """What is profiled is what is run: under autocast the engine's linears multiply with cast-once copies
 (:class:`executor.model.cast_once.CastOnceLinear`, a Python autograd function) and the profiler's layer
-must run them too, not ``F.linear`` under autocast's casts (the 4x H100 data of 2026-11-27: TP plans
-9-11 % and packed plans 13-21 % over their prediction, launch-bound where that host time shows). CPU
-autocast stands in for the GPU's here; ``tests/gpu/test_profiled_path_gpu.py`` checks the timed rows."""
+must run them too, not ``F.linear`` under autocast's casts (their Python host time shows wherever a
+step is launch-bound: TP shards, packed rows). CPU autocast stands in for the GPU's here;
+``tests/gpu/test_profiled_path_gpu.py`` checks the timed rows."""
 
 from __future__ import annotations
 
