@@ -56,3 +56,20 @@ def trace_one_step(engine: Any, plan: Any, *, rank: int, device: torch.device, f
     finally:
         engine.set_trace(NO_TRACE)
     return span_totals(trace.steps[-1]["events"]) if trace.steps else {}
+
+
+KINDS = ("forward", "backward", "p2p", "grad_sync", "optimizer")
+
+
+def spans_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown: per plan with a traced step, each kind's measured milliseconds beside the estimate's
+    (``traced_s`` and ``model_spans_s`` of the fidelity rows) and the time no span covered."""
+    out = ["| plan | " + " | ".join(f"{k} ms (est.)" for k in KINDS) + " | uncovered ms |",
+           "|---|" + "---:|" * (len(KINDS) + 1)]
+    for r in rows:
+        t, m = r.get("traced_s"), r.get("model_spans_s")
+        if not t or not m:
+            continue
+        cells = [f"{t.get(k, 0.0) * 1e3:.1f} ({m.get(k, 0.0) * 1e3:.1f})" for k in KINDS]
+        out.append(f"| {r['plan']} | " + " | ".join(cells) + f" | {t.get('uncovered_s', 0.0) * 1e3:.1f} |")
+    return "\n".join(out) if len(out) > 2 else ""

@@ -86,48 +86,6 @@ def read_calibration(home: Path) -> dict[str, Any]:
     return {"file": str(files[0]), **json.loads(files[0].read_text())}
 
 
-def planner_plan(case: Any, cluster: Any, profiles: Any, quick: bool) -> Any:
-    from planner.search import PlannerConfig, make_plan
-
-    return make_plan(cluster, case.model, case.global_batch, profiles=profiles,
-                     config=PlannerConfig(time_limit_s=1.0 if quick else 10.0))
-
-
-def _search(launch_index: int, name: str, key: str, latency: float, quick: bool) -> dict[str, Any]:
-    """The planner's plan of case ``name`` of launch ``launch_index`` (in a process of its own):
-    ``{"plan": plan-dict}`` or ``{"error": line}``."""
-    from benchmarks.fidelity.host4 import cluster_for
-    from benchmarks.planner.fidelity_plans import launches
-    from planner.calibration.local import resolve_profiles
-    from planner.plan import plan_to_dict
-
-    launch = launches(quick)[launch_index]
-    case = next(c for c in launch.cases if c.name == name)
-    cluster = cluster_for(launch.sm, key, quick, latency)
-    try:
-        return {"plan": plan_to_dict(planner_plan(case, cluster, resolve_profiles(cluster).profiles, quick))}
-    except Exception as exc:  # noqa: BLE001 - a plan the planner cannot make is a row, not the end
-        return {"error": f"planner: {exc}"}
-
-
-def search_all(wanted: list[str], key: str, latency: float, quick: bool) -> dict[str, dict[str, Any]]:
-    """Every planner's case in ``wanted`` searched at once, one process each (the searches are
-    independent and each runs to its time limit: 4 one after the other took ~40 s of the device's
-    10 minutes with the GPUs idle); ``HEXISCALE_HOME`` is inherited, so each sees this calibration."""
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    from benchmarks.planner.fidelity_plans import launches
-
-    jobs = [(i, c.name) for i, launch in enumerate(launches(quick)) for c in launch.cases
-            if c.planner and c.name in wanted]
-    if not jobs:
-        return {}
-    with cf.ProcessPoolExecutor(max_workers=len(jobs), mp_context=mp.get_context("spawn")) as pool:
-        futures = {name: pool.submit(_search, i, name, key, latency, quick) for i, name in jobs}
-        return {name: f.result() for name, f in futures.items()}
-
-
 def error_row(name: str, sm: list[int], error: str) -> dict[str, Any]:
     return {"plan": name, "sm": sm, "predicted_s": float("nan"), "error": error}
 
@@ -221,6 +179,7 @@ def run(args: argparse.Namespace) -> Path:
     from benchmarks.fidelity.worker import run_launch
     from benchmarks.planner.fidelity_packed import packed_micro_batches
     from benchmarks.planner.fidelity_plans import launches
+    from benchmarks.planner.fidelity_search import search_all
     from planner.calibration.local import resolve_profiles
     from planner.plan import plan_from_dict, plan_to_dict
 
@@ -283,10 +242,14 @@ def run(args: argparse.Namespace) -> Path:
 def report(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
     """The table, the packed rows' worst error, the total time and where the devices' time went."""
     from benchmarks.fidelity.host4 import table
+    from benchmarks.fidelity.traced_step import spans_table
 
     stats = summary(rows)
     print(table(rows), flush=True)
     print(f"packed rows: worst |error| {_pct(stats['packed_max_abs'])}; total {meta['wall_s']:.0f} s", flush=True)
+    spans = spans_table(rows)
+    if spans:  # one traced step per plan beside the estimate: which term a plan's error sits in
+        print(spans, flush=True)
     spent = phase_totals(rows)
     if spent:
         print("device time by phase, all plans: " + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()), flush=True)

@@ -57,7 +57,9 @@ def _row(name: str, err: float) -> dict[str, object]:
 
 def test_merge_makes_one_table_of_parts_with_one_calibration(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    a = _part(tmp_path / "a.json", [_row("1.3b-dp4", 0.02), _row("1.3b-tp4-m4", -0.06)])
+    traced = {**_row("1.3b-tp4-m4", -0.06), "traced_s": {"forward": 0.2, "backward": 0.28, "uncovered_s": 0.004},
+              "model_spans_s": {"forward": 0.19, "backward": 0.23}}
+    a = _part(tmp_path / "a.json", [_row("1.3b-dp4", 0.02), traced])
     b = _part(tmp_path / "b.json", [_row("7b-pp4-m8", 0.04)])
     assert main(["--merge", str(a), str(b), "--out", str(tmp_path / "out")]) == 0
     (path,) = (tmp_path / "out").glob("fidelity_h100x4_*_merged.json")
@@ -67,6 +69,7 @@ def test_merge_makes_one_table_of_parts_with_one_calibration(tmp_path: Path,
     assert data["summary"]["time_mean_abs"] == pytest.approx(0.04) and data["meta"]["wall_s"] == 600.0
     out = capsys.readouterr().out
     assert "mean |error|" in out and "steps 12 s" in out
+    assert "| 1.3b-tp4-m4 | 200.0 (190.0) | 280.0 (230.0) | 0.0 (0.0) |" in out  # the traced step's spans
     assert phase_totals(data["rows"]) == {"steps": 12.0}
 
 
