@@ -167,8 +167,11 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
                        in_use_gib=_device_in_use(device))
         if trace:
             with clock.phase("traced"):
-                rec["traced_s"] = traced_step.trace_one_step(engine, plan, rank=rank, device=device, folder=store_dir,
-                                                             index=index, step=next_step())
+                try:  # a diagnostic: its failure leaves the plan's measured figures standing
+                    rec["traced_s"] = traced_step.trace_one_step(engine, plan, rank=rank, device=device,
+                                                                 folder=store_dir, index=index, step=next_step())
+                except Exception as exc:  # noqa: BLE001
+                    rec["traced_error"] = f"{type(exc).__name__}: {exc}"[:200]
         teardown.enter_context(clock.phase("teardown"))
         del engine, next_step, train  # the step closures hold the engine too
         groups.close()
