@@ -39,6 +39,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,12 @@ def record(quick: bool) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> Path:
     out = Path(args.out)
     home = out / "hexiscale-home"
+    if args.calibration and Path(args.calibration).resolve().is_relative_to(home.resolve()):
+        # the first part's calibration, reused by a later part with the same --out: kept aside before
+        # this run's home is made afresh
+        kept = Path(tempfile.mkdtemp(prefix="fidelity-cal-"))
+        shutil.copytree(home, kept / "home")
+        args.calibration = str(kept / "home" / Path(args.calibration).resolve().relative_to(home.resolve()))
     if home.exists():
         shutil.rmtree(home)
     os.environ["HEXISCALE_HOME"] = str(home)  # before the planner reads its catalog

@@ -83,3 +83,29 @@ def test_merge_refuses_other_calibrations_and_repeated_plans(tmp_path: Path) -> 
         merge_results([a, again])
     with pytest.raises(SystemExit, match="two or more"):
         main(["--merge", str(a)])
+
+
+def test_a_later_part_reuses_the_first_parts_calibration_in_the_same_folder(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--part 2/2 --calibration OUT/hexiscale-home/calibration/KEY.json --out OUT``: the run makes its
+    home afresh, and the calibration it was given from there survives that."""
+    import argparse
+
+    from benchmarks.planner import fidelity
+    from planner.calibration.store import save_calibration
+    from planner.cost.params import DEFAULT_PARAMS
+
+    cal = tmp_path / "hexiscale-home" / "calibration" / "h100-sxm-measured.json"
+    save_calibration(cal, DEFAULT_PARAMS, fitted={}, fits={}, provenance={"date": "2026-11-27"},
+                     applies_to=["h100-sxm-measured"])
+    seen: list[str] = []
+
+    def stop(home: Path) -> dict[str, object]:
+        seen.append((home / "calibration" / cal.name).read_text())
+        raise SystemExit(0)
+
+    monkeypatch.setattr(fidelity, "read_calibration", stop)
+    monkeypatch.setenv("HEXISCALE_HOME", str(tmp_path / "elsewhere"))
+    with pytest.raises(SystemExit):
+        fidelity.run(argparse.Namespace(out=str(tmp_path), calibration=str(cal), quick=True, force_calibration=False))
+    assert seen and "h100-sxm-measured" in seen[0]
