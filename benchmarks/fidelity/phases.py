@@ -4,9 +4,10 @@ The fidelity program took ~55 s per plan on 4x H100 (2026-11-27) against ~20 s e
 now records, per plan and rank, ``groups`` (process group and communicators), ``gemm_check``
 (:mod:`executor.model.gemm_check`, inside the engine's construction), ``build`` (the rest of the
 engine: model, initial weights, optimizer, compile set-up), ``warmup`` and ``steps`` (the untimed and
-timed steps) and ``teardown`` (engine, groups, process group, allocator cache), so a GPU run shows
-which one to cut. Each phase ends with a device synchronisation, so queued GPU work is charged to
-the phase that queued it.
+timed steps), ``traced`` (one more step, span by span: :mod:`benchmarks.fidelity.traced_step`) and
+``teardown`` (engine, groups, process group, allocator cache), so a GPU run shows which one to cut.
+Each phase ends with a device synchronisation, so queued GPU work is charged to the phase that
+queued it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-PHASES = ("groups", "gemm_check", "build", "warmup", "steps", "teardown")
+PHASES = ("groups", "gemm_check", "build", "warmup", "steps", "traced", "teardown")
 
 
 @dataclass

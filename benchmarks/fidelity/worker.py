@@ -10,7 +10,9 @@ device ``g<k>:0`` in the plan), build the :class:`executor.train.engine.Engine`,
   steps, teardown; :mod:`benchmarks.fidelity.phases`), printed with the step time; a rank reuses
   the initial weights between plans of one model (:mod:`benchmarks.fidelity.engine_start`);
 * step time: every step starts after a barrier; each rank times it (device synchronised), the step's
-  time is the slowest rank's, and the plan's figure is the median over the timed steps;
+  time is the slowest rank's (one scalar all-reduce after the step, outside its clock), and the
+  plan's figure is the median over the timed steps: ``steps`` of them, or from ``min_steps`` on as
+  soon as the last ones agree (:mod:`benchmarks.fidelity.steady`);
 * what a plan leaves allocated after its engine and groups are dropped (``left_allocated_gib``; 0
   when nothing leaks) and what earlier plans left before it (``allocated_before_gib``);
 * memory per GPU, per process: ``max_memory_allocated`` and ``max_memory_reserved`` (reset per plan:
@@ -33,6 +35,7 @@ import statistics
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -40,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benchmarks.fidelity import engine_start, phases
+from benchmarks.fidelity import engine_start, phases, steady, traced_step
 from benchmarks.fidelity.phases import PhaseClock
 from executor.job.spawn import spawn
 from planner.plan import plan_from_dict
@@ -80,7 +83,8 @@ def _packed_inputs(engine: Any, plan: Any, packed: list[list[list[int]]], gen: t
 
 def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_dir: str, index: int,
               warmup: int, steps: int, clock: PhaseClock,
-              packed: list[list[list[int]]] | None = None) -> dict[str, Any] | None:
+              packed: list[list[list[int]]] | None = None, min_steps: int = 0,
+              trace: bool = False) -> dict[str, Any] | None:
     from executor.parallel.groups import ProcessGroups
     from executor.train.engine import Engine
     from executor.train.optim import OptimConfig
@@ -126,36 +130,50 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
         offset = sum(p.batch_size for p in plan.pipelines[:pipe_idx])
         gen = torch.Generator().manual_seed(1234)
         seq = plan.model.seq_len
-        times: list[float] = []
-        for step in range(warmup + steps):
-            t_phase = time.perf_counter()
+
+        def next_step(eng: Any = engine) -> Callable[[], Any]:
+            """The next step's inputs (made here, before its clock) and the call that trains on them."""
             if packed is None:
                 tokens = torch.randint(0, plan.model.vocab_size, (plan.global_batch_size, seq + 1), generator=gen)
                 rows = tokens[offset:offset + plan.pipelines[pipe_idx].batch_size]
-            else:
-                micro, labels = _packed_inputs(engine, plan, packed, gen, device)
+                return lambda: eng.train_step(rows)
+            micro, labels = _packed_inputs(eng, plan, packed, gen, device)
+            return lambda: eng.train_micro_batches(micro, labels)
+
+        times: list[float] = []  # the slowest rank's time of each timed step
+        for step in range(warmup + steps):
+            t_phase = time.perf_counter()
+            train = next_step()
             dist.barrier()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            stats = engine.train_step(rows) if packed is None else engine.train_micro_batches(micro, labels)
+            stats = train()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t1 = time.perf_counter()
-            if step >= warmup:
-                times.append(t1 - t0)
             clock.add("warmup" if step < warmup else "steps", t1 - t_phase)
             rec["loss"] = stats.loss
-        slowest = torch.tensor(times, dtype=torch.float64, device=device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        step_times = slowest.cpu().tolist()
-        rec.update(step_times_s=step_times, step_time_s=statistics.median(step_times))
+            if step >= warmup:  # every rank holds the same figures, so every rank stops at the same step
+                slowest = torch.tensor([t1 - t0], dtype=torch.float64, device=device)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                times.append(float(slowest.item()))
+                if steady.enough(times, min_steps=min_steps or steps, max_steps=steps):
+                    break
+        rec.update(step_times_s=times, step_time_s=statistics.median(times))
         if device.type == "cuda":
             rec.update(max_allocated_gib=torch.cuda.max_memory_allocated(device) / GIB,
                        max_reserved_gib=torch.cuda.max_memory_reserved(device) / GIB,
                        in_use_gib=_device_in_use(device))
+        if trace:
+            with clock.phase("traced"):
+                try:  # a diagnostic: its failure leaves the plan's measured figures standing
+                    rec["traced_s"] = traced_step.trace_one_step(engine, plan, rank=rank, device=device,
+                                                                 folder=store_dir, index=index, step=next_step())
+                except Exception as exc:  # noqa: BLE001
+                    rec["traced_error"] = f"{type(exc).__name__}: {exc}"[:200]
         teardown.enter_context(clock.phase("teardown"))
-        del engine
+        del engine, next_step, train  # the step closures hold the engine too
         groups.close()
     except Exception:  # noqa: BLE001 - an OOM or a failing plan is a result, not the end of the launch
         rec["error"] = traceback.format_exc()[-2000:]
@@ -173,7 +191,7 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
 
 
 def _worker(gpu: int, sm: list[int], plans: list[dict[str, Any]], cpu: bool, store_dir: str, out_dir: str,
-            warmup: int, steps: int) -> None:
+            warmup: int, steps: int, min_steps: int = 0, trace: bool = False) -> None:
     if not cpu and sm[gpu] < 100:
         os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(sm[gpu])
     if cpu:
@@ -188,7 +206,8 @@ def _worker(gpu: int, sm: list[int], plans: list[dict[str, Any]], cpu: bool, sto
     with engine_start.installed(lambda: current[0] if current else None):
         for i, entry in enumerate(plans):
             current[:] = [PhaseClock(device)]
-            rec = _run_plan(entry["plan"], gpu, device, store_dir, i, warmup, steps, current[0], entry.get("packed"))
+            rec = _run_plan(entry["plan"], gpu, device, store_dir, i, warmup, steps, current[0], entry.get("packed"),
+                            min_steps, trace)
             if rec is not None:
                 rec["name"] = entry["name"]
                 results.append(rec)
@@ -200,12 +219,15 @@ def _worker(gpu: int, sm: list[int], plans: list[dict[str, Any]], cpu: bool, sto
 
 
 def run_launch(plans: list[dict[str, Any]], sm: list[int], *, cpu: bool, warmup: int = 3,
-               steps: int = 6) -> dict[str, Any]:
+               steps: int = 6, min_steps: int = 0, trace: bool = False) -> dict[str, Any]:
     """Run ``plans`` (``[{"name", "plan": plan-dict, "packed"?}]``) with one process per GPU; merged results
-    per plan. ``packed`` (optional): per pipeline, per micro-batch, the document lengths of one packed
-    row (the executor's packed attention) instead of the plan's rows of ``seq_len`` tokens."""
+    per plan. Up to ``steps`` timed steps; with ``min_steps`` (< ``steps``) a plan stops once at least
+    that many are timed and the last ones agree (:mod:`benchmarks.fidelity.steady`); ``trace``: one
+    more step, traced (:mod:`benchmarks.fidelity.traced_step`), per rank in ``traced_s``. ``packed``
+    (optional): per pipeline, per micro-batch, the document lengths of one packed row (the executor's
+    packed attention) instead of the plan's rows of ``seq_len`` tokens."""
     with tempfile.TemporaryDirectory() as store_dir, tempfile.TemporaryDirectory() as out_dir:
-        spawn(_worker, len(sm), (sm, plans, cpu, store_dir, out_dir, warmup, steps))
+        spawn(_worker, len(sm), (sm, plans, cpu, store_dir, out_dir, warmup, steps, min_steps, trace))
         per_gpu = [json.loads(Path(out_dir, f"gpu{k}.json").read_text()) for k in range(len(sm))]
     merged: dict[str, Any] = {}
     for g in per_gpu:
@@ -220,6 +242,9 @@ def run_launch(plans: list[dict[str, Any]], sm: list[int], *, cpu: bool, warmup:
         rec = {"name": entry["name"], "plan": entry["plan"], "sm": sm, "ranks": ranks}
         if ranks:
             rec["phases_s"] = phases.slowest([r["phases_s"] for r in ranks])
+        traced = [r["traced_s"] for r in ranks if r.get("traced_s")]
+        if traced:  # the rank whose traced step took longest (the others wait for it)
+            rec["traced_s"] = max(traced, key=lambda t: t.get("step_s", 0.0))
         if errors:
             rec["error"] = errors[0]
         else:

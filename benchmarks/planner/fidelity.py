@@ -1,15 +1,25 @@
 """Cost-model fidelity on the user's own host, in one command (issue 32): calibrate, then 18 plans —
 the planner's and uniform DP / PP / TP, llama-1.3b to llama2-13b, MPS shares, compiled, packed — each
-estimated as ``hexiscale estimate`` would on this host, then measured (median of steps 3-8), and the
-table of predicted against measured with the errors, mean and worst.
+estimated as ``hexiscale estimate`` would on this host, then measured (median of 3-6 timed steps after 2
+warm-up steps), and the table of predicted against measured with the errors, mean and worst.
 
     python -m benchmarks.planner.fidelity                         # 4 GPUs: about 9 min on 4x H100
     python -m benchmarks.planner.fidelity --calibration FILE      # reuse a calibration (saves 1-1.5 min)
     python -m benchmarks.planner.fidelity --quick                 # CPU smoke: tiny models, gloo, seconds
+    python -m benchmarks.planner.fidelity --part 1/2               # in two device calls: calibrate + half,
+    python -m benchmarks.planner.fidelity --part 2/2 --calibration OUT/hexiscale-home/calibration/KEY.json
+    python -m benchmarks.planner.fidelity --merge OUT/fidelity_A.json OUT/fidelity_B.json   # one table
 
 Expected time on 4x H100: ``hexiscale calibrate`` 1-1.5 min (with its compiled layer), the planner's 4
 searches <= 40 s, 11 plans at full SMs ~4.5 min (the compiled one ~1 min: its warm-up compiles), 7 under
-MPS ~3 min (13B plans ~40 s each; the rest ~20 s). Over 10 min: split with ``--plans``. The plans and why:
+MPS ~3 min (13B plans ~40 s each; the rest ~20 s). Over 10 min: split with ``--part K/N`` (parts balanced
+by expected time, :mod:`benchmarks.planner.fidelity_split`) and ``--merge`` the parts' JSONs. Time cuts:
+the planner's searches run at once, one process each (~10 s instead of ~40 s), and a plan's timing stops
+after 3 steps once their spread is within 2 % (:mod:`benchmarks.fidelity.steady`; at most ``--steps``).
+The table is followed by the device time per phase over all plans (``phases_s``), so a run shows where
+its minutes went. Each plan also runs one untimed traced step (``traced_s``: forward, backward, p2p,
+gradient sync, optimizer, uncovered time) recorded beside the estimate's same terms (``model_spans_s``),
+which puts a plan's error on a term. The plans and why:
 :mod:`benchmarks.planner.fidelity_plans`; packed rows: :mod:`benchmarks.planner.fidelity_packed`.
 The run itself comes from ``benchmarks/fidelity/worker.py`` (one process per GPU, SM share set before
 its CUDA context); memory is compared per process as in ``benchmarks.fidelity.host4``.
@@ -29,6 +39,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -76,13 +87,6 @@ def read_calibration(home: Path) -> dict[str, Any]:
     return {"file": str(files[0]), **json.loads(files[0].read_text())}
 
 
-def planner_plan(case: Any, cluster: Any, profiles: Any, quick: bool) -> Any:
-    from planner.search import PlannerConfig, make_plan
-
-    return make_plan(cluster, case.model, case.global_batch, profiles=profiles,
-                     config=PlannerConfig(time_limit_s=1.0 if quick else 10.0))
-
-
 def error_row(name: str, sm: list[int], error: str) -> dict[str, Any]:
     return {"plan": name, "sm": sm, "predicted_s": float("nan"), "error": error}
 
@@ -103,6 +107,9 @@ def measure_row(case: Any, entry: dict[str, Any], result: dict[str, Any], cluste
                            "compile": plan.options.compile, "model": plan.model.name}
     if "phases_s" in result:  # where the plan's wall time went on the device (benchmarks.fidelity.phases)
         row["phases_s"] = result["phases_s"]
+    if "traced_s" in result:  # one more step span by span, beside the estimate's same terms
+        row["traced_s"] = result["traced_s"]
+        row["model_spans_s"] = model_spans(est, plan)
     if "error" in result:
         row["error"] = result["error"].strip().splitlines()[-1][:200]
         return row
@@ -113,6 +120,20 @@ def measure_row(case: Any, entry: dict[str, Any], result: dict[str, Any], cluste
                       "err": est.memory_gib[r["device"]] / device_memory(r, context_gib) - 1.0}
                      for r in result["ranks"] if r.get("in_use_gib")]
     return row
+
+
+def model_spans(est: Any, plan: Any) -> dict[str, float]:
+    """The estimate in the kinds of a traced step (:mod:`benchmarks.fidelity.traced_step`), for the
+    slowest pipeline's bottleneck stage: its micro-batches' forward and backward (TP all-reduces in,
+    p2p out; unpacked micro-batches: a packed row's total is ``predicted_s``), the gradient sync and
+    the optimizer step, and the whole step."""
+    pi = max(range(len(est.pipelines)), key=lambda i: est.pipelines[i].time_s)
+    pe = est.pipelines[pi]
+    st = pe.stages[pe.bottleneck_stage]
+    n = plan.pipelines[pi].micro_batches
+    return {"forward": n * st.forward_s, "backward": n * st.backward_s, "p2p": st.pp_comm_s,
+            "grad_sync": est.breakdown.get("dp_sync", 0.0), "optimizer": est.breakdown.get("optimizer", 0.0),
+            "micro_batches": float(n), "step_s": est.step_time_s}
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -141,6 +162,12 @@ def record(quick: bool) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> Path:
     out = Path(args.out)
     home = out / "hexiscale-home"
+    if args.calibration and Path(args.calibration).resolve().is_relative_to(home.resolve()):
+        # the first part's calibration, reused by a later part with the same --out: kept aside before
+        # this run's home is made afresh
+        kept = Path(tempfile.mkdtemp(prefix="fidelity-cal-"))
+        shutil.copytree(home, kept / "home")
+        args.calibration = str(kept / "home" / Path(args.calibration).resolve().relative_to(home.resolve()))
     if home.exists():
         shutil.rmtree(home)
     os.environ["HEXISCALE_HOME"] = str(home)  # before the planner reads its catalog
@@ -155,22 +182,28 @@ def run(args: argparse.Namespace) -> Path:
     context = (cal.get("fits", {}).get("framework_gib") or {}).get("measured_context_gib")
     latency = (cal.get("fits", {}).get("link") or {}).get("latency_us") or 10.0
 
-    from benchmarks.fidelity.host4 import cluster_for, leaks, table
+    from benchmarks.fidelity.host4 import cluster_for, leaks
     from benchmarks.fidelity.worker import run_launch
     from benchmarks.planner.fidelity_packed import packed_micro_batches
     from benchmarks.planner.fidelity_plans import launches
+    from benchmarks.planner.fidelity_search import search_all
     from planner.calibration.local import resolve_profiles
-    from planner.plan import plan_to_dict
+    from planner.plan import plan_from_dict, plan_to_dict
 
+    wanted = [c.name for launch in launches(args.quick) for c in launch.cases if not args.plans or c.name in args.plans]
     meta: dict[str, Any] = {**record(args.quick), "quick": args.quick, "calibration": cal_run,
                             "calibration_file": cal["file"], "measured_key": key,
                             "calibration_provenance": cal.get("provenance"), "warmup": args.warmup,
-                            "steps": args.steps}
+                            "steps": args.steps, "min_steps": args.min_steps, "plans": wanted}
     rows: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     mps = not args.quick and shutil.which("nvidia-cuda-mps-control") is not None
     if mps:
         subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
+    t_plan = time.perf_counter()  # the planner's searches: device idle, inside the 10 minutes too
+    searched = search_all(wanted, key, latency, args.quick)
+    meta["planning_s"] = time.perf_counter() - t_plan
+    print(f"planner: {len(searched)} searches in {meta['planning_s']:.0f} s", flush=True)
     try:
         for launch in launches(args.quick):
             sm = list(launch.sm)
@@ -178,14 +211,15 @@ def run(args: argparse.Namespace) -> Path:
             resolved = resolve_profiles(cluster)
             print(resolved.line, flush=True)
             entries, cases = [], []
-            t_plan = time.perf_counter()  # the planner's searches: device idle, inside the 10 minutes too
-            for case in (c for c in launch.cases if not args.plans or c.name in args.plans):
-                try:
-                    plan = case.plan or planner_plan(case, cluster, resolved.profiles, args.quick)
-                except Exception as exc:  # noqa: BLE001 - a plan the planner cannot make is a row, not the end
-                    rows.append(error_row(case.name, sm, f"planner: {exc}"))
+            t_plan = time.perf_counter()
+            for case in (c for c in launch.cases if c.name in wanted):
+                found = searched.get(case.name, {})
+                if "error" in found:
+                    rows.append(error_row(case.name, sm, found["error"]))
                     continue
-                entry: dict[str, Any] = {"name": case.name, "plan": plan_to_dict(plan)}
+                entry: dict[str, Any] = {"name": case.name,
+                                         "plan": found["plan"] if case.plan is None else plan_to_dict(case.plan)}
+                plan = plan_from_dict(entry["plan"])
                 if case.packed:
                     entry["packed"] = packed_micro_batches(plan)
                 entries.append(entry)
@@ -194,7 +228,7 @@ def run(args: argparse.Namespace) -> Path:
                 continue
             t0 = time.perf_counter()
             res = run_launch(entries, [100] * len(sm) if args.quick else sm, cpu=args.quick, warmup=args.warmup,
-                             steps=args.steps)
+                             steps=args.steps, min_steps=args.min_steps, trace=not args.no_trace)
             res.update(name=launch.name, seconds=time.perf_counter() - t0, planning_s=t0 - t_plan)
             runs.append(res)
             print(f"launch {launch.name}: {len(entries)} plans in {res['seconds']:.0f} s (planned in "
@@ -208,10 +242,52 @@ def run(args: argparse.Namespace) -> Path:
         if mps:
             subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False, timeout=60)
     path = write_result(out, meta, rows, runs, t_start, final=True)
+    report(rows, meta, path)
+    return path
+
+
+def report(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
+    """The table, the packed rows' worst error, the total time and where the devices' time went."""
+    from benchmarks.fidelity.host4 import table
+    from benchmarks.fidelity.traced_step import spans_table
+
     stats = summary(rows)
     print(table(rows), flush=True)
     print(f"packed rows: worst |error| {_pct(stats['packed_max_abs'])}; total {meta['wall_s']:.0f} s", flush=True)
+    spans = spans_table(rows)
+    if spans:  # one traced step per plan beside the estimate: which term a plan's error sits in
+        print(spans, flush=True)
+    spent = phase_totals(rows)
+    if spent:
+        print("device time by phase, all plans: " + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()), flush=True)
     print(f"wrote {path}", flush=True)
+
+
+def phase_totals(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per phase (:mod:`benchmarks.fidelity.phases`) summed over the rows, largest first."""
+    out: dict[str, float] = {}
+    for r in rows:
+        for k, v in r.get("phases_s", {}).items():
+            out[k] = out.get(k, 0.0) + float(v)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def merge(paths: list[Path], out: Path) -> Path:
+    """``--merge``: the parts' result files as one (:func:`benchmarks.planner.fidelity_split.merge_results`),
+    written beside them as ``fidelity_<device>_<first part's date>_merged.json``, and its table."""
+    from benchmarks.planner.fidelity_split import merge_results
+
+    try:
+        data = merge_results(paths)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    data["summary"] = summary(data["rows"])
+    meta = data["meta"]
+    device = "cpu" if meta.get("quick") else f"{gpu_label(str(meta.get('gpu')))}x{meta.get('gpus')}"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"fidelity_{device}_{meta.get('started', 'merged')}_merged.json"
+    path.write_text(json.dumps(data, indent=1, default=float) + "\n")
+    report(data["rows"], meta, path)
     return path
 
 
@@ -252,19 +328,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: tiny models on gloo ranks")
     ap.add_argument("--warmup", type=int, help="untimed steps per plan (default 2; --quick: 1)")
     ap.add_argument("--steps", type=int, help="timed steps per plan, median taken (default 6: steps 3-8; --quick: 1)")
+    ap.add_argument("--min-steps", type=int, help="stop timing a plan after this many steps once its last 3 agree "
+                    "within 2 %% (default 3; --quick: 1; = --steps: always --steps)")
+    ap.add_argument("--no-trace", action="store_true", help="skip the one traced step per plan (forward, backward, "
+                    "grad sync, optimizer and uncovered time beside the estimate's, in traced_s / model_spans_s)")
     ap.add_argument("--plans", default="", help="comma list of plan names to run (default: all)")
+    ap.add_argument("--part", help="K/N: run the K-th of N parts of the plans, balanced by expected time (run the "
+                    "others with --calibration of the first part's HOME/calibration file, then --merge)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="merge the result files of the parts into one "
+                    "(written to --out) and print its table; runs nothing")
     args = ap.parse_args(argv)
+    if args.merge:
+        merge([Path(p) for p in args.merge], Path(args.out))
+        return 0
     args.warmup = (1 if args.quick else 2) if args.warmup is None else args.warmup
     args.steps = (1 if args.quick else 6) if args.steps is None else args.steps
-    if args.warmup < 0 or args.steps < 1:
-        ap.error(f"--warmup must be >= 0 and --steps >= 1, got {args.warmup} and {args.steps}")
+    args.min_steps = (1 if args.quick else min(3, args.steps)) if args.min_steps is None else args.min_steps
+    if args.warmup < 0 or args.steps < 1 or not 1 <= args.min_steps <= args.steps:
+        ap.error(f"--warmup must be >= 0, --steps >= 1 and --min-steps in 1..--steps, got {args.warmup}, "
+                 f"{args.steps} and {args.min_steps}")
     from benchmarks.planner.fidelity_plans import launches
+    from benchmarks.planner.fidelity_split import parse_part, part_names
 
     names = [c.name for launch in launches(args.quick) for c in launch.cases]
     args.plans = [x for x in args.plans.split(",") if x]
     unknown = [x for x in args.plans if x not in names]
     if unknown:
         ap.error(f"--plans: no plan named {unknown[0]}; choose from {', '.join(names)}")
+    if args.part:
+        try:
+            k, n = parse_part(args.part)
+        except ValueError as exc:
+            ap.error(str(exc))
+        mine = part_names(launches(args.quick), k, n)
+        args.plans = [x for x in mine if not args.plans or x in args.plans]
+        if not args.plans:
+            ap.error(f"--part {args.part}: no plan of --plans falls in this part")
+        print(f"part {k}/{n}: {', '.join(args.plans)}", flush=True)
     run(args)
     return 0
 

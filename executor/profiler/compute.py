@@ -19,7 +19,8 @@ Per point the profiler records:
 
 Precision follows the engine: fp32 parameters (the master weights) with the forward under
 ``torch.autocast`` to the compute dtype on GPUs, fp32 on the CPU; the residual stream between layers
-stays fp32 (a bf16 branch added to an fp32 residual).
+stays fp32 (a bf16 branch added to an fp32 residual); under autocast the linears run the engine's
+cast-once path (:func:`engine_copies`; rows marked ``cast_once``).
 * ceilings: a large bf16 GEMM's FLOP/s and a large device copy's bytes/s (read + write).
 """
 
@@ -35,7 +36,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from executor.model.cast_once import WeightCopies
 from executor.model.llama import Block, StageModule
+from executor.parallel.tp_layers import ColumnParallelLinear, RowParallelLinear
 from executor.profiler.timing import synchronize, time_call, time_phases
 from executor.train.optim import OptimConfig, build_optimizer
 from planner.model import ModelSpec
@@ -55,9 +58,32 @@ def prepare(module: M, dtype: str, device: torch.device) -> M:
     return module
 
 
+def engine_copies(module: nn.Module, dtype: str) -> Callable[[], None]:
+    """What the engine does before each layer's forward under autocast, for ``module``'s linears: make
+    their cast-once weight copies current (:mod:`executor.model.cast_once`; the first call copies, each
+    later one checks the copies' stamp, as a stage does per layer and micro-batch). Returned as the
+    call to make before every application of the module.
+
+    Why: the :class:`~executor.train.engine.Engine` turns cast-once on, so every linear of a training
+    step runs :class:`~executor.model.cast_once.CastOnceLinear` (a Python autograd function, forward
+    and backward) on the step's one bf16 copy; a bare module runs ``F.linear`` under autocast's
+    per-region casts instead. Timed that way, a layer misses the host time of 7 Python functions
+    forward and backward (on a CPU under autocast, ~20 % of a small layer's host time), which a step
+    pays wherever it is launch-bound (TP shards, packed rows). The engine runs cast-once since
+    2026-11-27 01:25 UTC: the 4x H100 rows and step times of 01:15 were both the autocast path."""
+    linears = [m for m in module.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    copies, target = WeightCopies(), TORCH_DTYPES[dtype]
+    return lambda: copies.refresh("profiled", linears, target)
+
+
+def uses_autocast(dtype: str, device: torch.device) -> bool:
+    """Whether the engine runs ``dtype`` on ``device`` under autocast (accelerators, bf16/fp16)."""
+    return device.type != "cpu" and dtype != "fp32"
+
+
 def autocast(dtype: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """The engine's precision: ``torch.autocast`` to bf16/fp16 on accelerators, plain fp32 on the CPU."""
-    if device.type == "cpu" or dtype == "fp32":
+    if not uses_autocast(dtype, device):
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=TORCH_DTYPES[dtype])
 
@@ -141,10 +167,12 @@ def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, 
     x = torch.randn(micro_batch, seq_len, model.hidden_size, device=device, requires_grad=True)  # fp32 residual
     # the ranks start each repetition together (on the device too: the all-reduce precedes mark 0)
     before = None if group is None else partial(dist.all_reduce, torch.zeros(1, device=device), group=group)
+    fresh = engine_copies(block, dtype) if uses_autocast(dtype, device) else (lambda: None)
 
     def forward() -> torch.Tensor:
         y = x
         for _ in range(chain):
+            fresh()  # as the stage does before each layer (outside a compiled block)
             y = block(y, cos, sin)
         return y
 
@@ -153,6 +181,8 @@ def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, 
         if key in res:
             res[key] = res[key] / chain
     res["chain"] = chain
+    if uses_autocast(dtype, device):
+        res["cast_once"] = True  # no autocast weight casts among the activation bytes (planner.cost.measured)
     return res
 
 
@@ -172,11 +202,15 @@ def measure_head(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, d
     spec = replace(model, seq_len=max(model.seq_len, seq_len))
     stage = prepare(StageModule(spec, layers=(0, 0), first=False, last=True, tp=tp, tp_rank=0, group=None),
                     dtype, device)
+    stage.cast_once = uses_autocast(dtype, device)  # as the engine runs the head (loss() refreshes the copy)
     hidden = torch.randn(micro_batch, seq_len, model.hidden_size, device=device, requires_grad=True)
     labels = torch.randint(0, model.vocab_size, (micro_batch, seq_len), device=device)
     scale = 1.0 / (micro_batch * seq_len)
-    return _measure_fwd_bwd(lambda: stage.loss(hidden, labels).sum() * scale, [*stage.parameters(), hidden],
-                            device, dtype, warmup, repeats)
+    res = _measure_fwd_bwd(lambda: stage.loss(hidden, labels).sum() * scale, [*stage.parameters(), hidden],
+                           device, dtype, warmup, repeats)
+    if stage.cast_once:
+        res["cast_once"] = True  # the head's copy was made in the warm-up, not in the measured forward
+    return res
 
 
 def measure_optimizer(model: ModelSpec, *, layers: int, tp: int, device: torch.device, warmup: int,

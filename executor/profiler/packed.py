@@ -38,11 +38,13 @@ def measure_packed_layer(model: ModelSpec, rows: list[list[int]], *, dtype: str,
         pos = docs.positions(cos.device)
         cos, sin = cos[pos], sin[pos]
         x = torch.randn(1, total, model.hidden_size, device=device, requires_grad=True)
+        fresh = compute.engine_copies(block, dtype) if compute.uses_autocast(dtype, device) else (lambda: None)
 
         def forward(block: Any = block, x: torch.Tensor = x, cos: torch.Tensor = cos, sin: torch.Tensor = sin,
-                    docs: DocSpans = docs) -> torch.Tensor:
+                    docs: DocSpans = docs, fresh: Any = fresh) -> torch.Tensor:
             y = x
             for _ in range(chain):
+                fresh()  # the engine's cast-once copies, as a stage refreshes them per layer
                 y = block(y, cos, sin, docs)
             return y
 

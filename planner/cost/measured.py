@@ -259,15 +259,17 @@ def _stage_bytes(kind: str, row: Mapping[str, Any], model: ModelSpec, dtype: str
         measured = A + (k-1)/k · I + C/k      ->      A + I = measured + I/k - C/k
 
     with ``I = T·h·4`` (the profiler feeds an fp32 residual) and ``C`` = e bytes per matmul
-    parameter of the shard (0 in fp32 and under full recompute, whose casts are not kept)."""
+    parameter of the shard (0 in fp32 and under full recompute, whose casts are not kept, and in rows
+    marked ``cast_once``: the profiler made the engine's copies before the timed forward)."""
     k = int(row.get("chain", 1) or 1)
     tp, tokens = int(row["tp"]), int(row["micro_batch"]) * int(row["seq_len"])
     e = DTYPE_BYTES[dtype]
+    cast = e != 4 and row.get("cast_once") is not True  # the forward allocated autocast's weight casts
     if kind == "layer":
         matmul = layer_numel(model)[0] / tp
-        casts = e * matmul if e != 4 and row.get("recompute", "none") != "full" else 0.0
+        casts = e * matmul if cast and row.get("recompute", "none") != "full" else 0.0
     else:
-        casts = e * model.vocab_size * model.hidden_size / tp if e != 4 else 0.0
+        casts = e * model.vocab_size * model.hidden_size / tp if cast else 0.0
     inp = tokens * model.hidden_size * 4.0
     return float(row["activation_bytes"]) + (inp - casts) / k
 

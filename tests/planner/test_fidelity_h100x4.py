@@ -5,7 +5,9 @@ full-SM plans; tests/data/calibration/h100x4-20261127/README.md says where they 
 ``RECORDED`` is each plan's predicted/measured - 1 with the model of this test's commit; a change
 that moves a plan more than ``MARGIN`` further from its measurement fails here. The planner's own
 plan of that run is left out: it is searched again (10 s), which is no CPU test.
-Known misses (issue 32): TP plans under-predicted by 9-11 %, packed ones by 13-21 %."""
+Known misses (issue 32): TP plans under-predicted by 9-11 %, packed ones by 13-21 %. Rows and steps
+were both the autocast path here (the engine runs cast-once linears since 01:25 that day, and the
+profiler times them since: :func:`executor.profiler.compute.engine_copies`)."""
 
 from __future__ import annotations
 

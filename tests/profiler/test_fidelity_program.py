@@ -83,6 +83,10 @@ def test_quick_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert "mean |error|" in run.stdout
     for r in rows.values():  # where each plan's device time went (benchmarks.fidelity.phases)
         assert {"groups", "build", "steps", "teardown"} <= set(r["phases_s"]) and "warmup" not in r["phases_s"]
+        # one more step traced span by span, beside the estimate's same terms
+        assert r["traced_s"]["forward"] > 0 and r["traced_s"]["step_s"] > 0 and "traced" in r["phases_s"]
+        assert r["model_spans_s"]["forward"] > 0 and r["model_spans_s"]["step_s"] == pytest.approx(
+            r["predicted_s"]) or r["packed"]
     assert data["runs"][0]["planning_s"] >= 0 and "planned in" in run.stdout
 
 
