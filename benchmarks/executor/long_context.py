@@ -69,6 +69,31 @@ def check_gpus() -> None:
                          "(CPU) or --dry-run (estimates only)")
 
 
+def one_node_twin(cluster: Any) -> Any:
+    """The worker's four one-GPU nodes ``g0..g3`` as one node ``g`` of four GPUs on the same link:
+    the search keeps TP and CP groups inside a node, and these nodes are one host's GPUs."""
+    from planner.cluster import parse_cluster
+
+    node = cluster.nodes[0]
+    link = {"kind": node.intra_link.kind, "bandwidth_GBps": node.intra_link.bandwidth_GBps,
+            "latency_us": node.intra_link.latency_us}
+    return parse_cluster({"name": "host4-one-node", "inter_node": link, "nodes": [{"name": "g", "gpu": node.gpu,
+                                                                "gpus": len(cluster.nodes), "intra_link": link}]})
+
+
+def on_nodes(plan: Any) -> Any:
+    """``plan`` with the twin's devices ``g:k`` renamed to the worker's ``gk:0``."""
+    from dataclasses import replace as _replace
+
+    def name(d: str) -> str:
+        node, k = d.split(":")
+        return f"g{k}:0" if node == "g" else d
+
+    pipes = tuple(_replace(p, stages=tuple(_replace(st, devices=tuple(map(name, st.devices))) for st in p.stages))
+                  for p in plan.pipelines)
+    return _replace(plan, pipelines=pipes)
+
+
 def candidates(args: argparse.Namespace, model: Any, cluster: Any, profiles: Any,
                cp_reason: str | None) -> tuple[list[Any], dict[str, Any]]:
     """Every row before the run (the planner's first) and what planning took."""
@@ -81,9 +106,10 @@ def candidates(args: argparse.Namespace, model: Any, cluster: Any, profiles: Any
     rows: list[Candidate] = []
     t0 = time.perf_counter()
     if "planner" in args.plans:
-        try:
-            plan = make_plan(cluster, model, args.global_batch_size, profiles=profiles,
-                             config=PlannerConfig(time_limit_s=1.0 if args.smoke else 10.0))
+        try:  # searched on the host as one 4-GPU node (CP groups stay inside a node), run on g0..g3
+            twin = one_node_twin(cluster)
+            plan = on_nodes(make_plan(twin, model, args.global_batch_size, profiles=profiles,
+                                      config=PlannerConfig(time_limit_s=1.0 if args.smoke else 10.0)))
             step, peak, cap, _ = predict(plan)
             uses_cp = any(st.cp > 1 for p in plan.pipelines for st in p.stages)
             rows.append(Candidate("planner", plan, "planner", step, peak, cap,

@@ -161,7 +161,10 @@ def test_dry_run_prices_64k_and_writes_the_table_without_launching(tmp_path: Pat
     assert {r["source"] for r in rows} == {"planner", "cp", "no-cp"}
     assert not any("measured_s" in r for r in rows) and data["meta"]["date"] and data["meta"]["torch"]
     assert any(r["status"] == "predicted OOM, not run" for r in rows)
-    assert rows[0]["status"] == "would run (dry run)"
+    # the planner searches the host as one 4-GPU node, so its CP groups may span the 4 GPUs: at 64K it takes CP
+    assert rows[0]["uses_cp"]
+    reason = data["meta"]["cp_refusal"]
+    assert rows[0]["status"] == (f"not run: {reason}" if reason else "would run (dry run)")
     assert "| plan | cp | tp |" in capsys.readouterr().out
 
 
