@@ -44,6 +44,8 @@ import torch.distributed as dist
 from executor.model.gemm_check import ensure_right_products, linear_shapes
 from executor.model.init import logical_init
 from executor.model.llama import StageModule, check_supported
+from executor.parallel.context_parallel import CPContext, split_sequence
+from executor.parallel.cp_p2p import CPStageComm
 from executor.parallel.gather import gather_logical
 from executor.parallel.grad_sync import DEFAULT_BUCKET_NUMEL, GradSync
 from executor.parallel.groups import ProcessGroups
@@ -113,10 +115,11 @@ class Engine:
                                   linear_shapes(model, self.stage.tp, first=self.stage.is_first,
                                                 last=self.stage.is_last), (micro_tokens,))
 
+        cp = CPContext(self.stage.cp, self.stage.cp_rank, groups.cp_group) if self.stage.cp > 1 else None
         self.module = StageModule(model, layers=self.stage.layers, first=self.stage.is_first,
                                   last=self.stage.is_last, tp=self.stage.tp, tp_rank=self.tp_rank,
                                   group=groups.tp_group, device=self.device, recompute=plan.options.recompute,
-                                  residual=plan.options.residual_dtype)
+                                  residual=plan.options.residual_dtype, cp=cp)
         infos = stage_params(model, self.stage.layers, self.stage.is_first, self.stage.is_last)
         self.shard_dims = {p.name: p.shard_dim for p in infos}
         self._params: dict[str, torch.nn.Parameter] = dict(self.module.named_parameters())
@@ -138,14 +141,18 @@ class Engine:
         self.optimizer.register_step_post_hook(self.module.weights_changed)
         self.module.cast_once = True
         leader = self.stage.leader
-        self.comm = StageComm(self.stage, self.rank, groups.tp_group, device=self.device,
-                              prev_group=groups.boundary(self.stage.prev_leader, leader),
-                              next_group=groups.boundary(leader, self.stage.next_leader))
+        self.comm: StageComm | CPStageComm = (
+            CPStageComm(self.stage, self.rank, groups.tp_group, device=self.device, boundary=groups.boundary)
+            if self.stage.uses_cp else
+            StageComm(self.stage, self.rank, groups.tp_group, device=self.device,
+                      prev_group=groups.boundary(self.stage.prev_leader, leader),
+                      next_group=groups.boundary(leader, self.stage.next_leader)))
         self.grad_sync = (self.zero.sync if self.zero is not None
                           else GradSync(groups, self.params, bucket_numel=bucket_numel))
         self.trace: NullTrace | StepTrace = NO_TRACE
-        # parameters whose squared gradient this rank adds to the global norm (no double counting)
-        counted = self.stage.pipeline == 0
+        # parameters whose squared gradient this rank adds to the global norm (no double counting;
+        # after the sync every pipeline and CP slot holds the same gradient)
+        counted = self.stage.pipeline == 0 and self.stage.cp_rank == 0
         self._norm_params = [p for n, p in self.params.items()
                              if counted and (self.shard_dims[n] is not None or self.tp_rank == 0)]
 
@@ -183,12 +190,22 @@ class Engine:
 
     # ------------------------------------------------------------------------------ training
     def micro_batches(self, tokens: torch.Tensor) -> list[MicroBatch]:
+        """This pipeline's micro-batches; with ``cp > 1`` this rank's two chunks of every sequence
+        (:mod:`executor.parallel.context_parallel`)."""
         out, row = [], 0
+        cp, r = self.stage.cp, self.stage.cp_rank
+        if (tokens.shape[1] - 1) % (2 * cp):
+            raise SpecError(self._cp_field(), f"sequences of {tokens.shape[1] - 1} tokens do not split into "
+                            f"2 x cp = {2 * cp} equal chunks", f"use sequence lengths that are multiples of {2 * cp}")
         for size in self.pipeline.micro_batch_sizes():
             chunk = tokens[row:row + size]
-            out.append(MicroBatch(inputs=chunk[:, :-1], labels=chunk[:, 1:]))
+            out.append(MicroBatch(inputs=split_sequence(chunk[:, :-1], cp, r),
+                                  labels=split_sequence(chunk[:, 1:], cp, r)))
             row += size
         return out
+
+    def _cp_field(self) -> str:
+        return f"pipelines[{self.stage.pipeline}].stages[{self.stage.index}].cp"
 
     def train_step(self, tokens: torch.Tensor) -> StepStats:
         """One optimizer step on this pipeline's rows ``tokens [batch_size_p, seq_len + 1]``."""
@@ -204,6 +221,9 @@ class Engine:
         """One optimizer step on this pipeline's micro-batches (any shapes, packed ones included:
         every rank of the pipeline passes the same list); ``global_tokens`` counts the labels of
         the whole global batch, every pipeline's."""
+        if self.stage.uses_cp and any(mb.docs is not None for mb in micro):
+            raise SpecError(self._cp_field(), "packed documents do not run with context parallelism yet",
+                            "train packed data on a plan without cp, or unpacked sequences with cp")
         self.zero_grads()
         # each parameter's gradient is final after its len(micro)-th accumulation: from then on its
         # cross-pipeline reduction (all-reduce, or ZeRO-1's reduce-scatter) can run during the rest

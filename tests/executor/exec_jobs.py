@@ -21,17 +21,18 @@ ORACLE_OPTIM = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, total_steps=6, 
                            weight_decay=0.1)
 
 
-def make_plan(model: ModelSpec, pipes: list[tuple[int, int, str, list[tuple[int, int]]]],
+def make_plan(model: ModelSpec, pipes: list[tuple[int, int, str, list[tuple[int, ...]]]],
               dtype: str = "fp32") -> Plan:
-    """A plan from ``[(batch_size, micro_batches, schedule, [(tp, n_layers), ...]), ...]`` with
-    synthetic device ids ``d:0, d:1, ...`` (the executor needs no cluster)."""
+    """A plan from ``[(batch_size, micro_batches, schedule, [(tp, n_layers[, cp]), ...]), ...]``
+    with synthetic device ids ``d:0, d:1, ...`` (the executor needs no cluster)."""
     dev = 0
     pipelines = []
     for bs, mb, sched, stages in pipes:
         out, start = [], 0
-        for tp, n in stages:
-            out.append(Stage(tuple(f"d:{dev + i}" for i in range(tp)), tp, (start, start + n)))
-            dev += tp
+        for tp, n, *cps in stages:
+            cp = cps[0] if cps else 1
+            out.append(Stage(tuple(f"d:{dev + i}" for i in range(tp * cp)), tp, (start, start + n), cp))
+            dev += tp * cp
             start += n
         pipelines.append(Pipeline(bs, mb, tuple(out), sched))
     return Plan(model, sum(p[0] for p in pipes), tuple(pipelines), PlanOptions(dtype=dtype))

@@ -1,0 +1,80 @@
+"""The oracle for context parallelism (executor.parallel.context_parallel, executor.parallel.cp_p2p):
+plans whose stages split the sequence over CP ranks train exactly like one dense process — cp x tp
+meshes, CP changes and TP changes at one boundary (cp 2 -> 1, 1 -> 2, 2 -> 4), CP beside a second
+pipeline (data parallel) with and without ZeRO-1, under 1F1B and ZB-H1; every CP slot ends with the
+same weights. Plus the one-line refusals."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from exec_jobs import TINY, make_plan, train_plans
+from test_exec_oracle import run_oracle
+from torch.testing import assert_close
+
+from planner.layout import build_topology
+from planner.plan import Plan
+from tests.support.dist_testing import DistPool
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
+
+
+def _opts(plan: Plan, **options: object) -> Plan:
+    return replace(plan, options=replace(plan.options, **options))
+
+
+# stages are (tp, layers, cp)
+PLANS: dict[str, Plan] = {
+    "cp2-tp1": make_plan(TINY, [(4, 2, "1f1b", [(1, 4, 2)])]),
+    "cp2xtp2": make_plan(TINY, [(4, 2, "1f1b", [(2, 4, 2)])]),
+    "cp2-then-tp2": make_plan(TINY, [(4, 3, "1f1b", [(1, 2, 2), (2, 2, 1)])]),
+    "tp2-then-cp2-zb": make_plan(TINY, [(4, 3, "zb-h1", [(2, 2, 1), (1, 2, 2)])]),
+    "cp2-cp2-zb": make_plan(TINY, [(4, 4, "zb-h1", [(1, 1, 2), (1, 3, 2)])]),
+    "cp2-then-cp4": make_plan(TINY, [(3, 3, "1f1b", [(1, 2, 2), (1, 2, 4)])]),
+    "cp2-beside-tp2-dp": make_plan(TINY, [(3, 2, "1f1b", [(1, 4, 2)]), (1, 1, "zb-h1", [(2, 4, 1)])]),
+    "cp2-beside-tp2-zero1": _opts(make_plan(TINY, [(2, 2, "zb-h1", [(1, 4, 2)]), (2, 2, "1f1b", [(2, 4, 1)])]),
+                                  zero=1),
+}
+
+
+def _slots_agree(plan: Plan, results: list) -> None:
+    """Every CP slot of a stage holds the same shards as slot 0 (their gradients were summed)."""
+    topo = build_topology(plan)
+    for pipe in topo.pipelines:
+        for st in pipe:
+            if st.cp_rank == 0:
+                continue
+            for tp_rank, rank in enumerate(st.ranks):
+                ref = results[st.slots[0][tp_rank]]["shards"]
+                for name, t in results[rank]["shards"].items():
+                    assert_close(t, ref[name], rtol=0, atol=0, msg=lambda m, n=name, r=rank: f"rank {r} {n}: {m}")
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_cp_oracle(dist_pool: DistPool, name: str) -> None:
+    plan = PLANS[name]
+    _slots_agree(plan, run_oracle(dist_pool, plan))
+
+
+def test_cp_plans_cover_the_claims() -> None:
+    pipes = [p for pl in PLANS.values() for p in pl.pipelines]
+    meshes = {(s.cp, s.tp) for p in pipes for s in p.stages}
+    assert {(2, 1), (2, 2)} <= meshes
+    boundaries = {((a.cp, a.tp), (b.cp, b.tp)) for p in pipes for a, b in zip(p.stages, p.stages[1:])}
+    assert {((2, 1), (1, 2)), ((1, 2), (2, 1)), ((2, 1), (2, 1)), ((2, 1), (4, 1))} <= boundaries
+    assert {p.schedule for p in pipes} == {"1f1b", "zb-h1"}
+    multi = [pl for pl in PLANS.values() if len(pl.pipelines) > 1]
+    assert {pl.options.zero for pl in multi} == {0, 1}
+    assert max(pl.world_size for pl in PLANS.values()) <= 8
+
+
+def test_cp_refuses_a_sequence_that_does_not_split(dist_pool: DistPool) -> None:
+    """A sequence whose length 2 x cp does not divide is refused in one line naming the stage's cp."""
+    plan = PLANS["cp2-tp1"]
+    odd = [torch.randint(0, TINY.vocab_size, (plan.global_batch_size, 31))]  # 30 tokens: not 4 | 30
+    with pytest.raises(Exception) as err:
+        dist_pool.run(train_plans, [plan], [odd])
+    text = str(err.value)
+    assert "pipelines[0].stages[0].cp" in text and "multiples of 4" in text
