@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import math
 
+from planner.errors import SpecError
+from planner.plan import Plan
+
 Interval = tuple[int, int]
 
 
@@ -62,3 +65,14 @@ def boundary_peers(cp_a: int, cp_b: int) -> list[tuple[int, int]]:
     tokens (for every sequence length the plan allows: multiples of ``2·lcm``), in lexicographic order."""
     seq = 2 * math.lcm(cp_a, cp_b)
     return [(i, j) for i in range(cp_a) for j in range(cp_b) if shared_intervals(seq, cp_a, i, cp_b, j)]
+
+
+def refuse_cp(plan: Plan, what: str, fix: str, path: str = "") -> None:
+    """One :class:`~planner.errors.SpecError` naming the first ``cp > 1`` stage of ``plan`` (under
+    ``path``, e.g. ``strategies[1].plan``) when ``what`` cannot run context parallelism yet."""
+    for pi, pipe in enumerate(plan.pipelines):
+        for si, st in enumerate(pipe.stages):
+            if st.cp > 1:
+                field = f"pipelines[{pi}].stages[{si}].cp"
+                raise SpecError(f"{path}.{field}" if path else field,
+                                f"{what} does not run with context parallelism (cp={st.cp}) yet", fix)

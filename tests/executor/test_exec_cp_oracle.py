@@ -10,7 +10,17 @@ from dataclasses import replace
 
 import pytest
 import torch
-from exec_jobs import ORACLE_OPTIM, TINY, TINY8, checkpoint_job, global_batches, make_plan, train_plans
+from exec_jobs import (
+    ORACLE_OPTIM,
+    TINY,
+    TINY8,
+    checkpoint_job,
+    global_batches,
+    global_docs,
+    make_plan,
+    train_packed,
+    train_plans,
+)
 from test_exec_oracle import run_oracle
 from torch.testing import assert_close
 
@@ -95,3 +105,12 @@ def test_cp_checkpoint_reshards_exactly(dist_pool: DistPool, tmp_path) -> None:
         assert_close(res[rank]["losses_y"], ref.losses[split:], rtol=1e-5, atol=0)
     for name, want in ref.state.items():
         assert_close(res[0]["state"][name], want, rtol=1e-5, atol=2e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_cp_refuses_packed_documents(dist_pool: DistPool) -> None:
+    """Packed documents on a CP stage (the pool path refuses them up front, planner.varlen.pool): the
+    engine's backstop is one line naming the stage's cp."""
+    docs = global_docs(TINY, 1, 4)
+    with pytest.raises(Exception) as err:
+        dist_pool.run(train_packed, PLANS["cp2-tp1"], docs, [[[[0, 1], [2, 3]]]])
+    assert "pipelines[0].stages[0].cp" in str(err.value) and "packed documents" in str(err.value)
