@@ -110,7 +110,8 @@ class Engine:
         model = plan.model
         self.autocast_dtype = self._compute_dtype(plan.options.dtype)
         if self.device.type == "cuda":  # cuBLAS can be wrong on partial GPUs (MPS shares): executor.model.gemm_check
-            micro_tokens = max(1, self.pipeline.batch_size // self.pipeline.micro_batches) * model.seq_len
+            micro_tokens = (max(1, self.pipeline.batch_size // self.pipeline.micro_batches) * model.seq_len
+                            // self.stage.cp)
             ensure_right_products(self.device, self.autocast_dtype or torch.float32,
                                   linear_shapes(model, self.stage.tp, first=self.stage.is_first,
                                                 last=self.stage.is_last), (micro_tokens,))
