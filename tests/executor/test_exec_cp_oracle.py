@@ -45,6 +45,7 @@ PLANS: dict[str, Plan] = {
     "cp2-cp2-zb": make_plan(TINY, [(4, 4, "zb-h1", [(1, 1, 2), (1, 3, 2)])]),
     "cp2-then-cp4": make_plan(TINY, [(3, 3, "1f1b", [(1, 2, 2), (1, 2, 4)])]),
     "cp2-beside-tp2-dp": make_plan(TINY, [(3, 2, "1f1b", [(1, 4, 2)]), (1, 1, "zb-h1", [(2, 4, 1)])]),
+    "cp2xtp2-selective-recompute": _opts(make_plan(TINY, [(4, 2, "1f1b", [(2, 4, 2)])]), recompute="selective"),
     "cp2-beside-tp2-zero1": _opts(make_plan(TINY, [(2, 2, "zb-h1", [(1, 4, 2)]), (2, 2, "1f1b", [(2, 4, 1)])]),
                                   zero=1),
 }

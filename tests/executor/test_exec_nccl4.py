@@ -43,7 +43,7 @@ def _opts(plan: Plan, **kw: object) -> Plan:
     return replace(plan, options=replace(plan.options, **kw))
 
 
-def _p(pipes: list[tuple[int, int, str, list[tuple[int, int]]]], **kw: object) -> Plan:
+def _p(pipes: list[tuple[int, int, str, list[tuple[int, ...]]]], **kw: object) -> Plan:
     return _opts(make_plan(TINY8, pipes), **kw)
 
 
@@ -77,8 +77,18 @@ PLANS: dict[str, Plan] = {
     "zb-tp2-1+single-gpipe-zero1": _p([(5, 5, "zb-h1", [(2, 3), (1, 5)]), (3, 1, "gpipe", [(1, 8)])], zero=1),
     "zb-tp2-1+zb-single-recompute-full": _p([(6, 3, "zb-h1", [(2, 5), (1, 3)]), (2, 2, "zb-h1", [(1, 8)])],
                                             recompute="full"),
+    # context parallelism (stages are (tp, layers, cp); executor.parallel.context_parallel, cp_p2p): K/V
+    # all-gathers on their own CP communicators, piece-wise boundaries for cp 2 -> 1, 1 -> 2, 2 -> 2
+    "cp2": _p([(8, 4, "1f1b", [(1, 8, 2)])]),
+    "cp4": _p([(8, 2, "1f1b", [(1, 8, 4)])]),
+    "cp2xtp2": _p([(8, 4, "1f1b", [(2, 8, 2)])]),
+    "cp2-then-tp2": _p([(8, 4, "1f1b", [(1, 4, 2), (2, 4)])]),
+    "zb-tp2-then-cp2": _p([(8, 4, "zb-h1", [(2, 4), (1, 4, 2)])]),
+    "zb-cp2-cp2": _p([(8, 4, "zb-h1", [(1, 3, 2), (1, 5, 2)])]),
+    "zb-cp2+tp2-zero1": _p([(4, 2, "zb-h1", [(1, 8, 2)]), (4, 2, "1f1b", [(2, 8)])], zero=1),
+    "cp2xtp2-recompute-selective": _p([(8, 4, "1f1b", [(2, 8, 2)])], recompute="selective"),
 }
-BF16_PLANS = ("tp1-2-1", "tp2-1+single-gpipe-zero1", "tp2-vs-pp2", "zb-tp1-2-1")
+BF16_PLANS = ("tp1-2-1", "tp2-1+single-gpipe-zero1", "tp2-vs-pp2", "zb-tp1-2-1", "cp2xtp2", "cp2-then-tp2")
 
 
 @pytest.fixture(scope="module")
