@@ -30,6 +30,17 @@ What this module computes
   :func:`reduce_order`) and under ZeRO-1 each owner owns ``1/k`` of every bucket. The executor's
   buffers and the state layout (:mod:`planner.state_layout`) both take them from here.
 
+Context parallelism
+-------------------
+A stage with ``cp > 1`` is ``cp`` CP *slots*, each a TP group of ``tp`` consecutive ranks; the
+topology lists one :class:`StageTopo` per slot (``cp_rank``, ``slots``), so "the TP group of a
+rank" keeps its meaning. CP slots hold the same weight shards and see different tokens, so every
+slot is an owner of its slices, like a pipeline: ``layers.0.attn.wq.weight`` on a cp 2 x tp 1
+stage (ranks 0, 1) beside a tp-1 pipeline (rank 2) syncs in ``(0, 1, 2)``. A boundary where a side
+has ``cp > 1`` is one p2p pair per two slot leaders that share tokens
+(:func:`planner.cp_layout.boundary_peers`); the CP groups (the same TP rank of every slot,
+:meth:`StageTopo.cp_group`) carry attention's K/V all-gathers.
+
 Worked example
 --------------
 Model with 4 layers. Pipeline 0: one stage ``[A0, A1]`` (tp 2, layers 0-4). Pipeline 1: stage
