@@ -85,3 +85,16 @@ def test_pool_and_elastic_switch_refuse_cp_in_one_line() -> None:
         StrategyPool(TINY.seq_len, (Strategy("a", flat), Strategy("b", cp)))
     with pytest.raises(SpecError, match=r"plan\.pipelines\[0\]\.stages\[0\]\.cp.*elastic switching"):
         reshard_plan(flat, cp)
+
+
+def test_seed_flags_refuse_cp_and_relabelling_keeps_it() -> None:
+    """The seeds' flags have no cp (a converted CP plan would be another layout): one line. Elastic
+    re-planning's device relabelling keeps a stage's cp (it used to drop it)."""
+    from planner.replan import _rename
+    from planner.seed_flags import plan_to_flags
+
+    plan = _plan((4, [(1, 2, 1), (2, 2, 2)]))
+    with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[1\]\.cp.*seed systems' flags"):
+        plan_to_flags(plan)
+    renamed = _rename(plan, {d: "x" + d for d in plan.devices})
+    assert [s.cp for s in renamed.pipelines[0].stages] == [1, 2] and renamed.devices[0] == "xd:0"
