@@ -41,13 +41,10 @@ class CPContext:
 
 
 @functools.lru_cache(maxsize=64)
-def _positions(seq: int, cp: int, cp_rank: int) -> torch.Tensor:
-    return torch.tensor(cp_positions(seq, cp, cp_rank), dtype=torch.long)
-
-
 def local_positions(seq: int, cp: int, cp_rank: int, device: torch.device) -> torch.Tensor:
-    """Global positions of ``cp_rank``'s tokens of an ``seq``-token sequence (local order)."""
-    return _positions(seq, cp, cp_rank).to(device)
+    """Global positions of ``cp_rank``'s tokens of an ``seq``-token sequence (local order), made
+    on ``device`` once: a copy from host memory per forward would block the host on a GPU."""
+    return torch.tensor(cp_positions(seq, cp, cp_rank), dtype=torch.long, device=device)
 
 
 def split_sequence(x: torch.Tensor, cp: int, cp_rank: int, dim: int = 1) -> torch.Tensor:
