@@ -84,6 +84,23 @@ class GatherKV(torch.autograd.Function):
         return out, None, None
 
 
+def _gather_kv(kv: torch.Tensor, cp: int, group: Any) -> torch.Tensor:
+    return GatherKV.apply(kv, cp, group)
+
+
+_gather = _gather_kv  # the K/V all-gather attention calls (see keep_kv_gather_eager)
+
+
+def keep_kv_gather_eager() -> None:
+    """Make the K/V all-gather (and its reduce-scatter backward) a graph break under
+    ``torch.compile``, as :func:`executor.parallel.tp_layers.keep_collectives_eager` does for the
+    TP all-reduces (a collective traced inside a compiled autograd.Function went wrong there);
+    :func:`executor.model.fast_path.compile_blocks` calls both."""
+    global _gather
+    if _gather is _gather_kv:
+        _gather = torch.compiler.disable(_gather_kv)
+
+
 def _lower_right(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backends: fast_path.Backends) -> torch.Tensor:
     from torch.nn.attention.bias import causal_lower_right
 
@@ -99,7 +116,7 @@ def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContex
     """Causal GQA attention of the local queries ``q [b, Hq, 2L, d]`` over the whole sequence, from
     the local ``k, v [b, Hkv, 2L, d]`` (module docstring)."""
     hq, hkv = q.shape[1], k.shape[1]
-    kv = GatherKV.apply(torch.stack([k, v]), cp.cp, cp.group)
+    kv = _gather(torch.stack([k, v]), cp.cp, cp.group)
     rep = hq // hkv
     if rep > 1:
         two, b, g, s, d = kv.shape

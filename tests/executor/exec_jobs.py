@@ -62,11 +62,13 @@ def pool_engine(plan: Plan, device: torch.device | None = None, **kw: Any) -> En
 
 
 def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: OptimConfig = ORACLE_OPTIM,
-                seed: int = 0, accelerator: bool = False, chunked_loss: bool = False) -> list[dict[str, Any] | None]:
+                seed: int = 0, accelerator: bool = False, chunked_loss: bool = False,
+                compile_backend: str | None = None) -> list[dict[str, Any] | None]:
     """On every rank: train each plan on its batches; per plan, the losses/norms seen by this rank
     and (on rank 0) the gathered logical weights. Ranks beyond a plan's size idle. With
     ``accelerator`` each rank runs on its current CUDA device (NCCL checks); ``chunked_loss``: the
-    last stages' cross-entropy in row chunks (executor.model.chunked_loss)."""
+    last stages' cross-entropy in row chunks (executor.model.chunked_loss); ``compile_backend``: the
+    stages' blocks compiled with that torch.compile backend (also on CPU)."""
     rank = dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
     out: list[dict[str, Any] | None] = []
@@ -77,6 +79,10 @@ def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: Opt
             continue
         groups = eng.groups
         eng.module.chunked_loss = chunked_loss
+        if compile_backend is not None:
+            from executor.model.fast_path import compile_blocks
+
+            compile_blocks(eng.module, force=True, backend=compile_backend)
         stats = [eng.train_step(pipeline_rows(plan, eng.stage.pipeline, t)) for t in steps]
         state = eng.logical_state_dict(to_all=False)
         out.append({"losses": [s.loss for s in stats], "norms": [s.grad_norm for s in stats],

@@ -115,3 +115,4 @@ def test_cp_refuses_packed_documents(dist_pool: DistPool) -> None:
     with pytest.raises(Exception) as err:
         dist_pool.run(train_packed, PLANS["cp2-tp1"], docs, [[[[0, 1], [2, 3]]]])
     assert "pipelines[0].stages[0].cp" in str(err.value) and "packed documents" in str(err.value)
+
