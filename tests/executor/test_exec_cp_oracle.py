@@ -43,9 +43,12 @@ PLANS: dict[str, Plan] = {
     "cp2-then-tp2": make_plan(TINY, [(4, 3, "1f1b", [(1, 2, 2), (2, 2, 1)])]),
     "tp2-then-cp2-zb": make_plan(TINY, [(4, 3, "zb-h1", [(2, 2, 1), (1, 2, 2)])]),
     "cp2-cp2-zb": make_plan(TINY, [(4, 4, "zb-h1", [(1, 1, 2), (1, 3, 2)])]),
-    "cp2-then-cp4": make_plan(TINY, [(3, 3, "1f1b", [(1, 2, 2), (1, 2, 4)])]),
+    "cp2-then-cp4-gpipe-full-recompute": _opts(make_plan(TINY, [(3, 3, "gpipe", [(1, 2, 2), (1, 2, 4)])]),
+                                               recompute="full"),
     "cp2-beside-tp2-dp": make_plan(TINY, [(3, 2, "1f1b", [(1, 4, 2)]), (1, 1, "zb-h1", [(2, 4, 1)])]),
     "cp2xtp2-selective-recompute": _opts(make_plan(TINY, [(4, 2, "1f1b", [(2, 4, 2)])]), recompute="selective"),
+    "cp2xtp2-beside-tp1-zero1": _opts(make_plan(TINY, [(2, 1, "1f1b", [(2, 4, 2)]), (2, 2, "zb-h1", [(1, 4)])]),
+                                      zero=1),
     "cp2-beside-tp2-zero1": _opts(make_plan(TINY, [(2, 2, "zb-h1", [(1, 4, 2)]), (2, 2, "1f1b", [(2, 4, 1)])]),
                                   zero=1),
 }
@@ -76,7 +79,8 @@ def test_cp_plans_cover_the_claims() -> None:
     assert {(2, 1), (2, 2)} <= meshes
     boundaries = {((a.cp, a.tp), (b.cp, b.tp)) for p in pipes for a, b in zip(p.stages, p.stages[1:])}
     assert {((2, 1), (1, 2)), ((1, 2), (2, 1)), ((2, 1), (2, 1)), ((2, 1), (4, 1))} <= boundaries
-    assert {p.schedule for p in pipes} == {"1f1b", "zb-h1"}
+    assert {p.schedule for p in pipes} == {"1f1b", "zb-h1", "gpipe"}
+    assert {pl.options.recompute for pl in PLANS.values()} == {"none", "selective", "full"}
     multi = [pl for pl in PLANS.values() if len(pl.pipelines) > 1]
     assert {pl.options.zero for pl in multi} == {0, 1}
     assert max(pl.world_size for pl in PLANS.values()) <= 8
