@@ -12,6 +12,12 @@ One optimizer step (``train_step``) on rank ``r`` of pipeline ``p``, stage ``i``
    leader only;
 4. clip by the global norm, set the scheduled LR, AdamW step.
 
+Context parallelism (a stage with ``cp > 1``, :mod:`executor.parallel.context_parallel`): this
+rank's micro-batches hold its two chunks of every sequence (:meth:`Engine.micro_batches`), the
+boundaries exchange pieces (:mod:`executor.parallel.cp_p2p`), the CP slots' gradients are summed
+in step 2 like pipelines' (:func:`planner.layout.build_topology`), every slot leader of a last
+stage adds its part of the loss in step 3, and only CP slot 0 of pipeline 0 adds to the norm.
+
 With ``plan.options.zero == 1`` and several pipelines, :mod:`executor.parallel.zero` replaces steps 2-4's
 all-reduce and full AdamW: a reduce-scatter gives each slice owner its part of the gradient, the
 norm adds up the parts, AdamW updates the owned parts only (1/k of the state) and the parts are

@@ -1,8 +1,9 @@
 """The oracle for context parallelism (executor.parallel.context_parallel, executor.parallel.cp_p2p):
 plans whose stages split the sequence over CP ranks train exactly like one dense process — cp x tp
-meshes, CP changes and TP changes at one boundary (cp 2 -> 1, 1 -> 2, 2 -> 4), CP beside a second
-pipeline (data parallel) with and without ZeRO-1, under 1F1B and ZB-H1; every CP slot ends with the
-same weights. Plus the one-line refusals."""
+meshes; CP changes and TP changes at one boundary (cp 2 -> 1, 1 -> 2, 2 -> 4, cp 2 x tp 2 -> cp 4
+x tp 1); CP beside a second pipeline (data parallel) with and without ZeRO-1; 1F1B, ZB-H1 and
+GPipe; selective and full recompute. Every CP slot ends with the same weights. Plus checkpoints
+across CP layouts and the one-line refusals."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ PLANS: dict[str, Plan] = {
     "cp2-cp2-zb": make_plan(TINY, [(4, 4, "zb-h1", [(1, 1, 2), (1, 3, 2)])]),
     "cp2-then-cp4-gpipe-full-recompute": _opts(make_plan(TINY, [(3, 3, "gpipe", [(1, 2, 2), (1, 2, 4)])]),
                                                recompute="full"),
+    "cp2xtp2-then-cp4xtp1": make_plan(TINY, [(4, 2, "1f1b", [(2, 2, 2), (1, 2, 4)])]),
     "cp2-beside-tp2-dp": make_plan(TINY, [(3, 2, "1f1b", [(1, 4, 2)]), (1, 1, "zb-h1", [(2, 4, 1)])]),
     "cp2xtp2-selective-recompute": _opts(make_plan(TINY, [(4, 2, "1f1b", [(2, 4, 2)])]), recompute="selective"),
     "cp2xtp2-beside-tp1-zero1": _opts(make_plan(TINY, [(2, 1, "1f1b", [(2, 4, 2)]), (2, 2, "zb-h1", [(1, 4)])]),
@@ -78,7 +80,7 @@ def test_cp_plans_cover_the_claims() -> None:
     meshes = {(s.cp, s.tp) for p in pipes for s in p.stages}
     assert {(2, 1), (2, 2)} <= meshes
     boundaries = {((a.cp, a.tp), (b.cp, b.tp)) for p in pipes for a, b in zip(p.stages, p.stages[1:])}
-    assert {((2, 1), (1, 2)), ((1, 2), (2, 1)), ((2, 1), (2, 1)), ((2, 1), (4, 1))} <= boundaries
+    assert {((2, 1), (1, 2)), ((1, 2), (2, 1)), ((2, 1), (2, 1)), ((2, 1), (4, 1)), ((2, 2), (4, 1))} <= boundaries
     assert {p.schedule for p in pipes} == {"1f1b", "zb-h1", "gpipe"}
     assert {pl.options.recompute for pl in PLANS.values()} == {"none", "selective", "full"}
     multi = [pl for pl in PLANS.values() if len(pl.pipelines) > 1]
