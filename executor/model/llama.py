@@ -37,7 +37,7 @@ from executor.model import fast_path
 from executor.model.cast_once import WeightCopies
 from executor.model.chunked_loss import chunked_vocab_cross_entropy
 from executor.model.recompute_core import recomputed_core
-from executor.parallel.context_parallel import CPContext, cp_attention, local_positions
+from executor.parallel.context_parallel import CPContext, cp_attention, cp_packed_attention, local_positions
 from executor.parallel.tp_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -115,6 +115,8 @@ class Attention(nn.Module):
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSpans | None = None) -> torch.Tensor:
         if docs is not None:
+            if self.cp is not None:
+                return cp_packed_attention(q, k, v, docs, self.cp, self.attn_backends)
             return packed_attention(q, k, v, docs, self.attn_backends)
         if self.cp is not None:
             return cp_attention(q, k, v, self.cp, self.attn_backends)
@@ -259,11 +261,13 @@ class StageModule(nn.Module):
             x = x.to(torch.get_autocast_dtype(dev))
         cos: torch.Tensor = self.rope_cos  # type: ignore[assignment]
         sin: torch.Tensor = self.rope_sin  # type: ignore[assignment]
-        if docs is not None:  # per-token tables: [T, d], which apply_rope takes like a cut table
-            pos = docs.positions(cos.device)
-            cos, sin = cos[pos], sin[pos]
-        elif self.cp is not None:  # this rank's chunks sit at global positions
+        if self.cp is not None:  # this rank's chunks sit at global positions (in the row, if packed)
             pos = local_positions(x.shape[1] * self.cp.cp, self.cp.cp, self.cp.cp_rank, cos.device)
+            if docs is not None:
+                pos = docs.positions(cos.device)[pos]
+            cos, sin = cos[pos], sin[pos]
+        elif docs is not None:  # per-token tables: [T, d], which apply_rope takes like a cut table
+            pos = docs.positions(cos.device)
             cos, sin = cos[pos], sin[pos]
         for key, block in self.layers.items():
             if gate is not None:

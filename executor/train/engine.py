@@ -201,9 +201,7 @@ class Engine:
         (:mod:`executor.parallel.context_parallel`)."""
         out, row = [], 0
         cp, r = self.stage.cp, self.stage.cp_rank
-        if (tokens.shape[1] - 1) % (2 * cp):
-            raise SpecError(self._cp_field(), f"sequences of {tokens.shape[1] - 1} tokens do not split into "
-                            f"2 x cp = {2 * cp} equal chunks", f"use sequence lengths that are multiples of {2 * cp}")
+        self._check_cp_split(tokens.shape[1] - 1, "sequences", "use sequence lengths that are multiples of")
         for size in self.pipeline.micro_batch_sizes():
             chunk = tokens[row:row + size]
             out.append(MicroBatch(inputs=split_sequence(chunk[:, :-1], cp, r),
@@ -211,8 +209,21 @@ class Engine:
             row += size
         return out
 
-    def _cp_field(self) -> str:
-        return f"pipelines[{self.stage.pipeline}].stages[{self.stage.index}].cp"
+    def _cp_packed(self, mb: MicroBatch) -> MicroBatch:
+        cp, r = self.stage.cp, self.stage.cp_rank
+        return MicroBatch(inputs=split_sequence(mb.inputs, cp, r), labels=split_sequence(mb.labels, cp, r),
+                          docs=mb.docs)
+
+    def _check_cp_split(self, tokens: int, what: str, fix: str) -> None:
+        """Refuse rows that the pipeline's largest ``cp`` cannot cut into ``2·cp`` chunks, on EVERY
+        rank of the pipeline alike (a cp-1 neighbour of a CP stage would otherwise wait for, or fail
+        on, pieces that never come), naming the first stage of that cp."""
+        cps = [s.cp for s in self.pipeline.stages]
+        cp = max(cps)
+        if cp > 1 and tokens % (2 * cp):
+            field = f"pipelines[{self.stage.pipeline}].stages[{cps.index(cp)}].cp"
+            raise SpecError(field, f"{what} of {tokens} tokens do not split into 2 x cp = {2 * cp} equal chunks",
+                            f"{fix} {2 * cp} tokens")
 
     def train_step(self, tokens: torch.Tensor) -> StepStats:
         """One optimizer step on this pipeline's rows ``tokens [batch_size_p, seq_len + 1]``."""
@@ -228,9 +239,11 @@ class Engine:
         """One optimizer step on this pipeline's micro-batches (any shapes, packed ones included:
         every rank of the pipeline passes the same list); ``global_tokens`` counts the labels of
         the whole global batch, every pipeline's."""
-        if self.stage.uses_cp and any(mb.docs is not None for mb in micro):
-            raise SpecError(self._cp_field(), "packed documents do not run with context parallelism yet",
-                            "train packed data on a plan without cp, or unpacked sequences with cp")
+        for mb in micro:
+            if mb.docs is not None:
+                self._check_cp_split(mb.inputs.shape[1], "packed rows", "pack rows of a multiple of")
+        if self.stage.cp > 1:  # packed rows: this rank's chunks of each (unpacked ones: micro_batches)
+            micro = [self._cp_packed(mb) if mb.docs is not None else mb for mb in micro]
         self.zero_grads()
         # each parameter's gradient is final after its len(micro)-th accumulation: from then on its
         # cross-pipeline reduction (all-reduce, or ZeRO-1's reduce-scatter) can run during the rest

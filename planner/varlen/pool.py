@@ -74,7 +74,7 @@ class StrategyPool:
                                 "every strategy of a pool runs on the same devices")
             if st.plan.model != self.strategies[0].plan.model:
                 raise SpecError(f"{path}.plan.model", "differs from strategy 0's model", "one model per pool")
-            refuse_cp(st.plan, "a strategy pool (packed documents, hot switching)",
+            refuse_cp(st.plan, "a strategy pool (hot switching between layouts)",
                       "plan the pool's strategies with cp 1", f"{path}.plan")
         if self.context > self.model.seq_len:
             raise SpecError("context", f"{self.context} exceeds the model's seq_len {self.model.seq_len}",

@@ -107,19 +107,21 @@ def global_docs(model: ModelSpec, steps: int, docs_per_step: int, seed: int = 43
 
 
 def train_packed(plan: Plan, steps: list[list[torch.Tensor]], layouts: list[list[list[list[int]]]],
-                 optim: OptimConfig = ORACLE_OPTIM, seed: int = 0) -> dict[str, Any] | None:
+                 optim: OptimConfig = ORACLE_OPTIM, seed: int = 0, accelerator: bool = False) -> dict[str, Any] | None:
     """On every rank: train ``plan`` on packed documents; ``layouts[k][p]`` lists pipeline ``p``'s
-    micro-batches of step ``k``, each a list of indices into ``steps[k]``."""
+    micro-batches of step ``k``, each a list of indices into ``steps[k]`` (``accelerator``: on each
+    rank's current CUDA device)."""
     from executor.data.packed_batch import label_tokens, pack_micro_batches
 
     rank = dist.get_rank()
-    eng = pool_engine(plan, optim=optim, seed=seed)
+    device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
+    eng = pool_engine(plan, device, optim=optim, seed=seed)
     if eng is None:
         return None
     groups = eng.groups
     stats = []
     for docs, layout in zip(steps, layouts):
-        micro = pack_micro_batches(docs, layout[eng.stage.pipeline])
+        micro = pack_micro_batches(docs, layout[eng.stage.pipeline], device)
         stats.append(eng.train_micro_batches(micro, label_tokens(docs)))
     state = eng.logical_state_dict(to_all=False)
     out = {"losses": [s.loss for s in stats], "norms": [s.grad_norm for s in stats], "lrs": [s.lr for s in stats],

@@ -17,7 +17,6 @@ from exec_jobs import (
     TINY8,
     checkpoint_job,
     global_batches,
-    global_docs,
     make_plan,
     train_packed,
     train_plans,
@@ -89,13 +88,14 @@ def test_cp_plans_cover_the_claims() -> None:
 
 
 def test_cp_refuses_a_sequence_that_does_not_split(dist_pool: DistPool) -> None:
-    """A sequence whose length 2 x cp does not divide is refused in one line naming the stage's cp."""
-    plan = PLANS["cp2-tp1"]
+    """A sequence whose length 2 x cp does not divide is refused in one line naming the stage's cp, by
+    every rank of the pipeline alike (the cp-1 stage too, which would otherwise wait for pieces)."""
+    plan = PLANS["cp2-then-tp2"]
     odd = [torch.randint(0, TINY.vocab_size, (plan.global_batch_size, 31))]  # 30 tokens: not 4 | 30
     with pytest.raises(Exception) as err:
         dist_pool.run(train_plans, [plan], [odd])
     text = str(err.value)
-    assert "pipelines[0].stages[0].cp" in text and "multiples of 4" in text
+    assert "pipelines[0].stages[0].cp" in text and "multiples of 4 tokens" in text
 
 
 def test_cp_checkpoint_reshards_exactly(dist_pool: DistPool, tmp_path) -> None:
@@ -114,11 +114,46 @@ def test_cp_checkpoint_reshards_exactly(dist_pool: DistPool, tmp_path) -> None:
         assert_close(res[0]["state"][name], want, rtol=1e-5, atol=2e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_cp_refuses_packed_documents(dist_pool: DistPool) -> None:
-    """Packed documents on a CP stage (the pool path refuses them up front, planner.varlen.pool): the
-    engine's backstop is one line naming the stage's cp."""
-    docs = global_docs(TINY, 1, 4)
-    with pytest.raises(Exception) as err:
-        dist_pool.run(train_packed, PLANS["cp2-tp1"], docs, [[[[0, 1], [2, 3]]]])
-    assert "pipelines[0].stages[0].cp" in str(err.value) and "packed documents" in str(err.value)
+def _docs(lengths: list[int], seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, TINY.vocab_size, (n,), generator=gen) for n in lengths]
 
+
+PACKED: dict[str, Plan] = {
+    "packed-cp2-then-tp2": make_plan(TINY, [(2, 2, "1f1b", [(1, 2, 2), (2, 2)])]),
+    "packed-cp2xtp2-beside-tp1-zb": make_plan(TINY, [(2, 2, "zb-h1", [(2, 4, 2)]), (1, 1, "1f1b", [(1, 4)])]),
+}
+
+
+def packed_steps(pipelines: int) -> tuple[list[list[torch.Tensor]], list[list[list[list[int]]]]]:
+    """Two steps of documents and their rows, every row a multiple of 2 x cp = 4 tokens."""
+    steps = [_docs([5, 9, 3, 7, 5], 11), _docs([13, 4, 6, 5], 12)]  # inputs 4, 8, 2, 6, 4 | 12, 3, 5, 4
+    if pipelines == 2:  # rows of 12 + 8 tokens and 4 tokens
+        return steps, [[[[0, 1], [2, 3]], [[4]]], [[[0], [1, 2]], [[3]]]]
+    return steps, [[[[0, 1], [2, 3, 4]]], [[[0], [1, 2, 3]]]]  # rows of 12 + 12 tokens
+
+
+@pytest.mark.parametrize("name", list(PACKED))
+def test_cp_packed_documents_train_like_each_document_alone(dist_pool: DistPool, name: str) -> None:
+    """Packed rows (documents back to back, positions restarting, attention inside each document)
+    split over CP ranks: the K/V all-gather masked by document and global position trains like the
+    dense reference on every document alone (rows of multiples of 2 x cp = 4 tokens)."""
+    plan = PACKED[name]
+    steps, layouts = packed_steps(len(plan.pipelines))
+    ref = reference_train(TINY, steps, optim=ORACLE_OPTIM)
+    results = dist_pool.run(train_packed, plan, steps, layouts)
+    n = plan.world_size
+    for rank, r in enumerate(results[:n]):
+        assert_close(r["losses"], ref.losses, rtol=1e-5, atol=0, msg=f"losses on rank {rank}")
+        assert_close(r["norms"], ref.grad_norms, rtol=1e-5, atol=0, msg=f"grad norms on rank {rank}")
+    for key, want in ref.state.items():
+        assert_close(results[0]["state"][key], want, rtol=1e-5, atol=2e-6, msg=lambda m, k=key: f"{k}: {m}")
+    _slots_agree(plan, results)
+
+
+def test_cp_refuses_a_packed_row_that_does_not_split(dist_pool: DistPool) -> None:
+    """A packed row whose token count 2 x cp does not divide: one line naming the stage's cp."""
+    docs = _docs([5, 8], 13)  # one row of 4 + 7 = 11 tokens
+    with pytest.raises(Exception) as err:
+        dist_pool.run(train_packed, PACKED["packed-cp2-then-tp2"], [docs], [[[[0, 1]]]])
+    assert "pipelines[0].stages[0].cp" in str(err.value) and "a multiple of 4 tokens" in str(err.value)

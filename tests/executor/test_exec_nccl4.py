@@ -23,6 +23,7 @@ from exec_jobs import (
     checkpoint_job,
     global_batches,
     make_plan,
+    train_packed,
     train_plans,
 )
 from torch.testing import assert_close
@@ -127,7 +128,7 @@ def test_nccl4_oracle(nccl4: DistPool, name: str) -> None:
 @pytest.mark.parametrize("name", ["cp2xtp2", "cp2-then-tp2"])
 def test_nccl4_cp_compiled_blocks(nccl4: DistPool, name: str) -> None:
     """Compiled blocks (Inductor) on CP stages: the K/V all-gather and its reduce-scatter stay eager
-    graph breaks (executor.parallel.context_parallel.keep_kv_gather_eager, as the TP all-reduces:
+    graph breaks (executor.parallel.kv_gather.keep_kv_gather_eager, as the TP all-reduces:
     traced inside a compiled block, an NCCL collective once gave an 8 % wrong gradient norm)."""
     plan, ref = PLANS[name], _reference()
     res = nccl4.run(train_plans, [plan], [_batches()], accelerator=True, compile_backend="inductor")
@@ -138,6 +139,22 @@ def test_nccl4_cp_compiled_blocks(nccl4: DistPool, name: str) -> None:
     rebuilt = assemble_pipeline(plan, results, 0)
     for n, want in ref.state.items():
         assert_close(rebuilt[n], want, rtol=RTOL, atol=ATOL, msg=lambda m, n=n: f"{name} {n}: {m}")
+
+
+def test_nccl4_cp_packed_documents(nccl4: DistPool) -> None:
+    """Packed rows on a cp 2 x tp 2 stage: K/V all-gather masked by document and global position
+    (executor.parallel.context_parallel.cp_packed_attention) equals every document trained alone."""
+    from test_exec_cp_oracle import PACKED, packed_steps
+
+    plan = PACKED["packed-cp2xtp2-beside-tp1-zb"]
+    steps, layouts = packed_steps(len(plan.pipelines))
+    ref = reference_train(plan.model, steps, optim=ORACLE_OPTIM)
+    res = nccl4.run(train_packed, plan, steps, layouts, accelerator=True)
+    for r in res[:plan.world_size]:
+        assert_close(r["losses"], ref.losses, rtol=RTOL, atol=0, msg="losses")
+        assert_close(r["norms"], ref.grad_norms, rtol=RTOL, atol=0, msg="norms")
+    for n, want in ref.state.items():
+        assert_close(res[0]["state"][n], want, rtol=RTOL, atol=ATOL, msg=lambda m, n=n: f"{n}: {m}")
 
 
 @pytest.mark.parametrize("name", [*BF16_PLANS, "chunked-loss:tp2-1+single-gpipe-zero1"])
