@@ -73,16 +73,16 @@ def cp_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs:
                         backends: fast_path.Backends = ()) -> torch.Tensor:
     """:func:`cp_attention` for a packed row (``docs``: the whole row's documents): local query chunk
     ``c`` attends to the gathered keys ``[0, (c+1)·L)`` of its own document only — the rows of the
-    row's dense document mask (``DocSpans.mask``, O(T²): exact, not yet a varlen kernel)."""
+    row's document mask, built for those rows only (``DocSpans.mask_rows``: L x (c+1)·L booleans;
+    exact, not yet a varlen kernel)."""
     hq = q.shape[1]
     kv = _expand(gather_kv(torch.stack([k, v]), cp.cp, cp.group), hq)
-    mask = docs.mask(q.device)
     n = q.shape[-2] // 2
     outs = []
     for half, c in enumerate((cp.cp_rank, 2 * cp.cp - 1 - cp.cp_rank)):
         end = (c + 1) * n
         outs.append(_sdpa(q[..., half * n:(half + 1) * n, :], kv[0, ..., :end, :], kv[1, ..., :end, :],
-                          mask[c * n:(c + 1) * n, :end], backends))
+                          docs.mask_rows(c * n, end, q.device), backends))
     return torch.cat(outs, dim=-2)
 
 
