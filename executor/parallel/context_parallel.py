@@ -9,7 +9,10 @@ positions. Attention of local chunk ``c`` needs the keys ``[0, (c+1)·L)``:
    global order (:mod:`executor.parallel.kv_gather`); its backward sums every rank's gradient of the
    gathered K/V and gives each rank its own chunks (a reduce-scatter);
 2. each local query chunk attends to that prefix with the causal mask aligned lower-right (query
-   ``i`` of chunk ``c`` sees keys ``<= c·L + i``): exactly the rows of dense causal attention.
+   ``i`` of chunk ``c`` sees keys ``<= c·L + i``): exactly the rows of dense causal attention. A
+   packed row (documents back to back, :mod:`executor.data.packed_docs`) is split the same way; its
+   queries also keep to their own document (:func:`cp_packed_attention`), and RoPE takes each
+   token's position inside its document.
 
 The loss of a CP rank is the sum over its tokens scaled by ``1 / global_tokens``; CP ranks of a
 stage hold the same weight shards and their gradients are SUM-reduced with the pipelines'
@@ -19,6 +22,7 @@ stage hold the same weight shards and their gradients are SUM-reduced with the p
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,26 +67,17 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, backends
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def _lower_right(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backends: fast_path.Backends) -> torch.Tensor:
-    from torch.nn.attention.bias import causal_lower_right
-
-    return _sdpa(q, k, v, causal_lower_right(q.shape[-2], k.shape[-2]), backends)
-
-
-def cp_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSpans, cp: CPContext,
-                        backends: fast_path.Backends = ()) -> torch.Tensor:
-    """:func:`cp_attention` for a packed row (``docs``: the whole row's documents): local query chunk
-    ``c`` attends to the gathered keys ``[0, (c+1)·L)`` of its own document only — the rows of the
-    row's document mask, built for those rows only (``DocSpans.mask_rows``: L x (c+1)·L booleans;
-    exact, not yet a varlen kernel)."""
-    hq = q.shape[1]
-    kv = _expand(gather_kv(torch.stack([k, v]), cp.cp, cp.group), hq)
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext, backends: fast_path.Backends,
+            mask_rows: Callable[[int, int], Any]) -> torch.Tensor:
+    """Local query chunk ``c`` (``q [b, Hq, 2L, d]``: chunks ``cp_rank`` and ``2·cp-1-cp_rank``) over
+    the gathered keys ``[0, (c+1)·L)`` under ``mask_rows(c·L, (c+1)·L)``."""
+    kv = _expand(gather_kv(torch.stack([k, v]), cp.cp, cp.group), q.shape[1])
     n = q.shape[-2] // 2
     outs = []
     for half, c in enumerate((cp.cp_rank, 2 * cp.cp - 1 - cp.cp_rank)):
         end = (c + 1) * n
         outs.append(_sdpa(q[..., half * n:(half + 1) * n, :], kv[0, ..., :end, :], kv[1, ..., :end, :],
-                          docs.mask_rows(c * n, end, q.device), backends))
+                          mask_rows(c * n, end), backends))
     return torch.cat(outs, dim=-2)
 
 
@@ -97,12 +92,16 @@ def _expand(kv: torch.Tensor, heads: int) -> torch.Tensor:
 def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext,
                  backends: fast_path.Backends = ()) -> torch.Tensor:
     """Causal GQA attention of the local queries ``q [b, Hq, 2L, d]`` over the whole sequence, from
-    the local ``k, v [b, Hkv, 2L, d]`` (module docstring)."""
-    kv = _expand(gather_kv(torch.stack([k, v]), cp.cp, cp.group), q.shape[1])
-    n = q.shape[-2] // 2
-    outs = []
-    for half, c in enumerate((cp.cp_rank, 2 * cp.cp - 1 - cp.cp_rank)):
-        end = (c + 1) * n
-        outs.append(_lower_right(q[..., half * n:(half + 1) * n, :], kv[0, ..., :end, :], kv[1, ..., :end, :],
-                                 backends))
-    return torch.cat(outs, dim=-2)
+    the local ``k, v [b, Hkv, 2L, d]``: causal aligned lower-right (module docstring; SDPA's
+    flash/efficient kernels take it on CUDA)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    return _attend(q, k, v, cp, backends, lambda start, end: causal_lower_right(end - start, end))
+
+
+def cp_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSpans, cp: CPContext,
+                        backends: fast_path.Backends = ()) -> torch.Tensor:
+    """:func:`cp_attention` for a packed row (``docs``: the whole row's documents): each query also
+    keeps to its own document — its rows of the row's document mask, built for those rows only
+    (``DocSpans.mask_rows``: L x (c+1)·L booleans; exact, not yet a varlen kernel)."""
+    return _attend(q, k, v, cp, backends, lambda start, end: docs.mask_rows(start, end, q.device))
