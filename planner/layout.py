@@ -30,6 +30,17 @@ What this module computes
   :func:`reduce_order`) and under ZeRO-1 each owner owns ``1/k`` of every bucket. The executor's
   buffers and the state layout (:mod:`planner.state_layout`) both take them from here.
 
+Context parallelism
+-------------------
+A stage with ``cp > 1`` is ``cp`` CP *slots*, each a TP group of ``tp`` consecutive ranks; the
+topology lists one :class:`StageTopo` per slot (``cp_rank``, ``slots``), so "the TP group of a
+rank" keeps its meaning. CP slots hold the same weight shards and see different tokens, so every
+slot is an owner of its slices, like a pipeline: ``layers.0.attn.wq.weight`` on a cp 2 x tp 1
+stage (ranks 0, 1) beside a tp-1 pipeline (rank 2) syncs in ``(0, 1, 2)``. A boundary where a side
+has ``cp > 1`` is one p2p pair per two slot leaders that share tokens
+(:func:`planner.cp_layout.boundary_peers`); the CP groups (the same TP rank of every slot,
+:meth:`StageTopo.cp_group`) carry attention's K/V all-gathers.
+
 Worked example
 --------------
 Model with 4 layers. Pipeline 0: one stage ``[A0, A1]`` (tp 2, layers 0-4). Pipeline 1: stage
@@ -55,6 +66,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from planner.cp_layout import boundary_peers
 from planner.model import ModelSpec
 from planner.plan import Plan
 
@@ -165,6 +177,9 @@ def shard_range(size: int, tp: int, tp_rank: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class StageTopo:
+    """One TP group of a stage: the whole stage, or with ``cp > 1`` one of its ``cp`` CP slots
+    (``Topology.pipelines`` lists a stage's slots in CP-rank order, :mod:`planner.cp_layout`)."""
+
     pipeline: int
     index: int
     ranks: tuple[int, ...]  # the TP group; ranks[0] is the leader
@@ -173,6 +188,11 @@ class StageTopo:
     is_last: bool
     prev_leader: int | None  # leader of the previous stage (None on the first stage)
     next_leader: int | None  # leader of the next stage (None on the last stage)
+    cp: int = 1
+    cp_rank: int = 0
+    slots: tuple[tuple[int, ...], ...] = ()  # every CP slot's TP group of this stage (() when cp == 1)
+    prev_leaders: tuple[int, ...] = ()  # slot leaders of the previous stage, CP-rank order (() if cp 1)
+    next_leaders: tuple[int, ...] = ()  # slot leaders of the next stage, CP-rank order (() if cp 1)
 
     @property
     def tp(self) -> int:
@@ -181,6 +201,16 @@ class StageTopo:
     @property
     def leader(self) -> int:
         return self.ranks[0]
+
+    def cp_group(self, tp_rank: int) -> tuple[int, ...]:
+        """The CP group of ``tp_rank``: that TP rank of every slot (ranks sharing weight shards)."""
+        return tuple(s[tp_rank] for s in self.slots) if self.slots else (self.ranks[tp_rank],)
+
+    @property
+    def uses_cp(self) -> bool:
+        """Whether this stage or a neighbour splits the sequence (its boundaries need
+        :mod:`planner.cp_layout`'s piece-wise exchange)."""
+        return self.cp > 1 or len(self.prev_leaders) > 1 or len(self.next_leaders) > 1
 
     def holds(self, name: str) -> bool:
         return holds(name, self.layers, self.is_first, self.is_last)
@@ -242,8 +272,20 @@ class Topology:
         return [st.ranks for pipe in self.pipelines for st in pipe]
 
     def p2p_pairs(self) -> list[tuple[int, int]]:
-        """``(leader, next_leader)`` of every stage boundary: pipelines in order, boundaries in order."""
-        return [(st.leader, st.next_leader) for pipe in self.pipelines for st in pipe if st.next_leader is not None]
+        """``(leader, next_leader)`` of every stage boundary: pipelines in order, boundaries in order.
+        Where a side has ``cp > 1``, one pair per two slot leaders that share tokens
+        (:func:`planner.cp_layout.boundary_peers`, lexicographic)."""
+        out = []
+        for pipe in self.pipelines:
+            for st in pipe:
+                if st.next_leader is None or st.cp_rank:
+                    continue
+                if not st.uses_cp:
+                    out.append((st.leader, st.next_leader))
+                    continue
+                mine = [g[0] for g in st.slots] if st.slots else [st.leader]
+                out += [(mine[i], st.next_leaders[j]) for i, j in boundary_peers(len(mine), len(st.next_leaders))]
+        return out
 
     def local_slice(self, rank: int, ref: SliceRef) -> tuple[int | None, int, int]:
         """``ref`` in the coordinates of ``rank``'s local shard: (dim, start, stop)."""
@@ -284,16 +326,19 @@ def build_topology(plan: Plan) -> Topology:
     pipes: list[tuple[StageTopo, ...]] = []
     rank = 0
     for pi, pipe in enumerate(plan.pipelines):
-        groups: list[tuple[int, ...]] = []
+        slots: list[tuple[tuple[int, ...], ...]] = []  # per stage, its CP slots' TP groups
         for st in pipe.stages:
-            groups.append(tuple(range(rank, rank + st.tp)))
-            rank += st.tp
+            slots.append(tuple(tuple(range(rank + c * st.tp, rank + (c + 1) * st.tp)) for c in range(st.cp)))
+            rank += st.tp * st.cp
         n = len(pipe.stages)
         pipes.append(tuple(
-            StageTopo(pipeline=pi, index=si, ranks=groups[si], layers=st.layers, is_first=si == 0,
-                      is_last=si == n - 1, prev_leader=groups[si - 1][0] if si > 0 else None,
-                      next_leader=groups[si + 1][0] if si < n - 1 else None)
-            for si, st in enumerate(pipe.stages)))
+            StageTopo(pipeline=pi, index=si, ranks=group, layers=st.layers, is_first=si == 0,
+                      is_last=si == n - 1, prev_leader=slots[si - 1][0][0] if si > 0 else None,
+                      next_leader=slots[si + 1][0][0] if si < n - 1 else None, cp=st.cp, cp_rank=c,
+                      slots=slots[si] if st.cp > 1 else (),
+                      prev_leaders=tuple(g[0] for g in slots[si - 1]) if si > 0 else (),
+                      next_leaders=tuple(g[0] for g in slots[si + 1]) if si < n - 1 else ())
+            for si, st in enumerate(pipe.stages) for c, group in enumerate(slots[si])))
     topo_pipes = tuple(pipes)
     sync, bcasts = _sync_plan(plan.model, topo_pipes)
     return Topology(plan.model, rank, topo_pipes, sync, bcasts)
@@ -301,23 +346,25 @@ def build_topology(plan: Plan) -> Topology:
 
 def _sync_plan(model: ModelSpec, pipes: tuple[tuple[StageTopo, ...], ...]
                ) -> tuple[tuple[SyncGroup, ...], tuple[TPBroadcast, ...]]:
+    """Owners of every slice: one per pipeline, times the CP slots of the holding stage (CP ranks
+    hold the same shards and see different tokens, so their gradients add up like pipelines')."""
     by_ranks: dict[tuple[int, ...], list[SliceRef]] = {}
     bcast: dict[tuple[int, ...], list[str]] = {}
-    multi = len(pipes) > 1
     for info in logical_params(model):
-        holders = [next(st for st in pipe if st.holds(info.name)) for pipe in pipes]
+        holders = [[st for st in pipe if st.holds(info.name)] for pipe in pipes]
         if info.shard_dim is None:
-            owners = tuple(st.leader for st in holders)
+            owners = tuple(st.leader for slots in holders for st in slots)
             by_ranks.setdefault(owners, []).append(SliceRef(info.name, None, 0, info.shape[0]))
-            if multi:
-                for st in holders:
-                    if st.tp > 1:
-                        bcast.setdefault(st.ranks, []).append(info.name)
+            if len(owners) > 1:
+                for slots in holders:
+                    for st in slots:
+                        if st.tp > 1:
+                            bcast.setdefault(st.ranks, []).append(info.name)
             continue
-        slices = finest_slices([st.tp for st in holders])
+        slices = finest_slices([slots[0].tp for slots in holders])
         width = info.shape[info.shard_dim] // len(slices)
         for j, tp_ranks in enumerate(slices):
-            owners = tuple(st.ranks[r] for st, r in zip(holders, tp_ranks))
+            owners = tuple(st.ranks[r] for slots, r in zip(holders, tp_ranks) for st in slots)
             by_ranks.setdefault(owners, []).append(SliceRef(info.name, info.shard_dim, j * width, (j + 1) * width))
     groups = tuple(SyncGroup(r, tuple(s)) for r, s in sorted(by_ranks.items()) if len(r) > 1)
     bcasts = tuple(TPBroadcast(r, tuple(n)) for r, n in sorted(bcast.items()))

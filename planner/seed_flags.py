@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.cluster import ClusterSpec
+from planner.cp_layout import refuse_cp
 from planner.errors import SpecError
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
@@ -222,14 +223,11 @@ def plan_to_flags(plan: Plan, cluster: ClusterSpec | None = None) -> SeedFlags:
     """Seed-style flags for ``plan``; with a cluster, ``--devices_id`` too.
 
     The seed numbers a node's GPUs in order of appearance, so a plan whose devices on some node do
-    not appear as local 0, 1, 2, ... in rank order has no exact ``--devices_id``; that is an error,
-    as is a context-parallel stage (the seed flags have no CP degree).
+    not appear as local 0, 1, 2, ... in rank order has no exact ``--devices_id``; that is an error.
+    The seeds have no context parallelism: a plan with ``cp > 1`` has no flags (one error line).
     """
-    for pi, pipe in enumerate(plan.pipelines):
-        for si, st in enumerate(pipe.stages):
-            if st.cp > 1:
-                raise SpecError(f"pipelines[{pi}].stages[{si}].cp", f"cp={st.cp}: the seed flags have no "
-                                "context-parallel degree", "pass the plan file (--plan) instead")
+    refuse_cp(plan, "the seed systems' flags (--hetero_configs: one TP degree per stage)",
+              "keep the plan file (format hexiscale.plan/2) for this layout")
     devices_id = None
     if cluster is not None:
         index = {n.name: i for i, n in enumerate(cluster.nodes)}

@@ -13,6 +13,7 @@ rely on).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from planner.errors import SpecError
 from planner.layout import StageTopo, SyncGroup, Topology, TPBroadcast, build_topology
@@ -29,9 +30,11 @@ def rank_map(plan: Plan, devices: Sequence[str]) -> list[int]:
 
 
 def _rename_stage(st: StageTopo, m: Sequence[int]) -> StageTopo:
-    return StageTopo(st.pipeline, st.index, tuple(m[r] for r in st.ranks), st.layers, st.is_first, st.is_last,
-                     None if st.prev_leader is None else m[st.prev_leader],
-                     None if st.next_leader is None else m[st.next_leader])
+    return replace(st, ranks=tuple(m[r] for r in st.ranks),
+                   prev_leader=None if st.prev_leader is None else m[st.prev_leader],
+                   next_leader=None if st.next_leader is None else m[st.next_leader],
+                   slots=tuple(tuple(m[r] for r in g) for g in st.slots),
+                   prev_leaders=tuple(m[r] for r in st.prev_leaders), next_leaders=tuple(m[r] for r in st.next_leaders))
 
 
 def strategy_topology(plan: Plan, devices: Sequence[str]) -> Topology:

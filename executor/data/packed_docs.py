@@ -78,11 +78,15 @@ class DocSpans:
 
     def mask(self, device: torch.device) -> torch.Tensor:
         """Boolean ``[T, T]``: True where query ``i`` may attend to key ``j`` (same document, j <= i)."""
-        def build() -> torch.Tensor:
-            doc = torch.repeat_interleave(torch.arange(len(self.lengths)), torch.tensor(self.lengths))
-            causal = torch.ones(self.total, self.total, dtype=torch.bool).tril()
-            return causal & (doc[:, None] == doc[None, :])
-        return self._cached("mask", device, build)
+        return self._cached("mask", device, lambda: self.mask_rows(0, self.total, torch.device("cpu")))
+
+    def mask_rows(self, start: int, stop: int, device: torch.device) -> torch.Tensor:
+        """Rows ``[start, stop)`` of :meth:`mask` over keys ``[0, stop)`` (what a context-parallel
+        query chunk needs, :mod:`executor.parallel.context_parallel`), built on ``device``."""
+        doc = self._cached("doc", device, lambda: torch.repeat_interleave(torch.arange(len(self.lengths)),
+                                                                          torch.tensor(self.lengths)))
+        q, k = torch.arange(start, stop, device=device), torch.arange(stop, device=device)
+        return (q[:, None] >= k[None, :]) & (doc[start:stop, None] == doc[None, :stop])
 
 
 @functools.cache

@@ -167,7 +167,9 @@ def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, 
 
     Returns how many blocks were compiled: 0 on CPU unless ``force``. Blocks are identical
     modules, so Dynamo traces one graph and reuses it for the others (parameters are inputs).
-    TP collectives inside a block are graph breaks (:func:`executor.parallel.tp_layers.keep_collectives_eager`).
+    TP collectives and CP's K/V all-gather inside a block are graph breaks
+    (:func:`executor.parallel.tp_layers.keep_collectives_eager`,
+    :func:`executor.parallel.kv_gather.keep_kv_gather_eager`).
     ``backend``: torch.compile's (``aot_eager`` traces the same graphs without generating kernels,
     which is how the CPU tests check that the compiled region has no graph break).
     """
@@ -178,9 +180,11 @@ def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, 
     on_cpu = not params or params[0].device.type == "cpu"
     if on_cpu and not force:
         return 0
+    from executor.parallel.kv_gather import keep_kv_gather_eager
     from executor.parallel.tp_layers import keep_collectives_eager
 
     keep_collectives_eager()
+    keep_kv_gather_eager()
     for block in layers.values():
         block.compile(mode=mode, dynamic=False, backend=backend)
     if head and getattr(stage, "last", False) and getattr(stage, "tp", 1) == 1:

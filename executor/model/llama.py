@@ -37,6 +37,7 @@ from executor.model import fast_path
 from executor.model.cast_once import WeightCopies
 from executor.model.chunked_loss import chunked_vocab_cross_entropy
 from executor.model.recompute_core import recomputed_core
+from executor.parallel.context_parallel import CPContext, cp_attention, cp_packed_attention, local_positions
 from executor.parallel.tp_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -95,9 +96,11 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, m: ModelSpec, *, tp: int, group: Any, recompute: str, device: torch.device | None):
+    def __init__(self, m: ModelSpec, *, tp: int, group: Any, recompute: str, device: torch.device | None,
+                 cp: CPContext | None = None):
         super().__init__()
         self.group = group
+        self.cp = cp  # set: this rank holds 2 of 2·cp sequence chunks (executor.parallel.context_parallel)
         self.heads = m.num_heads // tp
         self.kv_heads = m.num_kv_heads // tp
         self.head_dim = m.head_dim
@@ -112,7 +115,11 @@ class Attention(nn.Module):
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSpans | None = None) -> torch.Tensor:
         if docs is not None:
+            if self.cp is not None:
+                return cp_packed_attention(q, k, v, docs, self.cp, self.attn_backends)
             return packed_attention(q, k, v, docs, self.attn_backends)
+        if self.cp is not None:
+            return cp_attention(q, k, v, self.cp, self.attn_backends)
         return fast_path.causal_attention(q, k, v, self.attn_backends)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -145,11 +152,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, m: ModelSpec, *, tp: int, group: Any, recompute: str, device: torch.device | None):
+    def __init__(self, m: ModelSpec, *, tp: int, group: Any, recompute: str, device: torch.device | None,
+                 cp: CPContext | None = None):
         super().__init__()
         self.full_recompute = recompute == "full"
         self.attn_norm = RMSNorm(m.hidden_size, m.norm_eps, device)
-        self.attn = Attention(m, tp=tp, group=group, recompute=recompute, device=device)
+        self.attn = Attention(m, tp=tp, group=group, recompute=recompute, device=device, cp=cp)
         self.mlp_norm = RMSNorm(m.hidden_size, m.norm_eps, device)
         self.mlp = MLP(m, tp=tp, group=group, device=device)
 
@@ -181,9 +189,10 @@ class StageModule(nn.Module):
 
     def __init__(self, m: ModelSpec, *, layers: tuple[int, int], first: bool, last: bool, tp: int, tp_rank: int,
                  group: Any, device: torch.device | None = None, recompute: str = "none",
-                 residual: str = "fp32"):
+                 residual: str = "fp32", cp: CPContext | None = None):
         super().__init__()
         self.spec = m
+        self.cp = cp  # context parallelism: inputs, labels and outputs are this rank's sequence chunks
         self.low_residual = residual != "fp32"  # the residual stream in the autocast dtype (if any)
         self.first, self.last = first, last
         self.tp, self.tp_rank, self.group = tp, tp_rank, group
@@ -197,7 +206,8 @@ class StageModule(nn.Module):
         self.embed = (VocabParallelEmbedding(m.vocab_size, m.hidden_size, tp=tp, tp_rank=tp_rank, group=group,
                                              device=device) if first else None)
         self.layers = nn.ModuleDict({
-            str(i): Block(m, tp=tp, group=group, recompute=recompute, device=device) for i in range(*layers)})
+            str(i): Block(m, tp=tp, group=group, recompute=recompute, device=device, cp=cp)
+            for i in range(*layers)})
         if last:
             self.final_norm: RMSNorm | None = RMSNorm(m.hidden_size, m.norm_eps, device)
             self.lm_head: ColumnParallelLinear | None = ColumnParallelLinear(
@@ -251,7 +261,12 @@ class StageModule(nn.Module):
             x = x.to(torch.get_autocast_dtype(dev))
         cos: torch.Tensor = self.rope_cos  # type: ignore[assignment]
         sin: torch.Tensor = self.rope_sin  # type: ignore[assignment]
-        if docs is not None:  # per-token tables: [T, d], which apply_rope takes like a cut table
+        if self.cp is not None:  # this rank's chunks sit at global positions (in the row, if packed)
+            pos = local_positions(x.shape[1] * self.cp.cp, self.cp.cp, self.cp.cp_rank, cos.device)
+            if docs is not None:
+                pos = docs.positions(cos.device)[pos]
+            cos, sin = cos[pos], sin[pos]
+        elif docs is not None:  # per-token tables: [T, d], which apply_rope takes like a cut table
             pos = docs.positions(cos.device)
             cos, sin = cos[pos], sin[pos]
         for key, block in self.layers.items():

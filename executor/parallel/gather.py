@@ -23,6 +23,8 @@ def gather_logical(groups: ProcessGroups, local: dict[str, torch.Tensor], *, to_
     out: dict[str, torch.Tensor] = {}
     device = next(iter(local.values())).device
     for st in topo.pipelines[0]:
+        if st.cp_rank:  # CP slots of a stage hold the same shards: slot 0 gives them
+            continue
         infos = stage_params(model, st.layers, st.is_first, st.is_last)
         total = sum(i.numel for i in infos)
         full: torch.Tensor | None = None

@@ -5,7 +5,9 @@ connected before the first step.
 the plan's world size, which some tests use to run small plans in a large worker pool) calls
 ``new_group`` for the same rank sets in the same order — the plan's ranks, every TP group, every
 gradient-sync group and TP-broadcast group (deduplicated, in topology order), then one *dedicated*
-group per stage boundary (``Topology.p2p_pairs``). Sets of one rank get no group (their
+group per CP group of a ``cp > 1`` stage (its K/V all-gathers inside attention, never shared with
+the gradient traffic of an equal rank set), then one *dedicated* group per stage boundary
+(``Topology.p2p_pairs``; one per pair of CP-slot leaders that exchange tokens). Sets of one rank get no group (their
 collectives are no-ops). Then :meth:`ProcessGroups.connect` runs one tiny operation on every group,
 in that same global order, so every communicator exists and is connected before training starts.
 
@@ -64,6 +66,7 @@ class ProcessGroups:
     world: Any  # group of the plan's ranks (None if this rank is not in the plan)
     by_ranks: dict[tuple[int, ...], Any] = field(default_factory=dict)
     p2p: dict[tuple[int, int], Any] = field(default_factory=dict)  # (leader, next leader) -> its own group
+    cp: dict[tuple[int, ...], Any] = field(default_factory=dict)  # CP group ranks -> its own group
     # every (kind, ranks, group) in creation order: the global order of set-up (see the module docstring)
     order: list[tuple[str, tuple[int, ...], Any]] = field(default_factory=list)
     setup_s: float = 0.0  # seconds to create and connect every group
@@ -84,6 +87,11 @@ class ProcessGroups:
     @property
     def tp_rank(self) -> int:
         return self.stage.ranks.index(self.rank)
+
+    @property
+    def cp_group(self) -> Any:
+        """This rank's CP group (the same TP rank of every CP slot of its stage; None when cp == 1)."""
+        return self.cp.get(self.stage.cp_group(self.tp_rank))
 
     def group(self, ranks: tuple[int, ...]) -> Any:
         """The group of exactly ``ranks`` (None for a single rank)."""
@@ -120,6 +128,8 @@ class ProcessGroups:
             group = dist.new_group(list(ranks), backend=backend)
             if kind == "p2p":
                 out.p2p[(ranks[0], ranks[1])] = group
+            elif kind == "cp":
+                out.cp[ranks] = group
             else:
                 out.by_ranks[ranks] = group
             out.order.append((kind, ranks, group))
@@ -153,7 +163,7 @@ class ProcessGroups:
         for kind, ranks, group in self.order:
             if self.rank not in ranks:
                 continue
-            if kind == "collective":
+            if kind != "p2p":
                 dist.all_reduce(torch.ones(1, device=device), group=group)
                 continue
             peer = ranks[1] if ranks[0] == self.rank else ranks[0]
@@ -179,6 +189,7 @@ class ProcessGroups:
         out = distinct(group for _, _, group in self.order)
         self.by_ranks.clear()
         self.p2p.clear()
+        self.cp.clear()
         self.order.clear()
         return out
 
@@ -186,7 +197,8 @@ class ProcessGroups:
 def group_sets(topology: Topology) -> list[tuple[str, tuple[int, ...]]]:
     """Every communicator of ``topology`` as ``(kind, ranks)`` in the global creation order (pure):
     the plan's ranks, TP groups, gradient-sync and TP-broadcast groups (equal rank sets once),
-    then one ``p2p`` group per stage boundary (never shared). Sets of one rank get none."""
+    then one ``cp`` group per CP group and one ``p2p`` group per stage boundary (never shared).
+    Sets of one rank get none."""
     plan_ranks = tuple(range(topology.world_size))
     wanted = [plan_ranks, *topology.tp_groups(), *(g.ranks for g in topology.sync_groups),
               *(b.ranks for b in topology.tp_broadcasts)]
@@ -196,7 +208,9 @@ def group_sets(topology: Topology) -> list[tuple[str, tuple[int, ...]]]:
         if len(ranks) > 1 and ranks not in seen:
             seen.add(ranks)
             out.append(("collective", ranks))
-    return out + [("p2p", pair) for pair in topology.p2p_pairs()]
+    cps = [("cp", st.cp_group(t)) for pipe in topology.pipelines for st in pipe if st.cp > 1 and st.cp_rank == 0
+           for t in range(st.tp)]
+    return out + cps + [("p2p", pair) for pair in topology.p2p_pairs()]
 
 
 def _free_mib() -> float:

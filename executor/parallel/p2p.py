@@ -14,6 +14,9 @@ This is correct for any pair of TP degrees (4 → 2 → 1 → 4 ...). The combin
 until they are received. Receive shapes are known from the plan (micro-batch sizes are
 deterministic), so no shapes are exchanged.
 
+Where a side of a boundary splits the sequence (``cp > 1``), :mod:`executor.parallel.cp_p2p` does the
+same exchange piece-wise between CP slot leaders; this class stays the path of every other boundary.
+
 On NCCL (:mod:`executor.parallel.groups` gives the whole rule): every boundary has its own two-rank group,
 created and connected before the first step, so a leader's first send never waits for the set-up
 of a communicator that ranks outside the boundary would have to join; ``req.wait()`` only orders

@@ -40,6 +40,7 @@ import torch
 
 from executor.data.packed_docs import DocSpans
 from executor.model.llama import StageModule
+from executor.parallel.cp_p2p import CPStageComm
 from executor.parallel.p2p import StageComm
 from executor.parallel.weight_grad_store import WeightGradStore, install
 from executor.train.trace import NO_TRACE, NullTrace, StepTrace
@@ -128,7 +129,7 @@ def check_plan_schedules(plan: Plan) -> None:
         check_trainable(pipe.schedule, len(pipe.stages), pipe.micro_batches, f"pipelines[{pi}].schedule")
 
 
-def run_ops(runner: _Runner, comm: StageComm, ops: Sequence[StageOp]) -> None:
+def run_ops(runner: _Runner, comm: StageComm | CPStageComm, ops: Sequence[StageOp]) -> None:
     """Run ``ops`` (forwards and backwards of this stage) in order, fusing a send with the next
     op's receive from the same peer (module docstring)."""
     pending: torch.Tensor | None = None
@@ -155,8 +156,9 @@ def run_ops(runner: _Runner, comm: StageComm, ops: Sequence[StageOp]) -> None:
         fused = turn
 
 
-def run_schedule(kind: str, *, module: StageModule, comm: StageComm, micro: list[MicroBatch], loss_scale: float,
-                 n_stages: int, autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+def run_schedule(kind: str, *, module: StageModule, comm: StageComm | CPStageComm, micro: list[MicroBatch],
+                 loss_scale: float, n_stages: int,
+                 autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
                  trace: NullTrace | StepTrace = NO_TRACE) -> torch.Tensor | None:
     """Run forward and backward of all micro-batches under the registry's schedule ``kind``;
     gradients accumulate in ``module``'s ``.grad``.

@@ -73,7 +73,7 @@ def _part_pieces(engine: Engine, key: str, flats: list[torch.Tensor]) -> list[Pi
 def save_pieces(engine: Engine) -> list[Piece]:
     """What this rank writes (module docstring)."""
     out: list[Piece] = []
-    writes_shards = engine.stage.pipeline == 0
+    writes_shards = engine.stage.pipeline == 0 and engine.stage.cp_rank == 0  # CP slots hold equal shards
     if writes_shards:
         out += _shard_pieces(engine, "model/", {n: p.detach() for n, p in engine.params.items()}, writer=True)
     if engine.zero is not None:

@@ -12,6 +12,12 @@ One optimizer step (``train_step``) on rank ``r`` of pipeline ``p``, stage ``i``
    leader only;
 4. clip by the global norm, set the scheduled LR, AdamW step.
 
+Context parallelism (a stage with ``cp > 1``, :mod:`executor.parallel.context_parallel`): this
+rank's micro-batches hold its two chunks of every sequence (:meth:`Engine.micro_batches`), the
+boundaries exchange pieces (:mod:`executor.parallel.cp_p2p`), the CP slots' gradients are summed
+in step 2 like pipelines' (:func:`planner.layout.build_topology`), every slot leader of a last
+stage adds its part of the loss in step 3, and only CP slot 0 of pipeline 0 adds to the norm.
+
 With ``plan.options.zero == 1`` and several pipelines, :mod:`executor.parallel.zero` replaces steps 2-4's
 all-reduce and full AdamW: a reduce-scatter gives each slice owner its part of the gradient, the
 norm adds up the parts, AdamW updates the owned parts only (1/k of the state) and the parts are
@@ -44,6 +50,8 @@ import torch.distributed as dist
 from executor.model.gemm_check import ensure_right_products, linear_shapes
 from executor.model.init import logical_init
 from executor.model.llama import StageModule, check_supported
+from executor.parallel.context_parallel import CPContext, split_sequence
+from executor.parallel.cp_p2p import CPStageComm
 from executor.parallel.gather import gather_logical
 from executor.parallel.grad_sync import DEFAULT_BUCKET_NUMEL, GradSync
 from executor.parallel.groups import ProcessGroups
@@ -108,15 +116,17 @@ class Engine:
         model = plan.model
         self.autocast_dtype = self._compute_dtype(plan.options.dtype)
         if self.device.type == "cuda":  # cuBLAS can be wrong on partial GPUs (MPS shares): executor.model.gemm_check
-            micro_tokens = max(1, self.pipeline.batch_size // self.pipeline.micro_batches) * model.seq_len
+            micro_tokens = (max(1, self.pipeline.batch_size // self.pipeline.micro_batches) * model.seq_len
+                            // self.stage.cp)
             ensure_right_products(self.device, self.autocast_dtype or torch.float32,
                                   linear_shapes(model, self.stage.tp, first=self.stage.is_first,
                                                 last=self.stage.is_last), (micro_tokens,))
 
+        cp = CPContext(self.stage.cp, self.stage.cp_rank, groups.cp_group) if self.stage.cp > 1 else None
         self.module = StageModule(model, layers=self.stage.layers, first=self.stage.is_first,
                                   last=self.stage.is_last, tp=self.stage.tp, tp_rank=self.tp_rank,
                                   group=groups.tp_group, device=self.device, recompute=plan.options.recompute,
-                                  residual=plan.options.residual_dtype)
+                                  residual=plan.options.residual_dtype, cp=cp)
         infos = stage_params(model, self.stage.layers, self.stage.is_first, self.stage.is_last)
         self.shard_dims = {p.name: p.shard_dim for p in infos}
         self._params: dict[str, torch.nn.Parameter] = dict(self.module.named_parameters())
@@ -138,14 +148,18 @@ class Engine:
         self.optimizer.register_step_post_hook(self.module.weights_changed)
         self.module.cast_once = True
         leader = self.stage.leader
-        self.comm = StageComm(self.stage, self.rank, groups.tp_group, device=self.device,
-                              prev_group=groups.boundary(self.stage.prev_leader, leader),
-                              next_group=groups.boundary(leader, self.stage.next_leader))
+        self.comm: StageComm | CPStageComm = (
+            CPStageComm(self.stage, self.rank, groups.tp_group, device=self.device, boundary=groups.boundary)
+            if self.stage.uses_cp else
+            StageComm(self.stage, self.rank, groups.tp_group, device=self.device,
+                      prev_group=groups.boundary(self.stage.prev_leader, leader),
+                      next_group=groups.boundary(leader, self.stage.next_leader)))
         self.grad_sync = (self.zero.sync if self.zero is not None
                           else GradSync(groups, self.params, bucket_numel=bucket_numel))
         self.trace: NullTrace | StepTrace = NO_TRACE
-        # parameters whose squared gradient this rank adds to the global norm (no double counting)
-        counted = self.stage.pipeline == 0
+        # parameters whose squared gradient this rank adds to the global norm (no double counting;
+        # after the sync every pipeline and CP slot holds the same gradient)
+        counted = self.stage.pipeline == 0 and self.stage.cp_rank == 0
         self._norm_params = [p for n, p in self.params.items()
                              if counted and (self.shard_dims[n] is not None or self.tp_rank == 0)]
 
@@ -183,12 +197,33 @@ class Engine:
 
     # ------------------------------------------------------------------------------ training
     def micro_batches(self, tokens: torch.Tensor) -> list[MicroBatch]:
+        """This pipeline's micro-batches; with ``cp > 1`` this rank's two chunks of every sequence
+        (:mod:`executor.parallel.context_parallel`)."""
         out, row = [], 0
+        cp, r = self.stage.cp, self.stage.cp_rank
+        self._check_cp_split(tokens.shape[1] - 1, "sequences", "use sequence lengths that are multiples of")
         for size in self.pipeline.micro_batch_sizes():
             chunk = tokens[row:row + size]
-            out.append(MicroBatch(inputs=chunk[:, :-1], labels=chunk[:, 1:]))
+            out.append(MicroBatch(inputs=split_sequence(chunk[:, :-1], cp, r),
+                                  labels=split_sequence(chunk[:, 1:], cp, r)))
             row += size
         return out
+
+    def _cp_packed(self, mb: MicroBatch) -> MicroBatch:
+        cp, r = self.stage.cp, self.stage.cp_rank
+        return MicroBatch(inputs=split_sequence(mb.inputs, cp, r), labels=split_sequence(mb.labels, cp, r),
+                          docs=mb.docs)
+
+    def _check_cp_split(self, tokens: int, what: str, fix: str) -> None:
+        """Refuse rows that the pipeline's largest ``cp`` cannot cut into ``2·cp`` chunks, on EVERY
+        rank of the pipeline alike (a cp-1 neighbour of a CP stage would otherwise wait for, or fail
+        on, pieces that never come), naming the first stage of that cp."""
+        cps = [s.cp for s in self.pipeline.stages]
+        cp = max(cps)
+        if cp > 1 and tokens % (2 * cp):
+            field = f"pipelines[{self.stage.pipeline}].stages[{cps.index(cp)}].cp"
+            raise SpecError(field, f"{what} of {tokens} tokens do not split into 2 x cp = {2 * cp} equal chunks",
+                            f"{fix} {2 * cp} tokens")
 
     def train_step(self, tokens: torch.Tensor) -> StepStats:
         """One optimizer step on this pipeline's rows ``tokens [batch_size_p, seq_len + 1]``."""
@@ -204,6 +239,11 @@ class Engine:
         """One optimizer step on this pipeline's micro-batches (any shapes, packed ones included:
         every rank of the pipeline passes the same list); ``global_tokens`` counts the labels of
         the whole global batch, every pipeline's."""
+        for mb in micro:
+            if mb.docs is not None:
+                self._check_cp_split(mb.inputs.shape[1], "packed rows", "pack rows of a multiple of")
+        if self.stage.cp > 1:  # packed rows: this rank's chunks of each (unpacked ones: micro_batches)
+            micro = [self._cp_packed(mb) if mb.docs is not None else mb for mb in micro]
         self.zero_grads()
         # each parameter's gradient is final after its len(micro)-th accumulation: from then on its
         # cross-pipeline reduction (all-reduce, or ZeRO-1's reduce-scatter) can run during the rest

@@ -55,7 +55,8 @@ class PlanRunner:
         self.start = engine.step
         self.stream = BatchStream(source, global_batch_size=plan.global_batch_size,
                                   rows=pipeline_rows(plan, pipeline), position=position, device=engine.device)
-        self.logger = StepLogger(plan, engine.rank, pipeline, leader=engine.stage.is_first and engine.tp_rank == 0,
+        leader = engine.stage.is_first and engine.tp_rank == 0 and engine.stage.cp_rank == 0  # one line a pipeline
+        self.logger = StepLogger(plan, engine.rank, pipeline, leader=leader,
                                  device=engine.device, cluster=cluster, jsonl=args.metrics.log_jsonl,
                                  every=args.metrics.log_every,
                                  tensorboard=tensorboard if engine.rank == 0 else None)

@@ -45,7 +45,8 @@ def rank_need_bytes(plan: Plan, rank: int, *, cpu: bool) -> tuple[float, float]:
                        recompute=plan.options.recompute, zero_shards=zero,
                        held_with_grads=held_with_grads(pipe.schedule, n, si, pipe.micro_batches),
                        pipelines=len(plan.pipelines), partial=partial_params(plan, info.pipeline, si),
-                       compile=plan.options.compile and not cpu)  # a CPU run stays eager
+                       compile=plan.options.compile and not cpu,  # a CPU run stays eager
+                       seq_len=plan.model.seq_len // st.cp)  # a CP rank holds 1/cp of every sequence
     rows = pipe.batch_size * (plan.model.seq_len + 1) * 8.0  # the pipeline's int64 token rows
     tensors = mem.required - (mem.overhead if cpu else 0.0)  # the overhead terms are GPU runtime figures
     return tensors + rows, mem.activations + rows

@@ -31,6 +31,7 @@ from planner.cluster import ClusterSpec
 from planner.cost import ProfileSet
 from planner.cost.memory import stage_params
 from planner.cost.ops import DTYPE_BYTES, GRAD_BYTES
+from planner.cp_layout import refuse_cp
 from planner.documents import load_json_file
 from planner.errors import SpecError
 from planner.fields import check_keys, expect_list, expect_mapping, get_int, get_str, join
@@ -73,6 +74,8 @@ class StrategyPool:
                                 "every strategy of a pool runs on the same devices")
             if st.plan.model != self.strategies[0].plan.model:
                 raise SpecError(f"{path}.plan.model", "differs from strategy 0's model", "one model per pool")
+            refuse_cp(st.plan, "a strategy pool (hot switching between layouts)",
+                      "plan the pool's strategies with cp 1", f"{path}.plan")
         if self.context > self.model.seq_len:
             raise SpecError("context", f"{self.context} exceeds the model's seq_len {self.model.seq_len}",
                             "set the plans' seq_len to the context")

@@ -22,17 +22,18 @@ ORACLE_OPTIM = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, total_steps=6, 
                            weight_decay=0.1)
 
 
-def make_plan(model: ModelSpec, pipes: list[tuple[int, int, str, list[tuple[int, int]]]],
+def make_plan(model: ModelSpec, pipes: list[tuple[int, int, str, list[tuple[int, ...]]]],
               dtype: str = "fp32") -> Plan:
-    """A plan from ``[(batch_size, micro_batches, schedule, [(tp, n_layers), ...]), ...]`` with
-    synthetic device ids ``d:0, d:1, ...`` (the executor needs no cluster)."""
+    """A plan from ``[(batch_size, micro_batches, schedule, [(tp, n_layers[, cp]), ...]), ...]``
+    with synthetic device ids ``d:0, d:1, ...`` (the executor needs no cluster)."""
     dev = 0
     pipelines = []
     for bs, mb, sched, stages in pipes:
         out, start = [], 0
-        for tp, n in stages:
-            out.append(Stage(tuple(f"d:{dev + i}" for i in range(tp)), tp, (start, start + n)))
-            dev += tp
+        for tp, n, *cps in stages:
+            cp = cps[0] if cps else 1
+            out.append(Stage(tuple(f"d:{dev + i}" for i in range(tp * cp)), tp, (start, start + n), cp))
+            dev += tp * cp
             start += n
         pipelines.append(Pipeline(bs, mb, tuple(out), sched))
     return Plan(model, sum(p[0] for p in pipes), tuple(pipelines), PlanOptions(dtype=dtype))
@@ -63,12 +64,14 @@ def pool_engine(plan: Plan, device: torch.device | None = None, **kw: Any) -> En
 
 def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: OptimConfig = ORACLE_OPTIM,
                 seed: int = 0, accelerator: bool = False, chunked_loss: bool = False,
-                bucket_numel: int = DEFAULT_BUCKET_NUMEL) -> list[dict[str, Any] | None]:
+                bucket_numel: int = DEFAULT_BUCKET_NUMEL,
+                compile_backend: str | None = None) -> list[dict[str, Any] | None]:
     """On every rank: train each plan on its batches; per plan, the losses/norms seen by this rank
     and (on rank 0) the gathered logical weights. Ranks beyond a plan's size idle. With
     ``accelerator`` each rank runs on its current CUDA device (NCCL checks); ``chunked_loss``: the
     last stages' cross-entropy in row chunks (executor.model.chunked_loss); ``bucket_numel``: the
-    gradient buckets' size (small: many buckets, launched one by one during the backward)."""
+    gradient buckets' size (small: many buckets, launched one by one during the backward);
+    ``compile_backend``: the stages' blocks compiled with that torch.compile backend (also on CPU)."""
     rank = dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
     out: list[dict[str, Any] | None] = []
@@ -79,6 +82,10 @@ def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: Opt
             continue
         groups = eng.groups
         eng.module.chunked_loss = chunked_loss
+        if compile_backend is not None:
+            from executor.model.fast_path import compile_blocks
+
+            compile_blocks(eng.module, force=True, backend=compile_backend)
         stats = [eng.train_step(pipeline_rows(plan, eng.stage.pipeline, t)) for t in steps]
         state = eng.logical_state_dict(to_all=False)
         out.append({"losses": [s.loss for s in stats], "norms": [s.grad_norm for s in stats],
@@ -103,19 +110,21 @@ def global_docs(model: ModelSpec, steps: int, docs_per_step: int, seed: int = 43
 
 
 def train_packed(plan: Plan, steps: list[list[torch.Tensor]], layouts: list[list[list[list[int]]]],
-                 optim: OptimConfig = ORACLE_OPTIM, seed: int = 0) -> dict[str, Any] | None:
+                 optim: OptimConfig = ORACLE_OPTIM, seed: int = 0, accelerator: bool = False) -> dict[str, Any] | None:
     """On every rank: train ``plan`` on packed documents; ``layouts[k][p]`` lists pipeline ``p``'s
-    micro-batches of step ``k``, each a list of indices into ``steps[k]``."""
+    micro-batches of step ``k``, each a list of indices into ``steps[k]`` (``accelerator``: on each
+    rank's current CUDA device)."""
     from executor.data.packed_batch import label_tokens, pack_micro_batches
 
     rank = dist.get_rank()
-    eng = pool_engine(plan, optim=optim, seed=seed)
+    device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
+    eng = pool_engine(plan, device, optim=optim, seed=seed)
     if eng is None:
         return None
     groups = eng.groups
     stats = []
     for docs, layout in zip(steps, layouts):
-        micro = pack_micro_batches(docs, layout[eng.stage.pipeline])
+        micro = pack_micro_batches(docs, layout[eng.stage.pipeline], device)
         stats.append(eng.train_micro_batches(micro, label_tokens(docs)))
     state = eng.logical_state_dict(to_all=False)
     out = {"losses": [s.loss for s in stats], "norms": [s.grad_norm for s in stats], "lrs": [s.lr for s in stats],

@@ -35,6 +35,15 @@ def test_spans_positions_boundaries_and_mask() -> None:
         pack_documents([torch.tensor([5])])
 
 
+def test_mask_rows_are_the_rows_of_the_mask() -> None:
+    """A context-parallel query chunk's rows (keys up to its end) equal those of the whole mask."""
+    d = DocSpans((3, 1, 5, 3))
+    cpu = torch.device("cpu")
+    full = d.mask(cpu)
+    for start, stop in ((0, 3), (3, 6), (6, 12), (9, 12)):
+        assert torch.equal(d.mask_rows(start, stop, cpu), full[start:stop, :stop])
+
+
 def test_packed_attention_equals_attention_per_document() -> None:
     gen = torch.Generator().manual_seed(0)
     lens = (5, 1, 7, 3)

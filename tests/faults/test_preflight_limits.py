@@ -78,3 +78,21 @@ def test_local_store_listens_on_loopback_only() -> None:
     assert _listen_address(store.port) == "0100007F"  # 127.0.0.1, not 0.0.0.0 or ::
     store.set("k", "v")
     assert store.get("k") == b"v"
+
+
+def test_a_cp_rank_counts_its_share_of_the_sequence() -> None:
+    """A CP rank holds 1/cp of every sequence: its pre-flight activations are those of seq_len / cp
+    tokens, so a long-context CP plan is not refused for memory it does not use."""
+    from dataclasses import replace
+
+    from executor.train.preflight_memory import rank_need_bytes
+    from planner.plan import Pipeline, PlanOptions, Stage
+
+    model = replace(PRESETS["tiny"], seq_len=4096)
+
+    def acts(cp: int) -> float:
+        st = Stage(tuple(f"d:{i}" for i in range(cp)), 1, (0, model.num_layers), cp)
+        return rank_need_bytes(Plan(model, 4, (Pipeline(4, 2, (st,)),), PlanOptions()), 0, cpu=False)[1]
+
+    rows = 4 * (model.seq_len + 1) * 8.0  # the token rows every rank holds
+    assert acts(2) - rows == pytest.approx((acts(1) - rows) / 2, rel=0.02)

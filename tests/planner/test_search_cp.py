@@ -73,7 +73,7 @@ def test_cp_plan_through_plan_json_and_estimate(tmp_path: Path, capsys: pytest.C
 def test_seed_flags_refuse_a_cp_plan_by_field() -> None:
     devs = tuple(f"h100:{i}" for i in range(4))
     plan = Plan(_model(65536), 4, (Pipeline(4, 2, (Stage(devs, 2, (0, 24), 2),)),))
-    with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[0\]\.cp.*no context-parallel degree"):
+    with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[0\]\.cp.*seed systems' flags"):
         plan_to_flags(plan, load_cluster(CLUSTERS / "h100x4.yaml"))
 
 

@@ -44,9 +44,22 @@ def two_rank_plan(tmp_path: Path) -> Path:
     return path
 
 
+def cp_plan(tmp_path: Path) -> Path:
+    """Another layout of the same model and global batch: one pipeline, a cp 2 x tp 1 stage (layers
+    0-2) then a tp 2 stage (format hexiscale.plan/2)."""
+    data = json.loads(PLAN4.read_text())
+    data["format"] = "hexiscale.plan/2"
+    data["pipelines"] = [{"batch_size": 8, "micro_batches": 2, "schedule": "1f1b", "stages": [
+        {"devices": ["r4090:0", "r4090:1"], "tp": 1, "cp": 2, "layers": [0, 2]},
+        {"devices": ["r4090:2", "r4090:3"], "tp": 2, "layers": [2, 4]}]}]
+    path = tmp_path / "cp.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
 def test_local_job_then_resume_under_another_plan(tmp_path: Path) -> None:
-    """Checkpoints written in the background (--async-save) at steps 2 and 4; step 2's resumed on 2
-    ranks under another layout gives the same steps 3 and 4."""
+    """Checkpoints written in the background (--async-save) at steps 2 and 4; step 2's resumed under
+    a context-parallel layout (:func:`cp_plan`) gives the same steps 3 and 4, logged once a step."""
     ck, full = tmp_path / "ck", tmp_path / "full.jsonl"
     run = hexiscale("launch", str(PLAN4), "--local", "--", "--steps", "4", "--checkpoint-dir", str(ck),
                     "--save-every", "2", "--async-save", "--log-jsonl", str(full), "--lr", "3e-3", "--warmup", "1")
@@ -56,12 +69,14 @@ def test_local_job_then_resume_under_another_plan(tmp_path: Path) -> None:
     ref = losses(full)
     assert len(ref) == 4 and ref[-1] < ref[0]
     assert (ck / "latest").read_text().strip() == "step-000004"
-    # resume the step-2 checkpoint on 2 ranks with another layout: steps 3 and 4 match
+    # resume the step-2 checkpoint under a CP layout: steps 3 and 4 match
     part = tmp_path / "part.jsonl"
-    run = hexiscale("launch", str(two_rank_plan(tmp_path)), "--local", "--", "--steps", "4", "--resume",
+    run = hexiscale("launch", str(cp_plan(tmp_path)), "--local", "--", "--steps", "4", "--resume",
                     str(ck / "step-000002"), "--log-jsonl", str(part), "--lr", "3e-3", "--warmup", "1")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "resumed from" in run.stdout
+    steps = [ln.split(" | ")[0] for ln in run.stdout.splitlines() if ln.startswith("step ")]
+    assert steps == ["step 3/4 pipeline 0 rank 0", "step 4/4 pipeline 0 rank 0"]  # not one per CP slot
     got = losses(part)
     assert len(got) == 2
     assert got == pytest.approx(ref[2:], rel=1e-5)

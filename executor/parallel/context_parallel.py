@@ -1,0 +1,107 @@
+"""Context parallelism inside a stage: the causal load-balanced sequence split and attention over
+the CP group by an all-gather of K and V (GQA keeps them small).
+
+Layout (:mod:`planner.cp_layout`): the sequence of ``S`` tokens is cut into ``2·cp`` chunks of
+``L``; CP rank ``r`` holds chunks ``r`` and ``2·cp-1-r`` of the activations, labels and RoPE
+positions. Attention of local chunk ``c`` needs the keys ``[0, (c+1)·L)``:
+
+1. K and V (after RoPE, at global positions) are all-gathered over the stage's CP group and put in
+   global order (:mod:`executor.parallel.kv_gather`); its backward sums every rank's gradient of the
+   gathered K/V and gives each rank its own chunks (a reduce-scatter);
+2. each local query chunk attends to that prefix with the causal mask aligned lower-right (query
+   ``i`` of chunk ``c`` sees keys ``<= c·L + i``): exactly the rows of dense causal attention. A
+   packed row (documents back to back, :mod:`executor.data.packed_docs`) is split the same way; its
+   queries also keep to their own document (:func:`cp_packed_attention`), and RoPE takes each
+   token's position inside its document.
+
+The loss of a CP rank is the sum over its tokens scaled by ``1 / global_tokens``; CP ranks of a
+stage hold the same weight shards and their gradients are SUM-reduced with the pipelines'
+(:func:`planner.layout.build_topology` adds them as owners), so the step equals the dense one.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from executor.data.packed_docs import DocSpans
+from executor.model import fast_path
+from executor.parallel.kv_gather import gather_kv
+from planner.cp_layout import cp_intervals, cp_positions
+
+
+@dataclass(frozen=True)
+class CPContext:
+    """This rank's place in its stage's CP group."""
+
+    cp: int
+    cp_rank: int
+    group: Any  # the stage's CP group of this TP rank (executor.parallel.groups.ProcessGroups.cp_group)
+
+
+@functools.lru_cache(maxsize=64)
+def local_positions(seq: int, cp: int, cp_rank: int, device: torch.device) -> torch.Tensor:
+    """Global positions of ``cp_rank``'s tokens of an ``seq``-token sequence (local order), made
+    on ``device`` once: a copy from host memory per forward would block the host on a GPU."""
+    return torch.tensor(cp_positions(seq, cp, cp_rank), dtype=torch.long, device=device)
+
+
+def split_sequence(x: torch.Tensor, cp: int, cp_rank: int, dim: int = 1) -> torch.Tensor:
+    """``cp_rank``'s two chunks of ``x`` along ``dim`` (its full sequence), in local order."""
+    if cp == 1:
+        return x
+    seq = x.shape[dim]
+    parts = [x.narrow(dim, a, b - a) for a, b in cp_intervals(seq, cp, cp_rank)]
+    return torch.cat(parts, dim=dim)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, backends: fast_path.Backends) -> torch.Tensor:
+    if not backends or fast_path.sdpa_kernel is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with fast_path.sdpa_kernel(list(backends)):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext, backends: fast_path.Backends,
+            mask_rows: Callable[[int, int], Any]) -> torch.Tensor:
+    """Local query chunk ``c`` (``q [b, Hq, 2L, d]``: chunks ``cp_rank`` and ``2·cp-1-cp_rank``) over
+    the gathered keys ``[0, (c+1)·L)`` under ``mask_rows(c·L, (c+1)·L)``."""
+    kv = _expand(gather_kv(torch.stack([k, v]), cp.cp, cp.group), q.shape[1])
+    n = q.shape[-2] // 2
+    outs = []
+    for half, c in enumerate((cp.cp_rank, 2 * cp.cp - 1 - cp.cp_rank)):
+        end = (c + 1) * n
+        outs.append(_sdpa(q[..., half * n:(half + 1) * n, :], kv[0, ..., :end, :], kv[1, ..., :end, :],
+                          mask_rows(c * n, end), backends))
+    return torch.cat(outs, dim=-2)
+
+
+def _expand(kv: torch.Tensor, heads: int) -> torch.Tensor:
+    """Stacked ``[2, b, Hkv, S, d]`` K/V repeated to ``heads`` query heads (GQA)."""
+    two, b, g, s, d = kv.shape
+    if heads == g:
+        return kv
+    return kv[:, :, :, None].expand(two, b, g, heads // g, s, d).reshape(two, b, heads, s, d)
+
+
+def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext,
+                 backends: fast_path.Backends = ()) -> torch.Tensor:
+    """Causal GQA attention of the local queries ``q [b, Hq, 2L, d]`` over the whole sequence, from
+    the local ``k, v [b, Hkv, 2L, d]``: causal aligned lower-right (module docstring; SDPA's
+    flash/efficient kernels take it on CUDA)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    return _attend(q, k, v, cp, backends, lambda start, end: causal_lower_right(end - start, end))
+
+
+def cp_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSpans, cp: CPContext,
+                        backends: fast_path.Backends = ()) -> torch.Tensor:
+    """:func:`cp_attention` for a packed row (``docs``: the whole row's documents): each query also
+    keeps to its own document — its rows of the row's document mask, built for those rows only
+    (``DocSpans.mask_rows``: L x (c+1)·L booleans; exact, not yet a varlen kernel)."""
+    return _attend(q, k, v, cp, backends, lambda start, end: docs.mask_rows(start, end, q.device))
