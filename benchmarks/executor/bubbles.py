@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="CPU/gloo, tiny model, no MPS: checks the program, measures nothing")
     ap.add_argument("--model", default="llama-1.3b")
     ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--global-batch-size", "--global-batch", dest="global_batch", type=int, default=16,
+                    help="samples per step (the total, as in every hexiscale command)")
     ap.add_argument("--micro-batches", type=int, default=8)
     ap.add_argument("--runs", default="1f1b,zb-h1",
                     help="settings, the first the baseline: schedule or schedule:micro_batches, comma-separated")
