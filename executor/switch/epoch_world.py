@@ -13,6 +13,9 @@ Leaving is one of two things. Inside an elastic switch the old group is *retired
 after the new plan's first step — destroying an NCCL communicator costs 300-500 ms, which the
 switch no longer waits for. At the job's end it is destroyed (:meth:`World.leave`).
 
+Before creating a group, its members meet on the store (``wait_s``), so that the set-up's time
+(``setup_s``) is its own, not the wait for the last member to arrive.
+
 On CUDA the new group is bound to this process's device (``device_id``), so NCCL creates the
 communicator eagerly, as at start-up (:func:`executor.train.setup.init_process_group`).
 
@@ -50,6 +53,7 @@ class World:
         self.tag = "initial"  # store prefix of the current group (unique per group of the job)
         self.setup_s = 0.0  # seconds the last enter() spent creating the group
         self.leave_s = 0.0  # seconds the last enter() spent leaving (or retiring) the previous one
+        self.wait_s = 0.0  # seconds the last enter() waited on the store for the new group's last member
 
     @property
     def rank(self) -> int:
@@ -75,8 +79,8 @@ class World:
         members = tuple(members)
         if len(set(members)) != len(members):
             raise ValueError(f"members listed twice: {members}")
+        self.setup_s = self.leave_s = self.wait_s = 0.0
         if members == self.members and dist.is_initialized():
-            self.setup_s = self.leave_s = 0.0
             return True
         t0 = time.perf_counter()
         if retire is not None and dist.is_initialized():
@@ -87,6 +91,9 @@ class World:
         if self.me not in members:
             return False
         t0 = time.perf_counter()
+        meet(self.store, f"{self.prefix}/{tag}/arrive", len(members), timeout_s=self.timeout_s, who=self.me)
+        t1 = time.perf_counter()
+        self.wait_s = t1 - t0
         if self.device.type == "cuda":  # a joining process never ran init_process_group's set-up
             torch.cuda.set_device(self.device)
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"{self.prefix}/{tag}", self.store),
@@ -94,8 +101,12 @@ class World:
                                 timeout=timedelta(seconds=self.timeout_s),
                                 device_id=self.device if self.device.type == "cuda" else None)
         self.members, self.tag = members, tag
-        self.setup_s = time.perf_counter() - t0
+        self.setup_s = time.perf_counter() - t1
         return True
+
+    def times(self) -> dict[str, float]:
+        """The last :meth:`enter`'s seconds by part (as :class:`executor.switch.state_move.SwitchStats` names them)."""
+        return {"world_setup_s": self.setup_s, "leave_s": self.leave_s, "world_wait_s": self.wait_s}
 
     def retire(self) -> Retired:
         """Detach the default group (and any group split off it), alive until the returned
