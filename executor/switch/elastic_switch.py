@@ -14,7 +14,8 @@ home engine gets the state), the installed state, the same data position (a pool
 epoch's own store prefix — and go on with the next step. Right after that step comes the *retire
 point*: the old layout's groups and the default groups the switch left, kept alive through it,
 are destroyed there (:mod:`executor.parallel.group_retire`), and the new rank 0 reports the switch with
-that destroy's time (``retire_s``) beside the switch's own.
+that destroy's time (``retire_s``) beside the switch's own. There, too, every pair of the new
+world is connected ahead of the next switch (:meth:`~executor.switch.epoch_world.World.connect_all`).
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ class ElasticJob:
         if rep.retired:
             runner.engine.drain()
             retire_s = sum(r.release() for r in rep.retired)
-        stats = dict(rep.stats, retire_s=retire_s)
+        stats = dict(rep.stats, retire_s=retire_s, connect_ahead_s=self.world.connect_all())
         every = [None] * runner.plan.world_size
         dist.all_gather_object(every, stats, group=runner.engine.groups.world)
         if runner.engine.rank == 0:
@@ -251,11 +252,13 @@ def switch_report(rp: Any, every: list[Any], step: int, cluster: ClusterSpec | N
     rest of the switch), the lower bound from the cluster file's link bandwidth. ``retire_s``: the
     old plan's groups and the worlds left destroyed after the new plan's first step — not in
     ``switch_s``, but on the job's critical path (the second step waits for it:
-    ``retire_blocks_training``). ``critical``: the parts of the rank whose ``switch_excl_comm_s``
-    is the largest (:data:`PARTS`, adding up to it; ``device`` names the rank) — the per-part maxima
+    ``retire_blocks_training``); ``connect_ahead_s``: then every pair of the new world connected
+    for the next switch (:meth:`World.connect_all`), on the same path. ``critical``: the parts of
+    the rank whose ``switch_excl_comm_s`` is the largest (:data:`PARTS`, adding up to it;
+    ``device`` names the rank) — the per-part maxima
     above may come from different ranks."""
     keys = ("switch_s", "transfer_s", "build_s", "plan_s", "wait_s", "comm_s", "switch_excl_comm_s", *COMM_PARTS,
-            *PARTS, "retire_s")
+            *PARTS, "retire_s", "connect_ahead_s")
     worst: dict[str, Any] = {k: max(s[k] for s in every) for k in keys}
     slowest = max(every, key=lambda s: s["switch_excl_comm_s"])
     worst["critical"] = {"device": slowest["device"], **{k: slowest[k] for k in PARTS}}

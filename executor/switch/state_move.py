@@ -73,7 +73,7 @@ import torch.distributed as dist
 
 from executor.parallel.group_retire import Retired
 from executor.state.state_pieces import NewState, held_tensors, narrow
-from executor.switch.epoch_world import World
+from executor.switch.epoch_world import World, ping
 from executor.train.engine import Engine
 from planner.state_layout import RankState, rank_states
 from planner.state_move_plan import Piece, ReshardPlan
@@ -178,7 +178,7 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     mine = [(a, b) for a, b in rp.pairs() if me in (a, b)]
     peers = [rank_of[b if a == me else a] for a, b in mine]
     clock.lap("other_s")
-    _connect(peers, world.device)
+    ping(peers, world.device)
     clock.lap("connect_s")
     src = old_state.holdings if old_state is not None else ()
     dst = new_state.holdings if new_state is not None else ()
@@ -196,7 +196,7 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
         if out:
             outbox[peer] = _pack([narrow(held[p.src_slot], src[p.src_slot].chunk, p.chunk) for p in out], world.device)
     clock.lap("pack_s")
-    _connect(peers, world.device)  # every peer has packed: the exchange below times the transfer alone
+    ping(peers, world.device)  # every peer has packed: the exchange below times the transfer alone
     clock.lap("exchange_wait_s")
     inbox: list[tuple[torch.Tensor, tuple[Piece, ...]]] = []
     ops = []
@@ -276,19 +276,6 @@ def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     """``dst[i].copy_(src[i])`` for every i, in one torch call (still one copy kernel per strided
     piece: on 4x H200 the parts took as long as with a Python loop, benchmarks/executor/elastic.py, 2026-11-26)."""
     torch._foreach_copy_(dst, src)
-
-
-def _connect(peers: list[int], device: torch.device) -> None:
-    """Connect this process to each of ``peers`` (ranks of the default group): one element each way
-    per peer, all in one batch (module docstring, step 3)."""
-    if not peers:
-        return
-    out = torch.ones(1, device=device)
-    ops = []
-    for peer in peers:
-        ops += [dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, torch.empty(1, device=device), peer)]
-    for req in dist.batch_isend_irecv(ops):
-        req.wait()
 
 
 def _sync(device: torch.device) -> None:

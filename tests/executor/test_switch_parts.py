@@ -31,7 +31,8 @@ def _rank(device: str, scale: float) -> dict[str, Any]:
     moved = _moved(scale)
     out = part_times(moved, switch_s=moved["total_s"] + 0.9 * scale, plan_late_s=0.0, groups_wait_s=0.05 * scale,
                      build_s=0.4 * scale, groups_s=0.3 * scale, install_s=0.02 * scale)
-    return dict(out, device=device, plan_s=0.1, wait_s=0.0, planned_ahead=True, retire_s=0.2)
+    return dict(out, device=device, plan_s=0.1, wait_s=0.0, planned_ahead=True, retire_s=0.2,
+                connect_ahead_s=0.01)
 
 
 def test_parts_and_comm_parts_add_up_to_the_switch() -> None:

@@ -43,6 +43,8 @@ def test_smoke_trace_4_to_3_to_4_switches_in_process_and_equals_the_reference(tm
         assert e["elastic_downtime_s"] is not None and e["restart_downtime_s"] > 0
         # the old plan's groups were destroyed after the new plan's first step, and that time is reported
         assert e["retire_after_step"] == e["after_step"] + 1 and e["retire_s"] > 0, e
+        # and every pair of the new world was connected there, ahead of the next switch
+        assert e["connect_ahead_s"] > 0, e
     assert [s["plain_step_s"] is not None and s["elastic_step_s"] is not None for s in res["steady"]] == [True] * 3
     ref = reference_losses(6, 6)
     elastic = {int(k): v for k, v in res["elastic_losses"].items()}
