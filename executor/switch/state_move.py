@@ -15,7 +15,8 @@ Order of events (one :func:`switch` call on every process of the old or the new 
    new plan's world (joiners included); else a world of :attr:`ReshardPlan.devices` (the new
    plan's devices, then the leaving ones). A world left behind — here the old one, in step 5 the
    switch world — is retired too, not destroyed.
-3. **Connecting**: a process posts one ``batch_isend_irecv`` holding, for each of its pairs of
+3. **Connecting**: once every member of the switch world has arrived (a meeting on the store,
+   ``connect_wait_s``), a process posts one ``batch_isend_irecv`` holding, for each of its pairs of
    :meth:`ReshardPlan.pairs`, one element to the peer and one from it, and waits for them (and the
    device). NCCL sets up the connection between two ranks of a communicator inside their first
    point-to-point call, on every channel their point-to-point traffic may use whatever the size
@@ -23,7 +24,8 @@ Order of events (one :func:`switch` call on every process of the old or the new 
    does so for every pair that will exchange, so the exchange below times the transfer alone, and
    the set-up counts with the communicators' (``connect_s``, part of :attr:`SwitchStats.comm_s`),
    which the elastic target reports apart. (Gloo connects every pair when the group is created:
-   there this costs one tiny message each way.)
+   there this costs one tiny message each way; so does NCCL on a world kept as it is, whose pairs
+   the elastic job connected ahead, :meth:`~executor.switch.epoch_world.World.connect_all`.)
 4. **Local copies**, packing, then **the exchange**, on the switch world itself. Before the
    exchange the pairs ping again (the batch of step 3, on connected pairs: microseconds), so that
    waiting for a peer still packing is reported apart (``exchange_wait_s``) and ``exchange_s`` is
@@ -72,6 +74,7 @@ import torch
 import torch.distributed as dist
 
 from executor.parallel.group_retire import Retired
+from executor.parallel.store_meet import meet
 from executor.state.state_pieces import NewState, held_tensors, narrow
 from executor.switch.epoch_world import World, ping
 from executor.train.engine import Engine
@@ -96,6 +99,7 @@ class SwitchStats:
     close_s: float = 0.0  # the old plan's groups retired (detached; destroyed later: retire_s)
     alloc_s: float = 0.0  # the new layout's state allocated
     world_wait_s: float = 0.0  # waiting on the store for a new default group's last member
+    connect_wait_s: float = 0.0  # waiting on the store for the switch world's last member to connect
     local_s: float = 0.0  # pieces this process keeps, copied into the new layout
     pack_s: float = 0.0  # outgoing pieces packed into one buffer per peer
     exchange_wait_s: float = 0.0  # waiting for the peers to have packed (one ping batch, step 4)
@@ -119,8 +123,8 @@ class SwitchStats:
 
 
 # the parts of SwitchStats.total_s besides comm_s, in the order they happen
-SWITCH_PARTS = ("drain_s", "alloc_s", "close_s", "leave_s", "world_wait_s", "local_s", "pack_s", "exchange_wait_s",
-                "exchange_s", "unpack_s", "other_s")
+SWITCH_PARTS = ("drain_s", "alloc_s", "close_s", "leave_s", "world_wait_s", "connect_wait_s", "local_s", "pack_s",
+                "exchange_wait_s", "exchange_s", "unpack_s", "other_s")
 
 
 @dataclass
@@ -178,6 +182,8 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     mine = [(a, b) for a, b in rp.pairs() if me in (a, b)]
     peers = [rank_of[b if a == me else a] for a, b in mine]
     clock.lap("other_s")
+    meet(world.store, f"{world.prefix}/{tag}/connect", len(world.members), timeout_s=world.timeout_s, who=me)
+    clock.lap("connect_wait_s")  # a world kept as it is has no meeting of its own before the pairs connect
     ping(peers, world.device)
     clock.lap("connect_s")
     src = old_state.holdings if old_state is not None else ()
