@@ -18,7 +18,8 @@ shows the slowest rank's):
 * ``split`` / ``share``: ``new_group`` of ranks 0-1 (an ``ncclCommSplit`` of the default group;
   ``share``: with ``split_share``, :mod:`executor.parallel.split_share`), plus its first all-reduce;
   ``lazy``: the same group under a default group *not* bound to a device (a fresh communicator
-  created at the first all-reduce), measured in the ``lazy-world`` variant only.
+  created at the first all-reduce), measured in the ``lazy-world`` variant only (there ``init``
+  creates no communicator: the first pair's ``connect`` creates the world's).
 
 The variants (NCCL 2.28 names): ``NCCL_RUNTIME_CONNECT=0`` connects every peer at init instead of
 at first use; ``NCCL_NCHANNELS_PER_PEER`` / ``NCCL_MAX_P2P_NCHANNELS`` bound the channels a pair
