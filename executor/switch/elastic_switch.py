@@ -71,7 +71,8 @@ COMM_PARTS = ("world_setup_s", "connect_s", "groups_s")
 # the rest of a rank's switch_s, in the order it happens: the move planned (only if not ahead), the
 # state move's parts (executor.switch.state_move.SwitchStats), the wait for the new plan's last rank,
 # the engine built (its groups apart: groups_s), the state installed; other_s: everything between
-PARTS = ("plan_late_s", *SWITCH_PARTS[:-1], "groups_wait_s", "engine_s", "install_s", "other_s")
+PARTS = ("plan_late_s", *(k for k in SWITCH_PARTS if k != "other_s"), "groups_wait_s", "engine_s", "install_s",
+         "other_s")
 
 
 @dataclass
