@@ -18,7 +18,8 @@ left (``leave``: only their detaching) destroyed after the new plan's first step
 in the switch, but the second step waits for it; :mod:`executor.parallel.group_retire`), and the downtime
 the event cost: ``time(step k+2 ends) - time(step k ends) - 2 x the new phase's steady step time``
 for the elastic job (two steps, so that the retire point after step k+1 counts;
-``gap(k, k+1) - steady + retire`` where the phase has one step); for checkpoint-restart
+``gap(k, k+1) - steady + retire`` where the phase has one step; the retire point also connects
+every pair of the new world for the next switch: ``connect_ahead``); for checkpoint-restart
 ``time(step k+1) - time(step k) - steady`` across the two launches plus the re-plan time (the
 elastic supervisor re-plans while the job trains; a restart must re-plan while stopped).
 Steady state: each phase's median step time (its first two steps left out) in the elastic job vs
@@ -44,11 +45,8 @@ from typing import Any
 from benchmarks.executor.hetero_e2e import CLI, ROOT
 from benchmarks.executor.hetero_e2e import _run as run_logged
 from benchmarks.executor.run_meta import run_versions
-from executor.switch.state_move import SWITCH_PARTS as PARTS
+from executor.switch.elastic_switch import COMM_PARTS, PARTS
 
-# the communicator set-up the target leaves out (executor.switch.elastic_switch.switch_report): default groups
-# created, the exchanging pairs connected on the switch world, the new plan's groups created
-COMM_PARTS = ("world_setup_s", "connect_s", "groups_s")
 FOUR = ["fast:0", "fast:1", "slow:0", "slow:1"]  # the cluster file's devices
 
 
@@ -233,7 +231,7 @@ def analyse(phases: list[Phase], replan_s: list[float], el: dict[int, dict[str, 
         bound = sw["max_rank_bytes"] / (bandwidth_gbps * 1e9) if bandwidth_gbps else sw["lower_bound_s"]
         new_step = steady[i]["elastic_step_s"] or 0.0
         gap = el[k + 1]["time"] - el[k]["time"] if k in el and k + 1 in el else None
-        retire = sw.get("retire_s") or 0.0
+        retire = (sw.get("retire_s") or 0.0) + (sw.get("connect_ahead_s") or 0.0)  # the retire point's work
         if gap is not None and k + 2 in el and phases[i].steps >= 2:  # the retire point after step k+1 counts
             gap = el[k + 2]["time"] - el[k]["time"] - (steady[i]["elastic_step_s"] or 0.0)
         elif gap is not None:
@@ -251,7 +249,9 @@ def analyse(phases: list[Phase], replan_s: list[float], el: dict[int, dict[str, 
                        "move_plan_s": sw["plan_s"], "move_planned_ahead": sw.get("planned_ahead"),
                        "engine_build_s": sw["build_s"], "install_s": sw.get("install_s"),
                        "retire_s": sw.get("retire_s"), "retire_after_step": sw.get("retire_after_step"),
+                       "connect_ahead_s": sw.get("connect_ahead_s"),
                        "parts_s": {k: sw.get(k) for k in PARTS},
+                       "critical_parts_s": sw.get("critical"),
                        "comm_parts_s": {k: sw.get(k) for k in COMM_PARTS},
                        "exchange_gbps": sw["max_rank_bytes"] / sw["exchange_s"] / 1e9 if sw.get("exchange_s") else None,
                        "mps_lower_bound_s": sw["max_rank_bytes"] / (mps_gbps * 1e9) if mps_gbps else None,
@@ -278,16 +278,26 @@ def print_tables(res: dict[str, Any]) -> None:
               f"{_f(e['replan_s'], 1, '.2f')} | {_f(e['elastic_downtime_s'], 1, '.2f')} | "
               f"{_f(e['restart_downtime_s'], 1, '.1f')} | {_f(e['speedup'], 1, '.1f')}{'x' if e['speedup'] else ''} |")
     print("\nWhere the switch time goes (slowest rank per part, ms; each part ends with a device sync):\n")
-    print("| event | " + " | ".join(k[:-2] for k in PARTS) + " | engine build | install | move plan | "
+    print("| event | " + " | ".join(k[:-2] for k in PARTS) + " | engine build (its groups incl.) | move plan | "
           "exchange GB/s (max rank bytes / exchange) | bound under MPS ms | "
-          + " | ".join(f"comm: {k[:-2]}" for k in COMM_PARTS) + " | retire (after the 1st step, not in the switch) |")
+          + " | ".join(f"comm: {k[:-2]}" for k in COMM_PARTS)
+          + " | retire (after the 1st step, not in the switch) | next switch's pairs connected (there too) |")
     print("|---|" + "---:|" * (len(PARTS) + 6 + len(COMM_PARTS)))
     for e in res["events"]:
         parts = " | ".join(_f(e["parts_s"].get(k), 1e3) for k in PARTS)
         comm = " | ".join(_f(e["comm_parts_s"].get(k), 1e3) for k in COMM_PARTS)
-        print(f"| {e['event']} | {parts} | {_f(e['engine_build_s'], 1e3)} | {_f(e['install_s'], 1e3)} | "
+        print(f"| {e['event']} | {parts} | {_f(e['engine_build_s'], 1e3)} | "
               f"{_f(e['move_plan_s'], 1e3)} | {_f(e['exchange_gbps'])} | {_f(e['mps_lower_bound_s'], 1e3, '.2f')} "
-              f"| {comm} | {_f(e['retire_s'], 1e3)} |")
+              f"| {comm} | {_f(e['retire_s'], 1e3)} | {_f(e['connect_ahead_s'], 1e3)} |")
+    print("\nThe slowest rank's switch (excl. comm), part by part (ms; they add up to its total, 'other' "
+          "included; waits are parts of their own):\n")
+    print("| event | rank | " + " | ".join(k[:-2] for k in PARTS) + " | total |")
+    print("|---|---|" + "---:|" * (len(PARTS) + 1))
+    for e in res["events"]:
+        crit = e.get("critical_parts_s") or {}
+        total = sum(crit.get(k) or 0.0 for k in PARTS)
+        print(f"| {e['event']} | {crit.get('device', '-')} | " + " | ".join(_f(crit.get(k), 1e3) for k in PARTS)
+              + f" | {_f(total, 1e3)} |")
     print("\n| phase | devices | elastic s/step | plain s/step | ratio (target <= 1.05) |\n|---|---:|---:|---:|---:|")
     for s in res["steady"]:
         print(f"| {s['phase']} | {s['ranks_devices']} | {_f(s['elastic_step_s'], 1, '.3f')} | "

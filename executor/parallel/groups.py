@@ -25,7 +25,8 @@ operation issued inside an autograd hook can block a backward pass on a peer's s
 The rule that makes every plan deadlock-free on NCCL:
 
 1. **Set-up in one global order.** Every communicator is created (``device_id`` given to
-   ``init_process_group``, so ``new_group`` splits it off eagerly) and connected (:meth:`connect`)
+   ``init_process_group``, so ``new_group`` splits it off eagerly; gradient-sync groups share the
+   default communicator's resources, :mod:`executor.parallel.split_share`) and connected (:meth:`connect`)
    by all ranks walking the same list in the same order; each rank takes part in the entries it
    belongs to. The first unfinished entry of that list always has all its members at it, so the
    walk cannot deadlock. After it, no operation ever waits for a peer's set-up.
@@ -56,6 +57,7 @@ import torch
 import torch.distributed as dist
 
 from executor.parallel.group_release import distinct, release
+from executor.parallel.split_share import shared_sets, split_share_options
 from planner.layout import StageTopo, Topology
 
 
@@ -120,12 +122,15 @@ class ProcessGroups:
         t0, free0 = time.perf_counter(), _free_mib()
         plan_ranks = tuple(range(topology.world_size))
         out = cls(topology=topology, rank=rank, world=None)
+        share = shared_sets(topology)
         for kind, ranks in group_sets(topology):
             if kind == "collective" and ranks == plan_ranks and size == topology.world_size:
                 out.by_ranks[ranks] = dist.group.WORLD
                 out.order.append((kind, ranks, dist.group.WORLD))
                 continue
-            group = dist.new_group(list(ranks), backend=backend)
+            # fresh options per group: new_group writes the group's name and ranks into them
+            opts = split_share_options() if ranks in share else None  # executor.parallel.split_share
+            group = dist.new_group(list(ranks), backend=backend, pg_options=opts)
             if kind == "p2p":
                 out.p2p[(ranks[0], ranks[1])] = group
             elif kind == "cp":

@@ -115,6 +115,7 @@ def _first(job: ElasticJob, layout: Layout, timeout_s: float) -> StepRunner:
     plan = home_plan(layout)
     init_process_group(job.base, job.store, job.prep.device, timeout_s)
     job.world.adopt(plan.devices)
+    job.world.connect_all()  # the first switch's pairs, if it keeps this world (epoch_world docstring)
     rank = job.base.rank
     note(rank, f"building the model ({plan.model.name}, rank 0's stage: layers "
                f"{plan.pipelines[0].stages[0].layers[0]}-{plan.pipelines[0].stages[0].layers[1] - 1})...")

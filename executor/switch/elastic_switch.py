@@ -14,7 +14,8 @@ home engine gets the state), the installed state, the same data position (a pool
 epoch's own store prefix — and go on with the next step. Right after that step comes the *retire
 point*: the old layout's groups and the default groups the switch left, kept alive through it,
 are destroyed there (:mod:`executor.parallel.group_retire`), and the new rank 0 reports the switch with
-that destroy's time (``retire_s``) beside the switch's own.
+that destroy's time (``retire_s``) beside the switch's own. There, too, every pair of the new
+world is connected ahead of the next switch (:meth:`~executor.switch.epoch_world.World.connect_all`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from executor.job.watchdog import Watchdog
 from executor.parallel.group_retire import Retired
 from executor.switch.elastic_channel import Channel
 from executor.switch.epoch_world import World
-from executor.switch.state_move import SWITCH_PARTS, switch
+from executor.switch.state_move import SWITCH_PARTS, holdings, switch
 from executor.train import plan_runner, pool_runner
 from executor.train.config import TrainConfig
 from executor.train.engine import Engine
@@ -45,6 +46,7 @@ from executor.train.preflight import Prepared
 from executor.train.tensorboard_sink import TensorBoardSink
 from planner.cluster import ClusterSpec
 from planner.errors import SpecError
+from planner.state_layout import RankState
 from planner.state_move_plan import ReshardPlan, reshard_plan
 from planner.varlen.layout_doc import Layout, home_plan
 from planner.varlen.pool import StrategyPool
@@ -60,6 +62,17 @@ class Move:
     new: Layout
     rp: ReshardPlan
     plan_s: float
+    states: tuple[RankState | None, RankState | None]  # this device's holdings in the old and the new plan
+
+
+# communicator set-up, reported apart from the switch: default groups created, the exchanging pairs
+# connected on the switch world, the new plan's groups created
+COMM_PARTS = ("world_setup_s", "connect_s", "groups_s")
+# the rest of a rank's switch_s, in the order it happens: the move planned (only if not ahead), the
+# state move's parts (executor.switch.state_move.SwitchStats), the wait for the new plan's last rank,
+# the engine built (its groups apart: groups_s), the state installed; other_s: everything between
+PARTS = ("plan_late_s", *(k for k in SWITCH_PARTS if k != "other_s"), "groups_wait_s", "engine_s", "install_s",
+         "other_s")
 
 
 @dataclass
@@ -127,7 +140,7 @@ class ElasticJob:
             old, new = self.channel.epoch(e, timeout_s)
             t0 = time.perf_counter()
             rp = reshard_plan(home_plan(old), home_plan(new), self.cluster)
-            self.move = Move(e, old, new, rp, time.perf_counter() - t0)
+            self.move = Move(e, old, new, rp, time.perf_counter() - t0, holdings(rp, self.me))
         return self.move
 
     def build(self, layout: Layout, *, init: bool) -> tuple[Any, Engine, int]:
@@ -171,25 +184,24 @@ class ElasticJob:
         self.move = None
         also: list[Any] = runner.groups.hand_over_extra() if isinstance(runner, PoolRunner) else []
         res = switch(rp, me=self.me, world=self.world, engine=runner.engine if runner is not None else None,
-                     tag=f"e{e}", also=also)
+                     tag=f"e{e}", also=also, states=move.states)
         del runner
         if res.state is None:
             print(f"[{self.me}] handed its state over at step {position[0]}; leaving the job", flush=True)
             self.left = True
             return None
-        t_groups = time.perf_counter()
+        t1 = time.perf_counter()
+        self.world.settle(f"e{e}/groups", len(rp.new.devices))  # the groups' set-up below starts together
+        t2 = time.perf_counter()
         built, engine, _ = self.build(move.new, init=False)
-        groups_s = time.perf_counter() - t_groups
-        t_install = time.perf_counter()
+        t3 = time.perf_counter()
         res.state.install(engine, position[0])
         if engine.device.type == "cuda":
             torch.cuda.synchronize(engine.device)
-        install_s = time.perf_counter() - t_install
-        switch_s = time.perf_counter() - t0
-        comm_s = res.stats.comm_s + engine.groups.setup_s  # default groups, pairs connected, the plan's groups
-        stats = dict(res.stats.to_dict(), plan_s=plan_s, groups_s=engine.groups.setup_s, build_s=groups_s,
-                     switch_s=switch_s, comm_s=comm_s, switch_excl_comm_s=switch_s - comm_s, wait_s=wait_s,
-                     install_s=install_s, planned_ahead=ahead)
+        t4 = time.perf_counter()
+        stats = part_times(res.stats.to_dict(), switch_s=t4 - t0, plan_late_s=0.0 if ahead else plan_s,
+                           groups_wait_s=t2 - t1, build_s=t3 - t2, groups_s=engine.groups.setup_s, install_s=t4 - t3)
+        stats.update(device=self.me, plan_s=plan_s, wait_s=wait_s, planned_ahead=ahead)
         new_runner = self.start(e, move.new, built, position)
         self.report = _Report(rp, stats, position[0], res.retired)
         return new_runner
@@ -213,12 +225,25 @@ class ElasticJob:
         if rep.retired:
             runner.engine.drain()
             retire_s = sum(r.release() for r in rep.retired)
-        stats = dict(rep.stats, retire_s=retire_s)
+        stats = dict(rep.stats, retire_s=retire_s, connect_ahead_s=self.world.connect_all())
         every = [None] * runner.plan.world_size
         dist.all_gather_object(every, stats, group=runner.engine.groups.world)
         if runner.engine.rank == 0:
             self.channel.report(self.index, dict(switch_report(rep.rp, every, rep.step, self.cluster),
                                                  retire_after_step=step))
+
+
+def part_times(moved: dict[str, Any], *, switch_s: float, plan_late_s: float, groups_wait_s: float, build_s: float,
+               groups_s: float, install_s: float) -> dict[str, Any]:
+    """A rank's switch by part (:data:`PARTS` and :data:`COMM_PARTS` add up to ``switch_s``):
+    ``moved``, the state move's :class:`~executor.switch.state_move.SwitchStats` as a dict, and the
+    seconds the caller timed around it; what none of them covers is charged to ``other_s``."""
+    out = dict(moved, switch_s=switch_s, plan_late_s=plan_late_s, groups_wait_s=groups_wait_s, groups_s=groups_s,
+               build_s=build_s, engine_s=build_s - groups_s, install_s=install_s)
+    out["other_s"] += switch_s - plan_late_s - moved["total_s"] - groups_wait_s - build_s - install_s
+    out["comm_s"] = sum(out[k] for k in COMM_PARTS)
+    out["switch_excl_comm_s"] = switch_s - out["comm_s"]
+    return out
 
 
 def switch_report(rp: Any, every: list[Any], step: int, cluster: ClusterSpec | None) -> dict[str, Any]:
@@ -228,10 +253,16 @@ def switch_report(rp: Any, every: list[Any], step: int, cluster: ClusterSpec | N
     rest of the switch), the lower bound from the cluster file's link bandwidth. ``retire_s``: the
     old plan's groups and the worlds left destroyed after the new plan's first step — not in
     ``switch_s``, but on the job's critical path (the second step waits for it:
-    ``retire_blocks_training``)."""
-    keys = ("switch_s", "transfer_s", "world_setup_s", "connect_s", "groups_s", "build_s", "plan_s", "wait_s",
-            "comm_s", "switch_excl_comm_s", "install_s", *SWITCH_PARTS, "retire_s")
+    ``retire_blocks_training``); ``connect_ahead_s``: then every pair of the new world connected
+    for the next switch (:meth:`World.connect_all`), on the same path. ``critical``: the parts of
+    the rank whose ``switch_excl_comm_s`` is the largest (:data:`PARTS`, adding up to it;
+    ``device`` names the rank) — the per-part maxima
+    above may come from different ranks."""
+    keys = ("switch_s", "transfer_s", "build_s", "plan_s", "wait_s", "comm_s", "switch_excl_comm_s", *COMM_PARTS,
+            *PARTS, "retire_s", "connect_ahead_s")
     worst: dict[str, Any] = {k: max(s[k] for s in every) for k in keys}
+    slowest = max(every, key=lambda s: s["switch_excl_comm_s"])
+    worst["critical"] = {"device": slowest["device"], **{k: slowest[k] for k in PARTS}}
     worst["planned_ahead"] = all(s["planned_ahead"] for s in every)
     worst["retire_blocks_training"] = True
     out = dict(worst, step=step, moved_bytes=rp.moved_bytes, local_bytes=rp.local_bytes,

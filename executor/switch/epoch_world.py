@@ -13,6 +13,16 @@ Leaving is one of two things. Inside an elastic switch the old group is *retired
 after the new plan's first step — destroying an NCCL communicator costs 300-500 ms, which the
 switch no longer waits for. At the job's end it is destroyed (:meth:`World.leave`).
 
+Every member connects to every other on the group (:meth:`World.connect_all`: one ping batch) where
+the elastic job knows nothing is in flight — at start-up and at each switch's retire point — so
+that the next switch that keeps this group (no device joins: it exchanges on it) finds its pairs
+connected: NCCL connects two ranks inside their first point-to-point call, 1.2 s of a switch on
+4x H200 under MPS (benchmarks/executor/elastic.py, 2026-11-26). Not above
+:data:`PAIRS_AHEAD_MAX` members: NCCL keeps buffers for every connected peer (MiBs per channel).
+
+Before creating a group, its members meet on the store (``wait_s``), so that the set-up's time
+(``setup_s``) is its own, not the wait for the last member to arrive.
+
 On CUDA the new group is bound to this process's device (``device_id``), so NCCL creates the
 communicator eagerly, as at start-up (:func:`executor.train.setup.init_process_group`).
 
@@ -37,6 +47,22 @@ from executor.parallel.group_release import release, subgroups
 from executor.parallel.group_retire import Retired
 from executor.parallel.store_meet import meet
 
+PAIRS_AHEAD_MAX = 8  # World.connect_all connects every pair up to this many members (module docstring)
+
+
+def ping(peers: list[int], device: torch.device) -> None:
+    """One element to and from each of ``peers`` (ranks of the default group), all in one batch, and
+    wait for them: connects the pairs on NCCL (:mod:`executor.switch.state_move`, step 3). Every
+    peer must post its own batch holding this process."""
+    if not peers:
+        return
+    out = torch.ones(1, device=device)
+    ops = []
+    for peer in peers:
+        ops += [dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, torch.empty(1, device=device), peer)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+
 
 class World:
     def __init__(self, store: Any, prefix: str, device: torch.device, me: str, *, timeout_s: float = 1800.0):
@@ -50,6 +76,7 @@ class World:
         self.tag = "initial"  # store prefix of the current group (unique per group of the job)
         self.setup_s = 0.0  # seconds the last enter() spent creating the group
         self.leave_s = 0.0  # seconds the last enter() spent leaving (or retiring) the previous one
+        self.wait_s = 0.0  # seconds the last enter() waited on the store for the new group's last member
 
     @property
     def rank(self) -> int:
@@ -75,8 +102,8 @@ class World:
         members = tuple(members)
         if len(set(members)) != len(members):
             raise ValueError(f"members listed twice: {members}")
+        self.setup_s = self.leave_s = self.wait_s = 0.0
         if members == self.members and dist.is_initialized():
-            self.setup_s = self.leave_s = 0.0
             return True
         t0 = time.perf_counter()
         if retire is not None and dist.is_initialized():
@@ -87,6 +114,9 @@ class World:
         if self.me not in members:
             return False
         t0 = time.perf_counter()
+        meet(self.store, f"{self.prefix}/{tag}/arrive", len(members), timeout_s=self.timeout_s, who=self.me)
+        t1 = time.perf_counter()
+        self.wait_s = t1 - t0
         if self.device.type == "cuda":  # a joining process never ran init_process_group's set-up
             torch.cuda.set_device(self.device)
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"{self.prefix}/{tag}", self.store),
@@ -94,8 +124,23 @@ class World:
                                 timeout=timedelta(seconds=self.timeout_s),
                                 device_id=self.device if self.device.type == "cuda" else None)
         self.members, self.tag = members, tag
-        self.setup_s = time.perf_counter() - t0
+        self.setup_s = time.perf_counter() - t1
         return True
+
+    def connect_all(self) -> float:
+        """Connect every pair of members (module docstring); collective over the members, where
+        nothing is in flight on the group. Returns the seconds (0 above :data:`PAIRS_AHEAD_MAX`)."""
+        if len(self.members) > PAIRS_AHEAD_MAX:
+            return 0.0
+        t0 = time.perf_counter()
+        ping([r for r in range(len(self.members)) if r != self.rank], self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    def times(self) -> dict[str, float]:
+        """The last :meth:`enter`'s seconds by part (as :class:`executor.switch.state_move.SwitchStats` names them)."""
+        return {"world_setup_s": self.setup_s, "leave_s": self.leave_s, "world_wait_s": self.wait_s}
 
     def retire(self) -> Retired:
         """Detach the default group (and any group split off it), alive until the returned

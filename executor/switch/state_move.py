@@ -15,7 +15,8 @@ Order of events (one :func:`switch` call on every process of the old or the new 
    new plan's world (joiners included); else a world of :attr:`ReshardPlan.devices` (the new
    plan's devices, then the leaving ones). A world left behind — here the old one, in step 5 the
    switch world — is retired too, not destroyed.
-3. **Connecting**: a process posts one ``batch_isend_irecv`` holding, for each of its pairs of
+3. **Connecting**: once every member of the switch world has arrived (a meeting on the store,
+   ``connect_wait_s``), a process posts one ``batch_isend_irecv`` holding, for each of its pairs of
    :meth:`ReshardPlan.pairs`, one element to the peer and one from it, and waits for them (and the
    device). NCCL sets up the connection between two ranks of a communicator inside their first
    point-to-point call, on every channel their point-to-point traffic may use whatever the size
@@ -23,8 +24,12 @@ Order of events (one :func:`switch` call on every process of the old or the new 
    does so for every pair that will exchange, so the exchange below times the transfer alone, and
    the set-up counts with the communicators' (``connect_s``, part of :attr:`SwitchStats.comm_s`),
    which the elastic target reports apart. (Gloo connects every pair when the group is created:
-   there this costs one tiny message each way.)
-4. **Local copies**, then **the exchange**, on the switch world itself: a process posts one
+   there this costs one tiny message each way; so does NCCL on a world kept as it is, whose pairs
+   the elastic job connected ahead, :meth:`~executor.switch.epoch_world.World.connect_all`.)
+4. **Local copies**, packing, then **the exchange**, on the switch world itself. Before the
+   exchange the pairs ping again (the batch of step 3, on connected pairs: microseconds), so that
+   waiting for a peer still packing is reported apart (``exchange_wait_s``) and ``exchange_s`` is
+   the transfer alone. Then a process posts one
    ``batch_isend_irecv`` holding, for each of its pairs of :meth:`ReshardPlan.pairs` in that global
    order, its message to the peer (one flat fp32 buffer: its pieces for the peer, packed in plan
    order) and a buffer for the peer's message; it waits for all of them, then unpacks.
@@ -36,6 +41,11 @@ Order of events (one :func:`switch` call on every process of the old or the new 
    releases :attr:`SwitchResult.retired` right after that step, in order (:meth:`Retired.release`).
    Each process's list is a subsequence of one order — the old plan's groups, the old world, the
    switch world — and is released in it, so no two holders wait on each other's store meetings.
+
+Every interval of the call is charged to one part of :class:`SwitchStats` (waits for peers, here
+and before a new default group is created, are parts of their own), so the parts add up to the
+call's time (``total_s``); the elastic job computes this device's holdings with the move, ahead
+(``states``: tens of ms of Python for a 1.3B model that were on the switch's path).
 
 Why no two processes wait on each other, in steps 3 and 4 alike: every posted send has its matching
 receive posted by the peer (both compute the same :class:`ReshardPlan`, hence the same pairs), and
@@ -64,8 +74,9 @@ import torch
 import torch.distributed as dist
 
 from executor.parallel.group_retire import Retired
+from executor.parallel.store_meet import meet
 from executor.state.state_pieces import NewState, held_tensors, narrow
-from executor.switch.epoch_world import World
+from executor.switch.epoch_world import World, ping
 from executor.train.engine import Engine
 from planner.state_layout import RankState, rank_states
 from planner.state_move_plan import Piece, ReshardPlan
@@ -73,20 +84,30 @@ from planner.state_move_plan import Piece, ReshardPlan
 
 @dataclass
 class SwitchStats:
+    """This process's times of :func:`switch`. The parts are laps of one clock, each ending with a
+    device sync (the work of a part is its own): :data:`SWITCH_PARTS` plus :attr:`comm_s` add up to
+    :attr:`total_s`, the whole call. Waiting for peers is a part of its own (``*_wait_s``): the part
+    after it starts with every peer there, so the slowest rank's figure of a part is its own work."""
+
     bytes_sent: int = 0
     bytes_received: int = 0
     local_bytes: int = 0
     world_setup_s: float = 0.0  # default groups created for the switch and the new plan
     connect_s: float = 0.0  # every exchanging pair of this process connected (step 3)
-    transfer_s: float = 0.0  # local copies + the exchange (packing and unpacking included)
-    # where the rest goes (each phase ends with a device sync, so the time is its own)
+    transfer_s: float = 0.0  # local copies + the exchange (packing and unpacking included, waits not)
+    drain_s: float = 0.0  # the old engine drained and its state viewed (and the holdings, unless given)
     close_s: float = 0.0  # the old plan's groups retired (detached; destroyed later: retire_s)
     alloc_s: float = 0.0  # the new layout's state allocated
+    world_wait_s: float = 0.0  # waiting on the store for a new default group's last member
+    connect_wait_s: float = 0.0  # waiting on the store for the switch world's last member to connect
     local_s: float = 0.0  # pieces this process keeps, copied into the new layout
     pack_s: float = 0.0  # outgoing pieces packed into one buffer per peer
+    exchange_wait_s: float = 0.0  # waiting for the peers to have packed (one ping batch, step 4)
     exchange_s: float = 0.0  # posting every pair's batch to the last receive done
     unpack_s: float = 0.0  # received buffers copied into the new layout
     leave_s: float = 0.0  # default groups left: retired (detached; destroyed later: retire_s)
+    other_s: float = 0.0  # the rest: book-keeping between the parts above
+    total_s: float = 0.0  # the whole call (a leaving process's release at its end not included)
     # the old plan's groups and the worlds left destroyed (executor.parallel.group_retire), not in the switch:
     # on a leaving process at its end, elsewhere after the new plan's first step (set by the caller)
     retire_s: float = 0.0
@@ -101,7 +122,9 @@ class SwitchStats:
         return dict(self.__dict__)
 
 
-SWITCH_PARTS = ("close_s", "alloc_s", "local_s", "pack_s", "exchange_s", "unpack_s", "leave_s")
+# the parts of SwitchStats.total_s besides comm_s, in the order they happen
+SWITCH_PARTS = ("drain_s", "alloc_s", "close_s", "leave_s", "world_wait_s", "connect_wait_s", "local_s", "pack_s",
+                "exchange_wait_s", "exchange_s", "unpack_s", "other_s")
 
 
 @dataclass
@@ -128,37 +151,41 @@ def _state_of(states: list[RankState], device: str) -> RankState | None:
 
 
 def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag: str,
-           also: Sequence[Any] = ()) -> SwitchResult:
+           also: Sequence[Any] = (), states: tuple[RankState | None, RankState | None] | None = None
+           ) -> SwitchResult:
     """Move this process's part of the state per ``rp`` (module docstring); collective over every
     process of the old and the new plan. ``engine``: the old plan's engine (None on a joiner);
     ``also``: more groups of the old layout to retire with the engine's (a strategy pool's working
-    layouts, :meth:`executor.switch.hot_switch.SwitchGroups.hand_over_extra`)."""
+    layouts, :meth:`executor.switch.hot_switch.SwitchGroups.hand_over_extra`); ``states``: this
+    device's holdings in the old and the new plan (:func:`holdings`), if computed ahead."""
     stats = SwitchStats()
-    old_state = _state_of(rank_states(rp.old), me)
-    new_state = _state_of(rank_states(rp.new), me)
+    clock = _Clock(world.device, stats)
+    old_state, new_state = states if states is not None else holdings(rp, me)
     if (engine is None) != (old_state is None):
         raise ValueError(f"{me}: an engine is given iff the device is in the old plan")
     if engine is not None:
         engine.drain()  # ZeRO-1's weight all-gathers: the weights complete, nothing left on the old groups
     held = held_tensors(engine, old_state) if engine is not None and old_state is not None else []
-    clock = _Clock(world.device)
+    clock.lap("drain_s")
     new = NewState(new_state, world.device) if new_state is not None else None
-    stats.alloc_s = clock.lap()
+    clock.lap("alloc_s")
     retired: list[Retired] = []
     if engine is not None:
         retired.append(Retired.take([*engine.groups.hand_over(), *also], store=world.store,
                                     key=f"{world.prefix}/retire/{tag}", count=len(rp.old.devices),
                                     device=world.device, who=me, timeout_s=world.timeout_s))
-    stats.close_s = clock.lap()
+    clock.lap("close_s")
     world.enter(switch_members(rp), f"{tag}/switch", retire=retired)
-    stats.world_setup_s += world.setup_s
-    stats.leave_s += world.leave_s
+    clock.lap("other_s", **world.times())
     rank_of = {d: i for i, d in enumerate(world.members)}
 
     mine = [(a, b) for a, b in rp.pairs() if me in (a, b)]
-    clock.lap()
-    _connect([rank_of[b if a == me else a] for a, b in mine], world.device)
-    stats.connect_s = clock.lap()
+    peers = [rank_of[b if a == me else a] for a, b in mine]
+    clock.lap("other_s")
+    meet(world.store, f"{world.prefix}/{tag}/connect", len(world.members), timeout_s=world.timeout_s, who=me)
+    clock.lap("connect_wait_s")  # a world kept as it is has no meeting of its own before the pairs connect
+    ping(peers, world.device)
+    clock.lap("connect_s")
     src = old_state.holdings if old_state is not None else ()
     dst = new_state.holdings if new_state is not None else ()
     local = rp.local(me)
@@ -167,14 +194,16 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
         _copy([narrow(new.tensors[p.dst_slot], dst[p.dst_slot].chunk, p.chunk) for p in local],
               [narrow(held[p.src_slot], src[p.src_slot].chunk, p.chunk) for p in local])
         stats.local_bytes += sum(p.nbytes for p in local)
-    stats.local_s = clock.lap()
+    clock.lap("local_s")
     outbox: dict[str, torch.Tensor] = {}
     for a, b in mine:
         peer = b if a == me else a
         out = rp.messages.get((me, peer), ())
         if out:
             outbox[peer] = _pack([narrow(held[p.src_slot], src[p.src_slot].chunk, p.chunk) for p in out], world.device)
-    stats.pack_s = clock.lap()
+    clock.lap("pack_s")
+    ping(peers, world.device)  # every peer has packed: the exchange below times the transfer alone
+    clock.lap("exchange_wait_s")
     inbox: list[tuple[torch.Tensor, tuple[Piece, ...]]] = []
     ops = []
     for a, b in mine:  # one batch holding every message of this process, in the global pair order
@@ -191,39 +220,54 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
             stats.bytes_received += buf.numel() * 4
     for req in dist.batch_isend_irecv(ops) if ops else ():
         req.wait()
-    stats.exchange_s = clock.lap()
+    clock.lap("exchange_s")
     outbox.clear()
     for buf, pieces in inbox:
         assert new is not None
         views = [narrow(new.tensors[p.dst_slot], dst[p.dst_slot].chunk, p.chunk) for p in pieces]
         _copy(views, [c.view(v.shape) for c, v in zip(buf.split([p.numel for p in pieces]), views)])
     inbox.clear()
-    stats.unpack_s = clock.lap()
+    clock.lap("unpack_s")
     stats.transfer_s = stats.local_s + stats.pack_s + stats.exchange_s + stats.unpack_s
 
     held.clear()
-    clock.lap()
-    if world.enter(rp.new.devices, f"{tag}/plan", retire=retired):
-        stats.world_setup_s += world.setup_s
-    stats.leave_s += world.leave_s
+    world.enter(rp.new.devices, f"{tag}/plan", retire=retired)
+    clock.lap("other_s", **world.times())
+    stats.total_s = clock.total()
     if new is None:  # a leaving process: with the other holders, at their retire point
         stats.retire_s = sum(r.release() for r in retired)
         retired = []
     return SwitchResult(new, stats, retired)
 
 
+def holdings(rp: ReshardPlan, me: str) -> tuple[RankState | None, RankState | None]:
+    """``me``'s holdings in the old and in the new plan of ``rp`` (None where it is not in one):
+    tens of ms of Python for a 1.3B model, so the elastic job computes them with the move, ahead."""
+    return _state_of(rank_states(rp.old), me), _state_of(rank_states(rp.new), me)
+
+
 class _Clock:
-    """Seconds between laps, each lap ending with a device sync (the work of a phase is its own)."""
+    """Laps of one clock charged to :class:`SwitchStats` fields, each lap ending with a device sync
+    (the work of a part is its own); the laps add up to :meth:`total`."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, stats: SwitchStats):
         self.device = device
-        self.t = time.perf_counter()
+        self.stats = stats
+        self.t = self.t0 = time.perf_counter()
 
-    def lap(self) -> float:
+    def lap(self, part: str, **inside: float) -> None:
+        """Charge the time since the last lap to ``part``, less the seconds ``inside`` names (parts
+        timed within this lap, charged to themselves)."""
         _sync(self.device)
         now = time.perf_counter()
         dt, self.t = now - self.t, now
-        return dt
+        for name, seconds in inside.items():
+            setattr(self.stats, name, getattr(self.stats, name) + seconds)
+            dt -= seconds
+        setattr(self.stats, part, getattr(self.stats, part) + dt)
+
+    def total(self) -> float:
+        return self.t - self.t0
 
 
 def _pack(views: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -238,19 +282,6 @@ def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     """``dst[i].copy_(src[i])`` for every i, in one torch call (still one copy kernel per strided
     piece: on 4x H200 the parts took as long as with a Python loop, benchmarks/executor/elastic.py, 2026-11-26)."""
     torch._foreach_copy_(dst, src)
-
-
-def _connect(peers: list[int], device: torch.device) -> None:
-    """Connect this process to each of ``peers`` (ranks of the default group): one element each way
-    per peer, all in one batch (module docstring, step 3)."""
-    if not peers:
-        return
-    out = torch.ones(1, device=device)
-    ops = []
-    for peer in peers:
-        ops += [dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, torch.empty(1, device=device), peer)]
-    for req in dist.batch_isend_irecv(ops):
-        req.wait()
 
 
 def _sync(device: torch.device) -> None:

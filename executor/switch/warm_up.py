@@ -24,7 +24,8 @@ one transformer block (the stage's own first/last role, TP shard shapes and reco
 stage's blocks all have the same shapes), fills the parameters with a constant, runs one forward
 and backward of a micro-batch of the plan's largest shape under the plan's autocast, then the
 engine's update: global norm, clipping, one AdamW step with the engine's settings
-(:func:`executor.train.optim.for_device`). The TP collectives are off (``group=None``: the process has no
+(:func:`executor.train.optim.for_device`); then the switch's own copies (``_foreach_copy_`` of
+strided views, as the joiner unpacks its state). The TP collectives are off (``group=None``: the process has no
 group yet), so the shapes are a TP rank's but nothing is communicated; token ids stay in the local
 vocabulary slice.
 
@@ -98,5 +99,13 @@ def _step(plan: Plan, device_id: str, device: torch.device, optim: OptimConfig) 
     opt = build_optimizer(params, for_device(optim, device))
     set_lr(opt, lr_at(0, optim))
     opt.step()
+    _switch_copies(device)
     float(norm)  # the engine's host read of the step's values; also waits for the device
+
+
+def _switch_copies(device: torch.device) -> None:
+    """The kernels of the switch's own copies, whose first launch loads them: ``_foreach_copy_`` of
+    strided views into the new state and out of received buffers (:mod:`executor.switch.state_move`)."""
+    grid = torch.zeros(8, 8, device=device)
+    torch._foreach_copy_([grid[:, :4], grid[4:]], [torch.ones(8, 4, device=device), torch.ones(4, 8, device=device)])
     fast_path.synchronize(device)

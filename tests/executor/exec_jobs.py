@@ -368,3 +368,19 @@ def train_hot_switch(plans: list[Plan], home: int, steps: list[list[torch.Tensor
         del eng
     groups.close()
     return out
+
+
+def split_share_job(plan: Plan) -> list[tuple[tuple[int, ...], int, float]]:
+    """This rank's groups of ``plan`` on NCCL: (ranks, the communicator's ``split_share``, the sum
+    of an all-reduce of ones on it) for every group it is in besides the default one."""
+    groups = ProcessGroups.create(build_topology(plan))
+    device = groups.device()
+    out = []
+    for _, ranks, g in groups.order:
+        if groups.rank not in ranks or g is dist.group.WORLD:
+            continue
+        x = torch.ones(1, device=device)
+        dist.all_reduce(x, group=g)
+        out.append((ranks, int(g._get_backend(device).options.config.split_share), float(x.item())))
+    groups.close()
+    return out

@@ -23,11 +23,14 @@ from exec_jobs import (
     checkpoint_job,
     global_batches,
     make_plan,
+    split_share_job,
     train_packed,
     train_plans,
 )
 from torch.testing import assert_close
 
+from executor.parallel.split_share import shared_sets
+from planner.layout import build_topology
 from planner.plan import Plan
 from tests.support.dist_testing import DistPool
 from tests.support.reference import ReferenceRun, reference_train
@@ -203,3 +206,15 @@ def test_nccl4_checkpoint_between_plans(nccl4: DistPool, tmp_path) -> None:
     for n, want in ref.state.items():
         assert_close(res[0]["state"][n], want, rtol=RTOL, atol=ATOL, msg=lambda m, n=n: f"{n}: {m}")
     assert "differs in" in res[0]["other_model_error"]
+
+
+def test_nccl4_sync_groups_share_the_default_communicators_resources(nccl4: DistPool) -> None:
+    """executor.parallel.split_share: the gradient-sync groups are splits sharing the default
+    communicator's resources, the TP and p2p groups are not; each group works."""
+    plan = PLANS["tp2-vs-pp2-zero1"]
+    share = shared_sets(build_topology(plan))
+    assert share  # the case has sync groups that may share
+    for rows in nccl4.run(split_share_job, plan):
+        for ranks, shared, total in rows:
+            assert (shared == 1) == (ranks in share), ranks
+            assert total == len(ranks), ranks

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from switch_jobs import detach_world_job, retire_job, switch_oracle_job, worlds_left
 from torch.testing import assert_close
 
-from executor.switch.state_move import SwitchStats
+from executor.switch.state_move import SWITCH_PARTS, SwitchStats
 from planner.layout import logical_params
 from planner.model import ModelSpec
 from planner.plan import Plan
@@ -118,6 +118,9 @@ def test_switch_oracle(dist_pool, tmp_path, name: str) -> None:
         sw = SwitchStats(**s)
         assert sw.comm_s == s["world_setup_s"] + s["connect_s"] and (s["connect_s"] > 0 or not s["peers"]), d
         assert s["transfer_s"] == pytest.approx(s["local_s"] + s["pack_s"] + s["exchange_s"] + s["unpack_s"]), d
+        # every interval of the call is in one part (waits for peers included, apart): nothing unaccounted
+        assert sum(s[k] for k in SWITCH_PARTS) + sw.comm_s == pytest.approx(s["total_s"], rel=1e-9), d
+        assert s["total_s"] > 0 and min(s[k] for k in SWITCH_PARTS) >= 0, d
     assert any(r["old_groups"] for r in res)  # each case has groups to retire
     check_retired(res, old, new)
 

@@ -67,3 +67,18 @@ def test_engine_optimizer_settings_per_device() -> None:
     assert for_device(OptimConfig(), cuda).fused is True
     assert for_device(OptimConfig(fused=False), cuda).fused is False
     assert for_device(OptimConfig(), CPU).fused is None
+
+
+def test_warm_up_runs_the_switchs_strided_copies(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The joiner unpacks its state with ``_foreach_copy_`` into strided views (executor.switch.state_move);
+    the warm-up launches that op on such views once, so the switch does not load its kernels."""
+    calls: list[bool] = []
+    copy = torch._foreach_copy_
+
+    def recorded(dst, src, *a, **kw):  # type: ignore[no-untyped-def]
+        calls.append(any(not t.is_contiguous() for t in dst))
+        return copy(dst, src, *a, **kw)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", recorded)
+    assert warm_up(TP_LAST, "b:0", CPU, OptimConfig()) is not None
+    assert True in calls

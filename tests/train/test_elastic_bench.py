@@ -13,6 +13,7 @@ import pytest
 from test_elastic_jobs import reference_losses
 
 from benchmarks.executor.elastic import main
+from executor.switch.elastic_switch import PARTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs")]
 
@@ -21,6 +22,7 @@ def test_smoke_trace_4_to_3_to_4_switches_in_process_and_equals_the_reference(tm
                                                                                capsys: pytest.CaptureFixture) -> None:
     assert main(["--smoke", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
+    assert "The slowest rank's switch (excl. comm), part by part" in out
     assert "| 1 after step 2 (-r4090:2) | 4 -> 3 |" in out and "| 2 after step 4 (+r4090:2) | 3 -> 4 |" in out
     [path] = tmp_path.glob("elastic_cpu_smoke_*.json")
     res = json.loads(path.read_text())
@@ -35,9 +37,14 @@ def test_smoke_trace_4_to_3_to_4_switches_in_process_and_equals_the_reference(tm
         # the pairs' connecting is reported with the communicator set-up (slowest rank of each part)
         assert set(e["comm_parts_s"]) == {"world_setup_s", "connect_s", "groups_s"}
         assert 0 < e["comm_parts_s"]["connect_s"] <= e["comm_setup_s"], e
+        # the slowest rank's switch (excl. comm) part by part, 'other' included: nothing unaccounted
+        crit = e["critical_parts_s"]
+        assert sum(crit[k] for k in PARTS) == pytest.approx(e["switch_excl_comm_s"], rel=1e-9), e
         assert e["elastic_downtime_s"] is not None and e["restart_downtime_s"] > 0
         # the old plan's groups were destroyed after the new plan's first step, and that time is reported
         assert e["retire_after_step"] == e["after_step"] + 1 and e["retire_s"] > 0, e
+        # and every pair of the new world was connected there, ahead of the next switch
+        assert e["connect_ahead_s"] > 0, e
     assert [s["plain_step_s"] is not None and s["elastic_step_s"] is not None for s in res["steady"]] == [True] * 3
     ref = reference_losses(6, 6)
     elastic = {int(k): v for k, v in res["elastic_losses"].items()}
