@@ -112,11 +112,14 @@ def logical_params(model: ModelSpec) -> list[ParamInfo]:
     return out + head_params(model)
 
 
-def stage_params(model: ModelSpec, layers: tuple[int, int], first: bool, last: bool) -> list[ParamInfo]:
-    """Parameters a stage holds, in canonical order."""
+def stage_params(model: ModelSpec, layers: tuple[int, int], first: bool, last: bool,
+                 chunks: Sequence[tuple[int, int]] = ()) -> list[ParamInfo]:
+    """Parameters a stage holds, in canonical order; ``chunks``: an interleaved stage's layer
+    ranges (ascending; ``layers`` is then the first), all of which it holds."""
     out = [embed_param(model)] if first else []
-    for i in range(*layers):
-        out += layer_params(model, i)
+    for start, end in chunks or (layers,):
+        for i in range(start, end):
+            out += layer_params(model, i)
     return out + (head_params(model) if last else [])
 
 
@@ -173,6 +176,7 @@ class StageTopo:
     is_last: bool
     prev_leader: int | None  # leader of the previous stage (None on the first stage)
     next_leader: int | None  # leader of the next stage (None on the last stage)
+    chunks: tuple[tuple[int, int], ...] = ()  # an interleaved stage's layer ranges; () means (layers,)
 
     @property
     def tp(self) -> int:
@@ -183,7 +187,7 @@ class StageTopo:
         return self.ranks[0]
 
     def holds(self, name: str) -> bool:
-        return holds(name, self.layers, self.is_first, self.is_last)
+        return any(holds(name, c, self.is_first, self.is_last) for c in self.chunks or (self.layers,))
 
 
 @dataclass(frozen=True)
@@ -242,8 +246,15 @@ class Topology:
         return [st.ranks for pipe in self.pipelines for st in pipe]
 
     def p2p_pairs(self) -> list[tuple[int, int]]:
-        """``(leader, next_leader)`` of every stage boundary: pipelines in order, boundaries in order."""
-        return [(st.leader, st.next_leader) for pipe in self.pipelines for st in pipe if st.next_leader is not None]
+        """``(leader, next_leader)`` of every stage boundary: pipelines in order, boundaries in order;
+        an interleaved pipeline of more than two stages adds ``(last leader, first leader)``, its
+        boundary between chunks (of two stages, that is the one boundary)."""
+        out = []
+        for pipe in self.pipelines:
+            out += [(st.leader, st.next_leader) for st in pipe if st.next_leader is not None]
+            if len(pipe[0].chunks) > 1 and len(pipe) > 2:
+                out.append((pipe[-1].leader, pipe[0].leader))
+        return out
 
     def local_slice(self, rank: int, ref: SliceRef) -> tuple[int | None, int, int]:
         """``ref`` in the coordinates of ``rank``'s local shard: (dim, start, stop)."""
@@ -292,7 +303,8 @@ def build_topology(plan: Plan) -> Topology:
         pipes.append(tuple(
             StageTopo(pipeline=pi, index=si, ranks=groups[si], layers=st.layers, is_first=si == 0,
                       is_last=si == n - 1, prev_leader=groups[si - 1][0] if si > 0 else None,
-                      next_leader=groups[si + 1][0] if si < n - 1 else None)
+                      next_leader=groups[si + 1][0] if si < n - 1 else None,
+                      chunks=st.chunks if len(st.chunks) > 1 else ())
             for si, st in enumerate(pipe.stages)))
     topo_pipes = tuple(pipes)
     sync, bcasts = _sync_plan(plan.model, topo_pipes)

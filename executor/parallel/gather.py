@@ -23,7 +23,7 @@ def gather_logical(groups: ProcessGroups, local: dict[str, torch.Tensor], *, to_
     out: dict[str, torch.Tensor] = {}
     device = next(iter(local.values())).device
     for st in topo.pipelines[0]:
-        infos = stage_params(model, st.layers, st.is_first, st.is_last)
+        infos = stage_params(model, st.layers, st.is_first, st.is_last, st.chunks)
         total = sum(i.numel for i in infos)
         full: torch.Tensor | None = None
         if rank in st.ranks:

@@ -66,10 +66,10 @@ REGISTRY: dict[str, Schedule] = {s.name: s for s in (
     Schedule("1f1b", one_f_one_b_ops),
     Schedule("gpipe", gpipe_ops),
     Schedule("zb-h1", zb_h1_ops),
-    Schedule("interleaved-1f1b", interleaved_ops, chunks=CHUNKS, trained=False, requires=interleaved_requires),
+    Schedule("interleaved-1f1b", interleaved_ops, chunks=CHUNKS, requires=interleaved_requires),
 )}
 SCHEDULE_NAMES: tuple[str, ...] = tuple(REGISTRY)
-TRAINED_SCHEDULES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.trained)  # the search's default
+TRAINED_SCHEDULES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.trained)
 
 
 def schedule_named(name: str, field: str = "schedule") -> Schedule:

@@ -1,0 +1,52 @@
+"""The oracle for interleaved 1F1B (two layer chunks per stage, the last stage sending back to the
+first between chunks): plans whose pipelines run interleaved train exactly like one dense process —
+2 and 4 stages, TP changes between stages, two pipelines (data parallel) beside each other and
+beside a 1F1B pipeline, ZeRO 0 and 1, uneven micro-batch sizes, micro-batches = and > stages."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from exec_jobs import TINY8, make_plan
+from test_exec_oracle import run_oracle
+
+from planner.interleave import interleaved
+from planner.plan import Plan
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
+
+
+def il_plan(pipes: list[tuple[int, int, str, list[tuple[int, int]]]], zero: int = 0,
+            model=TINY8) -> Plan:  # noqa: ANN001 - a ModelSpec
+    """:func:`exec_jobs.make_plan` with every ``interleaved-1f1b`` pipeline cut into two chunks per stage."""
+    plain = make_plan(model, [(b, m, "1f1b", st) for b, m, _, st in pipes])
+    pipelines = tuple(interleaved(p, 2, field=f"pipelines[{i}]") if sched == "interleaved-1f1b" else
+                      replace(p, schedule=sched) for i, (p, (_, _, sched, _)) in enumerate(zip(plain.pipelines, pipes)))
+    return replace(plain, pipelines=pipelines, options=replace(plain.options, zero=zero))
+
+
+PLANS: dict[str, Plan] = {
+    "il-2-stages-tp2-1-m4-uneven": il_plan([(5, 4, "interleaved-1f1b", [(2, 4), (1, 4)])]),
+    "il-4-stages-tp1-2-1-2-m4": il_plan([(4, 4, "interleaved-1f1b", [(1, 2), (2, 2), (1, 2), (2, 2)])]),
+    "il-two-pipelines-zero1": il_plan([(2, 2, "interleaved-1f1b", [(1, 3), (2, 5)]),
+                                       (4, 4, "interleaved-1f1b", [(2, 4), (1, 4)])], zero=1),
+    "il-4-stages-m8-beside-1f1b-zero1": il_plan([(8, 8, "interleaved-1f1b", [(1, 2), (1, 2), (1, 2), (1, 2)]),
+                                                 (3, 2, "1f1b", [(2, 5), (1, 3)])], zero=1),
+}
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_interleaved_oracle(dist_pool, name: str) -> None:
+    run_oracle(dist_pool, PLANS[name])
+
+
+def test_interleaved_plans_cover_the_claims() -> None:
+    pipes = [p for pl in PLANS.values() for p in pl.pipelines if p.schedule == "interleaved-1f1b"]
+    assert all(len(s.chunks) == 2 for p in pipes for s in p.stages)
+    assert {len(p.stages) for p in pipes} == {2, 4}
+    assert any(len({s.tp for s in p.stages}) > 1 for p in pipes)
+    assert any(p.micro_batches == len(p.stages) for p in pipes) and any(p.micro_batches > len(p.stages) for p in pipes)
+    assert any(len(set(p.micro_batch_sizes())) > 1 for p in pipes)
+    assert any(sum(p.schedule == "interleaved-1f1b" for p in pl.pipelines) > 1 for pl in PLANS.values())
+    assert {pl.options.zero for pl in PLANS.values()} == {0, 1}
