@@ -50,6 +50,7 @@ from planner.cost import estimate
 from planner.errors import SpecError
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage, plan_to_dict, save_plan
+from planner.interleave import interleaved
 from planner.schedules import schedule_named
 from planner.timeline import Lane, read_trace
 from planner.timeline_ops import op_times, seconds_by_kind
@@ -94,6 +95,9 @@ def make_plan(model: ModelSpec, devices: list[str], counts: list[int], batch: in
         stages.append(Stage((d,), 1, (lo, lo + n)))
         lo += n
     pipe = Pipeline(batch, setting.micro_batches, tuple(stages), setting.schedule)
+    chunks = schedule_named(setting.schedule).chunks
+    if chunks > 1:  # each stage's layers cut into chunks in virtual-stage order (planner.interleave)
+        pipe = interleaved(pipe, chunks, setting.schedule)
     return Plan(model, batch, (pipe,), PlanOptions(dtype="bf16"), cluster=cluster)
 
 

@@ -50,7 +50,6 @@ from executor.train.trace import NO_TRACE, NullTrace, StepTrace
 from planner.plan import Plan
 from planner.schedules import StageOp, schedule_named
 from planner.schedules.comm import op_peers, rounds
-from planner.schedules.trained import check_no_chunks
 
 
 @dataclass
@@ -129,13 +128,10 @@ def check_trainable(schedule: str, stages: int, micro_batches: int, field: str =
     schedule_named(schedule, field).check_trained(field)
 
 
-def check_plan_schedules(plan: Plan, *, switching: bool = False) -> None:
-    """:func:`check_trainable` for every pipeline of ``plan``; ``switching`` (a strategy pool or an
-    elastic job, whose layouts change while training): an interleaved pipeline is refused too."""
+def check_plan_schedules(plan: Plan) -> None:
+    """:func:`check_trainable` for every pipeline of ``plan``."""
     for pi, pipe in enumerate(plan.pipelines):
         check_trainable(pipe.schedule, len(pipe.stages), pipe.micro_batches, f"pipelines[{pi}].schedule")
-    if switching:
-        check_no_chunks(plan)
 
 
 def run_ops(runner: _Runner, comm: StageComm, ops: Sequence[StageOp]) -> None:
@@ -176,7 +172,8 @@ def run_rounds(runner: _Runner, comm: StageComm, ops: Sequence[StageOp], stages:
     sends: list[tuple[torch.Tensor | None, int]] = []
     for r in rounds(ops, chunks):
         takes = [k for k in r if peers[k].recv is not None]
-        got = comm.exchange(sends, [(runner.shapes[ops[k].micro_batch], peers[k].recv) for k in takes])
+        got = comm.exchange(sends, [(runner.shapes[ops[k].micro_batch], peers[k].recv) for k in takes]) \
+            if sends or takes else []
         inputs = dict(zip(takes, got))
         sends = []
         for k in r:
@@ -205,7 +202,7 @@ def run_schedule(kind: str, *, module: StageModule, comm: StageComm, micro: list
     wgrad = WeightGradStore() if any(op.kind == "W" for op in ops) else None
     runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext, trace, wgrad)
     install(module, wgrad)
-    if sched.chunks != runner.chunks:
+    if ops and sched.chunks != runner.chunks:
         raise ValueError(f"{kind} runs {sched.chunks} layer chunks per stage, the stage module holds {runner.chunks}")
     try:
         if sched.chunks > 1:

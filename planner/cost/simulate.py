@@ -13,8 +13,10 @@ its input is ready, and lasts its duration. With ``v`` layer chunks per stage, c
 
 Point-to-point sends are *blocking for the sender*: pass them folded into the durations
 (``fold_p2p``): stage ``i``'s forward includes sending its activation to ``i+1``, its backward
-includes sending the input gradient to ``i-1``. This matches :mod:`planner.cost.schedule`. (With
-chunks, each chunk's op carries ``1/v`` of the stage's send: a first approximation.)
+includes sending the input gradient to ``i-1``. This matches :mod:`planner.cost.schedule`. With
+chunks, pass the sends apart (``sends``): every op that sends (:func:`planner.schedules.comm.op_peers`:
+each chunk's, the last stage's to the first between chunks too) carries one whole send, as the
+executor sends one whole activation per virtual-stage boundary.
 
 Per-stage micro-batch durations may also vary per micro-batch (``fwd_mb[i][j]``), which the
 planner's benchmarks use for uneven micro-batch sizes.
@@ -26,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner.schedules import StageOp, schedule_named
+from planner.schedules.comm import op_peers
 
 
 @dataclass
@@ -61,11 +64,13 @@ def _dur(table: Table, i: int, j: int) -> float:
 
 
 def simulate(fwd: Table, bwd: Table, m: int, schedule: str = "1f1b", record: bool = False,
-             wgrad: Table | None = None) -> SimResult:
+             wgrad: Table | None = None, sends: tuple[Table, Table] | None = None) -> SimResult:
     """Simulate one pipeline. ``fwd[i]`` / ``bwd[i]`` are stage ``i``'s per-micro-batch durations
     (a number, or a list of ``m`` numbers); ``wgrad[i]`` the weight-gradient part of ``bwd[i]``,
-    needed by schedules that split the backward into ``B`` and ``W`` ops. An unknown schedule name
-    is a :class:`~planner.errors.SpecError`."""
+    needed by schedules that split the backward into ``B`` and ``W`` ops; ``sends`` (``fwd`` and
+    ``bwd`` then exclude them): stage ``i``'s send of an activation to the stage of the next virtual
+    stage and of a gradient to the previous one's, added to every op that sends. An unknown
+    schedule name is a :class:`~planner.errors.SpecError`."""
     s = len(fwd)
     if s == 0 or len(bwd) != s or m < 1:
         raise ValueError("need one forward and one backward duration per stage and m >= 1")
@@ -78,10 +83,13 @@ def simulate(fwd: Table, bwd: Table, m: int, schedule: str = "1f1b", record: boo
 
     def duration(op: StageOp, i: int) -> float:
         j = op.micro_batch
+        send = 0.0
+        if sends is not None and op_peers(op, s, i, v).send is not None:
+            send = _dur(sends[0] if op.kind == "F" else sends[1], i, j)
         if op.kind == "F":
-            return _dur(fwd, i, j) / v
+            return _dur(fwd, i, j) / v + send
         w = _dur(wgrad, i, j) if split and wgrad is not None else 0.0
-        return (w if op.kind == "W" else _dur(bwd, i, j) - w) / v
+        return (w if op.kind == "W" else _dur(bwd, i, j) - w) / v + send
 
     end: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, micro-batch) -> end
 
