@@ -11,19 +11,16 @@ import pytest
 from exec_jobs import TINY8, make_plan
 from test_exec_oracle import run_oracle
 
-from planner.interleave import interleaved
 from planner.plan import Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
 
 
-def il_plan(pipes: list[tuple[int, int, str, list[tuple[int, int]]]], zero: int = 0,
-            model=TINY8) -> Plan:  # noqa: ANN001 - a ModelSpec
-    """:func:`exec_jobs.make_plan` with every ``interleaved-1f1b`` pipeline cut into two chunks per stage."""
-    plain = make_plan(model, [(b, m, "1f1b", st) for b, m, _, st in pipes])
-    pipelines = tuple(interleaved(p, 2, field=f"pipelines[{i}]") if sched == "interleaved-1f1b" else
-                      replace(p, schedule=sched) for i, (p, (_, _, sched, _)) in enumerate(zip(plain.pipelines, pipes)))
-    return replace(plain, pipelines=pipelines, options=replace(plain.options, zero=zero))
+def il_plan(pipes: list[tuple[int, int, str, list[tuple[int, int]]]], zero: int = 0) -> Plan:
+    """:func:`exec_jobs.make_plan` (which cuts an ``interleaved-1f1b`` pipeline's stages into two
+    chunks each) with ZeRO ``zero``."""
+    plan = make_plan(TINY8, pipes)
+    return replace(plan, options=replace(plan.options, zero=zero))
 
 
 PLANS: dict[str, Plan] = {

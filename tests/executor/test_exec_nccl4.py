@@ -77,8 +77,17 @@ PLANS: dict[str, Plan] = {
     "zb-tp2-1+single-gpipe-zero1": _p([(5, 5, "zb-h1", [(2, 3), (1, 5)]), (3, 1, "gpipe", [(1, 8)])], zero=1),
     "zb-tp2-1+zb-single-recompute-full": _p([(6, 3, "zb-h1", [(2, 5), (1, 3)]), (2, 2, "zb-h1", [(1, 8)])],
                                             recompute="full"),
+    # interleaved 1F1B (two layer chunks per stage, planner.schedules.comm's rounds): 4 stages send from the
+    # last back to the first over their own boundary group; every forward before the first backward
+    # (m = stages); TP changes between stages; two interleaved pipelines and ZeRO-1
+    "il-pp4": _p([(8, 8, "interleaved-1f1b", [(1, 2), (1, 2), (1, 2), (1, 2)])]),
+    "il-pp4-m4": _p([(8, 4, "interleaved-1f1b", [(1, 2), (1, 2), (1, 2), (1, 2)])]),
+    "il-tp2-1-1-uneven-mb": _p([(8, 6, "interleaved-1f1b", [(2, 2), (1, 3), (1, 3)])]),
+    "il-pp2-x2-zero1": _p([(5, 4, "interleaved-1f1b", [(1, 4), (1, 4)]),
+                           (3, 2, "interleaved-1f1b", [(1, 3), (1, 5)])], zero=1),
+    "il-tp2-1+single-zero1": _p([(5, 4, "interleaved-1f1b", [(2, 3), (1, 5)]), (3, 1, "1f1b", [(1, 8)])], zero=1),
 }
-BF16_PLANS = ("tp1-2-1", "tp2-1+single-gpipe-zero1", "tp2-vs-pp2", "zb-tp1-2-1")
+BF16_PLANS = ("tp1-2-1", "tp2-1+single-gpipe-zero1", "tp2-vs-pp2", "zb-tp1-2-1", "il-pp4")
 # ``small-buckets:``: gradient buckets of SMALL_BUCKETS elements, so the overlapped reduction runs as
 # dozens of reduce-scatters (all-reduces without ZeRO) launched from the backward's and the W ops'
 # hooks on the autograd thread, and ZeRO-1's dozens of weight all-gathers are waited layer by layer
