@@ -48,9 +48,9 @@ from benchmarks.executor.run_meta import run_versions
 from planner.cluster import ClusterSpec, load_cluster
 from planner.cost import estimate
 from planner.errors import SpecError
+from planner.interleave import interleaved
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage, plan_to_dict, save_plan
-from planner.interleave import interleaved
 from planner.schedules import schedule_named
 from planner.timeline import Lane, read_trace
 from planner.timeline_ops import op_times, seconds_by_kind

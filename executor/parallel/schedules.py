@@ -6,9 +6,10 @@ op receives its input, computes and sends its output. A schedule the registry ma
 (``trained=False``) is refused in one line before anything runs. An interleaved stage
 (``interleaved-1f1b``) holds several layer chunks in one module; its ops name the chunk, and its
 messages go to the stage holding the neighbouring virtual stage (the last stage sends to the first
-between chunks), posted in rounds (:func:`run_rounds`, :mod:`planner.schedules.comm`). Where the ops hold ``W`` ops (ZB-H1), a ``B`` computes only the
-input gradient and queues the linear layers' weight-gradient GEMMs, which its ``W`` runs
-(:mod:`executor.parallel.weight_grad_store`); a ``W`` communicates nothing.
+between chunks), posted in rounds (:func:`run_rounds`, :mod:`planner.schedules.comm`). Where the
+ops hold ``W`` ops (ZB-H1), a ``B`` computes only the input gradient and queues the linear
+layers' weight-gradient GEMMs, which its ``W`` runs (:mod:`executor.parallel.weight_grad_store`);
+a ``W`` communicates nothing.
 
 Every pipeline runs its own schedule with its own micro-batch count ``M`` and micro-batch sizes
 (``Pipeline.micro_batch_sizes()``, possibly uneven); pipelines never wait for each other until the
@@ -171,17 +172,17 @@ def run_rounds(runner: _Runner, comm: StageComm, ops: Sequence[StageOp], stages:
     peers = [op_peers(op, stages, stage, chunks) for op in ops]
     sends: list[tuple[torch.Tensor | None, int]] = []
     for r in rounds(ops, chunks):
-        takes = [k for k in r if peers[k].recv is not None]
-        got = comm.exchange(sends, [(runner.shapes[ops[k].micro_batch], peers[k].recv) for k in takes]) \
+        takes = [(k, src) for k in r if (src := peers[k].recv) is not None]
+        got = comm.exchange(sends, [(runner.shapes[ops[k].micro_batch], src) for k, src in takes]) \
             if sends or takes else []
-        inputs = dict(zip(takes, got))
+        inputs = dict(zip([k for k, _ in takes], got))
         sends = []
         for k in r:
             op = ops[k]
             step = runner.forward if op.kind == "F" else runner.backward
             out = step(op.micro_batch, inputs.get(k), op.chunk)
-            if peers[k].send is not None:
-                sends.append((out, peers[k].send))
+            if (to := peers[k].send) is not None:
+                sends.append((out, to))
     if sends:
         comm.exchange(sends, [])
 

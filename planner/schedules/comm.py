@@ -5,15 +5,19 @@ With ``v`` layer chunks per stage, chunk ``c`` of stage ``i`` of ``S`` is virtua
 other way round, a ``W`` talks to no one. Virtual stage ``k±1`` lives on stage ``(k±1) mod S``:
 between chunks the last stage sends to the first (``v = 1``: plain neighbours).
 
-**Pairing rule** (what :func:`executor.parallel.schedules.run_ops` posts): an op's send is posted
-together with the next op's receive when both are with the same peer stage (one
-``batch_isend_irecv``), else alone, then the next op's receive alone (``v = 1``: 1F1B's, GPipe's
-and ZB-H1's order, Megatron's). With several chunks that order waits in a ring (every stage
-sending to the next in the warm-up), so there an op's send is always posted together with the
-next op's receive, whichever peers they have — Megatron's interleaved order
-(``send_forward_recv_forward`` and its steady-state four-message batches). :func:`check_pairing` plays all stages' exchanges against each other
-with sends that block until received (NCCL's rendezvous) and says where they would wait on each
-other; the tests run it over the registry's schedules and pipeline shapes.
+**Pairing rule** (what :mod:`executor.parallel.schedules` posts). One chunk per stage: an op's
+send is posted together with the next op's receive when both are with the same peer stage (one
+``batch_isend_irecv``), else alone, then the next op's receive alone — 1F1B's, GPipe's and ZB-H1's
+order, Megatron's. With several chunks that order waits in a ring (every stage sending to the next
+in the warm-up, or two neighbours sending to each other in the steady state), so there the ops run
+in *rounds* (:func:`rounds`: an ``F`` alone, or a steady-state ``F`` and the ``B`` after it) and
+between two rounds one exchange posts the sends of the round just run together with the receives
+of the next, sends first, each in op order — Megatron's interleaved order
+(``send_forward_recv_forward`` in the warm-up, four-message batches in the steady state).
+
+:func:`check_pairing` plays all stages' exchanges against each other with sends that block until
+received (NCCL's rendezvous) and says where they would wait on each other, or which receive would
+take another op's tensor; the tests run it over the registry's schedules and pipeline shapes.
 """
 
 from __future__ import annotations

@@ -93,9 +93,10 @@ def test_layout_holds_syncs_and_connects_every_chunk() -> None:
     plan = _plan(il4, interleaved(_plain([2, 1], [4, 4], node="e")))
     topo = build_topology(plan)
     s0 = topo.pipelines[0][0]
-    assert s0.chunks == ((0, 1), (4, 5)) and s0.holds("layers.4.attn.wq.weight") and not s0.holds("layers.2.mlp_norm.weight")
-    assert [p.name for p in stage_params(TINY8, s0.layers, True, False, s0.chunks)][1:2] == ["layers.0.attn_norm.weight"]
-    assert {p.name for p in stage_params(TINY8, s0.layers, True, False, s0.chunks)} >= {"layers.4.mlp.w_up.weight"}
+    assert s0.chunks == ((0, 1), (4, 5)) and s0.holds("layers.4.attn.wq.weight")
+    assert not s0.holds("layers.2.mlp_norm.weight")
+    names = [p.name for p in stage_params(TINY8, s0.layers, True, False, s0.chunks)]
+    assert names[1] == "layers.0.attn_norm.weight" and "layers.4.mlp.w_up.weight" in names
     # every parameter is synchronised once per pipeline: the holding stage of chunk 1 too
     synced = {sl.name for g in topo.sync_groups for sl in g.slices}
     assert synced == {p.name for p in logical_params(TINY8)}

@@ -205,8 +205,8 @@ def test_interleaved_shape_errors_name_the_field() -> None:
                                         r"multiple of the \d+ stages"):
         replace(plan, pipelines=tuple(pipes))
     one = replace(il, stages=(replace(il.stages[0], layers=(0, 1), chunks=((0, 1),)), *il.stages[1:]))
-    with pytest.raises(SpecError, match=r"^pipelines\[0\]\.stages\[0\]\.layers: holds 1 layer range\(s\), schedule "
-                                        r"interleaved-1f1b runs 2 layer chunk\(s\) per stage \(hint: give every stage 2 "):
+    with pytest.raises(SpecError, match=r"^pipelines\[0\]\.stages\[0\]\.layers: holds 1 layer range\(s\), "
+                                        r"schedule interleaved-1f1b runs 2 layer chunk\(s\) per stage \(hint: give "):
         replace(plan, pipelines=(one, *pipes[1:]))
     with pytest.raises(SpecError, match=r"^pipelines\[0\]\.micro_batches: interleaved 1F1B needs at least 2 stages"):
         replace(plan, pipelines=(interleaved(replace(plan.pipelines[0], stages=(
