@@ -223,13 +223,17 @@ def plan_to_flags(plan: Plan, cluster: ClusterSpec | None = None) -> SeedFlags:
 
     The seed numbers a node's GPUs in order of appearance, so a plan whose devices on some node do
     not appear as local 0, 1, 2, ... in rank order has no exact ``--devices_id``; that is an error,
-    as is a context-parallel stage (the seed flags have no CP degree).
+    as is a context-parallel stage (the seed flags have no CP degree) or an interleaved one (no
+    layer chunks).
     """
     for pi, pipe in enumerate(plan.pipelines):
         for si, st in enumerate(pipe.stages):
             if st.cp > 1:
                 raise SpecError(f"pipelines[{pi}].stages[{si}].cp", f"cp={st.cp}: the seed flags have no "
                                 "context-parallel degree", "pass the plan file (--plan) instead")
+            if len(st.chunks) > 1:
+                raise SpecError(f"pipelines[{pi}].stages[{si}].layers", f"{len(st.chunks)} layer chunks: the seed "
+                                "flags have one layer range per stage", "pass the plan file (--plan) instead")
     devices_id = None
     if cluster is not None:
         index = {n.name: i for i, n in enumerate(cluster.nodes)}

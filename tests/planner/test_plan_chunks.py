@@ -105,3 +105,14 @@ def test_layout_holds_syncs_and_connects_every_chunk() -> None:
     leaders1 = [st.leader for st in topo.pipelines[1]]
     assert (leaders0[-1], leaders0[0]) in topo.p2p_pairs() and len(topo.p2p_pairs()) == 4 + 1
     assert (leaders1[0], leaders1[1]) in topo.p2p_pairs()
+
+
+def test_seed_flags_refuse_layer_chunks_and_tables_show_them() -> None:
+    from hexiscale.cli.output import layers_label
+    from planner.seed_flags import plan_to_flags
+
+    plan = _plan(interleaved(_plain([1, 1], [4, 4])))
+    with pytest.raises(SpecError, match=r"^pipelines\[0\]\.stages\[0\]\.layers: 2 layer chunks: the seed flags have "
+                                        r"one layer range per stage"):
+        plan_to_flags(plan)
+    assert [layers_label(s) for s in plan.pipelines[0].stages] == ["0-1,4-5", "2-3,6-7"]
