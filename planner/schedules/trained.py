@@ -1,5 +1,7 @@
 """Refuse, before any rank starts, a plan (or strategy pool) whose schedule the executor does not
-train yet: the launcher and the executor's pre-flight both ask here."""
+train yet: the launcher and the executor's pre-flight both ask here. Interleaved pipelines train,
+but not where layouts switch while training (a strategy pool, an elastic job): the launcher and
+the pool itself ask :func:`check_no_chunks`."""
 
 from __future__ import annotations
 
