@@ -78,6 +78,11 @@ class Pipeline:
     stages: tuple[Stage, ...]
     schedule: str = "1f1b"
 
+    @property
+    def chunks(self) -> int:
+        """Layer chunks per stage (1 unless interleaved; validated equal on every stage)."""
+        return len(self.stages[0].chunks) if self.stages else 1
+
     def micro_batch_sizes(self) -> list[int]:
         """Samples per micro-batch: an even split, larger ones first (10 over 4 -> 3,3,2,2)."""
         q, r = divmod(self.batch_size, self.micro_batches)
@@ -205,7 +210,9 @@ def check_structure(plan: Plan) -> None:
                     raise SpecError(f"{sp}.devices[{di}]", f"device {dev!r} is already used by {seen[dev]}",
                                     "use every device at most once")
                 seen[dev] = sp
-        _check_layer_cover(pipe, pp, sched.chunks, m.num_layers)
+        # an interleaved schedule runs the plan's chunk count (at least 2, the same on every stage)
+        v = max(sched.chunks, *(len(s.chunks) for s in pipe.stages)) if sched.chunks > 1 else 1
+        _check_layer_cover(pipe, pp, v, m.num_layers)
     if total != plan.global_batch_size:
         raise SpecError("pipelines", f"batch sizes sum to {total}, global_batch_size is {plan.global_batch_size}",
                         "make the pipelines' batch_size values add up to the global batch")

@@ -120,7 +120,8 @@ def step_stats(lanes: list[Lane], plan: Plan) -> dict[str, Any]:
     stage of the plan's one pipeline, in stage order)."""
     pipe = plan.pipelines[0]
     sched = schedule_named(pipe.schedule)
-    per = [op_times(lane, sched.ops(len(pipe.stages), i, pipe.micro_batches)) for i, lane in enumerate(lanes)]
+    per = [op_times(lane, sched.ops(len(pipe.stages), i, pipe.micro_batches, pipe.chunks))
+           for i, lane in enumerate(lanes)]
     start = min(t[0].start for t in per)
     span = max(t[-1].end for t in per) - start
     kinds = [seconds_by_kind(t) for t in per]

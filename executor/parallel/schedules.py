@@ -60,6 +60,11 @@ class MicroBatch:
     docs: DocSpans | None = None  # packed documents of the one row (mb == 1), see executor.data.packed_docs
 
 
+def runner_chunks(module: StageModule) -> int:
+    """Layer chunks of a stage module (1 unless interleaved)."""
+    return len(getattr(module, "chunk_keys", ())) or 1
+
+
 class _Runner:
     """Forward/backward of single micro-batches on one stage, holding what backward needs."""
 
@@ -73,7 +78,7 @@ class _Runner:
         self.loss_scale = loss_scale
         self.autocast = autocast
         self.saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}  # (micro-batch, chunk)
-        self.chunks = len(getattr(module, "chunk_keys", ())) or 1  # layer chunks of an interleaved stage
+        self.chunks = runner_chunks(module)  # layer chunks of an interleaved stage
         self.loss: torch.Tensor | None = None
         h = module.spec.hidden_size
         self.shapes = [(mb.inputs.shape[0], mb.inputs.shape[1], h) for mb in micro]
@@ -199,12 +204,10 @@ def run_schedule(kind: str, *, module: StageModule, comm: StageComm, micro: list
     check_trainable(kind, n_stages, len(micro))
     sched = schedule_named(kind)
     # a hot-switching phase may give a pipeline no sequences: its ranks have no op (and no message)
-    ops = sched.ops(n_stages, comm.stage.index, len(micro)) if micro else []
+    ops = sched.ops(n_stages, comm.stage.index, len(micro), runner_chunks(module)) if micro else []
     wgrad = WeightGradStore() if any(op.kind == "W" for op in ops) else None
     runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext, trace, wgrad)
     install(module, wgrad)
-    if ops and sched.chunks != runner.chunks:
-        raise ValueError(f"{kind} runs {sched.chunks} layer chunks per stage, the stage module holds {runner.chunks}")
     try:
         if sched.chunks > 1:
             run_rounds(runner, comm, ops, n_stages)

@@ -64,19 +64,21 @@ def _dur(table: Table, i: int, j: int) -> float:
 
 
 def simulate(fwd: Table, bwd: Table, m: int, schedule: str = "1f1b", record: bool = False,
-             wgrad: Table | None = None, sends: tuple[Table, Table] | None = None) -> SimResult:
+             wgrad: Table | None = None, sends: tuple[Table, Table] | None = None,
+             chunks: int | None = None) -> SimResult:
     """Simulate one pipeline. ``fwd[i]`` / ``bwd[i]`` are stage ``i``'s per-micro-batch durations
     (a number, or a list of ``m`` numbers); ``wgrad[i]`` the weight-gradient part of ``bwd[i]``,
     needed by schedules that split the backward into ``B`` and ``W`` ops; ``sends`` (``fwd`` and
     ``bwd`` then exclude them): stage ``i``'s send of an activation to the stage of the next virtual
-    stage and of a gradient to the previous one's, added to every op that sends. An unknown
-    schedule name is a :class:`~planner.errors.SpecError`."""
+    stage and of a gradient to the previous one's, added to every op that sends; ``chunks``: layer
+    chunks per stage (None: the schedule's default). An unknown schedule name is a
+    :class:`~planner.errors.SpecError`."""
     s = len(fwd)
     if s == 0 or len(bwd) != s or m < 1:
         raise ValueError("need one forward and one backward duration per stage and m >= 1")
     sched = schedule_named(schedule)
-    v = sched.chunks
-    orders = [sched.ops(s, i, m) for i in range(s)]
+    v = sched.chunks_of(chunks)
+    orders = [sched.ops(s, i, m, v) for i in range(s)]
     split = any(op.kind == "W" for o in orders for op in o)
     if split and wgrad is None:
         raise ValueError(f"schedule {schedule!r} splits the backward: give wgrad, the weight-gradient times")

@@ -81,7 +81,6 @@ from planner.cost.stage import StageTime, activation_bytes, slots_boundary_time,
 from planner.errors import PlanInfeasible
 from planner.layout import layer_numel, stage_tensors
 from planner.plan import Plan
-from planner.schedules import schedule_named
 from planner.timeline import Lane, Timeline
 from planner.validate import validate
 
@@ -181,7 +180,7 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
     m, o, params = plan.model, plan.options, profiles.params
     sizes = pipe.micro_batch_sizes()
     n_st = len(pipe.stages)
-    chunks = schedule_named(pipe.schedule).chunks
+    chunks = pipe.chunks
     times: dict[tuple[int, int], StageTime] = {}
     send_fwd: dict[tuple[int, int], float] = {}  # (stage i, mb): activation i -> i+1
     send_bwd: dict[tuple[int, int], float] = {}  # (stage i, mb): input gradient i -> i-1
@@ -217,12 +216,13 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
     # passes) would otherwise leave B a negative duration.
     w = [[min(times[si, mb].forward_compute_s, times[si, mb].backward_compute_s / 2) for mb in sizes]
          for si in range(n_st)]
-    sim = simulate(f, b, len(sizes), pipe.schedule, record=record, wgrad=w, sends=sends if chunks > 1 else None)
+    sim = simulate(f, b, len(sizes), pipe.schedule, record=record, wgrad=w, sends=sends if chunks > 1 else None,
+                   chunks=chunks)
     # sends per micro-batch of each stage: one per virtual-stage boundary it feeds (v - 1 at the ends)
     n_fwd = [chunks - (chunks > 1 and si == n_st - 1) for si in range(n_st)]
     n_bwd = [chunks - (chunks > 1 and si == 0) for si in range(n_st)]
     lanes = [stage_lane(pi, si, sim.ops[si], [times[si, mb].forward_s for mb in sizes],
-                        [times[si, mb].backward_s for mb in sizes], w[si], schedule_named(pipe.schedule).chunks)
+                        [times[si, mb].backward_s for mb in sizes], w[si], chunks)
              for si in range(n_st)] if record else []
     stages = []
     for si, st in enumerate(pipe.stages):
@@ -335,8 +335,8 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
         mb = max(pipe.micro_batch_sizes())
         for si, st in enumerate(pipe.stages):
             first, last = si == 0, si == len(pipe.stages) - 1
-            held = in_flight(pipe.schedule, len(pipe.stages), si, pipe.micro_batches)
-            with_grads = held_with_grads(pipe.schedule, len(pipe.stages), si, pipe.micro_batches)
+            held = in_flight(pipe.schedule, len(pipe.stages), si, pipe.micro_batches, pipe.chunks)
+            with_grads = held_with_grads(pipe.schedule, len(pipe.stages), si, pipe.micro_batches, pipe.chunks)
             mems: dict[str, MemoryBreakdown] = {}
             # a CP stage: activations at S/cp per rank plus the gathered K,V; its slots are
             # gradient owners beside the pipelines (ZeRO-1 shards over pipelines x cp)

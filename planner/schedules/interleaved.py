@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from planner.schedules.ops import StageOp
 
-CHUNKS = 2  # the registered entry's layer chunks per stage (every stage of its plans holds this many ranges)
+CHUNKS = 2  # the registered entry's default layer chunks per stage (a plan's stages may hold more: Pipeline.chunks)
 
 
 def _op(kind: str, k: int, stages: int, chunks: int) -> StageOp:

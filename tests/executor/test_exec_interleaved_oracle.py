@@ -1,7 +1,7 @@
-"""The oracle for interleaved 1F1B (two layer chunks per stage, the last stage sending back to the
-first between chunks): plans whose pipelines run interleaved train exactly like one dense process —
-2 and 4 stages, TP changes between stages, two pipelines (data parallel) beside each other and
-beside a 1F1B pipeline, ZeRO 0 and 1, uneven micro-batch sizes, micro-batches = and > stages."""
+"""The oracle for interleaved 1F1B (two or three layer chunks per stage, the last stage sending back
+to the first between chunks): plans whose pipelines run interleaved train exactly like one dense
+process — 2 and 4 stages, TP changes between stages, two pipelines (data parallel) beside each other
+and beside a 1F1B pipeline, ZeRO 0 and 1, uneven micro-batch sizes, micro-batches = and > stages."""
 
 from __future__ import annotations
 
@@ -11,16 +11,19 @@ import pytest
 from exec_jobs import TINY8, make_plan
 from test_exec_oracle import run_oracle
 
+from planner.interleave import interleaved
 from planner.plan import Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
 
 
-def il_plan(pipes: list[tuple[int, int, str, list[tuple[int, int]]]], zero: int = 0) -> Plan:
-    """:func:`exec_jobs.make_plan` (which cuts an ``interleaved-1f1b`` pipeline's stages into two
-    chunks each) with ZeRO ``zero``."""
-    plan = make_plan(TINY8, pipes)
-    return replace(plan, options=replace(plan.options, zero=zero))
+def il_plan(pipes: list[tuple[int, int, str, list[tuple[int, int]]]], zero: int = 0, chunks: int = 2) -> Plan:
+    """:func:`exec_jobs.make_plan` with ZeRO ``zero``, each ``interleaved-1f1b`` pipeline's stages
+    cut into ``chunks`` layer chunks."""
+    plan = make_plan(TINY8, [(b, m, "1f1b" if s == "interleaved-1f1b" else s, st) for b, m, s, st in pipes])
+    pipelines = tuple(interleaved(p, chunks) if s == "interleaved-1f1b" else p
+                      for p, (_, _, s, _) in zip(plan.pipelines, pipes))
+    return replace(plan, pipelines=pipelines, options=replace(plan.options, zero=zero))
 
 
 PLANS: dict[str, Plan] = {
@@ -30,6 +33,8 @@ PLANS: dict[str, Plan] = {
                                        (4, 4, "interleaved-1f1b", [(2, 4), (1, 4)])], zero=1),
     "il-4-stages-m8-beside-1f1b-zero1": il_plan([(8, 8, "interleaved-1f1b", [(1, 2), (1, 2), (1, 2), (1, 2)]),
                                                  (3, 2, "1f1b", [(2, 5), (1, 3)])], zero=1),
+    "il-3-chunks-2-stages-tp2-1-zero1": il_plan([(6, 4, "interleaved-1f1b", [(2, 4), (1, 4)]),
+                                                 (2, 2, "interleaved-1f1b", [(1, 3), (1, 5)])], zero=1, chunks=3),
 }
 
 
@@ -40,7 +45,7 @@ def test_interleaved_oracle(dist_pool, name: str) -> None:
 
 def test_interleaved_plans_cover_the_claims() -> None:
     pipes = [p for pl in PLANS.values() for p in pl.pipelines if p.schedule == "interleaved-1f1b"]
-    assert all(len(s.chunks) == 2 for p in pipes for s in p.stages)
+    assert {p.chunks for p in pipes} == {2, 3} and all(len(s.chunks) == p.chunks for p in pipes for s in p.stages)
     assert {len(p.stages) for p in pipes} == {2, 4}
     assert any(len({s.tp for s in p.stages}) > 1 for p in pipes)
     assert any(p.micro_batches == len(p.stages) for p in pipes) and any(p.micro_batches > len(p.stages) for p in pipes)

@@ -27,6 +27,7 @@ from exec_jobs import (
 )
 from torch.testing import assert_close
 
+from planner.interleave import interleaved
 from planner.plan import Plan
 from tests.support.dist_testing import DistPool
 from tests.support.reference import ReferenceRun, reference_train
@@ -45,6 +46,11 @@ def _opts(plan: Plan, **kw: object) -> Plan:
 
 def _p(pipes: list[tuple[int, int, str, list[tuple[int, int]]]], **kw: object) -> Plan:
     return _opts(make_plan(TINY8, pipes), **kw)
+
+
+def _chunks3(plan: Plan) -> Plan:
+    """``plan``'s one pipeline interleaved with three layer chunks per stage."""
+    return replace(plan, pipelines=(interleaved(plan.pipelines[0], 3),))
 
 
 PLANS: dict[str, Plan] = {
@@ -86,6 +92,7 @@ PLANS: dict[str, Plan] = {
     "il-pp2-x2-zero1": _p([(5, 4, "interleaved-1f1b", [(1, 4), (1, 4)]),
                            (3, 2, "interleaved-1f1b", [(1, 3), (1, 5)])], zero=1),
     "il-tp2-1+single-zero1": _p([(5, 4, "interleaved-1f1b", [(2, 3), (1, 5)]), (3, 1, "1f1b", [(1, 8)])], zero=1),
+    "il-3-chunks-tp1-2": _chunks3(_p([(8, 6, "1f1b", [(1, 4), (2, 4)])])),
 }
 BF16_PLANS = ("tp1-2-1", "tp2-1+single-gpipe-zero1", "tp2-vs-pp2", "zb-tp1-2-1", "il-pp4")
 # ``small-buckets:``: gradient buckets of SMALL_BUCKETS elements, so the overlapped reduction runs as

@@ -83,6 +83,18 @@ def test_each_broken_rule_is_one_line_naming_the_field() -> None:
         _plan(replace(interleaved(_plain([1, 1], [4, 4])), stages=(replace(st[0], chunks=((0, 3), (4, 6))), st[1])))
 
 
+def test_three_chunks_per_stage_and_a_mismatch() -> None:
+    """The plan chooses the chunk count (at least 2), the same on every stage."""
+    pipe = interleaved(_plain([1, 1], [4, 4]), 3)
+    plan = _plan(pipe)
+    assert plan.pipelines[0].chunks == 3 and plan_from_dict(plan_to_dict(plan)) == plan
+    assert [s.chunks for s in pipe.stages] == [((0, 2), (4, 5), (6, 7)), ((2, 4), (5, 6), (7, 8))]
+    two = interleaved(_plain([1, 1], [4, 4]))
+    with pytest.raises(SpecError, match=r"^pipelines\[0\]\.stages\[1\]\.layers: holds 2 layer range\(s\), schedule "
+                                        r"interleaved-1f1b runs 3 layer chunk\(s\) per stage"):
+        _plan(replace(pipe, stages=(pipe.stages[0], two.stages[1])))
+
+
 def test_a_stage_of_one_range_keeps_one_chunk_when_replaced() -> None:
     st = replace(Stage(("d:0",), 1, (0, 4)), layers=(0, 3))
     assert st.chunks == ((0, 3),) and st.num_layers == 3

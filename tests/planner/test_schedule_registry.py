@@ -187,12 +187,12 @@ def test_interleaved_orders_by_hand() -> None:
     assert [s.in_flight(4, i, 8) for i in range(4)] == [6, 5, 4, 3]  # 11, 9, 7, 5 chunks of 2
 
 
-@pytest.mark.parametrize(("stages", "m"), [(2, 4), (4, 4), (4, 8), (3, 12)])
-def test_interleaved_bubble_equal_stages(stages: int, m: int) -> None:
-    """Equal stages: the fill and drain shrink by the chunk count, (S-1)(F+B)/v."""
+@pytest.mark.parametrize(("stages", "m", "v"), [(2, 4, 2), (4, 4, 2), (4, 8, 2), (3, 12, 2), (2, 4, 3), (4, 8, 3)])
+def test_interleaved_bubble_equal_stages(stages: int, m: int, v: int) -> None:
+    """Equal stages: the fill and drain shrink by the chunk count, (S-1)(F+B)/v (v from the plan)."""
     ones = [1.0] * stages
-    t = simulate(ones, [2.0] * stages, m, "interleaved-1f1b").makespan
-    assert t == pytest.approx(3 * m + (stages - 1) * 3.0 / 2)
+    t = simulate(ones, [2.0] * stages, m, "interleaved-1f1b", chunks=v).makespan
+    assert t == pytest.approx(3 * m + (stages - 1) * 3.0 / v)
     assert t < simulate(ones, [2.0] * stages, m, "1f1b").makespan
 
 
