@@ -15,7 +15,9 @@ What this module computes
 * **p2p peers**: activations cross a stage boundary leader-to-leader (``stage.leader`` ->
   ``next_leader``) and are then broadcast inside the receiving TP group; input gradients flow back
   the same way (``leader`` -> ``prev_leader`` + broadcast). This is correct for any pair of TP
-  degrees because stage inputs and outputs are replicated across a stage's TP ranks.
+  degrees because stage inputs and outputs are replicated across a stage's TP ranks. An
+  interleaved stage (several layer chunks, ``StageTopo.chunks``) holds every chunk's parameters,
+  and its pipeline's last stage talks to its first between chunks (``p2p_pairs``).
 * **Gradient-sync groups** across pipelines. Every TP-sharded weight is viewed in its *finest
   common layout*: ``L = lcm(t_0, ..., t_{P-1})`` equal slices along its shard dimension, where
   ``t_p`` is the TP degree of the stage holding the weight in pipeline ``p``. Slice ``j`` lies

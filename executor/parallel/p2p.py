@@ -12,7 +12,9 @@ This is correct for any pair of TP degrees (4 → 2 → 1 → 4 ...). The combin
 (``send_forward_recv_backward`` and its mirror) post their send and receive together
 (``batch_isend_irecv``), which is what keeps a 1F1B schedule free of deadlocks when sends block
 until they are received. Receive shapes are known from the plan (micro-batch sizes are
-deterministic), so no shapes are exchanged.
+deterministic), so no shapes are exchanged. An interleaved stage posts each round's messages with
+:meth:`StageComm.exchange` (peers by stage index, the last and first stages talking between
+chunks; :mod:`planner.schedules.comm` gives the order and why it never waits in a ring).
 
 On NCCL (:mod:`executor.parallel.groups` gives the whole rule): every boundary has its own two-rank group,
 created and connected before the first step, so a leader's first send never waits for the set-up
