@@ -1,7 +1,8 @@
 """The oracle for interleaved 1F1B (two or three layer chunks per stage, the last stage sending back
 to the first between chunks): plans whose pipelines run interleaved train exactly like one dense
-process — 2 and 4 stages, TP changes between stages, two pipelines (data parallel) beside each other
-and beside a 1F1B pipeline, ZeRO 0 and 1, uneven micro-batch sizes, micro-batches = and > stages."""
+process — 2, 3 and 4 stages, TP changes between stages, two pipelines (data parallel) beside each other
+and beside a 1F1B pipeline, ZeRO 0 and 1, full recompute, uneven micro-batch sizes, micro-batches =
+and > stages."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ PLANS: dict[str, Plan] = {
                                        (4, 4, "interleaved-1f1b", [(2, 4), (1, 4)])], zero=1),
     "il-4-stages-m8-beside-1f1b-zero1": il_plan([(8, 8, "interleaved-1f1b", [(1, 2), (1, 2), (1, 2), (1, 2)]),
                                                  (3, 2, "1f1b", [(2, 5), (1, 3)])], zero=1),
+    "il-3-stages-tp2-1-1-recompute-full": replace(
+        il_plan([(6, 6, "interleaved-1f1b", [(2, 2), (1, 2), (1, 4)]), (2, 2, "1f1b", [(1, 8)])]),
+        options=replace(il_plan([(2, 2, "1f1b", [(1, 8)])]).options, recompute="full")),
     "il-3-chunks-2-stages-tp2-1-zero1": il_plan([(6, 4, "interleaved-1f1b", [(2, 4), (1, 4)]),
                                                  (2, 2, "interleaved-1f1b", [(1, 3), (1, 5)])], zero=1, chunks=3),
 }
@@ -46,7 +50,7 @@ def test_interleaved_oracle(dist_pool, name: str) -> None:
 def test_interleaved_plans_cover_the_claims() -> None:
     pipes = [p for pl in PLANS.values() for p in pl.pipelines if p.schedule == "interleaved-1f1b"]
     assert {p.chunks for p in pipes} == {2, 3} and all(len(s.chunks) == p.chunks for p in pipes for s in p.stages)
-    assert {len(p.stages) for p in pipes} == {2, 4}
+    assert {len(p.stages) for p in pipes} == {2, 3, 4}
     assert any(len({s.tp for s in p.stages}) > 1 for p in pipes)
     assert any(p.micro_batches == len(p.stages) for p in pipes) and any(p.micro_batches > len(p.stages) for p in pipes)
     assert any(len(set(p.micro_batch_sizes())) > 1 for p in pipes)
