@@ -18,13 +18,14 @@ from planner.plan import Plan
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
 
 
-def il_plan(pipes: list[tuple[int, int, str, list[tuple[int, int]]]], zero: int = 0, chunks: int = 2) -> Plan:
-    """:func:`exec_jobs.make_plan` with ZeRO ``zero``, each ``interleaved-1f1b`` pipeline's stages
-    cut into ``chunks`` layer chunks."""
+def il_plan(pipes: list[tuple[int, int, str, list[tuple[int, int]]]], zero: int = 0, chunks: int = 2,
+            recompute: str = "none") -> Plan:
+    """:func:`exec_jobs.make_plan` with ZeRO ``zero`` and ``recompute``, each ``interleaved-1f1b``
+    pipeline's stages cut into ``chunks`` layer chunks."""
     plan = make_plan(TINY8, [(b, m, "1f1b" if s == "interleaved-1f1b" else s, st) for b, m, s, st in pipes])
     pipelines = tuple(interleaved(p, chunks) if s == "interleaved-1f1b" else p
                       for p, (_, _, s, _) in zip(plan.pipelines, pipes))
-    return replace(plan, pipelines=pipelines, options=replace(plan.options, zero=zero))
+    return replace(plan, pipelines=pipelines, options=replace(plan.options, zero=zero, recompute=recompute))
 
 
 PLANS: dict[str, Plan] = {
@@ -34,9 +35,8 @@ PLANS: dict[str, Plan] = {
                                        (4, 4, "interleaved-1f1b", [(2, 4), (1, 4)])], zero=1),
     "il-4-stages-m8-beside-1f1b-zero1": il_plan([(8, 8, "interleaved-1f1b", [(1, 2), (1, 2), (1, 2), (1, 2)]),
                                                  (3, 2, "1f1b", [(2, 5), (1, 3)])], zero=1),
-    "il-3-stages-tp2-1-1-recompute-full": replace(
-        il_plan([(6, 6, "interleaved-1f1b", [(2, 2), (1, 2), (1, 4)]), (2, 2, "1f1b", [(1, 8)])]),
-        options=replace(il_plan([(2, 2, "1f1b", [(1, 8)])]).options, recompute="full")),
+    "il-3-stages-tp2-1-1-recompute-full": il_plan([(6, 6, "interleaved-1f1b", [(2, 2), (1, 2), (1, 4)]),
+                                                   (2, 2, "1f1b", [(1, 8)])], recompute="full"),
     "il-3-chunks-2-stages-tp2-1-zero1": il_plan([(6, 4, "interleaved-1f1b", [(2, 4), (1, 4)]),
                                                  (2, 2, "interleaved-1f1b", [(1, 3), (1, 5)])], zero=1, chunks=3),
 }
