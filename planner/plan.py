@@ -332,7 +332,8 @@ def plan_from_dict(data: Any) -> Plan:
 
 def _refuse_v2_in_v1(pipes: list[Any]) -> None:
     for pi, pipe in enumerate(pipes):
-        for si, st in enumerate(pipe.get("stages", []) if isinstance(pipe, dict) else []):
+        stages = pipe.get("stages") if isinstance(pipe, dict) else None
+        for si, st in enumerate(stages if isinstance(stages, list) else []):  # other shapes: the parser's error
             if isinstance(st, dict) and "cp" in st:
                 raise SpecError(f"pipelines[{pi}].stages[{si}].cp", f"{PLAN_FORMAT!r} has no cp field",
                                 f"write format {PLAN_FORMAT_CP!r} for context parallelism")

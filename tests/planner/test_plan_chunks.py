@@ -128,3 +128,11 @@ def test_seed_flags_refuse_layer_chunks_and_tables_show_them() -> None:
                                         r"one layer range per stage"):
         plan_to_flags(plan)
     assert [layers_label(s) for s in plan.pipelines[0].stages] == ["0-1,4-5", "2-3,6-7"]
+
+
+def test_a_format_1_plan_whose_stages_are_not_a_list_is_the_parsers_error() -> None:
+    """The /2-fields scan of a /1 plan skips shapes it cannot read (the fuzzer's ``"stages": 0`` was a TypeError)."""
+    data = plan_to_dict(_plan(_plain([1, 1], [4, 4])))
+    data["pipelines"][0]["stages"] = 0
+    with pytest.raises(SpecError, match=r"^pipelines\[0\]\.stages: "):
+        plan_from_dict(data)
