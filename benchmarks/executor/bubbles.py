@@ -26,7 +26,8 @@ simulated step (:func:`planner.cost.estimate` with ``timeline=True``: p2p sends 
 estimate's step time. ZB-H1 holds a micro-batch's activations until its ``W``: its later stages
 hold more than 1F1B's, so the peak memory of every rank is reported for both, and the pipeline's
 (its fullest rank's) decides whether the two ran at the same memory. ``--runs`` adds settings,
-e.g. ``zb-h1:16`` (ZB-H1 at 16 micro-batches of half the size).
+e.g. ``zb-h1:16`` (ZB-H1 at 16 micro-batches of half the size) or ``interleaved-1f1b`` (each
+stage's layers cut into two chunks, :mod:`planner.interleave`; same layers per stage).
 """
 
 from __future__ import annotations
