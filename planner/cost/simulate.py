@@ -38,6 +38,7 @@ class SimResult:
     first_start: list[float]  # per stage: start of its first op
     last_backward_end: list[float]  # per stage: end of its last op (a backward)
     ops: list[list[tuple[str, int, float, float]]] = field(default_factory=list)  # (kind, mb, start, end)
+    op_chunks: list[list[int]] = field(default_factory=list)  # per stage: the layer chunk of each recorded op
 
     @property
     def idle(self) -> list[float]:
@@ -65,13 +66,14 @@ def _dur(table: Table, i: int, j: int) -> float:
 
 def simulate(fwd: Table, bwd: Table, m: int, schedule: str = "1f1b", record: bool = False,
              wgrad: Table | None = None, sends: tuple[Table, Table] | None = None,
-             chunks: int | None = None) -> SimResult:
+             chunks: int | None = None, shares: Sequence[Sequence[float]] | None = None) -> SimResult:
     """Simulate one pipeline. ``fwd[i]`` / ``bwd[i]`` are stage ``i``'s per-micro-batch durations
     (a number, or a list of ``m`` numbers); ``wgrad[i]`` the weight-gradient part of ``bwd[i]``,
     needed by schedules that split the backward into ``B`` and ``W`` ops; ``sends`` (``fwd`` and
     ``bwd`` then exclude them): stage ``i``'s send of an activation to the stage of the next virtual
     stage and of a gradient to the previous one's, added to every op that sends; ``chunks``: layer
-    chunks per stage (None: the schedule's default). An unknown schedule name is a
+    chunks per stage (None: the schedule's default); ``shares[i][c]``: the part of stage ``i``'s
+    compute that its chunk ``c`` does (None: ``1/v`` each). An unknown schedule name is a
     :class:`~planner.errors.SpecError`."""
     s = len(fwd)
     if s == 0 or len(bwd) != s or m < 1:
@@ -88,10 +90,11 @@ def simulate(fwd: Table, bwd: Table, m: int, schedule: str = "1f1b", record: boo
         send = 0.0
         if sends is not None and op_peers(op, s, i, v).send is not None:
             send = _dur(sends[0] if op.kind == "F" else sends[1], i, j)
+        part = shares[i][op.chunk] if shares is not None else 1.0 / v
         if op.kind == "F":
-            return _dur(fwd, i, j) / v + send
+            return _dur(fwd, i, j) * part + send
         w = _dur(wgrad, i, j) if split and wgrad is not None else 0.0
-        return (w if op.kind == "W" else _dur(bwd, i, j) - w) / v + send
+        return (w if op.kind == "W" else _dur(bwd, i, j) - w) * part + send
 
     end: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, micro-batch) -> end
 
@@ -110,6 +113,7 @@ def simulate(fwd: Table, bwd: Table, m: int, schedule: str = "1f1b", record: boo
     busy = [0.0] * s
     first = [0.0] * s
     ops: list[list[tuple[str, int, float, float]]] = [[] for _ in range(s)]
+    op_chunks: list[list[int]] = [[] for _ in range(s)]
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
@@ -128,9 +132,11 @@ def simulate(fwd: Table, bwd: Table, m: int, schedule: str = "1f1b", record: boo
                 busy[i] += d
                 if record:
                     ops[i].append((op.kind, op.micro_batch, start, start + d))
+                    op_chunks[i].append(op.chunk)
                 pos[i] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError(f"schedule {schedule!r} deadlocked: its op orders wait on each other")
-    return SimResult(makespan=max(free), busy=busy, first_start=first, last_backward_end=list(free), ops=ops)
+    return SimResult(makespan=max(free), busy=busy, first_start=first, last_backward_end=list(free), ops=ops,
+                     op_chunks=op_chunks)

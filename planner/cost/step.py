@@ -184,15 +184,20 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
     times: dict[tuple[int, int], StageTime] = {}
     send_fwd: dict[tuple[int, int], float] = {}  # (stage i, mb): activation i -> i+1
     send_bwd: dict[tuple[int, int], float] = {}  # (stage i, mb): input gradient i -> i-1
+
+    def timed(si: int, layers: int, first: bool, last: bool, mb: int) -> StageTime:
+        st = pipe.stages[si]
+        devs = [cluster.device(d) for d in st.devices]
+        return stage_time(
+            m, layers=layers, first=first, last=last, micro_batch=mb, tp=st.tp,
+            devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
+            tp_link=slots_link(cluster, cp_slots(st.devices, st.tp)), dtype=o.dtype, recompute=o.recompute,
+            params=params, cp=st.cp, cp_link=slots_link(cluster, cp_groups(st.devices, st.tp)))
+
     for mb in sorted(set(sizes)):
         nbytes = activation_bytes(m, mb, o.dtype, params=params)
         for si, st in enumerate(pipe.stages):
-            devs = [cluster.device(d) for d in st.devices]
-            times[si, mb] = stage_time(
-                m, layers=st.num_layers, first=si == 0, last=si == n_st - 1, micro_batch=mb, tp=st.tp,
-                devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
-                tp_link=slots_link(cluster, cp_slots(st.devices, st.tp)), dtype=o.dtype, recompute=o.recompute,
-                params=params, cp=st.cp, cp_link=slots_link(cluster, cp_groups(st.devices, st.tp)))
+            times[si, mb] = timed(si, st.num_layers, si == 0, si == n_st - 1, mb)
             nxt, prv = (pipe.stages[si + 1] if si < n_st - 1 else None), (pipe.stages[si - 1] if si > 0 else None)
             if chunks > 1:  # between chunks the last stage sends to the first, and the gradient comes back
                 nxt, prv = nxt or pipe.stages[0], prv or pipe.stages[-1]
@@ -216,13 +221,22 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
     # passes) would otherwise leave B a negative duration.
     w = [[min(times[si, mb].forward_compute_s, times[si, mb].backward_compute_s / 2) for mb in sizes]
          for si in range(n_st)]
+    shares = None
+    if chunks > 1:  # each chunk's part of its stage's compute: its layers, the embedding (first), the head (last)
+        shares = []
+        for si, st in enumerate(pipe.stages):
+            parts = [timed(si, hi - lo, si == 0 and c == 0, si == n_st - 1 and c == chunks - 1, max(sizes))
+                     for c, (lo, hi) in enumerate(st.chunks)]
+            total = sum(t.forward_s + t.backward_s for t in parts)
+            shares.append([(t.forward_s + t.backward_s) / total for t in parts])
     sim = simulate(f, b, len(sizes), pipe.schedule, record=record, wgrad=w, sends=sends if chunks > 1 else None,
-                   chunks=chunks)
+                   chunks=chunks, shares=shares)
     # sends per micro-batch of each stage: one per virtual-stage boundary it feeds (v - 1 at the ends)
     n_fwd = [chunks - (chunks > 1 and si == n_st - 1) for si in range(n_st)]
     n_bwd = [chunks - (chunks > 1 and si == 0) for si in range(n_st)]
     lanes = [stage_lane(pi, si, sim.ops[si], [times[si, mb].forward_s for mb in sizes],
-                        [times[si, mb].backward_s for mb in sizes], w[si], chunks)
+                        [times[si, mb].backward_s for mb in sizes], w[si], chunks,
+                        shares[si] if shares is not None else None, sim.op_chunks[si])
              for si in range(n_st)] if record else []
     stages = []
     for si, st in enumerate(pipe.stages):

@@ -38,3 +38,25 @@ def test_every_sending_op_carries_one_send() -> None:
             assert any(op.kind == "F" for op in sending)
         se = est.pipelines[lane.pipeline].stages[lane.stage]
         assert lane.busy("p2p") == pytest.approx(se.pp_comm_s, rel=1e-9)
+
+
+def test_each_chunk_is_priced_by_its_own_layers_embedding_and_head() -> None:
+    """A chunk's ops take its part of the stage's compute: by layer count on the middle stages, the
+    embedding added to the first stage's chunk 0 and the LM head to the last stage's last chunk
+    (pipeline 2 of the seed plan: chunks of 5+4, 5+4, 4+3 and 4+3 layers)."""
+    from planner.timeline_ops import op_times
+
+    plan = load_plan(SEED)
+    plan = replace(plan, pipelines=tuple(interleaved(p) for p in plan.pipelines))
+    est = estimate(plan, load_cluster(CLUSTER), timeline=True)
+    assert est.timeline is not None
+    sched = schedule_named("interleaved-1f1b")
+    sizes = [[b - a for a, b in st.chunks] for st in plan.pipelines[2].stages]
+    assert sizes == [[5, 4], [5, 4], [4, 3], [4, 3]]
+    ratio = []  # per stage: forward of micro-batch 0, chunk 0 over chunk 1
+    for lane in (ln for ln in est.timeline.lanes if ln.pipeline == 2):
+        ops = sched.ops(4, lane.stage, plan.pipelines[2].micro_batches, 2)
+        f = {t.op.chunk: t.seconds for t in op_times(lane, ops) if t.op.kind == "F" and t.op.micro_batch == 0}
+        ratio.append(f[0] / f[1])
+    assert ratio[1] == pytest.approx(5 / 4) and ratio[2] == pytest.approx(4 / 3)
+    assert ratio[0] > 5 / 4 * 1.01 and ratio[3] < 4 / 3 / 1.01, ratio
