@@ -3,7 +3,8 @@
 Model: stage ``i`` runs its ops one at a time in the schedule's fixed order
 (:mod:`planner.schedules`, the same ops the executor runs); an op starts when the stage is free and
 its input is ready, and lasts its duration. With ``v`` layer chunks per stage, chunk ``c`` of stage
-``i`` is virtual stage ``k = c·S + i`` (``v = 1``: ``k = i``):
+``i`` is virtual stage ``k = c·S + i`` (``v = 1``: ``k = i``), and does the part ``shares[i][c]``
+of the stage's compute (``1/v`` below, unless given):
 
 * ``F(k, j)`` (forward of micro-batch ``j``) lasts ``fwd[i]/v`` and needs ``F(k-1, j)`` done;
 * ``B(k, j)`` (backward) lasts ``bwd[i]/v`` and needs ``B(k+1, j)`` done (the last virtual
