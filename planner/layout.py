@@ -15,7 +15,9 @@ What this module computes
 * **p2p peers**: activations cross a stage boundary leader-to-leader (``stage.leader`` ->
   ``next_leader``) and are then broadcast inside the receiving TP group; input gradients flow back
   the same way (``leader`` -> ``prev_leader`` + broadcast). This is correct for any pair of TP
-  degrees because stage inputs and outputs are replicated across a stage's TP ranks.
+  degrees because stage inputs and outputs are replicated across a stage's TP ranks. An
+  interleaved stage (several layer chunks, ``StageTopo.chunks``) holds every chunk's parameters,
+  and its pipeline's last stage talks to its first between chunks (``p2p_pairs``).
 * **Gradient-sync groups** across pipelines. Every TP-sharded weight is viewed in its *finest
   common layout*: ``L = lcm(t_0, ..., t_{P-1})`` equal slices along its shard dimension, where
   ``t_p`` is the TP degree of the stage holding the weight in pipeline ``p``. Slice ``j`` lies
@@ -124,11 +126,14 @@ def logical_params(model: ModelSpec) -> list[ParamInfo]:
     return out + head_params(model)
 
 
-def stage_params(model: ModelSpec, layers: tuple[int, int], first: bool, last: bool) -> list[ParamInfo]:
-    """Parameters a stage holds, in canonical order."""
+def stage_params(model: ModelSpec, layers: tuple[int, int], first: bool, last: bool,
+                 chunks: Sequence[tuple[int, int]] = ()) -> list[ParamInfo]:
+    """Parameters a stage holds, in canonical order; ``chunks``: an interleaved stage's layer
+    ranges (ascending; ``layers`` is then the first), all of which it holds."""
     out = [embed_param(model)] if first else []
-    for i in range(*layers):
-        out += layer_params(model, i)
+    for start, end in chunks or (layers,):
+        for i in range(start, end):
+            out += layer_params(model, i)
     return out + (head_params(model) if last else [])
 
 
@@ -193,6 +198,7 @@ class StageTopo:
     slots: tuple[tuple[int, ...], ...] = ()  # every CP slot's TP group of this stage (() when cp == 1)
     prev_leaders: tuple[int, ...] = ()  # slot leaders of the previous stage, CP-rank order (() if cp 1)
     next_leaders: tuple[int, ...] = ()  # slot leaders of the next stage, CP-rank order (() if cp 1)
+    chunks: tuple[tuple[int, int], ...] = ()  # an interleaved stage's layer ranges; () means (layers,)
 
     @property
     def tp(self) -> int:
@@ -213,7 +219,7 @@ class StageTopo:
         return self.cp > 1 or len(self.prev_leaders) > 1 or len(self.next_leaders) > 1
 
     def holds(self, name: str) -> bool:
-        return holds(name, self.layers, self.is_first, self.is_last)
+        return any(holds(name, c, self.is_first, self.is_last) for c in self.chunks or (self.layers,))
 
 
 @dataclass(frozen=True)
@@ -274,7 +280,9 @@ class Topology:
     def p2p_pairs(self) -> list[tuple[int, int]]:
         """``(leader, next_leader)`` of every stage boundary: pipelines in order, boundaries in order.
         Where a side has ``cp > 1``, one pair per two slot leaders that share tokens
-        (:func:`planner.cp_layout.boundary_peers`, lexicographic)."""
+        (:func:`planner.cp_layout.boundary_peers`, lexicographic). An interleaved pipeline (never with
+        cp > 1: planner.plan refuses the pair) of more than two stages adds ``(last leader, first
+        leader)``, its boundary between chunks (of two stages, that is the one boundary)."""
         out = []
         for pipe in self.pipelines:
             for st in pipe:
@@ -285,6 +293,8 @@ class Topology:
                     continue
                 mine = [g[0] for g in st.slots] if st.slots else [st.leader]
                 out += [(mine[i], st.next_leaders[j]) for i, j in boundary_peers(len(mine), len(st.next_leaders))]
+            if len(pipe[0].chunks) > 1 and len(pipe) > 2:
+                out.append((pipe[-1].leader, pipe[0].leader))
         return out
 
     def local_slice(self, rank: int, ref: SliceRef) -> tuple[int | None, int, int]:
@@ -337,7 +347,8 @@ def build_topology(plan: Plan) -> Topology:
                       next_leader=slots[si + 1][0][0] if si < n - 1 else None, cp=st.cp, cp_rank=c,
                       slots=slots[si] if st.cp > 1 else (),
                       prev_leaders=tuple(g[0] for g in slots[si - 1]) if si > 0 else (),
-                      next_leaders=tuple(g[0] for g in slots[si + 1]) if si < n - 1 else ())
+                      next_leaders=tuple(g[0] for g in slots[si + 1]) if si < n - 1 else (),
+                      chunks=st.chunks if len(st.chunks) > 1 else ())
             for si, st in enumerate(pipe.stages) for c, group in enumerate(slots[si])))
     topo_pipes = tuple(pipes)
     sync, bcasts = _sync_plan(plan.model, topo_pipes)

@@ -1,11 +1,17 @@
 """The plan: the contract between planner and executor (``hexiscale.plan/1`` and ``/2`` JSON).
 
 A plan lists pipelines (data-parallel replicas); each pipeline lists stages in order; each stage
-names its devices and the half-open layer range it holds. A stage's devices form a ``cp x tp``
+names its devices and the half-open layer range it holds. A stage of an interleaved pipeline
+(``interleaved-1f1b``, ``v`` layer chunks per stage) holds ``v`` ranges, ``"layers": [[0, 3],
+[12, 15]]``: chunk ``k`` of stage ``s`` of ``S`` is virtual stage ``k·S + s``, and the virtual
+stages cover the layers contiguously in that order (activations flow from the last stage back to
+the first between chunks). In Python ``Stage.layers`` is chunk 0's range, ``Stage.chunks`` all of
+them (``(layers,)`` for a stage of one chunk). A stage's devices form a ``cp x tp``
 mesh (``tp * cp == len(devices)``): ``cp`` context-parallel slots, each a TP group of ``tp``
 consecutive devices (device ``i`` is ``cp_rank = i // tp``, ``tp_rank = i % tp``; TP innermost,
-since it needs the fastest links). Format ``/2`` adds the ``cp`` field (default 1); a plan is
-written as ``/1`` when no stage uses context parallelism, so older readers still load it.
+since it needs the fastest links). Format ``/2`` adds the ``cp`` field (default 1) and stages of
+several layer ranges; a plan is written as ``/1`` when it uses neither, so older readers still
+load it.
 The embedding sits on every first stage, the final norm + LM head on every last stage.
 
 Rank order (**contract**): pipelines in order, stages in order, devices in order. Worked example,
@@ -38,7 +44,7 @@ from planner.model import MODEL_LIMITS, RECOMPUTE_MODES, ModelSpec, model_from_d
 from planner.schedules import SCHEDULE_NAMES, schedule_named
 
 PLAN_FORMAT = "hexiscale.plan/1"
-PLAN_FORMAT_CP = "hexiscale.plan/2"  # adds Stage.cp; written only when some stage has cp > 1
+PLAN_FORMAT_CP = "hexiscale.plan/2"  # adds Stage.cp and layer chunks; written only when a plan uses them
 PLAN_FORMATS = (PLAN_FORMAT, PLAN_FORMAT_CP)
 SCHEDULES = SCHEDULE_NAMES  # the registry's names (planner.schedules)
 DTYPES = ("fp32", "bf16", "fp16")
@@ -51,12 +57,18 @@ MAX_LAYER = MODEL_LIMITS["num_layers"]
 class Stage:
     devices: tuple[str, ...]
     tp: int
-    layers: tuple[int, int]  # half-open [start, end)
+    layers: tuple[int, int]  # half-open [start, end); an interleaved stage: its chunk 0
     cp: int = 1  # context-parallel degree: cp TP groups of tp devices split each sequence
+    chunks: tuple[tuple[int, int], ...] = ()  # every layer range, chunk order; () means (layers,)
+
+    def __post_init__(self) -> None:
+        if len(self.chunks) <= 1:  # one chunk is ``layers`` (so ``replace(stage, layers=...)`` keeps them one)
+            object.__setattr__(self, "chunks", (self.layers,))
 
     @property
     def num_layers(self) -> int:
-        return self.layers[1] - self.layers[0]
+        """Layers of the stage, over all its chunks."""
+        return sum(end - start for start, end in self.chunks)
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,11 @@ class Pipeline:
     micro_batches: int
     stages: tuple[Stage, ...]
     schedule: str = "1f1b"
+
+    @property
+    def chunks(self) -> int:
+        """Layer chunks per stage (1 unless interleaved; validated equal on every stage)."""
+        return len(self.stages[0].chunks) if self.stages else 1
 
     def micro_batch_sizes(self) -> list[int]:
         """Samples per micro-batch: an even split, larger ones first (10 over 4 -> 3,3,2,2)."""
@@ -167,7 +184,6 @@ def check_structure(plan: Plan) -> None:
         if not pipe.stages:
             raise SpecError(f"{pp}.stages", "a pipeline needs at least one stage", "add a stage")
         sched.check(len(pipe.stages), pipe.micro_batches, f"{pp}.micro_batches")
-        expect_start = 0
         for si, st in enumerate(pipe.stages):
             sp = f"{pp}.stages[{si}]"
             if st.cp < 1:
@@ -175,6 +191,9 @@ def check_structure(plan: Plan) -> None:
             if st.tp < 1 or st.tp * st.cp != len(st.devices):
                 raise SpecError(f"{sp}.tp", f"tp={st.tp} x cp={st.cp} but the stage lists {len(st.devices)} devices",
                                 "tp x cp must equal the number of devices of the stage")
+            if st.cp > 1 and sched.chunks > 1:
+                raise SpecError(f"{sp}.cp", f"cp={st.cp} in an interleaved pipeline ({pipe.schedule}): the two "
+                                "are not combined yet", "use cp 1 here, or 1f1b / zb-h1 with context parallelism")
             if st.cp > 1 and m.seq_len % (2 * st.cp):  # without CP any sequence length goes
                 raise SpecError(f"{sp}.cp", f"2 x cp = {2 * st.cp} does not divide seq_len={m.seq_len} "
                                 "(each CP rank holds two equal causal-balanced chunks)",
@@ -189,27 +208,48 @@ def check_structure(plan: Plan) -> None:
                 raise SpecError(f"{sp}.tp", f"{st.tp} does not divide vocab_size={m.vocab_size} "
                                 "(this stage holds the vocab-parallel embedding or LM head)",
                                 "pad the vocabulary or choose another tp")
-            start, end = st.layers
-            if start != expect_start:
-                raise SpecError(f"{sp}.layers", f"starts at {start}, expected {expect_start}",
-                                "stages must cover the layers contiguously, in order")
-            if end <= start:
-                raise SpecError(f"{sp}.layers", f"[{start}, {end}) is empty", "every stage needs at least one layer")
-            if end - start < sched.chunks:
-                raise SpecError(f"{sp}.layers", f"{end - start} layer(s) cannot make the {sched.chunks} layer "
-                                f"chunks per stage of {pipe.schedule}", "give the stage more layers")
-            expect_start = end
             for di, dev in enumerate(st.devices):
                 if dev in seen:
                     raise SpecError(f"{sp}.devices[{di}]", f"device {dev!r} is already used by {seen[dev]}",
                                     "use every device at most once")
                 seen[dev] = sp
-        if expect_start != m.num_layers:
-            raise SpecError(f"{pp}.stages", f"layers end at {expect_start}, the model has {m.num_layers}",
-                            f"the last stage must end at {m.num_layers}")
+        # an interleaved schedule runs the plan's chunk count (at least 2, the same on every stage)
+        v = max(sched.chunks, *(len(s.chunks) for s in pipe.stages)) if sched.chunks > 1 else 1
+        _check_layer_cover(pipe, pp, v, m.num_layers)
     if total != plan.global_batch_size:
         raise SpecError("pipelines", f"batch sizes sum to {total}, global_batch_size is {plan.global_batch_size}",
                         "make the pipelines' batch_size values add up to the global batch")
+
+
+def _check_layer_cover(pipe: Pipeline, pp: str, v: int, num_layers: int) -> None:
+    """Every stage holds the schedule's ``v`` layer chunks; chunk ``k`` of stage ``s`` (virtual
+    stage ``k·S + s``) starts where virtual stage ``k·S + s - 1`` ends; the last ends the model."""
+    n = len(pipe.stages)
+    shape = "one [start, end] range" if v == 1 else f"{v} ranges [[start, end], ...], chunk k of stage s " \
+        f"being virtual stage k x {n} + s"
+    for si, st in enumerate(pipe.stages):
+        if len(st.chunks) != v:
+            raise SpecError(f"{pp}.stages[{si}].layers", f"holds {len(st.chunks)} layer range(s), schedule "
+                            f"{pipe.schedule} runs {v} layer chunk(s) per stage", f"give every stage {shape}")
+        if st.chunks[0] != st.layers:
+            raise SpecError(f"{pp}.stages[{si}].layers", f"chunk 0 is {list(st.chunks[0])}, layers says "
+                            f"{list(st.layers)}", "make layers chunk 0's range")
+    expect = 0
+    for k in range(v * n):
+        si, c = k % n, k // n
+        field = f"{pp}.stages[{si}].layers" + (f"[{c}]" if v > 1 else "")
+        start, end = pipe.stages[si].chunks[c]
+        if start != expect:
+            raise SpecError(field, f"starts at {start}, expected {expect}",
+                            "stages must cover the layers contiguously, in order" if v == 1 else
+                            f"virtual stages (chunk k of stage s is k x {n} + s) must cover the layers "
+                            "contiguously, in that order")
+        if end <= start:
+            raise SpecError(field, f"[{start}, {end}) is empty", "every layer chunk needs at least one layer")
+        expect = end
+    if expect != num_layers:
+        raise SpecError(f"{pp}.stages", f"layers end at {expect}, the model has {num_layers}",
+                        f"the last {'stage' if v == 1 else 'virtual stage'} must end at {num_layers}")
 
 
 # ------------------------------------------------------------------------------------ JSON io
@@ -226,13 +266,21 @@ def _parse_stage(data: Any, path: str) -> Stage:
             raise SpecError(join(join(path, "devices"), i), f"expected a device id string, got {d!r}",
                             "write 'node-name:local-index'")
     layers = expect_list(data["layers"], join(path, "layers"))
-    if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_LAYER
-                                   for x in layers):
-        raise SpecError(join(path, "layers"), f"expected [start, end] of integers in [0, {MAX_LAYER}], got "
-                        f"{layers!r}"[:200], "write a half-open layer range such as [0, 16]")
+    if layers and all(isinstance(x, list) for x in layers):  # an interleaved stage: one range per chunk
+        chunks = tuple(_layer_range(x, join(join(path, "layers"), i)) for i, x in enumerate(layers))
+    else:
+        chunks = (_layer_range(layers, join(path, "layers")),)
     cp = get_int(data, "cp", path, minimum=1, maximum=len(devs), default=1)
     tp = get_int(data, "tp", path, minimum=1, default=len(devs) // cp)
-    return Stage(tuple(devs), tp, (layers[0], layers[1]), cp)
+    return Stage(tuple(devs), tp, chunks[0], cp, chunks)
+
+
+def _layer_range(layers: list[Any], path: str) -> tuple[int, int]:
+    if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_LAYER
+                                   for x in layers):
+        raise SpecError(path, f"expected [start, end] of integers in [0, {MAX_LAYER}], got {layers!r}"[:200],
+                        "write a half-open layer range such as [0, 16] (an interleaved stage: [[0, 4], [8, 12]])")
+    return layers[0], layers[1]
 
 
 def _parse_pipeline(data: Any, path: str) -> Pipeline:
@@ -268,7 +316,7 @@ def plan_from_dict(data: Any) -> Plan:
                         f"this HexiScale reads {' and '.join(map(repr, PLAN_FORMATS))}")
     pipes = expect_list(data["pipelines"], "pipelines")
     if fmt == PLAN_FORMAT:
-        _refuse_cp_in_v1(pipes)
+        _refuse_v2_in_v1(pipes)
     estimate = data.get("estimate")
     if estimate is not None:
         estimate = dict(expect_mapping(estimate, "estimate"))
@@ -285,16 +333,22 @@ def plan_from_dict(data: Any) -> Plan:
     )
 
 
-def _refuse_cp_in_v1(pipes: list[Any]) -> None:
+def _refuse_v2_in_v1(pipes: list[Any]) -> None:
     for pi, pipe in enumerate(pipes):
-        for si, st in enumerate(pipe.get("stages", []) if isinstance(pipe, dict) else []):
+        stages = pipe.get("stages") if isinstance(pipe, dict) else None
+        for si, st in enumerate(stages if isinstance(stages, list) else []):  # other shapes: the parser's error
             if isinstance(st, dict) and "cp" in st:
                 raise SpecError(f"pipelines[{pi}].stages[{si}].cp", f"{PLAN_FORMAT!r} has no cp field",
                                 f"write format {PLAN_FORMAT_CP!r} for context parallelism")
+            layers = st.get("layers") if isinstance(st, dict) else None
+            if isinstance(layers, list) and layers and isinstance(layers[0], list):
+                raise SpecError(f"pipelines[{pi}].stages[{si}].layers", f"{PLAN_FORMAT!r} has one layer range "
+                                "per stage", f"write format {PLAN_FORMAT_CP!r} for interleaved layer chunks")
 
 
 def _stage_dict(s: Stage) -> dict[str, Any]:
-    out: dict[str, Any] = {"devices": list(s.devices), "tp": s.tp, "layers": list(s.layers)}
+    layers = list(s.layers) if len(s.chunks) == 1 else [list(c) for c in s.chunks]
+    out: dict[str, Any] = {"devices": list(s.devices), "tp": s.tp, "layers": layers}
     if s.cp > 1:
         out["cp"] = s.cp
     return out
@@ -304,9 +358,14 @@ def uses_cp(plan: Plan) -> bool:
     return any(s.cp > 1 for p in plan.pipelines for s in p.stages)
 
 
+def uses_chunks(plan: Plan) -> bool:
+    """Some stage holds several layer chunks (an interleaved pipeline)."""
+    return any(len(s.chunks) > 1 for p in plan.pipelines for s in p.stages)
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "format": PLAN_FORMAT_CP if uses_cp(plan) else PLAN_FORMAT,
+        "format": PLAN_FORMAT_CP if uses_cp(plan) or uses_chunks(plan) else PLAN_FORMAT,
         "model": plan.model.to_dict(),
         "global_batch_size": plan.global_batch_size,
         "pipelines": [

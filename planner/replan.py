@@ -133,7 +133,8 @@ def replan(cluster: ClusterSpec, devices: Sequence[str], current: Plan, *,
 
 def _rename(plan: Plan, real: dict[str, str]) -> Plan:
     pipes = tuple(Pipeline(p.batch_size, p.micro_batches,
-                           tuple(Stage(tuple(real[d] for d in s.devices), s.tp, s.layers, s.cp) for s in p.stages),
+                           tuple(Stage(tuple(real[d] for d in s.devices), s.tp, s.layers, s.cp, s.chunks)
+                                 for s in p.stages),
                            p.schedule) for p in plan.pipelines)
     return replace(plan, pipelines=pipes)
 

@@ -224,10 +224,16 @@ def plan_to_flags(plan: Plan, cluster: ClusterSpec | None = None) -> SeedFlags:
 
     The seed numbers a node's GPUs in order of appearance, so a plan whose devices on some node do
     not appear as local 0, 1, 2, ... in rank order has no exact ``--devices_id``; that is an error.
-    The seeds have no context parallelism: a plan with ``cp > 1`` has no flags (one error line).
+    The seeds have no context parallelism: a plan with ``cp > 1`` has no flags (one error line), nor
+    layer chunks (an interleaved stage).
     """
     refuse_cp(plan, "the seed systems' flags (--hetero_configs: one TP degree per stage)",
               "keep the plan file (format hexiscale.plan/2) for this layout")
+    for pi, pipe in enumerate(plan.pipelines):
+        for si, st in enumerate(pipe.stages):
+            if len(st.chunks) > 1:
+                raise SpecError(f"pipelines[{pi}].stages[{si}].layers", f"{len(st.chunks)} layer chunks: the seed "
+                                "flags have one layer range per stage", "pass the plan file (--plan) instead")
     devices_id = None
     if cluster is not None:
         index = {n.name: i for i, n in enumerate(cluster.nodes)}

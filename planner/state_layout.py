@@ -93,7 +93,7 @@ def rank_states(plan: Plan, bucket_numel: int = DEFAULT_BUCKET_NUMEL) -> list[Ra
 def _rank_state(plan: Plan, topo: Topology, rank: int, device: str, bucket_numel: int) -> RankState:
     st = topo.stage_of(rank)
     tp_rank = st.ranks.index(rank)
-    infos = stage_params(plan.model, st.layers, st.is_first, st.is_last)
+    infos = stage_params(plan.model, st.layers, st.is_first, st.is_last, st.chunks)
     shards = [(i, shard_chunk(i, st.tp, tp_rank)) for i in infos]
     out = [Holding(state_tensor("model", i.name), c) for i, c in shards]
     if not zero_sharded(plan):

@@ -26,7 +26,8 @@ simulated step (:func:`planner.cost.estimate` with ``timeline=True``: p2p sends 
 estimate's step time. ZB-H1 holds a micro-batch's activations until its ``W``: its later stages
 hold more than 1F1B's, so the peak memory of every rank is reported for both, and the pipeline's
 (its fullest rank's) decides whether the two ran at the same memory. ``--runs`` adds settings,
-e.g. ``zb-h1:16`` (ZB-H1 at 16 micro-batches of half the size).
+e.g. ``zb-h1:16`` (ZB-H1 at 16 micro-batches of half the size) or ``interleaved-1f1b`` (each
+stage's layers cut into two chunks, :mod:`planner.interleave`; same layers per stage).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from benchmarks.executor.run_meta import run_versions
 from planner.cluster import ClusterSpec, load_cluster
 from planner.cost import estimate
 from planner.errors import SpecError
+from planner.interleave import interleaved
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage, plan_to_dict, save_plan
 from planner.schedules import schedule_named
@@ -94,6 +96,9 @@ def make_plan(model: ModelSpec, devices: list[str], counts: list[int], batch: in
         stages.append(Stage((d,), 1, (lo, lo + n)))
         lo += n
     pipe = Pipeline(batch, setting.micro_batches, tuple(stages), setting.schedule)
+    chunks = schedule_named(setting.schedule).chunks
+    if chunks > 1:  # each stage's layers cut into chunks in virtual-stage order (planner.interleave)
+        pipe = interleaved(pipe, chunks, setting.schedule)
     return Plan(model, batch, (pipe,), PlanOptions(dtype="bf16"), cluster=cluster)
 
 
@@ -116,7 +121,8 @@ def step_stats(lanes: list[Lane], plan: Plan) -> dict[str, Any]:
     stage of the plan's one pipeline, in stage order)."""
     pipe = plan.pipelines[0]
     sched = schedule_named(pipe.schedule)
-    per = [op_times(lane, sched.ops(len(pipe.stages), i, pipe.micro_batches)) for i, lane in enumerate(lanes)]
+    per = [op_times(lane, sched.ops(len(pipe.stages), i, pipe.micro_batches, pipe.chunks))
+           for i, lane in enumerate(lanes)]
     start = min(t[0].start for t in per)
     span = max(t[-1].end for t in per) - start
     kinds = [seconds_by_kind(t) for t in per]

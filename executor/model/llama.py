@@ -24,7 +24,7 @@ rank's shard of them).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -189,7 +189,8 @@ class StageModule(nn.Module):
 
     def __init__(self, m: ModelSpec, *, layers: tuple[int, int], first: bool, last: bool, tp: int, tp_rank: int,
                  group: Any, device: torch.device | None = None, recompute: str = "none",
-                 residual: str = "fp32", cp: CPContext | None = None):
+                 residual: str = "fp32", cp: CPContext | None = None,
+                 chunks: Sequence[tuple[int, int]] = ()):
         super().__init__()
         self.spec = m
         self.cp = cp  # context parallelism: inputs, labels and outputs are this rank's sequence chunks
@@ -205,9 +206,12 @@ class StageModule(nn.Module):
         self.chunked_loss = False
         self.embed = (VocabParallelEmbedding(m.vocab_size, m.hidden_size, tp=tp, tp_rank=tp_rank, group=group,
                                              device=device) if first else None)
+        # an interleaved stage's layer chunks (``forward(x, chunk=c)`` runs one): the embedding
+        # belongs to chunk 0 of the first stage, the head to the last chunk of the last stage
+        self.chunk_keys = [[str(i) for i in range(a, b)] for a, b in (chunks or (layers,))]
         self.layers = nn.ModuleDict({
-            str(i): Block(m, tp=tp, group=group, recompute=recompute, device=device, cp=cp)
-            for i in range(*layers)})
+            k: Block(m, tp=tp, group=group, recompute=recompute, device=device, cp=cp)
+            for ks in self.chunk_keys for k in ks})
         if last:
             self.final_norm: RMSNorm | None = RMSNorm(m.hidden_size, m.norm_eps, device)
             self.lm_head: ColumnParallelLinear | None = ColumnParallelLinear(
@@ -247,11 +251,15 @@ class StageModule(nn.Module):
         if self._cast_once and torch.is_autocast_enabled(dev):
             self.weight_copies.refresh(key, self._linears[key], torch.get_autocast_dtype(dev))
 
-    def forward(self, x: torch.Tensor, docs: DocSpans | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, docs: DocSpans | None = None, chunk: int | None = None) -> torch.Tensor:
         """``docs``: the documents packed into the one row of ``x`` (positions restart in each, and
-        attention stays inside each; see :mod:`executor.data.packed_docs`)."""
+        attention stays inside each; see :mod:`executor.data.packed_docs`). ``chunk``: run only
+        that layer chunk of an interleaved stage (None: every layer)."""
         gate = self.param_gate
-        if self.embed is not None:
+        keys = self.layers.keys() if chunk is None else self.chunk_keys[chunk]
+        embeds = chunk is None or chunk == 0
+        heads = self.last and (chunk is None or chunk == len(self.chunk_keys) - 1)
+        if self.embed is not None and embeds:
             if gate is not None:
                 gate("embed")
             x = self.embed(x)
@@ -269,12 +277,12 @@ class StageModule(nn.Module):
         elif docs is not None:  # per-token tables: [T, d], which apply_rope takes like a cut table
             pos = docs.positions(cos.device)
             cos, sin = cos[pos], sin[pos]
-        for key, block in self.layers.items():
+        for key in keys:
             if gate is not None:
                 gate("layers." + key)
             self._fresh_copies("layers." + key, dev)
-            x = block(x, cos, sin, docs)
-        if gate is not None and self.last:  # loss() follows on the last stage
+            x = self.layers[key](x, cos, sin, docs)
+        if gate is not None and heads:  # loss() follows on the last stage
             gate("head")
         return x.float() if low else x
 

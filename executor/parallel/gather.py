@@ -25,7 +25,7 @@ def gather_logical(groups: ProcessGroups, local: dict[str, torch.Tensor], *, to_
     for st in topo.pipelines[0]:
         if st.cp_rank:  # CP slots of a stage hold the same shards: slot 0 gives them
             continue
-        infos = stage_params(model, st.layers, st.is_first, st.is_last)
+        infos = stage_params(model, st.layers, st.is_first, st.is_last, st.chunks)
         total = sum(i.numel for i in infos)
         full: torch.Tensor | None = None
         if rank in st.ranks:

@@ -12,7 +12,9 @@ This is correct for any pair of TP degrees (4 → 2 → 1 → 4 ...). The combin
 (``send_forward_recv_backward`` and its mirror) post their send and receive together
 (``batch_isend_irecv``), which is what keeps a 1F1B schedule free of deadlocks when sends block
 until they are received. Receive shapes are known from the plan (micro-batch sizes are
-deterministic), so no shapes are exchanged.
+deterministic), so no shapes are exchanged. An interleaved stage posts each round's messages with
+:meth:`StageComm.exchange` (peers by stage index, the last and first stages talking between
+chunks; :mod:`planner.schedules.comm` gives the order and why it never waits in a ring).
 
 Where a side of a boundary splits the sequence (``cp > 1``), :mod:`executor.parallel.cp_p2p` does the
 same exchange piece-wise between CP slot leaders; this class stays the path of every other boundary.
@@ -40,12 +42,18 @@ class StageComm:
     """p2p of one rank of ``stage``; ``tp_group`` is the stage's TP group (None when tp == 1)."""
 
     def __init__(self, stage: StageTopo, rank: int, tp_group: Any, *, device: torch.device,
-                 dtype: torch.dtype = torch.float32, prev_group: Any = None, next_group: Any = None):
+                 dtype: torch.dtype = torch.float32, prev_group: Any = None, next_group: Any = None,
+                 leaders: tuple[int, ...] = (), wrap_group: Any = None):
         self.stage = stage
         self.rank = rank
         self.tp_group = tp_group
         # the boundary groups (leaders only; None on gloo test set-ups that use the default group)
         self.peer_groups = {stage.prev_leader: prev_group, stage.next_leader: next_group}
+        # an interleaved pipeline: every stage's leader (exchange() names peers by stage index), and
+        # the first and last stages' group between chunks (of two stages, the one boundary's)
+        self.leaders = leaders
+        if leaders and stage.index in (0, len(leaders) - 1):
+            self.peer_groups.setdefault(leaders[-1] if stage.index == 0 else leaders[0], wrap_group)
         self.device = device
         self.dtype = dtype
         self.is_leader = rank == stage.leader
@@ -101,3 +109,31 @@ class StageComm:
 
     def send_backward_recv_forward(self, dx: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor | None:
         return self._exchange(dx, self.stage.prev_leader, shape, self.stage.prev_leader)
+
+    def exchange(self, sends: list[tuple[torch.Tensor | None, int]],
+                 recvs: list[tuple[tuple[int, ...], int]]) -> list[torch.Tensor]:
+        """Interleaved pipelines: post ``sends`` (tensor, peer stage) and ``recvs`` (shape, peer
+        stage) together — one ``batch_isend_irecv`` per boundary group, sends first, each in the
+        given order — and wait; then broadcast each received tensor inside the TP group, in order."""
+        if not sends and not recvs:
+            return []
+        bufs = [torch.empty(shape, dtype=self.dtype, device=self.device) for shape, _ in recvs]
+        with self.trace.span("p2p"):
+            if self.is_leader:
+                by_group: dict[int, list[Any]] = {}
+                for t, peer in sends:
+                    assert t is not None, "a send of an interleaved stage has a tensor"
+                    to = self.leaders[peer]
+                    by_group.setdefault(to, []).append(dist.P2POp(
+                        dist.isend, t.detach().to(self.dtype).contiguous(), to, group=self.peer_groups.get(to)))
+                for buf, (_, peer) in zip(bufs, recvs):
+                    src = self.leaders[peer]
+                    by_group.setdefault(src, []).append(dist.P2POp(dist.irecv, buf, src,
+                                                                   group=self.peer_groups.get(src)))
+                reqs = [req for ops in by_group.values() for req in dist.batch_isend_irecv(ops)]
+                for req in reqs:
+                    req.wait()
+            if self.tp_group is not None:
+                for buf in bufs:
+                    dist.broadcast(buf, src=self.stage.leader, group=self.tp_group)
+        return bufs

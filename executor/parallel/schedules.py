@@ -2,11 +2,14 @@
 
 The schedule registry (planner, no torch) says, per stage, which forward (``F``) and backward
 (``B``) of which micro-batch comes next; the cost model's simulator prices the same ops. Here each
-op receives its input, computes and sends its output. A schedule the registry prices but this
-interpreter cannot run yet (several layer chunks per stage, or ``trained=False``) is refused in
-one line before anything runs. Where the ops hold ``W`` ops (ZB-H1), a ``B`` computes only the
-input gradient and queues the linear layers' weight-gradient GEMMs, which its ``W`` runs
-(:mod:`executor.parallel.weight_grad_store`); a ``W`` communicates nothing.
+op receives its input, computes and sends its output. A schedule the registry marks untrained
+(``trained=False``) is refused in one line before anything runs. An interleaved stage
+(``interleaved-1f1b``) holds several layer chunks in one module; its ops name the chunk, and its
+messages go to the stage holding the neighbouring virtual stage (the last stage sends to the first
+between chunks), posted in rounds (:func:`run_rounds`, :mod:`planner.schedules.comm`). Where the
+ops hold ``W`` ops (ZB-H1), a ``B`` computes only the input gradient and queues the linear
+layers' weight-gradient GEMMs, which its ``W`` runs (:mod:`executor.parallel.weight_grad_store`);
+a ``W`` communicates nothing.
 
 Every pipeline runs its own schedule with its own micro-batch count ``M`` and micro-batch sizes
 (``Pipeline.micro_batch_sizes()``, possibly uneven); pipelines never wait for each other until the
@@ -14,7 +17,9 @@ gradient sync. Micro-batch ``j`` carries ``[mb_j, s]`` tokens, so every boundary
 known shape ``[mb_j, s, h]``. A packed micro-batch (documents back to back in one row, ``docs``
 set) is ``[1, T_j]``; every rank of the pipeline holds the same packing, so shapes stay known.
 
-Communication order (why no two ranks wait on each other): an ``F`` receives from the previous
+Communication order, one chunk per stage (why no two ranks wait on each other; the same rule is
+:func:`planner.schedules.comm.exchanges`, whose :func:`~planner.schedules.comm.check_pairing`
+the tests play over every registered schedule): an ``F`` receives from the previous
 stage and sends to the next; a ``B`` receives from the next and sends to the previous. When the
 next op receives from the very peer this op sends to (``F`` then ``B``: the next stage; ``B`` then
 ``F``: the previous stage) the send and that receive are posted together
@@ -46,6 +51,7 @@ from executor.parallel.weight_grad_store import WeightGradStore, install
 from executor.train.trace import NO_TRACE, NullTrace, StepTrace
 from planner.plan import Plan
 from planner.schedules import StageOp, schedule_named
+from planner.schedules.comm import op_peers, rounds
 
 
 @dataclass
@@ -53,6 +59,11 @@ class MicroBatch:
     inputs: torch.Tensor  # [mb, s] token ids
     labels: torch.Tensor  # [mb, s]
     docs: DocSpans | None = None  # packed documents of the one row (mb == 1), see executor.data.packed_docs
+
+
+def runner_chunks(module: StageModule) -> int:
+    """Layer chunks of a stage module (1 unless interleaved)."""
+    return len(getattr(module, "chunk_keys", ())) or 1
 
 
 class _Runner:
@@ -67,37 +78,43 @@ class _Runner:
         self.micro = micro
         self.loss_scale = loss_scale
         self.autocast = autocast
-        self.saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        self.saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}  # (micro-batch, chunk)
+        self.chunks = runner_chunks(module)  # layer chunks of an interleaved stage
         self.loss: torch.Tensor | None = None
         h = module.spec.hidden_size
         self.shapes = [(mb.inputs.shape[0], mb.inputs.shape[1], h) for mb in micro]
 
-    def forward(self, j: int, x: torch.Tensor | None) -> torch.Tensor | None:
+    def forward(self, j: int, x: torch.Tensor | None, chunk: int = 0) -> torch.Tensor | None:
         mb = self.micro[j]
-        if self.module.first:
+        first, last = self._ends(chunk)
+        if first:
             inp: torch.Tensor | None = None
             src = mb.inputs
         else:
             assert x is not None
             inp = x.requires_grad_(True)
             src = inp
+        kw = {"chunk": chunk} if self.chunks > 1 else {}
         with self.trace.span("forward", j), self.autocast():
-            out = self.module(src, mb.docs) if mb.docs is not None else self.module(src)
-            if self.module.last:
+            out = self.module(src, mb.docs, **kw) if mb.docs is not None else self.module(src, **kw)
+            if last:
                 out = self.module.loss(out, mb.labels).sum() * self.loss_scale
-        if self.module.last:
+        self.saved[j, chunk] = (inp, out)
+        if last:
             d = out.detach()
             self.loss = d if self.loss is None else self.loss + d
-            self.saved[j] = (inp, out)
             return None
-        self.saved[j] = (inp, out)
         return out
 
-    def backward(self, j: int, dy: torch.Tensor | None) -> torch.Tensor | None:
-        inp, out = self.saved.pop(j)
+    def _ends(self, chunk: int) -> tuple[bool, bool]:
+        """Whether ``chunk`` is the pipeline's first virtual stage (takes token ids) and its last (the loss)."""
+        return self.module.first and chunk == 0, self.module.last and chunk == self.chunks - 1
+
+    def backward(self, j: int, dy: torch.Tensor | None, chunk: int = 0) -> torch.Tensor | None:
+        inp, out = self.saved.pop((j, chunk))
         defer = self.wgrad.deferring(j) if self.wgrad is not None else contextlib.nullcontext()
         with self.trace.span("backward", j), defer:
-            if self.module.last:
+            if self._ends(chunk)[1]:
                 out.backward()
             else:
                 assert dy is not None
@@ -113,14 +130,9 @@ class _Runner:
 
 
 def check_trainable(schedule: str, stages: int, micro_batches: int, field: str = "schedule") -> None:
-    """Refuse, as one :class:`~planner.errors.SpecError` on ``field``, a schedule this interpreter
-    cannot run (an unknown name is the registry's SpecError): the registry's ``trained`` flag, and
-    what this interpreter runs (one chunk per stage; ``F``, ``B`` and ``W`` ops), which that flag
-    must agree with."""
-    sched = schedule_named(schedule, field)
-    sched.check_trained(field)
-    if sched.chunks != 1:
-        raise ValueError(f"the registry marks {schedule!r} trained, but the executor runs one chunk per stage")
+    """Refuse, as one :class:`~planner.errors.SpecError` on ``field``, a schedule the registry marks
+    untrained (an unknown name is the registry's SpecError)."""
+    schedule_named(schedule, field).check_trained(field)
 
 
 def check_plan_schedules(plan: Plan) -> None:
@@ -156,6 +168,31 @@ def run_ops(runner: _Runner, comm: StageComm | CPStageComm, ops: Sequence[StageO
         fused = turn
 
 
+def run_rounds(runner: _Runner, comm: StageComm, ops: Sequence[StageOp], stages: int) -> None:
+    """Run an interleaved stage's ``ops`` in rounds (:func:`planner.schedules.comm.rounds`): before
+    each round one exchange posts the sends of the last round's outputs and the receives of this
+    round's inputs (sends first, then receives, each in op order: the order
+    :func:`planner.schedules.comm.exchanges` proves free of waits in a ring); one more exchange
+    sends the last round's outputs."""
+    stage, chunks = comm.stage.index, runner.chunks
+    peers = [op_peers(op, stages, stage, chunks) for op in ops]
+    sends: list[tuple[torch.Tensor | None, int]] = []
+    for r in rounds(ops, chunks):
+        takes = [(k, src) for k in r if (src := peers[k].recv) is not None]
+        got = comm.exchange(sends, [(runner.shapes[ops[k].micro_batch], src) for k, src in takes]) \
+            if sends or takes else []
+        inputs = dict(zip([k for k, _ in takes], got))
+        sends = []
+        for k in r:
+            op = ops[k]
+            step = runner.forward if op.kind == "F" else runner.backward
+            out = step(op.micro_batch, inputs.get(k), op.chunk)
+            if (to := peers[k].send) is not None:
+                sends.append((out, to))
+    if sends:
+        comm.exchange(sends, [])
+
+
 def run_schedule(kind: str, *, module: StageModule, comm: StageComm | CPStageComm, micro: list[MicroBatch],
                  loss_scale: float, n_stages: int,
                  autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
@@ -167,13 +204,19 @@ def run_schedule(kind: str, *, module: StageModule, comm: StageComm | CPStageCom
     ``trace`` records each micro-batch's forward and backward (:mod:`executor.train.trace`).
     """
     check_trainable(kind, n_stages, len(micro))
+    sched = schedule_named(kind)
     # a hot-switching phase may give a pipeline no sequences: its ranks have no op (and no message)
-    ops = schedule_named(kind).ops(n_stages, comm.stage.index, len(micro)) if micro else []
+    ops = sched.ops(n_stages, comm.stage.index, len(micro), runner_chunks(module)) if micro else []
     wgrad = WeightGradStore() if any(op.kind == "W" for op in ops) else None
     runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext, trace, wgrad)
     install(module, wgrad)
     try:
-        run_ops(runner, comm, ops)
+        if sched.chunks > 1:
+            if isinstance(comm, CPStageComm):  # planner.plan refuses cp > 1 in interleaved pipelines
+                raise RuntimeError("an interleaved pipeline cannot have context-parallel stages")
+            run_rounds(runner, comm, ops, n_stages)
+        else:
+            run_ops(runner, comm, ops)
     finally:
         install(module, None)
     if wgrad is not None and wgrad.pending():

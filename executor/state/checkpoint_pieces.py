@@ -42,7 +42,7 @@ class Piece:
 
 def _infos(engine: Engine) -> dict[str, ParamInfo]:
     st = engine.stage
-    return {i.name: i for i in stage_params(engine.plan.model, st.layers, st.is_first, st.is_last)}
+    return {i.name: i for i in stage_params(engine.plan.model, st.layers, st.is_first, st.is_last, st.chunks)}
 
 
 def _shard_pieces(engine: Engine, prefix: str, tensors: dict[str, torch.Tensor], writer: bool) -> list[Piece]:

@@ -126,8 +126,8 @@ class Engine:
         self.module = StageModule(model, layers=self.stage.layers, first=self.stage.is_first,
                                   last=self.stage.is_last, tp=self.stage.tp, tp_rank=self.tp_rank,
                                   group=groups.tp_group, device=self.device, recompute=plan.options.recompute,
-                                  residual=plan.options.residual_dtype, cp=cp)
-        infos = stage_params(model, self.stage.layers, self.stage.is_first, self.stage.is_last)
+                                  residual=plan.options.residual_dtype, cp=cp, chunks=self.stage.chunks)
+        infos = stage_params(model, self.stage.layers, self.stage.is_first, self.stage.is_last, self.stage.chunks)
         self.shard_dims = {p.name: p.shard_dim for p in infos}
         self._params: dict[str, torch.nn.Parameter] = dict(self.module.named_parameters())
         if list(self.params) != [p.name for p in infos]:
@@ -148,12 +148,15 @@ class Engine:
         self.optimizer.register_step_post_hook(self.module.weights_changed)
         self.module.cast_once = True
         leader = self.stage.leader
+        pipe = topology.pipelines[self.stage.pipeline]
+        leaders = tuple(st.leader for st in pipe) if self.stage.chunks else ()  # interleaved: every stage's
         self.comm: StageComm | CPStageComm = (
             CPStageComm(self.stage, self.rank, groups.tp_group, device=self.device, boundary=groups.boundary)
             if self.stage.uses_cp else
             StageComm(self.stage, self.rank, groups.tp_group, device=self.device,
                       prev_group=groups.boundary(self.stage.prev_leader, leader),
-                      next_group=groups.boundary(leader, self.stage.next_leader)))
+                      next_group=groups.boundary(leader, self.stage.next_leader), leaders=leaders,
+                      wrap_group=groups.boundary(pipe[-1].leader, pipe[0].leader) if leaders else None))
         self.grad_sync = (self.zero.sync if self.zero is not None
                           else GradSync(groups, self.params, bucket_numel=bucket_numel))
         self.trace: NullTrace | StepTrace = NO_TRACE

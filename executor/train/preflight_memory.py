@@ -41,9 +41,9 @@ def rank_need_bytes(plan: Plan, rank: int, *, cpu: bool) -> tuple[float, float]:
     zero = len(plan.pipelines) if plan.options.zero and len(plan.pipelines) > 1 else 1
     mem = stage_memory(plan.model, layers=st.num_layers, tp=st.tp, first=si == 0, last=si == n - 1,
                        micro_batch=max(pipe.micro_batch_sizes()),
-                       in_flight=in_flight(pipe.schedule, n, si, pipe.micro_batches), dtype=dtype,
+                       in_flight=in_flight(pipe.schedule, n, si, pipe.micro_batches, pipe.chunks), dtype=dtype,
                        recompute=plan.options.recompute, zero_shards=zero,
-                       held_with_grads=held_with_grads(pipe.schedule, n, si, pipe.micro_batches),
+                       held_with_grads=held_with_grads(pipe.schedule, n, si, pipe.micro_batches, pipe.chunks),
                        pipelines=len(plan.pipelines), partial=partial_params(plan, info.pipeline, si),
                        compile=plan.options.compile and not cpu,  # a CPU run stays eager
                        seq_len=plan.model.seq_len // st.cp)  # a CP rank holds 1/cp of every sequence

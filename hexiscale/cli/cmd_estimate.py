@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from hexiscale.cli.flag_names import add_output, typed
-from hexiscale.cli.output import _ranges, console, print_warning, styled
+from hexiscale.cli.output import _ranges, console, layers_label, print_warning, styled
 from hexiscale.cli.pictures import PLAN_MAP, SIMULATED, write_pictures
 from hexiscale.cli.writing import writing
 from planner.cluster import ClusterSpec, load_cluster
@@ -175,7 +175,7 @@ def render(plan: Plan, cluster: ClusterSpec, est: Estimate, title: str = "estima
             mark = "*" if si == pe.bottleneck_stage else ""
             st.add_row(str(pi) if si == 0 else "", f"{si}{mark}", _ranges(stage.devices), gpus, str(stage.tp),
                        *((str(stage.cp),) if cp else ()),
-                       f"{stage.layers[0]}-{stage.layers[1] - 1}", _s(se.forward_s), _s(se.backward_s),
+                       layers_label(stage), _s(se.forward_s), _s(se.backward_s),
                        _s(se.compute_s), _s(se.tp_comm_s), *((_s(se.cp_comm_s),) if cp else ()), _s(se.pp_comm_s),
                        styled((mem_s, "red")) if mem > cap else mem_s)
         if pi != len(plan.pipelines) - 1:

@@ -118,17 +118,20 @@ def _master(text: str | None, default_host: str) -> tuple[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     from hexiscale.launch.shell import run_id as checked_run_id
-    from planner.schedules.trained import check_plan_trained
+    from planner.schedules.trained import check_no_chunks, check_plan_trained
     from planner.varlen.pool import load_plan_or_pool
 
     check_int("--grace", args.grace, 0, 86400, "pass seconds, e.g. --grace 30")
     plan, pool = load_plan_or_pool(args.plan)  # a strategy pool: its home plan places the ranks
+    elastic = bool(args.elastic or args.elastic_trace)
     for prefix, each in ([(f"strategies[{i}].plan.", st.plan) for i, st in enumerate(pool.strategies)]
                          if pool is not None else [("", plan)]):
         check_plan_trained(each, prefix)  # a schedule only priced so far: one line before any rank starts
+        if elastic:  # layouts that switch keep one layer range per stage (a pool refuses interleaving itself)
+            check_no_chunks(each, prefix, "an elastic job")
     # every node gets absolute paths and checked train arguments (one error line here, not one per rank)
     args.plan = os.path.abspath(args.plan)
-    mode = ("elastic_pool" if pool is not None else "elastic") if args.elastic or args.elastic_trace \
+    mode = ("elastic_pool" if pool is not None else "elastic") if elastic \
         else "pool" if pool is not None else "plan"
     args.train_args = checked_train_args(args.train_args, plan_path=args.plan, mode=mode)
     run_id = checked_run_id(args.run_id, args.plan)

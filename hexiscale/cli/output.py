@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.cluster import ClusterSpec
-from planner.plan import Plan, uses_cp
+from planner.plan import Plan, Stage, uses_cp
 
 
 def _console(stderr: bool = False) -> Console:
@@ -41,6 +41,11 @@ def print_warning(message: str | None) -> None:
     """One ``warning: ...`` line on stderr (nothing for ``None``)."""
     if message:
         err_console.print(styled(("warning:", "bold yellow"), " ", message), soft_wrap=True)
+
+
+def layers_label(st: Stage) -> str:
+    """``0-3``, or an interleaved stage's chunks ``0-1,4-5`` (inclusive layer indices)."""
+    return ",".join(f"{a}-{b - 1}" for a, b in st.chunks)
 
 
 def _ranges(devices: tuple[str, ...] | list[str]) -> str:
@@ -85,7 +90,7 @@ def plan_table(plan: Plan, cluster: ClusterSpec | None = None) -> Table:
                 gpu = ",".join(sorted({cluster.device(d).gpu for d in st.devices if cluster.has_device(d)}))
             first = si == 0
             table.add_row(str(pi) if first else "", str(si), _ranges(st.devices), gpu, str(st.tp),
-                          *((str(st.cp),) if cp else ()), f"{st.layers[0]}-{st.layers[1] - 1} ({st.num_layers})",
+                          *((str(st.cp),) if cp else ()), f"{layers_label(st)} ({st.num_layers})",
                           str(pipe.batch_size) if first else "", str(pipe.micro_batches) if first else "",
                           pipe.schedule if first else "")
         if pi != len(plan.pipelines) - 1:

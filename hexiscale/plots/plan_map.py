@@ -51,19 +51,21 @@ def plot_plan_map(plan: Plan, path: str | Path, cluster: ClusterSpec | None = No
     for pi, pipe in enumerate(plan.pipelines):
         y = n_pipes - 1 - pi
         for si, st in enumerate(pipe.stages):
-            a, b = st.layers
-            colour = stage_colour(pi, si)
-            h = 0.8 / st.tp
-            for ti, dev in enumerate(st.devices):
-                where[dev] = (pi, si, ti)
-                top.add_patch(Rectangle((a, y + 0.1 + ti * h), b - a, h, facecolor=colour, edgecolor="white", lw=0.8))
-                if st.tp <= 8 and (b - a) / m.num_layers > 0.07:
-                    top.text(a + 0.15, y + 0.1 + (ti + 0.5) * h, dev, fontsize=6, va="center", color="#222222")
-            top.add_patch(Rectangle((a, y + 0.1), b - a, 0.8, fill=False, edgecolor="#333333", lw=1.0))
-            extra = (" +emb" if si == 0 else "") + (" +head" if si == len(pipe.stages) - 1 else "")
-            span = f"L{a}" if b - a == 1 else f"L{a}-{b - 1}"
-            top.text((a + b) / 2, y + 0.5, f"s{si} TP{st.tp}\n{span}{extra}", ha="center", va="center",
-                     fontsize=7 if (b - a) / m.num_layers > 0.1 else 5, fontweight="bold")
+            for c, (a, b) in enumerate(st.chunks):  # an interleaved stage: one box per layer chunk
+                colour = stage_colour(pi, si)
+                h = 0.8 / st.tp
+                for ti, dev in enumerate(st.devices):
+                    where[dev] = (pi, si, ti)
+                    top.add_patch(Rectangle((a, y + 0.1 + ti * h), b - a, h, facecolor=colour, edgecolor="white",
+                                            lw=0.8))
+                    if st.tp <= 8 and (b - a) / m.num_layers > 0.07:
+                        top.text(a + 0.15, y + 0.1 + (ti + 0.5) * h, dev, fontsize=6, va="center", color="#222222")
+                top.add_patch(Rectangle((a, y + 0.1), b - a, 0.8, fill=False, edgecolor="#333333", lw=1.0))
+                extra = (" +emb" if si == 0 and c == 0 else "") + \
+                    (" +head" if si == len(pipe.stages) - 1 and c == len(st.chunks) - 1 else "")
+                span = f"L{a}" if b - a == 1 else f"L{a}-{b - 1}"
+                top.text((a + b) / 2, y + 0.5, f"s{si} TP{st.tp}\n{span}{extra}", ha="center", va="center",
+                         fontsize=7 if (b - a) / m.num_layers > 0.1 else 5, fontweight="bold")
     top.set_xlim(0, m.num_layers)
     top.xaxis.set_major_locator(MaxNLocator(integer=True))
     top.set_ylim(0, n_pipes)

@@ -35,7 +35,7 @@ def _owners(plan: Plan, layer: int, where: str) -> list[tuple[str, ...]]:
         elif where == "head":
             st = pipe.stages[-1]
         else:
-            st = next(s for s in pipe.stages if s.layers[0] <= layer < s.layers[1])
+            st = next(s for s in pipe.stages if any(lo <= layer < hi for lo, hi in s.chunks))
         out += cp_slots(st.devices, st.tp)
     return out
 
@@ -55,7 +55,7 @@ def sync_groups(plan: Plan) -> dict[tuple[str, ...], float]:
     m = plan.model
     sharded, replicated = layer_numel(m)
     # layers with the same holders in every pipeline share one bucket: walk the layer boundaries
-    cuts = sorted({0, m.num_layers} | {s.layers[0] for p in plan.pipelines for s in p.stages})
+    cuts = sorted({0, m.num_layers} | {c[0] for p in plan.pipelines for s in p.stages for c in s.chunks})
     for lo, hi in zip(cuts, cuts[1:], strict=False):
         holders = _owners(plan, lo, "layer")
         _add_sharded(groups, holders, sharded * (hi - lo))
@@ -75,7 +75,7 @@ def stage_owners(plan: Plan) -> list[list[int]]:
     CP slot of the stage holding that layer in every pipeline (the pipeline count without CP). What
     ZeRO-1 shards a stage's optimizer state over; stages whose later layers have other owners
     (other pipelines with other CP degrees there) are counted by their first layer."""
-    cps = [[(s.layers, s.cp) for s in p.stages] for p in plan.pipelines]
+    cps = [[(c, s.cp) for s in p.stages for c in s.chunks] for p in plan.pipelines]
 
     def owners(layer: int) -> int:
         return sum(next(cp for (lo, hi), cp in pipe if lo <= layer < hi) for pipe in cps)

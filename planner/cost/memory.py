@@ -218,9 +218,15 @@ def partial_params_table(plan: Plan) -> list[list[float]]:
     pipes = plan.pipelines
     if len(pipes) < 2:
         return [[0.0] * len(p.stages) for p in pipes]
-    shape_of = [tuple((s.tp, s.layers) for s in p.stages) for p in pipes]
+    # one entry per layer chunk (an interleaved stage has several), stage by stage: the first entry
+    # holds the embedding and the last the head, as in a plain pipeline; a stage sums its chunks'
+    shape_of = [tuple((s.tp, c) for s in p.stages for c in s.chunks) for p in pipes]
     by_shape = partial_params_by_shape(plan.model, set(shape_of))
-    return [by_shape[shape] for shape in shape_of]
+    out = []
+    for p, shape in zip(pipes, shape_of):
+        vals = iter(by_shape[shape])
+        out.append([sum(next(vals) for _ in s.chunks) for s in p.stages])
+    return out
 
 
 Shape = tuple[tuple[int, tuple[int, int]], ...]  # a pipeline's stages: (TP degree, layer range) each

@@ -87,14 +87,16 @@ def bubble_fraction(f: Sequence[float], b: Sequence[float], m: int, schedule: st
     return max(0.0, 1.0 - busy / t) if t > 0 else 0.0
 
 
-def in_flight(schedule: str, stages: int, stage_index: int, micro_batches: int) -> int:
+def in_flight(schedule: str, stages: int, stage_index: int, micro_batches: int, chunks: int | None = None) -> int:
     """Micro-batches whose activations a stage holds at its peak (the registry's rule, derived from
-    the schedule's op order): 1F1B ``min(S - i, m)``, GPipe ``m``. An unknown name is a SpecError."""
-    return schedule_named(schedule).in_flight(stages, stage_index, micro_batches)
+    the schedule's op order): 1F1B ``min(S - i, m)``, GPipe ``m``; ``chunks``: an interleaved
+    pipeline's layer chunks per stage. An unknown name is a SpecError."""
+    return schedule_named(schedule).in_flight(stages, stage_index, micro_batches, chunks)
 
 
-def held_with_grads(schedule: str, stages: int, stage_index: int, micro_batches: int) -> int:
+def held_with_grads(schedule: str, stages: int, stage_index: int, micro_batches: int,
+                    chunks: int | None = None) -> int:
     """Micro-batches a stage holds, at most, once its first backward has allocated the gradients:
     1F1B ``min(S - i, m)`` when a forward follows that backward (``m > S - i``), else one less;
     GPipe ``m - 1`` (all forwards come first). From the registry, like :func:`in_flight`."""
-    return schedule_named(schedule).held_with_grads(stages, stage_index, micro_batches)
+    return schedule_named(schedule).held_with_grads(stages, stage_index, micro_batches, chunks)

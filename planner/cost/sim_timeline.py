@@ -15,19 +15,22 @@ from planner.timeline import Lane, Span, Timeline
 
 
 def stage_lane(pipeline: int, stage: int, ops: list[tuple[str, int, float, float]], compute_f: list[float],
-               compute_b: list[float], compute_w: list[float] | None = None, chunks: int = 1) -> Lane:
+               compute_b: list[float], compute_w: list[float] | None = None, chunks: int = 1,
+               shares: list[float] | None = None, op_chunks: list[int] | None = None) -> Lane:
     """A stage's lane from its simulated ops; ``compute_f[j]``/``compute_b[j]`` are micro-batch
     ``j``'s compute, the rest of each op is its p2p send. A split backward's ``W`` op (compute
     ``compute_w[j]``, taken out of ``compute_b[j]``) shows as backward and sends nothing. With
-    ``chunks`` layer chunks per stage, each op is one chunk's share."""
+    ``chunks`` layer chunks per stage, each op is one chunk's share: ``shares[c]`` of chunk
+    ``op_chunks[k]`` (the simulator's), else ``1/chunks``."""
     lane = Lane(f"p{pipeline} s{stage}", pipeline, stage)
     split = compute_w is not None and any(kind == "W" for kind, *_ in ops)
-    for kind, j, start, end in ops:
+    for k, (kind, j, start, end) in enumerate(ops):
         w = compute_w[j] if split and compute_w is not None else 0.0
+        part = shares[op_chunks[k]] if shares is not None and op_chunks is not None else 1.0 / chunks
         if kind == "W":
             compute = end - start
         else:
-            compute = (compute_f[j] if kind == "F" else compute_b[j] - w) / chunks
+            compute = (compute_f[j] if kind == "F" else compute_b[j] - w) * part
         mid = min(end, start + compute)
         lane.spans.append(Span("forward" if kind == "F" else "backward", j, start, mid))
         if end > mid:

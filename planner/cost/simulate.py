@@ -3,7 +3,8 @@
 Model: stage ``i`` runs its ops one at a time in the schedule's fixed order
 (:mod:`planner.schedules`, the same ops the executor runs); an op starts when the stage is free and
 its input is ready, and lasts its duration. With ``v`` layer chunks per stage, chunk ``c`` of stage
-``i`` is virtual stage ``k = c·S + i`` (``v = 1``: ``k = i``):
+``i`` is virtual stage ``k = c·S + i`` (``v = 1``: ``k = i``), and does the part ``shares[i][c]``
+of the stage's compute (``1/v`` below, unless given):
 
 * ``F(k, j)`` (forward of micro-batch ``j``) lasts ``fwd[i]/v`` and needs ``F(k-1, j)`` done;
 * ``B(k, j)`` (backward) lasts ``bwd[i]/v`` and needs ``B(k+1, j)`` done (the last virtual
@@ -13,8 +14,10 @@ its input is ready, and lasts its duration. With ``v`` layer chunks per stage, c
 
 Point-to-point sends are *blocking for the sender*: pass them folded into the durations
 (``fold_p2p``): stage ``i``'s forward includes sending its activation to ``i+1``, its backward
-includes sending the input gradient to ``i-1``. This matches :mod:`planner.cost.schedule`. (With
-chunks, each chunk's op carries ``1/v`` of the stage's send: a first approximation.)
+includes sending the input gradient to ``i-1``. This matches :mod:`planner.cost.schedule`. With
+chunks, pass the sends apart (``sends``): every op that sends (:func:`planner.schedules.comm.op_peers`:
+each chunk's, the last stage's to the first between chunks too) carries one whole send, as the
+executor sends one whole activation per virtual-stage boundary.
 
 Per-stage micro-batch durations may also vary per micro-batch (``fwd_mb[i][j]``), which the
 planner's benchmarks use for uneven micro-batch sizes.
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner.schedules import StageOp, schedule_named
+from planner.schedules.comm import op_peers
 
 
 @dataclass
@@ -35,6 +39,7 @@ class SimResult:
     first_start: list[float]  # per stage: start of its first op
     last_backward_end: list[float]  # per stage: end of its last op (a backward)
     ops: list[list[tuple[str, int, float, float]]] = field(default_factory=list)  # (kind, mb, start, end)
+    op_chunks: list[list[int]] = field(default_factory=list)  # per stage: the layer chunk of each recorded op
 
     @property
     def idle(self) -> list[float]:
@@ -61,27 +66,36 @@ def _dur(table: Table, i: int, j: int) -> float:
 
 
 def simulate(fwd: Table, bwd: Table, m: int, schedule: str = "1f1b", record: bool = False,
-             wgrad: Table | None = None) -> SimResult:
+             wgrad: Table | None = None, sends: tuple[Table, Table] | None = None,
+             chunks: int | None = None, shares: Sequence[Sequence[float]] | None = None) -> SimResult:
     """Simulate one pipeline. ``fwd[i]`` / ``bwd[i]`` are stage ``i``'s per-micro-batch durations
     (a number, or a list of ``m`` numbers); ``wgrad[i]`` the weight-gradient part of ``bwd[i]``,
-    needed by schedules that split the backward into ``B`` and ``W`` ops. An unknown schedule name
-    is a :class:`~planner.errors.SpecError`."""
+    needed by schedules that split the backward into ``B`` and ``W`` ops; ``sends`` (``fwd`` and
+    ``bwd`` then exclude them): stage ``i``'s send of an activation to the stage of the next virtual
+    stage and of a gradient to the previous one's, added to every op that sends; ``chunks``: layer
+    chunks per stage (None: the schedule's default); ``shares[i][c]``: the part of stage ``i``'s
+    compute that its chunk ``c`` does (None: ``1/v`` each). An unknown schedule name is a
+    :class:`~planner.errors.SpecError`."""
     s = len(fwd)
     if s == 0 or len(bwd) != s or m < 1:
         raise ValueError("need one forward and one backward duration per stage and m >= 1")
     sched = schedule_named(schedule)
-    v = sched.chunks
-    orders = [sched.ops(s, i, m) for i in range(s)]
+    v = sched.chunks_of(chunks)
+    orders = [sched.ops(s, i, m, v) for i in range(s)]
     split = any(op.kind == "W" for o in orders for op in o)
     if split and wgrad is None:
         raise ValueError(f"schedule {schedule!r} splits the backward: give wgrad, the weight-gradient times")
 
     def duration(op: StageOp, i: int) -> float:
         j = op.micro_batch
+        send = 0.0
+        if sends is not None and op_peers(op, s, i, v).send is not None:
+            send = _dur(sends[0] if op.kind == "F" else sends[1], i, j)
+        part = shares[i][op.chunk] if shares is not None else 1.0 / v
         if op.kind == "F":
-            return _dur(fwd, i, j) / v
+            return _dur(fwd, i, j) * part + send
         w = _dur(wgrad, i, j) if split and wgrad is not None else 0.0
-        return (w if op.kind == "W" else _dur(bwd, i, j) - w) / v
+        return (w if op.kind == "W" else _dur(bwd, i, j) - w) * part + send
 
     end: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, micro-batch) -> end
 
@@ -100,6 +114,7 @@ def simulate(fwd: Table, bwd: Table, m: int, schedule: str = "1f1b", record: boo
     busy = [0.0] * s
     first = [0.0] * s
     ops: list[list[tuple[str, int, float, float]]] = [[] for _ in range(s)]
+    op_chunks: list[list[int]] = [[] for _ in range(s)]
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
@@ -118,9 +133,11 @@ def simulate(fwd: Table, bwd: Table, m: int, schedule: str = "1f1b", record: boo
                 busy[i] += d
                 if record:
                     ops[i].append((op.kind, op.micro_batch, start, start + d))
+                    op_chunks[i].append(op.chunk)
                 pos[i] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError(f"schedule {schedule!r} deadlocked: its op orders wait on each other")
-    return SimResult(makespan=max(free), busy=busy, first_start=first, last_backward_end=list(free), ops=ops)
+    return SimResult(makespan=max(free), busy=busy, first_start=first, last_backward_end=list(free), ops=ops,
+                     op_chunks=op_chunks)

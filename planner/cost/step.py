@@ -81,7 +81,6 @@ from planner.cost.stage import StageTime, activation_bytes, slots_boundary_time,
 from planner.errors import PlanInfeasible
 from planner.layout import layer_numel, stage_tensors
 from planner.plan import Plan
-from planner.schedules import schedule_named
 from planner.timeline import Lane, Timeline
 from planner.validate import validate
 
@@ -181,25 +180,39 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
     m, o, params = plan.model, plan.options, profiles.params
     sizes = pipe.micro_batch_sizes()
     n_st = len(pipe.stages)
+    chunks = pipe.chunks
     times: dict[tuple[int, int], StageTime] = {}
     send_fwd: dict[tuple[int, int], float] = {}  # (stage i, mb): activation i -> i+1
     send_bwd: dict[tuple[int, int], float] = {}  # (stage i, mb): input gradient i -> i-1
+
+    def timed(si: int, layers: int, first: bool, last: bool, mb: int) -> StageTime:
+        st = pipe.stages[si]
+        devs = [cluster.device(d) for d in st.devices]
+        return stage_time(
+            m, layers=layers, first=first, last=last, micro_batch=mb, tp=st.tp,
+            devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
+            tp_link=slots_link(cluster, cp_slots(st.devices, st.tp)), dtype=o.dtype, recompute=o.recompute,
+            params=params, cp=st.cp, cp_link=slots_link(cluster, cp_groups(st.devices, st.tp)))
+
     for mb in sorted(set(sizes)):
         nbytes = activation_bytes(m, mb, o.dtype, params=params)
         for si, st in enumerate(pipe.stages):
-            devs = [cluster.device(d) for d in st.devices]
-            times[si, mb] = stage_time(
-                m, layers=st.num_layers, first=si == 0, last=si == n_st - 1, micro_batch=mb, tp=st.tp,
-                devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
-                tp_link=slots_link(cluster, cp_slots(st.devices, st.tp)), dtype=o.dtype, recompute=o.recompute,
-                params=params, cp=st.cp, cp_link=slots_link(cluster, cp_groups(st.devices, st.tp)))
+            times[si, mb] = timed(si, st.num_layers, si == 0, si == n_st - 1, mb)
             nxt, prv = (pipe.stages[si + 1] if si < n_st - 1 else None), (pipe.stages[si - 1] if si > 0 else None)
+            if chunks > 1:  # between chunks the last stage sends to the first, and the gradient comes back
+                nxt, prv = nxt or pipe.stages[0], prv or pipe.stages[-1]
             send_fwd[si, mb] = (slots_boundary_time(nbytes, st.devices, st.tp, nxt.devices, nxt.tp, cluster, params)
                                 if nxt is not None else 0.0)
             send_bwd[si, mb] = (slots_boundary_time(nbytes, st.devices, st.tp, prv.devices, prv.tp, cluster, params)
                                 if prv is not None else 0.0)
-    f = [[times[si, mb].forward_s + send_fwd[si, mb] for mb in sizes] for si in range(n_st)]
-    b = [[times[si, mb].backward_s + send_bwd[si, mb] for mb in sizes] for si in range(n_st)]
+    sends = ([[send_fwd[si, mb] for mb in sizes] for si in range(n_st)],
+             [[send_bwd[si, mb] for mb in sizes] for si in range(n_st)])
+    if chunks > 1:  # every op that sends carries one whole send (planner.cost.simulate)
+        f = [[times[si, mb].forward_s for mb in sizes] for si in range(n_st)]
+        b = [[times[si, mb].backward_s for mb in sizes] for si in range(n_st)]
+    else:
+        f = [[times[si, mb].forward_s + send_fwd[si, mb] for mb in sizes] for si in range(n_st)]
+        b = [[times[si, mb].backward_s + send_bwd[si, mb] for mb in sizes] for si in range(n_st)]
     # A split backward's W: the weight-gradient GEMMs (dW = X^T dY) have the forward GEMMs' FLOPs,
     # so W is priced at the forward's compute (the attention core and element-wise work make that
     # an upper bound); everything else of the backward is B, which the previous stage waits for.
@@ -208,9 +221,22 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
     # passes) would otherwise leave B a negative duration.
     w = [[min(times[si, mb].forward_compute_s, times[si, mb].backward_compute_s / 2) for mb in sizes]
          for si in range(n_st)]
-    sim = simulate(f, b, len(sizes), pipe.schedule, record=record, wgrad=w)
+    shares = None
+    if chunks > 1:  # each chunk's part of its stage's compute: its layers, the embedding (first), the head (last)
+        shares = []
+        for si, st in enumerate(pipe.stages):
+            parts = [timed(si, hi - lo, si == 0 and c == 0, si == n_st - 1 and c == chunks - 1, max(sizes))
+                     for c, (lo, hi) in enumerate(st.chunks)]
+            total = sum(t.forward_s + t.backward_s for t in parts)
+            shares.append([(t.forward_s + t.backward_s) / total for t in parts])
+    sim = simulate(f, b, len(sizes), pipe.schedule, record=record, wgrad=w, sends=sends if chunks > 1 else None,
+                   chunks=chunks, shares=shares)
+    # sends per micro-batch of each stage: one per virtual-stage boundary it feeds (v - 1 at the ends)
+    n_fwd = [chunks - (chunks > 1 and si == n_st - 1) for si in range(n_st)]
+    n_bwd = [chunks - (chunks > 1 and si == 0) for si in range(n_st)]
     lanes = [stage_lane(pi, si, sim.ops[si], [times[si, mb].forward_s for mb in sizes],
-                        [times[si, mb].backward_s for mb in sizes], w[si], schedule_named(pipe.schedule).chunks)
+                        [times[si, mb].backward_s for mb in sizes], w[si], chunks,
+                        shares[si] if shares is not None else None, sim.op_chunks[si])
              for si in range(n_st)] if record else []
     stages = []
     for si, st in enumerate(pipe.stages):
@@ -221,7 +247,8 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
             backward_s=big.backward_s, compute_s=sum(t.forward_compute_s + t.backward_compute_s for t in ts),
             tp_comm_s=sum(t.forward_tp_s + t.backward_tp_s for t in ts),
             cp_comm_s=sum(t.forward_cp_s + t.backward_cp_s for t in ts),
-            pp_comm_s=sum(send_fwd[si, mb] + send_bwd[si, mb] for mb in sizes), busy_s=sim.busy[si],
+            pp_comm_s=sum(n_fwd[si] * send_fwd[si, mb] + n_bwd[si] * send_bwd[si, mb] for mb in sizes),
+            busy_s=sim.busy[si],
             last_backward_end_s=sim.last_backward_end[si]))
     k = max(range(n_st), key=lambda i: sim.busy[i])
     bubble = 1.0 - sim.busy[k] / sim.makespan if sim.makespan > 0 else 0.0
@@ -322,8 +349,8 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
         mb = max(pipe.micro_batch_sizes())
         for si, st in enumerate(pipe.stages):
             first, last = si == 0, si == len(pipe.stages) - 1
-            held = in_flight(pipe.schedule, len(pipe.stages), si, pipe.micro_batches)
-            with_grads = held_with_grads(pipe.schedule, len(pipe.stages), si, pipe.micro_batches)
+            held = in_flight(pipe.schedule, len(pipe.stages), si, pipe.micro_batches, pipe.chunks)
+            with_grads = held_with_grads(pipe.schedule, len(pipe.stages), si, pipe.micro_batches, pipe.chunks)
             mems: dict[str, MemoryBreakdown] = {}
             # a CP stage: activations at S/cp per rank plus the gathered K,V; its slots are
             # gradient owners beside the pipelines (ZeRO-1 shards over pipelines x cp)

@@ -2,8 +2,9 @@
 
 ``schedule_named(name).ops(stages, stage, m)`` is a stage's op order; ``.in_flight`` and
 ``.held_with_grads`` its memory rules (:mod:`planner.schedules.registry`). Registered: ``1f1b``,
-``gpipe`` and ``zb-h1`` (split backward; the executor trains them) and ``interleaved-1f1b`` (two
-layer chunks per stage), which the cost model prices and the executor refuses so far.
+``gpipe``, ``zb-h1`` (split backward) and ``interleaved-1f1b`` (the plan's ``v >= 2`` layer chunks
+per stage, 2 by default; the messages between chunks in :mod:`planner.schedules.comm`); the
+executor trains them all.
 """
 
 from planner.schedules.ops import OpKind, StageOp

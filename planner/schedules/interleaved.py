@@ -7,7 +7,8 @@ Ops run in groups of ``S`` micro-batches per chunk: the ``k``-th forward of stag
 reverse. Stage ``i`` runs ``min(2(S-1-i) + (v-1)·S, m·v)`` warm-up forwards, then steady rounds of
 one forward and one backward, then the cool-down backwards. It needs ``m`` to be a multiple of
 ``S``. With equal stages the bubble is ``(S-1)(F+B)/v`` against 1F1B's ``(S-1)(F+B)``, at the cost
-of ``v``-fold more p2p sends and more activations held. Worked example, ``S=2, v=2, m=2``
+of ``v``-fold more p2p sends and more activations held. The messages each stage posts, and why
+they never wait on each other, are in :mod:`planner.schedules.comm`. Worked example, ``S=2, v=2, m=2``
 (``F1.0`` = forward of micro-batch 1, chunk 0)::
 
     stage 0:  F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from planner.schedules.ops import StageOp
 
-CHUNKS = 2  # the registered entry's layer chunks per stage (the plan gains a chunk count with issue 35)
+CHUNKS = 2  # the registered entry's default layer chunks per stage (a plan's stages may hold more: Pipeline.chunks)
 
 
 def _op(kind: str, k: int, stages: int, chunks: int) -> StageOp:
@@ -28,7 +29,10 @@ def _op(kind: str, k: int, stages: int, chunks: int) -> StageOp:
 
 
 def interleaved_requires(stages: int, micro_batches: int) -> str | None:
-    """Why ``micro_batches`` cannot run interleaved on ``stages`` stages, or None."""
+    """Why ``micro_batches`` cannot run interleaved on ``stages`` stages, or None (one stage would
+    send to itself between chunks, and has no bubble to shrink)."""
+    if stages < 2:
+        return "interleaved 1F1B needs at least 2 stages"
     if micro_batches % stages:
         return f"interleaved 1F1B needs micro_batches a multiple of the {stages} stages, got {micro_batches}"
     return None

@@ -19,13 +19,14 @@ from planner.schedules.one_f_one_b import one_f_one_b_ops
 from planner.schedules.ops import StageOp, held_with_grads_of, in_flight_of
 from planner.schedules.zb_h1 import zb_h1_ops
 
-OpOrder = Callable[[int, int, int], list[StageOp]]  # (stages, stage index, micro-batches) -> ops
+OpOrder = Callable[..., list[StageOp]]  # (stages, stage index, micro-batches[, chunks]) -> ops
 Requires = Callable[[int, int], str | None]  # (stages, micro-batches) -> why the schedule cannot run them
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """A named op order; ``chunks`` layer chunks per stage; ``trained``: the executor runs it;
+    """A named op order; ``chunks`` layer chunks per stage (above 1: an interleaved schedule, which
+    runs any count from 2, the plan's; ``chunks`` is its default); ``trained``: the executor runs it;
     ``requires``: a condition on the pipeline's shape (None: any shape runs)."""
 
     name: str
@@ -46,30 +47,41 @@ class Schedule:
             raise SpecError(field, f"schedule {self.name!r} is priced but not trained yet",
                             f"train with {', '.join(TRAINED_SCHEDULES)}; 'hexiscale estimate' prices {self.name}")
 
-    def ops(self, stages: int, stage: int, micro_batches: int) -> list[StageOp]:
-        """The ordered ops of ``stage`` (0-based) of a pipeline of ``stages`` stages."""
+    def chunks_of(self, chunks: int | None) -> int:
+        """Layer chunks per stage for a pipeline asking ``chunks`` (None: this schedule's default)."""
+        if chunks is None:
+            return self.chunks
+        if (chunks > 1) != (self.chunks > 1) or chunks < 1:
+            raise ValueError(f"schedule {self.name!r} runs {'2 or more' if self.chunks > 1 else 'one'} layer "
+                             f"chunk(s) per stage, got {chunks}")
+        return chunks
+
+    def ops(self, stages: int, stage: int, micro_batches: int, chunks: int | None = None) -> list[StageOp]:
+        """The ordered ops of ``stage`` (0-based) of a pipeline of ``stages`` stages (``chunks``
+        layer chunks per stage; :attr:`Plan.pipelines[p].chunks <planner.plan.Pipeline.chunks>`)."""
         if not 0 <= stage < stages or micro_batches < 1:
             raise ValueError(f"need 0 <= stage < stages and micro_batches >= 1, got stage={stage} "
                              f"stages={stages} micro_batches={micro_batches}")
-        return self.order(stages, stage, micro_batches)
+        v = self.chunks_of(chunks)
+        return self.order(stages, stage, micro_batches, v) if v > 1 else self.order(stages, stage, micro_batches)
 
-    def in_flight(self, stages: int, stage: int, micro_batches: int) -> int:
+    def in_flight(self, stages: int, stage: int, micro_batches: int, chunks: int | None = None) -> int:
         """Micro-batches whose activations the stage holds at its peak."""
-        return in_flight_of(self.ops(stages, stage, micro_batches), self.chunks)
+        return in_flight_of(self.ops(stages, stage, micro_batches, chunks), self.chunks_of(chunks))
 
-    def held_with_grads(self, stages: int, stage: int, micro_batches: int) -> int:
+    def held_with_grads(self, stages: int, stage: int, micro_batches: int, chunks: int | None = None) -> int:
         """Micro-batches the stage holds, at most, once its first backward has allocated the gradients."""
-        return held_with_grads_of(self.ops(stages, stage, micro_batches), self.chunks)
+        return held_with_grads_of(self.ops(stages, stage, micro_batches, chunks), self.chunks_of(chunks))
 
 
 REGISTRY: dict[str, Schedule] = {s.name: s for s in (
     Schedule("1f1b", one_f_one_b_ops),
     Schedule("gpipe", gpipe_ops),
     Schedule("zb-h1", zb_h1_ops),
-    Schedule("interleaved-1f1b", interleaved_ops, chunks=CHUNKS, trained=False, requires=interleaved_requires),
+    Schedule("interleaved-1f1b", interleaved_ops, chunks=CHUNKS, requires=interleaved_requires),
 )}
 SCHEDULE_NAMES: tuple[str, ...] = tuple(REGISTRY)
-TRAINED_SCHEDULES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.trained)  # the search's default
+TRAINED_SCHEDULES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.trained)
 
 
 def schedule_named(name: str, field: str = "schedule") -> Schedule:

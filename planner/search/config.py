@@ -42,7 +42,10 @@ class PlannerConfig:
         if not self.schedules:
             raise SpecError("schedules", "need at least one schedule", f"e.g. {TRAINED_SCHEDULES[:1]}")
         for sc in self.schedules:
-            schedule_named(sc, "schedules")
+            if schedule_named(sc, "schedules").chunks > 1:  # its stages hold several layer ranges
+                raise SpecError("schedules", f"the search does not place the layer chunks of {sc} yet",
+                                f"search with {', '.join(n for n in TRAINED_SCHEDULES if n != sc)}; write an "
+                                f"{sc} plan by hand (planner.interleave) and 'hexiscale estimate' it")
         if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:
             raise SpecError("micro_batch_sizes", "need positive micro-batch sizes", "e.g. (1, 2, 4)")
         if self.residual_dtype not in ("fp32", self.dtype):

@@ -128,7 +128,8 @@ def seed_numbering(plan: Plan, cluster: ClusterSpec) -> Plan:
         return plan
     pipes = tuple(
         Pipeline(p.batch_size, p.micro_batches,
-                 tuple(Stage(tuple(rename.get(d, d) for d in s.devices), s.tp, s.layers, s.cp) for s in p.stages),
+                 tuple(Stage(tuple(rename.get(d, d) for d in s.devices), s.tp, s.layers, s.cp, s.chunks)
+                       for s in p.stages),
                  p.schedule)
         for p in plan.pipelines)
     return Plan(plan.model, plan.global_batch_size, pipes, plan.options, plan.cluster, plan.estimate)

@@ -37,6 +37,7 @@ from planner.errors import SpecError
 from planner.fields import check_keys, expect_list, expect_mapping, get_int, get_str, join
 from planner.model import ModelSpec
 from planner.plan import Plan, load_plan, plan_from_dict, plan_to_dict
+from planner.schedules.trained import check_no_chunks
 from planner.varlen.seq_cost import pipeline_costs
 from planner.varlen.step_layout import StrategyCost
 
@@ -76,6 +77,7 @@ class StrategyPool:
                 raise SpecError(f"{path}.plan.model", "differs from strategy 0's model", "one model per pool")
             refuse_cp(st.plan, "a strategy pool (hot switching between layouts)",
                       "plan the pool's strategies with cp 1", f"{path}.plan")
+            check_no_chunks(st.plan, f"{path}.plan.", "a strategy pool")  # hot switching moves stages of one range
         if self.context > self.model.seq_len:
             raise SpecError("context", f"{self.context} exceeds the model's seq_len {self.model.seq_len}",
                             "set the plans' seq_len to the context")

@@ -12,9 +12,11 @@ from executor.parallel.grad_sync import DEFAULT_BUCKET_NUMEL
 from executor.parallel.groups import ProcessGroups
 from executor.train.engine import Engine
 from executor.train.optim import OptimConfig
+from planner.interleave import interleaved
 from planner.layout import build_topology
 from planner.model import PRESETS, ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
+from planner.schedules import schedule_named
 
 TINY = PRESETS["tiny"]
 TINY8 = PRESETS["tiny-8l"]
@@ -25,7 +27,8 @@ ORACLE_OPTIM = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, total_steps=6, 
 def make_plan(model: ModelSpec, pipes: list[tuple[int, int, str, list[tuple[int, ...]]]],
               dtype: str = "fp32") -> Plan:
     """A plan from ``[(batch_size, micro_batches, schedule, [(tp, n_layers[, cp]), ...]), ...]``
-    with synthetic device ids ``d:0, d:1, ...`` (the executor needs no cluster)."""
+    with synthetic device ids ``d:0, d:1, ...`` (the executor needs no cluster). A schedule of several
+    layer chunks per stage (interleaved) cuts each stage's layers into them (planner.interleave)."""
     dev = 0
     pipelines = []
     for bs, mb, sched, stages in pipes:
@@ -35,7 +38,9 @@ def make_plan(model: ModelSpec, pipes: list[tuple[int, int, str, list[tuple[int,
             out.append(Stage(tuple(f"d:{dev + i}" for i in range(tp * cp)), tp, (start, start + n), cp))
             dev += tp * cp
             start += n
-        pipelines.append(Pipeline(bs, mb, tuple(out), sched))
+        chunks = schedule_named(sched).chunks
+        pipe = Pipeline(bs, mb, tuple(out), sched if chunks == 1 else "1f1b")
+        pipelines.append(pipe if chunks == 1 else interleaved(pipe, chunks, sched, f"pipelines[{len(pipelines)}]"))
     return Plan(model, sum(p[0] for p in pipes), tuple(pipelines), PlanOptions(dtype=dtype))
 
 

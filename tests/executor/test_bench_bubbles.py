@@ -39,8 +39,9 @@ def test_smoke_measures_both_schedules_per_rank(tmp_path: Path, capsys: pytest.C
 
 def test_settings_parse_and_a_bad_one_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert [s.label for s in parse_runs("1f1b, zb-h1:16", 8)] == ["1f1b m=8", "zb-h1 m=16"]
+    assert [s.label for s in parse_runs("1f1b,interleaved-1f1b", 8)] == ["1f1b m=8", "interleaved-1f1b m=8"]
     for bad, said in (("zb-h1:x", "micro-batches 'x' is not a positive integer"),
-                      ("interleaved-1f1b", "priced but not trained yet"), ("zb-h2", "unknown schedule"),
+                      ("interleaved-1f1b:3", "micro_batches a multiple of the 2 stages"), ("zb-h2", "unknown schedule"),
                       ("zb-h1:5", "micro_batches")):  # 5 micro-batches of the smoke's batch of 4
         with pytest.raises(SystemExit):
             main(["--smoke", "--runs", bad, "--out", str(tmp_path / "out")])

@@ -30,6 +30,7 @@ from exec_jobs import (
 from torch.testing import assert_close
 
 from executor.parallel.split_share import shared_sets
+from planner.interleave import interleaved
 from planner.layout import build_topology
 from planner.plan import Plan
 from tests.support.dist_testing import DistPool
@@ -49,6 +50,11 @@ def _opts(plan: Plan, **kw: object) -> Plan:
 
 def _p(pipes: list[tuple[int, int, str, list[tuple[int, ...]]]], **kw: object) -> Plan:
     return _opts(make_plan(TINY8, pipes), **kw)
+
+
+def _chunks3(plan: Plan) -> Plan:
+    """``plan``'s one pipeline interleaved with three layer chunks per stage."""
+    return replace(plan, pipelines=(interleaved(plan.pipelines[0], 3),))
 
 
 PLANS: dict[str, Plan] = {
@@ -91,8 +97,19 @@ PLANS: dict[str, Plan] = {
     "zb-cp2-cp2": _p([(8, 4, "zb-h1", [(1, 3, 2), (1, 5, 2)])]),
     "zb-cp2+tp2-zero1": _p([(4, 2, "zb-h1", [(1, 8, 2)]), (4, 2, "1f1b", [(2, 8)])], zero=1),
     "cp2xtp2-recompute-selective": _p([(8, 4, "1f1b", [(2, 8, 2)])], recompute="selective"),
+    # interleaved 1F1B (two layer chunks per stage, planner.schedules.comm's rounds): 4 stages send from the
+    # last back to the first over their own boundary group; every forward before the first backward
+    # (m = stages); TP changes between stages; two interleaved pipelines and ZeRO-1
+    "il-pp4": _p([(8, 8, "interleaved-1f1b", [(1, 2), (1, 2), (1, 2), (1, 2)])]),
+    "il-pp4-m4": _p([(8, 4, "interleaved-1f1b", [(1, 2), (1, 2), (1, 2), (1, 2)])]),
+    "il-tp2-1-1-uneven-mb": _p([(8, 6, "interleaved-1f1b", [(2, 2), (1, 3), (1, 3)])]),
+    "il-pp2-x2-zero1": _p([(5, 4, "interleaved-1f1b", [(1, 4), (1, 4)]),
+                           (3, 2, "interleaved-1f1b", [(1, 3), (1, 5)])], zero=1),
+    "il-tp2-1+single-zero1": _p([(5, 4, "interleaved-1f1b", [(2, 3), (1, 5)]), (3, 1, "1f1b", [(1, 8)])], zero=1),
+    "il-3-chunks-tp1-2": _chunks3(_p([(8, 6, "1f1b", [(1, 4), (2, 4)])])),
 }
-BF16_PLANS = ("tp1-2-1", "tp2-1+single-gpipe-zero1", "tp2-vs-pp2", "zb-tp1-2-1", "cp2xtp2", "cp2-then-tp2")
+BF16_PLANS = ("tp1-2-1", "tp2-1+single-gpipe-zero1", "tp2-vs-pp2", "zb-tp1-2-1", "cp2xtp2", "cp2-then-tp2",
+              "il-pp4")
 # ``small-buckets:``: gradient buckets of SMALL_BUCKETS elements, so the overlapped reduction runs as
 # dozens of reduce-scatters (all-reduces without ZeRO) launched from the backward's and the W ops'
 # hooks on the autograd thread, and ZeRO-1's dozens of weight all-gathers are waited layer by layer

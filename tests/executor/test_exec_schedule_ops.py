@@ -11,7 +11,10 @@ from exec_jobs import TINY, make_plan
 
 from executor.parallel.schedules import check_plan_schedules, check_trainable, run_ops
 from planner.errors import SpecError
-from planner.schedules import TRAINED_SCHEDULES, StageOp, schedule_named
+from planner.schedules import REGISTRY, TRAINED_SCHEDULES, Schedule, StageOp, schedule_named
+from planner.schedules.one_f_one_b import one_f_one_b_ops
+
+ONE_CHUNK = [n for n in TRAINED_SCHEDULES if schedule_named(n).chunks == 1]  # run_ops; interleaved: run_rounds
 
 # p2p call -> (sends to, receives from): "next" / "prev" stage
 CHANNELS = {"recv_forward": ((), ("prev",)), "send_forward": (("next",), ()), "recv_backward": ((), ("next",)),
@@ -102,7 +105,7 @@ def _deadlock_free(recs: list[Recorder]) -> bool:
     return True
 
 
-@pytest.mark.parametrize("name", TRAINED_SCHEDULES)
+@pytest.mark.parametrize("name", ONE_CHUNK)
 def test_interpreter_runs_the_registry_ops_without_deadlock(name: str) -> None:
     for stages in range(1, 6):
         for m in range(1, 8):
@@ -127,18 +130,17 @@ def test_unknown_schedule_is_refused_by_the_executor() -> None:
         check_trainable("zb", 2, 4, "pipelines[0].schedule")
 
 
-def test_priced_schedules_are_refused_in_one_line() -> None:
-    """interleaved-1f1b is priced by the cost model; the executor runs one layer chunk per stage so far."""
+def test_priced_schedules_are_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schedule the registry marks priced only (none is, today: a stand-in) is refused in one line."""
+    monkeypatch.setitem(REGISTRY, "x-priced", Schedule("x-priced", one_f_one_b_ops, trained=False))
     with pytest.raises(SpecError) as e:
-        check_trainable("interleaved-1f1b", 2, 4, "pipelines[0].schedule")
-    assert str(e.value) == ("pipelines[0].schedule: schedule 'interleaved-1f1b' is priced but not trained yet "
-                            "(hint: train with 1f1b, gpipe, zb-h1; 'hexiscale estimate' prices interleaved-1f1b)")
-    plan = make_plan(TINY, [(2, 2, "1f1b", [(1, 2), (1, 2)]), (2, 2, "interleaved-1f1b", [(1, 4)])])
-    with pytest.raises(SpecError, match=r"^pipelines\[1\]\.schedule: schedule 'interleaved-1f1b' is priced"):
+        check_trainable("x-priced", 2, 4, "pipelines[0].schedule")
+    assert str(e.value) == ("pipelines[0].schedule: schedule 'x-priced' is priced but not trained yet "
+                            f"(hint: train with {', '.join(TRAINED_SCHEDULES)}; 'hexiscale estimate' prices x-priced)")
+    plan = make_plan(TINY, [(2, 2, "1f1b", [(1, 2), (1, 2)]), (2, 2, "x-priced", [(1, 4)])])
+    with pytest.raises(SpecError, match=r"^pipelines\[1\]\.schedule: schedule 'x-priced' is priced"):
         check_plan_schedules(plan)
     check_plan_schedules(make_plan(TINY, [(4, 2, "gpipe", [(1, 2), (1, 2)]), (4, 4, "zb-h1", [(1, 2), (1, 2)])]))
-    with pytest.raises(SpecError, match=r"^schedule: schedule 'interleaved-1f1b' is priced but not trained yet"):
-        check_trainable("interleaved-1f1b", 2, 3)  # refused before its shape rule is asked
 
 
 def test_zb_h1_communication_by_hand() -> None:
@@ -166,3 +168,57 @@ def test_a_pipeline_without_micro_batches_runs_no_op(name: str) -> None:
     module = SimpleNamespace(spec=SimpleNamespace(hidden_size=8), modules=lambda: iter([torch.nn.Linear(2, 2)]))
     assert run_schedule(name, module=module, comm=comm, micro=[], loss_scale=1.0, n_stages=3) is None  # type: ignore[arg-type]
     assert comm.calls == [] and comm.compute == []
+
+
+class RoundsRecorder:
+    """Stands in for ``_Runner`` and ``StageComm`` of an interleaved stage: records the exchanges
+    :func:`executor.parallel.schedules.run_rounds` posts, as :class:`planner.schedules.comm.Message`\\ s."""
+
+    def __init__(self, stages: int, index: int, m: int, chunks: int):
+        from types import SimpleNamespace
+        self.stage = SimpleNamespace(index=index)
+        self.n, self.chunks, self.index = stages, chunks, index
+        self.shapes = [(1, 4, 8)] * m
+        self.compute: list[StageOp] = []
+        self.posted: list[tuple[Any, ...]] = []
+
+    def _label(self, j: int, chunk: int, kind: str) -> tuple[str, int, int]:
+        return kind, j, chunk * self.n + self.index
+
+    def forward(self, j: int, x: Any, chunk: int) -> Any:
+        k = chunk * self.n + self.index
+        assert x == (None if k == 0 else ("F", j, k)), (x, j, chunk)  # the input of this very op
+        self.compute.append(StageOp("F", j, chunk))
+        return None if k == self.n * self.chunks - 1 else ("F", j, k + 1)
+
+    def backward(self, j: int, dy: Any, chunk: int) -> Any:
+        k = chunk * self.n + self.index
+        assert dy == (None if k == self.n * self.chunks - 1 else ("B", j, k)), (dy, j, chunk)
+        self.compute.append(StageOp("B", j, chunk))
+        return None if k == 0 else ("B", j, k - 1)
+
+    def exchange(self, sends: list[tuple[Any, int]], recvs: list[tuple[Any, int]]) -> list[Any]:
+        from planner.schedules.comm import Message
+        self.posted.append(tuple([Message(p, True, t) for t, p in sends] + [Message(p, False, ("?", 0, 0))
+                                                                           for _, p in recvs]))
+        return [self.pending.pop(0) for _ in recvs]
+
+
+@pytest.mark.parametrize(("stages", "m"), [(2, 2), (2, 6), (3, 3), (4, 8), (4, 4)])
+def test_interleaved_rounds_post_what_the_pairing_check_proves(stages: int, m: int) -> None:
+    """run_rounds computes the registry's ops in order, each on its own input, and posts exactly the
+    exchanges of planner.schedules.comm.exchanges (sends with their tensors; receives by peer),
+    which check_pairing plays without a wait cycle."""
+    from executor.parallel.schedules import run_rounds
+    from planner.schedules.comm import check_pairing, exchanges
+
+    sched = schedule_named("interleaved-1f1b")
+    want = [exchanges(sched.ops(stages, i, m), stages, i, sched.chunks) for i in range(stages)]
+    assert check_pairing(want) is None
+    for i in range(stages):
+        rec = RoundsRecorder(stages, i, m, sched.chunks)
+        rec.pending = [msg.what for ex in want[i] for msg in ex if not msg.send]  # type: ignore[attr-defined]
+        run_rounds(rec, rec, sched.ops(stages, i, m), stages)  # type: ignore[arg-type]
+        assert rec.compute == sched.ops(stages, i, m)
+        assert [[(x.peer, x.send) + ((x.what,) if x.send else ()) for x in ex] for ex in rec.posted] == \
+            [[(x.peer, x.send) + ((x.what,) if x.send else ()) for x in ex] for ex in want[i]]

@@ -23,7 +23,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [pytest.mark.gpu, pytest.mark.gpu_alone, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_alone,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
               pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="needs MPS")]
 
 ROOT = Path(__file__).resolve().parents[2]

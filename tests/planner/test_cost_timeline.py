@@ -10,6 +10,7 @@ import pytest
 from planner.cluster import load_cluster
 from planner.cost import estimate
 from planner.cost.sim_timeline import merged
+from planner.interleave import interleaved
 from planner.plan import load_plan
 from planner.schedules import schedule_named
 from planner.timeline_ops import op_times, seconds_by_kind
@@ -56,7 +57,8 @@ def test_split_backward_and_chunked_timelines_add_up(schedule: str, ops_per_mb: 
     """ZB-H1 (B and W ops), interleaved 1F1B (two chunks): compute and p2p still add up to the
     stage's totals; W sends nothing."""
     plan = load_plan(ROOT / "examples" / "plans" / "seed-32gpu-4types-llama2-7b.json")
-    plan = replace(plan, pipelines=tuple(replace(p, schedule=schedule) for p in plan.pipelines))
+    plan = replace(plan, pipelines=tuple(interleaved(p) if schedule == "interleaved-1f1b" else
+                                         replace(p, schedule=schedule) for p in plan.pipelines))
     est = estimate(plan, load_cluster(ROOT / "examples" / "clusters" / "seed-32gpu-4types.yaml"), timeline=True)
     assert est.timeline is not None
     for lane in est.timeline.lanes:

@@ -51,3 +51,13 @@ def test_an_odd_sequence_length_needs_no_cp_check_without_cp() -> None:
     Plan(odd, 4, (Pipeline(4, 2, (Stage(("n:0",), 1, (0, 2)),)),))  # no CP: no chunks to balance
     with pytest.raises(SpecError, match=r"stages\[0\]\.cp: 2 x cp = 4 does not divide seq_len=127"):
         Plan(odd, 4, (Pipeline(4, 2, (Stage(("n:0", "n:1"), 1, (0, 2), 2),)),))
+
+
+def test_an_interleaved_pipeline_with_a_cp_stage_is_one_line() -> None:
+    from planner.interleave import interleaved
+
+    model = ModelSpec("t4", 4, 256, 704, 8, 4, 512, 128)
+    devs = tuple(f"n:{i}" for i in range(2))
+    pipe = Pipeline(4, 4, (Stage(devs, 1, (0, 2), 2), Stage(("m:0",), 1, (2, 4))))
+    with pytest.raises(SpecError, match=r"stages\[0\]\.cp.*interleaved"):
+        Plan(model, 4, (interleaved(pipe, 2, "interleaved-1f1b", "pipelines[0]"),))

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from hexiscale.cli.main import main
 from planner.cost import held_with_grads, in_flight, simulate
 from planner.errors import SpecError
-from planner.plan import load_plan
+from planner.interleave import interleaved
+from planner.plan import load_plan, save_plan
 from planner.schedules import SCHEDULE_NAMES, StageOp, schedule_named
 from planner.search.config import PlannerConfig
 
@@ -160,13 +161,12 @@ def test_zb_h1_never_slower_than_1f1b(data: st.DataObject) -> None:
 
 
 def test_estimate_prices_the_smaller_bubbles_below_1f1b(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    data = json.loads(SEED.read_text())  # micro-batches a multiple of the stages, as interleaving needs
+    plan = load_plan(SEED)  # micro-batches a multiple of the stages, as interleaving needs
     times = {}
     for name in ("1f1b", "zb-h1", "interleaved-1f1b"):
-        for pipe in data["pipelines"]:
-            pipe["schedule"] = name
         path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps(data))
+        save_plan(replace(plan, pipelines=tuple(interleaved(p) if name == "interleaved-1f1b" else
+                                                replace(p, schedule=name) for p in plan.pipelines)), path)
         capsys.readouterr()
         assert main(["estimate", str(path), "--json"]) == 0
         times[name] = json.loads(capsys.readouterr().out)["step_time_s"]
@@ -180,31 +180,34 @@ def _chunked(text: str) -> list[StageOp]:
 
 def test_interleaved_orders_by_hand() -> None:
     s = schedule_named("interleaved-1f1b")
-    assert s.chunks == 2 and not s.trained
+    assert s.chunks == 2 and s.trained
     assert s.ops(2, 0, 2) == _chunked("F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0")
     assert s.ops(2, 1, 2) == _chunked("F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 B0.0 B1.0")
     assert s.ops(2, 1, 4)[:6] == _chunked("F0.0 F1.0 F0.1 B0.1 F1.1 B1.1")
     assert [s.in_flight(4, i, 8) for i in range(4)] == [6, 5, 4, 3]  # 11, 9, 7, 5 chunks of 2
 
 
-@pytest.mark.parametrize(("stages", "m"), [(2, 4), (4, 4), (4, 8), (3, 12)])
-def test_interleaved_bubble_equal_stages(stages: int, m: int) -> None:
-    """Equal stages: the fill and drain shrink by the chunk count, (S-1)(F+B)/v."""
+@pytest.mark.parametrize(("stages", "m", "v"), [(2, 4, 2), (4, 4, 2), (4, 8, 2), (3, 12, 2), (2, 4, 3), (4, 8, 3)])
+def test_interleaved_bubble_equal_stages(stages: int, m: int, v: int) -> None:
+    """Equal stages: the fill and drain shrink by the chunk count, (S-1)(F+B)/v (v from the plan)."""
     ones = [1.0] * stages
-    t = simulate(ones, [2.0] * stages, m, "interleaved-1f1b").makespan
-    assert t == pytest.approx(3 * m + (stages - 1) * 3.0 / 2)
+    t = simulate(ones, [2.0] * stages, m, "interleaved-1f1b", chunks=v).makespan
+    assert t == pytest.approx(3 * m + (stages - 1) * 3.0 / v)
     assert t < simulate(ones, [2.0] * stages, m, "1f1b").makespan
 
 
 def test_interleaved_shape_errors_name_the_field() -> None:
     plan = load_plan(SEED)
     pipes = list(plan.pipelines)
-    pipes[0] = replace(pipes[0], schedule="interleaved-1f1b", micro_batches=len(pipes[0].stages) * 2 + 1)
+    il = interleaved(pipes[0])
+    pipes[0] = replace(il, micro_batches=len(il.stages) * 2 + 1)
     with pytest.raises(SpecError, match=r"^pipelines\[0\]\.micro_batches: interleaved 1F1B needs micro_batches a "
                                         r"multiple of the \d+ stages"):
         replace(plan, pipelines=tuple(pipes))
-    one = replace(pipes[0], micro_batches=len(pipes[0].stages) * 2,
-                  stages=(replace(pipes[0].stages[0], layers=(0, 1)),
-                          replace(pipes[0].stages[1], layers=(1, pipes[0].stages[1].layers[1])), *pipes[0].stages[2:]))
-    with pytest.raises(SpecError, match=r"^pipelines\[0\]\.stages\[0\]\.layers: 1 layer\(s\) cannot make the 2"):
+    one = replace(il, stages=(replace(il.stages[0], layers=(0, 1), chunks=((0, 1),)), *il.stages[1:]))
+    with pytest.raises(SpecError, match=r"^pipelines\[0\]\.stages\[0\]\.layers: holds 1 layer range\(s\), "
+                                        r"schedule interleaved-1f1b runs 2 layer chunk\(s\) per stage \(hint: give "):
         replace(plan, pipelines=(one, *pipes[1:]))
+    with pytest.raises(SpecError, match=r"^pipelines\[0\]\.micro_batches: interleaved 1F1B needs at least 2 stages"):
+        replace(plan, pipelines=(interleaved(replace(plan.pipelines[0], stages=(
+            replace(plan.pipelines[0].stages[0], layers=(0, 32)),), micro_batches=2)), *pipes[1:]))
