@@ -66,12 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logs", default="gpu-suite-logs", help="folder for per-file logs")
     ap.add_argument("--jobs", type=int, default=6, help="files run side by side")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per file")
+    ap.add_argument("--part", choices=("all", "shared", "alone"), default="all",
+                    help="only the files that share the GPUs, or only the gpu_alone ones (two calls)")
     a = ap.parse_args(argv)
     logs = Path(a.logs)
     logs.mkdir(parents=True, exist_ok=True)
     files = gpu_files(a.paths)
-    shared = [f for f in files if not alone(f)]
-    solo = [f for f in files if alone(f)]
+    shared = [f for f in files if not alone(f)] if a.part != "alone" else []
+    solo = [f for f in files if alone(f)] if a.part != "shared" else []
     t0 = time.monotonic()
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
         results = list(pool.map(lambda f: run_file(f, logs, a.timeout), shared))
