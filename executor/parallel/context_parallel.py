@@ -89,6 +89,10 @@ def _expand(kv: torch.Tensor, heads: int) -> torch.Tensor:
     return kv[:, :, :, None].expand(two, b, g, heads // g, s, d).reshape(two, b, heads, s, d)
 
 
+# Both attentions run eager inside compiled blocks (a graph break, as the K/V all-gather): under
+# Inductor on CUDA (torch 2.11, H100) the lower-right causal bias's efficient-attention backward
+# failed its fake-kernel check, while CPU's aot_eager passed (tests/executor/test_exec_nccl4.py).
+@torch.compiler.disable
 def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext,
                  backends: fast_path.Backends = ()) -> torch.Tensor:
     """Causal GQA attention of the local queries ``q [b, Hq, 2L, d]`` over the whole sequence, from
@@ -99,6 +103,7 @@ def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContex
     return _attend(q, k, v, cp, backends, lambda start, end: causal_lower_right(end - start, end))
 
 
+@torch.compiler.disable
 def cp_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSpans, cp: CPContext,
                         backends: fast_path.Backends = ()) -> torch.Tensor:
     """:func:`cp_attention` for a packed row (``docs``: the whole row's documents): each query also

@@ -152,7 +152,7 @@ def test_nccl4_oracle(nccl4: DistPool, name: str) -> None:
     key, kw = _variant(name)
     plan, ref = PLANS[key], _reference()
     res = nccl4.run(train_plans, [plan], [_batches()], accelerator=True, **kw)
-    results = [r[0] for r in res]
+    results = [r[0] for r in res[:plan.world_size]]  # ranks beyond the plan idle
     for r in results:
         assert_close(r["losses"], ref.losses, rtol=RTOL, atol=0, msg=f"{name} losses")
         assert_close(r["norms"], ref.grad_norms, rtol=RTOL, atol=0, msg=f"{name} norms")
@@ -169,7 +169,7 @@ def test_nccl4_cp_compiled_blocks(nccl4: DistPool, name: str) -> None:
     traced inside a compiled block, an NCCL collective once gave an 8 % wrong gradient norm)."""
     plan, ref = PLANS[name], _reference()
     res = nccl4.run(train_plans, [plan], [_batches()], accelerator=True, compile_backend="inductor")
-    results = [r[0] for r in res]
+    results = [r[0] for r in res[:plan.world_size]]  # ranks beyond the plan idle
     for r in results:
         assert_close(r["losses"], ref.losses, rtol=RTOL, atol=0, msg=f"{name} losses")
         assert_close(r["norms"], ref.grad_norms, rtol=RTOL, atol=0, msg=f"{name} norms")
@@ -179,11 +179,11 @@ def test_nccl4_cp_compiled_blocks(nccl4: DistPool, name: str) -> None:
 
 
 def test_nccl4_cp_packed_documents(nccl4: DistPool) -> None:
-    """Packed rows on a cp 2 x tp 2 stage: K/V all-gather masked by document and global position
+    """Packed rows on a cp 2 stage, then a tp 2 stage: K/V all-gather masked by document and global position
     (executor.parallel.context_parallel.cp_packed_attention) equals every document trained alone."""
     from test_exec_cp_oracle import PACKED, packed_steps
 
-    plan = PACKED["packed-cp2xtp2-beside-tp1-zb"]
+    plan = PACKED["packed-cp2-then-tp2"]  # 4 ranks (the pool's size)
     steps, layouts = packed_steps(len(plan.pipelines))
     ref = reference_train(plan.model, steps, optim=ORACLE_OPTIM)
     res = nccl4.run(train_packed, plan, steps, layouts, accelerator=True)
