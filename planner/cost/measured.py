@@ -285,6 +285,17 @@ def _interp(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
 Spec = Callable[[int, int, int], tuple[float, float]]  # (micro_batch, tp, seq_len) -> two spec values
 
 
+def _carry(measured: float, want: float, have: float, fixed_want: float, fixed_have: float) -> float:
+    """``measured`` (a row whose roofline is ``have``) carried to a point whose roofline is ``want``
+    (rule 3), the attention core apart: the row's level scales the rest, the core keeps its own
+    kernel's roofline time (``fixed_*``). Where the rest is not positive, the plain ratio."""
+    rest_have, rest_want = have - fixed_have, want - fixed_want
+    rest = measured - fixed_have
+    if rest_have <= 0 or rest <= 0 or rest_want < 0:
+        return measured * want / have
+    return rest * rest_want / rest_have + fixed_want
+
+
 class MeasuredProfile(DeviceProfile):
     """Measured tables (see the module docstring) over the spec roofline."""
 
@@ -316,8 +327,8 @@ class MeasuredProfile(DeviceProfile):
         return tp in self.live_tps and self.covers("layer", model, dtype)
 
     def _lookup(self, kind: str, recompute: str, mb: int, tp: int, seq: int, spec: Spec,
-                value: Callable[[Curve], tuple[tuple[float, ...], tuple[float, ...]] | None], live: bool = False
-                ) -> tuple[float, float] | None:
+                value: Callable[[Curve], tuple[tuple[float, ...], tuple[float, ...]] | None], live: bool = False,
+                fixed: Spec | None = None) -> tuple[float, float] | None:
         cands = [(c, v) for c in self.tables.curves[kind] if c.recompute == recompute and c.collectives == live
                  and (not live or c.tp == tp) for v in [value(c)] if v is not None]
         if not cands:
@@ -332,8 +343,13 @@ class MeasuredProfile(DeviceProfile):
         moved0, moved1 = [], []
         for j, m in enumerate(c.mbs):
             want, have = spec(m, tp, seq), spec(m, c.tp, c.seq_len)
-            moved0.append(ys0[j] * want[0] / have[0])
-            moved1.append(ys1[j] * want[1] / have[1])
+            if fixed is None:
+                moved0.append(ys0[j] * want[0] / have[0])
+                moved1.append(ys1[j] * want[1] / have[1])
+            else:
+                fw, fh = fixed(m, tp, seq), fixed(m, c.tp, c.seq_len)
+                moved0.append(_carry(ys0[j], want[0], have[0], fw[0], fh[0]))
+                moved1.append(_carry(ys1[j], want[1], have[1], fw[1], fh[1]))
         moved0, moved1 = isotonic(moved0), isotonic(moved1)
         if c.mbs[0] <= mb <= c.mbs[-1]:
             return _interp(c.mbs, tuple(moved0), mb), _interp(c.mbs, tuple(moved1), mb)
@@ -344,10 +360,14 @@ class MeasuredProfile(DeviceProfile):
     def _times(self, kind: str, model: ModelSpec, mb: int, tp: int, dtype: str, recompute: str, seq: int,
                spec_fn: Callable[..., PassTime], live: bool = False) -> PassTime | None:
         def spec(b: int, t: int, s: int) -> tuple[float, float]:
-            pt = spec_fn(model, b, t, dtype, s) if kind != "layer" else spec_fn(model, b, t, dtype, "none", s)
+            pt = spec_fn(model, b, t, dtype, s) if kind != "layer" else spec_fn(model, b, t, dtype, recompute, s)
             return pt.forward_s, pt.backward_s
 
-        got = self._lookup(kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd), live)
+        def attention(b: int, t: int, s: int) -> tuple[float, float]:
+            return self.attention_core_time(model, b, t, dtype, recompute, s)
+
+        got = self._lookup(kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd), live,
+                           attention if kind == "layer" else None)
         return PassTime(*got) if got is not None else None
 
     def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,

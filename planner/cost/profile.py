@@ -233,6 +233,18 @@ class DeviceProfile(ABC):
         t_flop = op.flops / (self.peak_flops(dtype) * eff)
         return op.kernels * p.kernel_overhead_s + max(t_flop, t_mem)
 
+    def attention_core_time(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
+                            seq_len: int) -> tuple[float, float]:
+        """Roofline GPU seconds of one layer's attention core, (forward, backward), the backward with the
+        forward again where ``recompute`` repeats it. A measured row carried to a longer sequence
+        scales everything else by its level and adds this (:mod:`planner.cost.measured`, rule 3):
+        the rows' level at short sequences is that of GEMMs and launches, not of the attention kernel."""
+        core = attention_core_forward(model, micro_batch, seq_len, tp, DTYPE_BYTES[dtype])
+        back = Op("attention.backward", ATTN, core.flops * self.params.attention_backward_flops_ratio,
+                  2 * core.bytes, seq_len, kernels=2)
+        fwd = self.op_time(core, dtype)
+        return fwd, self.op_time(back, dtype) + (fwd if recompute in ("full", "selective") else 0.0)
+
     def ops_time(self, ops: list[Op], dtype: str, backward: bool = False, extra_host_s: float = 0.0) -> float:
         """One pass of ``ops``: max(GPU time, host time to issue them): ``host_overhead_s`` per
         kernel for a forward (Python), ``host_overhead_backward_s`` for a backward (autograd engine),
