@@ -26,6 +26,11 @@ Lookup of (model, micro_batch, tp, dtype, recompute, seq_len):
    sequence length point by point (each by the spec roofline's ratio at that micro-batch), made
    non-decreasing again, interpolated, and beyond its micro-batch range extended by the roofline's
    ratio from its nearest end: the table sets the level, the roofline the shape of the curve.
+   A layer carried to another sequence length keeps its attention core apart: the row's level
+   scales the rest, the core takes its kernel's roofline time (``attention_core_time``). At 2K
+   the level is that of GEMMs and launches; at 64K attention is ~70 % of the layer, and 4x H100
+   measured it near the roofline (benchmarks/results/long_context_cuda_20261127T042301Z.json).
+   A recompute mode's rows are carried by that mode's roofline (not ``none``'s).
 4. A recompute mode without rows of its own is derived from ``none``: ``full`` adds the part of
    the forward it repeats (the spec roofline's share, ``recompute_fraction``); ``selective``
    adds the spec attention-core time scaled by measured/spec.
@@ -343,7 +348,7 @@ class MeasuredProfile(DeviceProfile):
         moved0, moved1 = [], []
         for j, m in enumerate(c.mbs):
             want, have = spec(m, tp, seq), spec(m, c.tp, c.seq_len)
-            if fixed is None:
+            if fixed is None or c.seq_len == seq:
                 moved0.append(ys0[j] * want[0] / have[0])
                 moved1.append(ys1[j] * want[1] / have[1])
             else:
