@@ -190,6 +190,20 @@ class DeviceProfile(ABC):
         hit = self._split_cache[key] = (PassTime(gf, gb), PassTime(hf, hb))
         return hit
 
+    def weight_grad_share(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
+                          recompute: str = "none", seq_len: int | None = None) -> float:
+        """Share of a layer's backward GPU time (its recompute included) that a split backward's W
+        runs: the weight-gradient GEMMs and their accumulation (roofline). The rest (input-gradient
+        GEMMs, the attention core, norms, element-wise work, recompute) is B's."""
+        s, num = seq_len or model.seq_len, self.numerics(dtype)
+        bwd = layer_backward_ops(model, micro_batch, s, tp, num, self.params.attention_backward_flops_ratio)
+        fwd = layer_forward_ops(model, micro_batch, s, tp, num)
+        again = ([op for op in fwd if op.name not in NOT_RECOMPUTED] if recompute == "full" else
+                 [attention_core_forward(model, micro_batch, s, tp, DTYPE_BYTES[dtype])]
+                 if recompute == "selective" else [])
+        w = sum(self.op_time(op, dtype) for op in bwd if op.name.endswith(".wgrad") or op.name == "grad_accumulate")
+        return w / sum(self.op_time(op, dtype) for op in bwd + again)
+
     def optimizer_time(self, num_params: float, num_tensors: int, dtype: str = "bf16") -> float:
         """AdamW step over ``num_params`` parameters in ``num_tensors`` tensors (memory-bound)."""
         p = self.params
