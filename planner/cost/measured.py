@@ -30,7 +30,9 @@ Lookup of (model, micro_batch, tp, dtype, recompute, seq_len):
    scales the rest, the core takes its kernel's roofline time (``attention_core_time``). At 2K
    the level is that of GEMMs and launches; at 64K attention is ~70 % of the layer, and 4x H100
    measured it near the roofline (benchmarks/results/long_context_cuda_20261127T042301Z.json).
-   A recompute mode's rows are carried by that mode's roofline (not ``none``'s).
+   A recompute mode's rows are carried by that mode's roofline (not ``none``'s), and from the row
+   nearest in tokens per micro-batch (a 64K sequence from the 2K row of 4 sequences, not of 1: a
+   launch-bound row's level is the host's, not the GPU's).
 4. A recompute mode without rows of its own is derived from ``none``: ``full`` adds the part of
    the forward it repeats (the spec roofline's share, ``recompute_fraction``); ``selective``
    adds the spec attention-core time scaled by measured/spec.
@@ -343,6 +345,11 @@ class MeasuredProfile(DeviceProfile):
                 return _interp(c.mbs, ys0, mb), _interp(c.mbs, ys1, mb)
         c, (ys0, ys1) = min(cands, key=lambda cv: (cv[0].tp != tp, abs(math.log(cv[0].seq_len / seq)),
                                                    abs(math.log(cv[0].tp / tp))))
+        if c.seq_len != seq and fixed is not None:  # a layer at another sequence length: rule 3's token carry
+            j = min(range(len(c.mbs)), key=lambda i: abs(math.log(c.mbs[i] * c.seq_len / (mb * seq))))
+            want, have = spec(mb, tp, seq), spec(c.mbs[j], c.tp, c.seq_len)
+            fw, fh = fixed(mb, tp, seq), fixed(c.mbs[j], c.tp, c.seq_len)
+            return _carry(ys0[j], want[0], have[0], fw[0], fh[0]), _carry(ys1[j], want[1], have[1], fw[1], fh[1])
         # the curve's points carried to the wanted (tp, seq), each by the roofline's ratio at its own
         # micro-batch, and kept non-decreasing; beyond its micro-batch range the roofline extends it
         moved0, moved1 = [], []
