@@ -13,11 +13,13 @@ group, forward) and its queries attend to them causally. The balanced chunks giv
 ``(S/cp)²/2``: the rank does ``cp - 1`` more attention cores at ``S/cp`` (forward, backward, and
 the recompute of either mode, which repeats the attention core)::
 
-    extra_f = (cp - 1) · attention_core(S/cp)                  roofline FLOPs and bytes
-    extra_b = (cp - 1) · attention_core(S/cp) · (bwd ratio [+ 1 under recompute])
+    extra_f = cp · attention_core(S/cp) on the CP kernel − attention_core(S/cp)     roofline
+    extra_b = the same with the backward's FLOPs (bwd ratio [+ 1 under recompute])
 
-On a measured profile the extra is scaled by the measured/roofline ratio of the layer at
-``S/cp`` (the table sets the level, the roofline the shape, as :mod:`planner.cost.measured` does).
+The CP kernel is torch's flash attention (SDPA's lower-right causal bias never takes cuDNN, the
+dense path's choice on Hopper): ``cp_attention_efficiency`` of peak. A measured profile's layer
+keeps its attention core at the roofline too (:mod:`planner.cost.measured`, rule 3), so the extra
+is not scaled by the table's level.
 
 Communication per layer, over the slowest link of the stage's CP groups (the link model of
 :mod:`planner.cost.links`), **overlapped with nothing** (the executor gathers K/V before the
@@ -36,11 +38,10 @@ owners beside the pipelines (ZeRO-1 shards over ``pipelines x cp`` owners).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from planner.cluster import ClusterSpec, Link
 from planner.cost.links import all_gather_time
-from planner.cost.ops import DTYPE_BYTES, attention_core_forward
+from planner.cost.ops import DTYPE_BYTES
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, PassTime
 from planner.model import ModelSpec
@@ -99,20 +100,14 @@ def cp_comm_time(model: ModelSpec, *, layers: int, micro_batch: int, tp: int, cp
 def cp_attention_extra(model: ModelSpec, profile: DeviceProfile, *, micro_batch: int, tp: int, cp: int,
                        dtype: str, recompute: str, seq_len: int | None = None) -> PassTime:
     """GPU seconds one CP rank's attention adds per layer beyond a plain layer at ``S/cp``
-    (module docstring): ``cp - 1`` more attention cores, scaled to the profile's level."""
+    (module docstring): its ``cp`` attention cores on the CP kernel (``cp_attention_efficiency``)
+    less the one dense core the layer at ``S/cp`` already holds."""
     if cp <= 1:
         return PassTime(0.0, 0.0)
     s = local_seq(model, cp, seq_len)
-    core = attention_core_forward(model, micro_batch, s, tp, DTYPE_BYTES[dtype])
-    ratio = profile.params.attention_backward_flops_ratio
-    fwd = profile.op_time(replace(core, flops=core.flops * (cp - 1), bytes=core.bytes * (cp - 1), kernels=0), dtype)
-    bwd = profile.op_time(replace(core, flops=core.flops * (cp - 1) * ratio, bytes=2 * core.bytes * (cp - 1),
-                                  kernels=0), dtype)
-    if recompute in ("full", "selective"):
-        bwd += fwd
-    have = profile.layer_time(model, micro_batch, tp, dtype, "none", s)
-    spec = profile._spec_layer(model, micro_batch, tp, dtype, "none", s)
-    return PassTime(fwd * have.forward_s / spec.forward_s, bwd * have.backward_s / spec.backward_s)
+    f_cp, b_cp = profile.attention_core_time(model, micro_batch, tp, dtype, recompute, s, copies=cp, cp_kernel=True)
+    f_one, b_one = profile.attention_core_time(model, micro_batch, tp, dtype, recompute, s)
+    return PassTime(max(0.0, f_cp - f_one), max(0.0, b_cp - b_one))
 
 
 def gathered_kv_bytes(model: ModelSpec, micro_batch: int, tp: int, cp: int, dtype: str,

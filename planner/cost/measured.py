@@ -26,6 +26,13 @@ Lookup of (model, micro_batch, tp, dtype, recompute, seq_len):
    sequence length point by point (each by the spec roofline's ratio at that micro-batch), made
    non-decreasing again, interpolated, and beyond its micro-batch range extended by the roofline's
    ratio from its nearest end: the table sets the level, the roofline the shape of the curve.
+   A layer carried to another sequence length keeps its attention core apart: the row's level
+   scales the rest, the core takes its kernel's roofline time (``attention_core_time``). At 2K
+   the level is that of GEMMs and launches; at 64K attention is ~70 % of the layer, and 4x H100
+   measured it near the roofline (benchmarks/results/long_context_cuda_20261127T042301Z.json).
+   A recompute mode's rows are carried by that mode's roofline (not ``none``'s), and from the row
+   nearest in tokens per micro-batch (a 64K sequence from the 2K row of 4 sequences, not of 1: a
+   launch-bound row's level is the host's, not the GPU's).
 4. A recompute mode without rows of its own is derived from ``none``: ``full`` adds the part of
    the forward it repeats (the spec roofline's share, ``recompute_fraction``); ``selective``
    adds the spec attention-core time scaled by measured/spec.
@@ -285,6 +292,17 @@ def _interp(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
 Spec = Callable[[int, int, int], tuple[float, float]]  # (micro_batch, tp, seq_len) -> two spec values
 
 
+def _carry(measured: float, want: float, have: float, fixed_want: float, fixed_have: float) -> float:
+    """``measured`` (a row whose roofline is ``have``) carried to a point whose roofline is ``want``
+    (rule 3), the attention core apart: the row's level scales the rest, the core keeps its own
+    kernel's roofline time (``fixed_*``). Where the rest is not positive, the plain ratio."""
+    rest_have, rest_want = have - fixed_have, want - fixed_want
+    rest = measured - fixed_have
+    if rest_have <= 0 or rest <= 0 or rest_want < 0:
+        return measured * want / have
+    return rest * rest_want / rest_have + fixed_want
+
+
 class MeasuredProfile(DeviceProfile):
     """Measured tables (see the module docstring) over the spec roofline."""
 
@@ -316,8 +334,8 @@ class MeasuredProfile(DeviceProfile):
         return tp in self.live_tps and self.covers("layer", model, dtype)
 
     def _lookup(self, kind: str, recompute: str, mb: int, tp: int, seq: int, spec: Spec,
-                value: Callable[[Curve], tuple[tuple[float, ...], tuple[float, ...]] | None], live: bool = False
-                ) -> tuple[float, float] | None:
+                value: Callable[[Curve], tuple[tuple[float, ...], tuple[float, ...]] | None], live: bool = False,
+                fixed: Spec | None = None) -> tuple[float, float] | None:
         cands = [(c, v) for c in self.tables.curves[kind] if c.recompute == recompute and c.collectives == live
                  and (not live or c.tp == tp) for v in [value(c)] if v is not None]
         if not cands:
@@ -327,13 +345,23 @@ class MeasuredProfile(DeviceProfile):
                 return _interp(c.mbs, ys0, mb), _interp(c.mbs, ys1, mb)
         c, (ys0, ys1) = min(cands, key=lambda cv: (cv[0].tp != tp, abs(math.log(cv[0].seq_len / seq)),
                                                    abs(math.log(cv[0].tp / tp))))
+        if c.seq_len != seq and fixed is not None:  # a layer at another sequence length: rule 3's token carry
+            j = min(range(len(c.mbs)), key=lambda i: abs(math.log(c.mbs[i] * c.seq_len / (mb * seq))))
+            want, have = spec(mb, tp, seq), spec(c.mbs[j], c.tp, c.seq_len)
+            fw, fh = fixed(mb, tp, seq), fixed(c.mbs[j], c.tp, c.seq_len)
+            return _carry(ys0[j], want[0], have[0], fw[0], fh[0]), _carry(ys1[j], want[1], have[1], fw[1], fh[1])
         # the curve's points carried to the wanted (tp, seq), each by the roofline's ratio at its own
         # micro-batch, and kept non-decreasing; beyond its micro-batch range the roofline extends it
         moved0, moved1 = [], []
         for j, m in enumerate(c.mbs):
             want, have = spec(m, tp, seq), spec(m, c.tp, c.seq_len)
-            moved0.append(ys0[j] * want[0] / have[0])
-            moved1.append(ys1[j] * want[1] / have[1])
+            if fixed is None or c.seq_len == seq:
+                moved0.append(ys0[j] * want[0] / have[0])
+                moved1.append(ys1[j] * want[1] / have[1])
+            else:
+                fw, fh = fixed(m, tp, seq), fixed(m, c.tp, c.seq_len)
+                moved0.append(_carry(ys0[j], want[0], have[0], fw[0], fh[0]))
+                moved1.append(_carry(ys1[j], want[1], have[1], fw[1], fh[1]))
         moved0, moved1 = isotonic(moved0), isotonic(moved1)
         if c.mbs[0] <= mb <= c.mbs[-1]:
             return _interp(c.mbs, tuple(moved0), mb), _interp(c.mbs, tuple(moved1), mb)
@@ -344,10 +372,14 @@ class MeasuredProfile(DeviceProfile):
     def _times(self, kind: str, model: ModelSpec, mb: int, tp: int, dtype: str, recompute: str, seq: int,
                spec_fn: Callable[..., PassTime], live: bool = False) -> PassTime | None:
         def spec(b: int, t: int, s: int) -> tuple[float, float]:
-            pt = spec_fn(model, b, t, dtype, s) if kind != "layer" else spec_fn(model, b, t, dtype, "none", s)
+            pt = spec_fn(model, b, t, dtype, s) if kind != "layer" else spec_fn(model, b, t, dtype, recompute, s)
             return pt.forward_s, pt.backward_s
 
-        got = self._lookup(kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd), live)
+        def attention(b: int, t: int, s: int) -> tuple[float, float]:
+            return self.attention_core_time(model, b, t, dtype, recompute, s)
+
+        got = self._lookup(kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd), live,
+                           attention if kind == "layer" else None)
         return PassTime(*got) if got is not None else None
 
     def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,

@@ -190,6 +190,20 @@ class DeviceProfile(ABC):
         hit = self._split_cache[key] = (PassTime(gf, gb), PassTime(hf, hb))
         return hit
 
+    def weight_grad_share(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
+                          recompute: str = "none", seq_len: int | None = None) -> float:
+        """Share of a layer's backward GPU time (its recompute included) that a split backward's W
+        runs: the weight-gradient GEMMs and their accumulation (roofline). The rest (input-gradient
+        GEMMs, the attention core, norms, element-wise work, recompute) is B's."""
+        s, num = seq_len or model.seq_len, self.numerics(dtype)
+        bwd = layer_backward_ops(model, micro_batch, s, tp, num, self.params.attention_backward_flops_ratio)
+        fwd = layer_forward_ops(model, micro_batch, s, tp, num)
+        again = ([op for op in fwd if op.name not in NOT_RECOMPUTED] if recompute == "full" else
+                 [attention_core_forward(model, micro_batch, s, tp, DTYPE_BYTES[dtype])]
+                 if recompute == "selective" else [])
+        w = sum(self.op_time(op, dtype) for op in bwd if op.name.endswith(".wgrad") or op.name == "grad_accumulate")
+        return w / sum(self.op_time(op, dtype) for op in bwd + again)
+
     def optimizer_time(self, num_params: float, num_tensors: int, dtype: str = "bf16") -> float:
         """AdamW step over ``num_params`` parameters in ``num_tensors`` tensors (memory-bound)."""
         p = self.params
@@ -220,18 +234,33 @@ class DeviceProfile(ABC):
         return Numerics.from_params(dtype, p)
 
     # ----------------------------------------------------------------------- spec roofline
-    def op_time(self, op: Op, dtype: str) -> float:
+    def op_time(self, op: Op, dtype: str, attention_efficiency: float = 0.0) -> float:
+        """Roofline seconds of ``op``; ``attention_efficiency`` (0: the params') for another attention kernel."""
         p = self.params
         bw = self.device.memory_bandwidth_GBps * 1e9 * p.memory_efficiency
         t_mem = op.bytes / bw
         if op.kind == GEMM:
             eff = p.gemm_efficiency * op.dim / (op.dim + p.gemm_half_dim)
         elif op.kind == ATTN:
-            eff = p.attention_efficiency * op.dim / (op.dim + p.attention_half_seq)
+            eff = (attention_efficiency or p.attention_efficiency) * op.dim / (op.dim + p.attention_half_seq)
         else:
             return op.kernels * p.kernel_overhead_s + t_mem
         t_flop = op.flops / (self.peak_flops(dtype) * eff)
         return op.kernels * p.kernel_overhead_s + max(t_flop, t_mem)
+
+    def attention_core_time(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
+                            seq_len: int, copies: float = 1.0, cp_kernel: bool = False) -> tuple[float, float]:
+        """Roofline GPU seconds of one layer's attention core, (forward, backward), the backward with the
+        forward again where ``recompute`` repeats it. A measured row carried to a longer sequence
+        scales everything else by its level and adds this (:mod:`planner.cost.measured`, rule 3):
+        the rows' level at short sequences is that of GEMMs and launches, not of the attention kernel."""
+        one = attention_core_forward(model, micro_batch, seq_len, tp, DTYPE_BYTES[dtype])
+        core = Op(one.name, ATTN, one.flops * copies, one.bytes * copies, seq_len)
+        back = Op("attention.backward", ATTN, core.flops * self.params.attention_backward_flops_ratio,
+                  2 * core.bytes, seq_len, kernels=2)
+        eff = self.params.cp_attention_efficiency if cp_kernel else 0.0
+        fwd, bwd = self.op_time(core, dtype, eff), self.op_time(back, dtype, eff)
+        return fwd, bwd + (fwd if recompute in ("full", "selective") else 0.0)
 
     def ops_time(self, ops: list[Op], dtype: str, backward: bool = False, extra_host_s: float = 0.0) -> float:
         """One pass of ``ops``: max(GPU time, host time to issue them): ``host_overhead_s`` per

@@ -213,14 +213,17 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
     else:
         f = [[times[si, mb].forward_s + send_fwd[si, mb] for mb in sizes] for si in range(n_st)]
         b = [[times[si, mb].backward_s + send_bwd[si, mb] for mb in sizes] for si in range(n_st)]
-    # A split backward's W: the weight-gradient GEMMs (dW = X^T dY) have the forward GEMMs' FLOPs,
-    # so W is priced at the forward's compute (the attention core and element-wise work make that
-    # an upper bound); everything else of the backward is B, which the previous stage waits for.
-    # The input-gradient GEMMs (dX = dY W^T) have those FLOPs too and are B's, so W is at most half
-    # the backward's compute: a profile whose backward is not twice its forward (launch-bound
-    # passes) would otherwise leave B a negative duration.
-    w = [[min(times[si, mb].forward_compute_s, times[si, mb].backward_compute_s / 2) for mb in sizes]
-         for si in range(n_st)]
+    # A split backward's W: the weight-gradient GEMMs (dW = X^T dY) and their accumulation, the
+    # roofline's share of the backward (:meth:`DeviceProfile.weight_grad_share`, ~0.28 for llama-1.3b
+    # at 4K tokens; 4x H100 measured 0.31-0.36, benchmarks/results/bubbles_h100_20261127T042412Z.json).
+    # Everything else of the backward is B, which the previous stage waits for. (Pricing W at the
+    # forward's compute, as before, gave it the attention and element-wise work too: twice the measured W.)
+    def w_share(si: int, mb: int) -> float:
+        st = pipe.stages[si]
+        return profiles.get(cluster.device(st.devices[0]).gpu).weight_grad_share(
+            m, mb, st.tp, o.dtype, o.recompute, local_seq(m, st.cp))
+
+    w = [[times[si, mb].backward_compute_s * w_share(si, mb) for mb in sizes] for si in range(n_st)]
     shares = None
     if chunks > 1:  # each chunk's part of its stage's compute: its layers, the embedding (first), the head (last)
         shares = []

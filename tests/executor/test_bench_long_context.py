@@ -161,10 +161,12 @@ def test_dry_run_prices_64k_and_writes_the_table_without_launching(tmp_path: Pat
     assert {r["source"] for r in rows} == {"planner", "cp", "no-cp"}
     assert not any("measured_s" in r for r in rows) and data["meta"]["date"] and data["meta"]["torch"]
     assert any(r["status"] == "predicted OOM, not run" for r in rows)
-    # the planner searches the host as one 4-GPU node, so its CP groups may span the 4 GPUs: at 64K it takes CP
-    assert rows[0]["uses_cp"]
+    # the planner's plan is the fastest that fits (at 64K on H100 DP with full recompute, as 4x H100
+    # measured: benchmarks/results/long_context_cuda_20261127T042301Z.json, dp4-full 5.35 s, cp4-full 8.99 s)
+    fits = [r for r in rows[1:] if "OOM" not in r["status"]]
+    assert fits and rows[0]["predicted_s"] <= min(r["predicted_s"] for r in fits) * 1.001
     reason = data["meta"]["cp_refusal"]
-    assert rows[0]["status"] == (f"not run: {reason}" if reason else "would run (dry run)")
+    assert rows[0]["status"] == (f"not run: {reason}" if reason and rows[0]["uses_cp"] else "would run (dry run)")
     assert "| plan | cp | tp |" in capsys.readouterr().out
 
 
