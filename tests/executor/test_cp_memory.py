@@ -1,5 +1,6 @@
 """A context-parallel layer's memory against planner.cost.cp_memory, counted on gloo ranks: the
-bytes one ``Block`` (cp 2 and 4, GQA and MHA, fp32 and bf16 autocast) saves for its backward, and
+bytes one ``Block`` (cp 2 and 4, GQA and MHA, fp32 and bf16 autocast, no and selective recompute)
+saves for its backward, and
 the live-storage peak of the CP attention's backward above what its forward left."""
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ def _cpu_masks(m: ModelSpec, cp: int, rank: int, e: int) -> int:
     return sum(n * b * e for _, b in cp_intervals(m.seq_len, cp, rank) if b != n)
 
 
-def _saved_job(m: ModelSpec, cp: int, autocast: bool) -> int:
+def _saved_job(m: ModelSpec, cp: int, autocast: bool, recompute: str) -> int:
     from executor.model.llama import Block, rope_tables
     from executor.parallel.context_parallel import CPContext, local_positions
 
     rank = dist.get_rank()
     torch.manual_seed(0)
-    block = Block(m, tp=1, group=None, recompute="none", device=None, cp=CPContext(cp, rank, dist.group.WORLD))
+    block = Block(m, tp=1, group=None, recompute=recompute, device=None, cp=CPContext(cp, rank, dist.group.WORLD))
     cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta)
     pos = local_positions(m.seq_len, cp, rank, cos.device)
     cos, sin = cos[pos], sin[pos]
@@ -52,16 +53,20 @@ def _saved_job(m: ModelSpec, cp: int, autocast: bool) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         block(x, cos, sin)
-    return sum(seen.values()) - _cpu_masks(m, cp, rank, 2 if autocast else 4)
+    masks = _cpu_masks(m, cp, rank, 2 if autocast else 4) if recompute == "none" else 0  # else recomputed
+    return sum(seen.values()) - masks
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize(("model", "cp"), [(GQA, 2), (GQA, 4), (MHA, 2)])
-def test_cp_layer_saves_the_plain_layer_plus_the_gathered_kv(model: ModelSpec, cp: int, dtype: str) -> None:
-    got = run_distributed(_saved_job, cp, model, cp, dtype == "bf16", timeout=120)
+@pytest.mark.parametrize(("model", "cp", "recompute"), [(GQA, 2, "none"), (GQA, 4, "none"), (MHA, 2, "none"),
+                                                       (GQA, 2, "selective")])
+def test_cp_layer_saves_the_plain_layer_plus_the_gathered_kv(model: ModelSpec, cp: int, recompute: str,
+                                                            dtype: str) -> None:
+    got = run_distributed(_saved_job, cp, model, cp, dtype == "bf16", recompute, timeout=120)
     seq = model.seq_len // cp
-    extra = cp_attention_memory(model, micro_batch=2, tp=1, cp=cp, dtype=dtype, recompute="none", params=CPU_EXECUTOR)
-    want = layer_activation_bytes(model, 2, 1, dtype, "none", seq, CPU_EXECUTOR) + extra.saved
+    extra = cp_attention_memory(model, micro_batch=2, tp=1, cp=cp, dtype=dtype, recompute=recompute,
+                                params=CPU_EXECUTOR)
+    want = layer_activation_bytes(model, 2, 1, dtype, recompute, seq, CPU_EXECUTOR) + extra.saved
     if dtype == "bf16":  # the layer's bf16 weight casts, counted per micro-batch in flight
         want += (model.layer_params() - 2 * model.hidden_size) * 2
     assert got == [pytest.approx(want, rel=1e-9)] * cp
