@@ -1,7 +1,7 @@
 """A context-parallel layer's memory against planner.cost.cp_memory, counted on gloo ranks: the
 bytes one ``Block`` (cp 2 and 4, GQA and MHA, fp32 and bf16 autocast, no and selective recompute)
-saves for its backward, and
-the live-storage peak of the CP attention's backward above what its forward left."""
+saves for its backward, and the live-storage peak of the CP attention's backward above what its
+forward left."""
 
 from __future__ import annotations
 
