@@ -45,6 +45,11 @@ def result_row(cand: Candidate, result: dict[str, Any] | None) -> dict[str, Any]
     peaks = [device_memory(r) for r in result["ranks"] if "max_reserved_gib" in r]
     if peaks:
         row["measured_peak_gib"] = max(peaks)
+    # the allocator's peak of live tensors beside its reserve: what the reserve adds (fragmentation)
+    allocated = [r["max_allocated_gib"] - r.get("allocated_before_gib", 0.0) for r in result["ranks"]
+                 if "max_allocated_gib" in r]
+    if allocated:
+        row["measured_allocated_gib"] = max(allocated)
     return row
 
 

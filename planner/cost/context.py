@@ -28,11 +28,11 @@ attention and reduce-scatters dK/dV after its backward, in the stream of the com
     forward   all-gather of K,V: 2 · b · S · kv / tp · e bytes (the gathered buffer)
     backward  reduce-scatter of dK,dV (same bytes) [+ full recompute: the all-gather again]
 
-Memory per rank: activations at ``S/cp`` plus, per layer and micro-batch held, the other ranks'
-K,V pieces the attention saves for its backward (``(cp-1)/cp`` of the gathered buffer; under full
-recompute one layer's at a time). Weights, gradients and optimizer state are replicated over
-the ``cp`` slots; their gradients are summed like data parallelism, so the CP slots are gradient
-owners beside the pipelines (ZeRO-1 shards over ``pipelines x cp`` owners).
+Memory per rank: activations at ``S/cp`` plus the gathered (GQA-expanded) K,V the attention saves
+and its gradient buffers at the backward's peak (:mod:`planner.cost.cp_memory`). Weights, gradients
+and optimizer state are replicated over the ``cp`` slots; their gradients are summed like data
+parallelism, so the CP slots are gradient owners beside the pipelines (ZeRO-1 shards over
+``pipelines x cp`` owners).
 """
 
 from __future__ import annotations
@@ -108,11 +108,3 @@ def cp_attention_extra(model: ModelSpec, profile: DeviceProfile, *, micro_batch:
     f_cp, b_cp = profile.attention_core_time(model, micro_batch, tp, dtype, recompute, s, copies=cp, cp_kernel=True)
     f_one, b_one = profile.attention_core_time(model, micro_batch, tp, dtype, recompute, s)
     return PassTime(max(0.0, f_cp - f_one), max(0.0, b_cp - b_one))
-
-
-def gathered_kv_bytes(model: ModelSpec, micro_batch: int, tp: int, cp: int, dtype: str,
-                      seq_len: int | None = None) -> float:
-    """The other CP ranks' K,V pieces one layer keeps for its backward, per micro-batch."""
-    if cp <= 1:
-        return 0.0
-    return kv_bytes(model, micro_batch, tp, dtype, seq_len) * (cp - 1) / cp

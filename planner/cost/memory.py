@@ -119,6 +119,7 @@ import math
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
 
+from planner.cost.cp_memory import CPAttentionMemory
 from planner.cost.ops import GRAD_BYTES, Numerics
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.layout import layer_numel
@@ -372,7 +373,7 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
                  params: CostParams = DEFAULT_PARAMS, seq_len: int | None = None,
                  layer_activation: float | None = None, head_activation: float | None = None,
                  held_with_grads: int | None = None, pipelines: int = 1, partial: float = 0.0,
-                 compile: bool = False, kv_gathered: float = 0.0) -> MemoryBreakdown:
+                 compile: bool = False, cp_attention: CPAttentionMemory | None = None) -> MemoryBreakdown:
     """Peak memory of ONE device of a stage (fast: plain arithmetic).
 
     ``micro_batch`` is the largest micro-batch of the pipeline, ``in_flight`` the number of
@@ -383,9 +384,9 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     ``layer_activation`` / ``head_activation``: measured bytes per micro-batch replacing the formulas.
     ``compile``: the blocks are compiled (the plan's ``options.compile``): the compiled path's
     layer activations (:func:`layer_activation_bytes`); the head stays eager.
-    ``kv_gathered``: a CP stage's gathered K,V bytes one layer keeps per micro-batch
-    (:func:`planner.cost.context.gathered_kv_bytes`; ``seq_len`` is then the rank's ``S/cp``):
-    held per layer and micro-batch, under full recompute one layer's while it is recomputed.
+    ``cp_attention``: a CP stage's attention extra (:func:`planner.cost.cp_memory.cp_attention_memory`;
+    ``seq_len`` is then the rank's ``S/cp``): ``saved`` per layer and micro-batch held, ``transient``
+    once, while a layer's backward runs.
 
     ``held_with_grads``: micro-batches held once autograd's gradients exist
     (:func:`planner.cost.schedule.held_with_grads`); the executor drops the gradients at each step's
@@ -401,17 +402,16 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     per_layer = layer_activation if layer_activation is not None else layer_activation_bytes(
         model, micro_batch, tp, dtype, recompute, seq_len, params, compile=compile)
     per_mb = layers * per_layer  # everything one micro-batch in flight keeps
-    if recompute != "full":
-        per_mb += layers * kv_gathered
+    cp = cp_attention or CPAttentionMemory(0.0, 0.0)
+    per_mb += layers * cp.saved
     per_mb += weight_cast_bytes(model, layers=layers, tp=tp, last=last, dtype=dtype, recompute=recompute,
                                 params=params)
     if not last:
         per_mb += layer_input
     if first:
         per_mb += tokens * 8
-    transient = 0.0  # while one micro-batch runs
+    transient = cp.transient  # while one micro-batch runs
     if recompute == "full":
-        transient += kv_gathered
         transient += full_recompute_transient(model, micro_batch=micro_batch, tp=tp, dtype=dtype, layers=layers,
                                               seq_len=seq_len, params=params, compile=compile)
     if last:

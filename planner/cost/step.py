@@ -62,7 +62,8 @@ from typing import Any
 from planner.cluster import ClusterSpec
 from planner.cost.communicators import communicators
 from planner.cost.compiled import compile_notes
-from planner.cost.context import cp_groups, cp_slots, gathered_kv_bytes, local_seq, slots_link
+from planner.cost.context import cp_groups, cp_slots, local_seq, slots_link
+from planner.cost.cp_memory import cp_attention_memory
 from planner.cost.gradsync import stage_owners, sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
 from planner.cost.memory import (
@@ -367,7 +368,9 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
                     dtype=o.dtype, recompute=o.recompute, zero_shards=shards, params=profiles.params_for(gpu),
                     seq_len=seq, layer_activation=layer_act, head_activation=head_act,
                     held_with_grads=with_grads, pipelines=owners[pi][si], partial=partial[pi][si],
-                    compile=o.compile, kv_gathered=gathered_kv_bytes(m, mb, st.tp, st.cp, o.dtype))
+                    compile=o.compile, cp_attention=cp_attention_memory(
+                        m, micro_batch=mb, tp=st.tp, cp=st.cp, dtype=o.dtype, recompute=o.recompute,
+                        params=profiles.params_for(gpu)))
             n_params = stage_params(m, st.num_layers, st.tp, first, last) / shards
             n_tensors = stage_tensors(m, st.num_layers, first, last)
             for di, dev_id in enumerate(st.devices):

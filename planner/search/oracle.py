@@ -23,7 +23,8 @@ from typing import Any
 
 from planner.cluster import ClusterSpec, Link
 from planner.cost.communicators import stage_communicators
-from planner.cost.context import gathered_kv_bytes, local_seq
+from planner.cost.context import local_seq
+from planner.cost.cp_memory import cp_attention_memory
 from planner.cost.links import allreduce_time
 from planner.cost.memory import GIB, stage_memory, stage_params, state_bytes
 from planner.cost.params import CostParams
@@ -146,7 +147,8 @@ class Oracle:
             kw = dict(tp=unit.tp, first=first, last=last, micro_batch=s.micro_batch, in_flight=in_flight,
                       dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=device_params,
                       compile=s.compile, layer_activation=layer_act, head_activation=head_act, seq_len=seq,
-                      kv_gathered=gathered_kv_bytes(self.model, s.micro_batch, unit.tp, unit.cp, s.dtype))
+                      cp_attention=cp_attention_memory(self.model, micro_batch=s.micro_batch, tp=unit.tp, cp=unit.cp,
+                                                       dtype=s.dtype, recompute=s.recompute, params=device_params))
             comm = stage_communicators(unit.tp, first, last, unit.cp) * device_params.comm_gib * GIB
             mem0 = stage_memory(self.model, layers=0, **kw).required + comm  # type: ignore[arg-type]
             mem1 = stage_memory(self.model, layers=1, **kw).required + comm  # type: ignore[arg-type]

@@ -121,8 +121,9 @@ def test_an_out_of_memory_error_is_recorded_as_oom_and_others_as_failed() -> Non
     failed = result_row(cand, {"error": "Traceback ...\nRuntimeError: boom", "ranks": []})
     assert failed["status"] == "failed: RuntimeError: boom"
     ok = result_row(cand, {"step_time_s": 2.0, "ranks": [{"max_reserved_gib": 3.0, "comm_gib": 0.5,
-                                                          "context_gib": 0.5}]})
+                                                          "context_gib": 0.5, "max_allocated_gib": 2.5}]})
     assert ok["status"] == "measured" and ok["time_err"] == pytest.approx(-0.5) and ok["measured_peak_gib"] == 4.0
+    assert ok["measured_allocated_gib"] == 2.5  # the live-tensor peak beside the reserve
 
 
 def test_cp_plans_run_only_when_the_layout_places_every_cp_rank(monkeypatch: pytest.MonkeyPatch) -> None:

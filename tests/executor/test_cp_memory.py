@@ -1,0 +1,99 @@
+"""A context-parallel layer's memory against planner.cost.cp_memory, counted on gloo ranks: the
+bytes one ``Block`` (cp 2 and 4, GQA and MHA, fp32 and bf16 autocast, no and selective recompute)
+saves for its backward, and the live-storage peak of the CP attention's backward above what its
+forward left."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.distributed as dist
+from live_storage import LiveStorage
+
+from planner.cost.cp_memory import BACKWARD_BUFFERS, cp_attention_memory, gathered_kv_bytes
+from planner.cost.memory import layer_activation_bytes
+from planner.cost.params import CostParams
+from planner.cp_layout import cp_intervals
+from planner.model import ModelSpec
+from tests.support.dist_testing import run_distributed
+
+CPU_EXECUTOR = CostParams(fused_rms_norm=False)  # torch's RMSNorm composite on CPU
+GQA = ModelSpec("t", 1, 256, 704, 8, 2, 512, 256)
+MHA = ModelSpec("t", 1, 256, 704, 8, 8, 512, 256)
+
+
+def _cpu_masks(m: ModelSpec, cp: int, rank: int, e: int) -> int:
+    """CPU's SDPA takes the lower-right causal bias of a non-square chunk as a dense mask (saved);
+    CUDA's kernels take the variant itself."""
+    n = m.seq_len // (2 * cp)
+    return sum(n * b * e for _, b in cp_intervals(m.seq_len, cp, rank) if b != n)
+
+
+def _saved_job(m: ModelSpec, cp: int, autocast: bool, recompute: str) -> int:
+    from executor.model.llama import Block, rope_tables
+    from executor.parallel.context_parallel import CPContext, local_positions
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    block = Block(m, tp=1, group=None, recompute=recompute, device=None, cp=CPContext(cp, rank, dist.group.WORLD))
+    cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta)
+    pos = local_positions(m.seq_len, cp, rank, cos.device)
+    cos, sin = cos[pos], sin[pos]
+    x = torch.randn(2, m.seq_len // cp, m.hidden_size, requires_grad=True)
+    skip = {t.untyped_storage().data_ptr() for t in [*block.parameters(), cos, sin]}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if (p := t.untyped_storage().data_ptr()) not in skip:
+            seen[p] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        block(x, cos, sin)
+    masks = _cpu_masks(m, cp, rank, 2 if autocast else 4) if recompute == "none" else 0  # else recomputed
+    return sum(seen.values()) - masks
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize(("model", "cp", "recompute"), [(GQA, 2, "none"), (GQA, 4, "none"), (MHA, 2, "none"),
+                                                       (GQA, 2, "selective")])
+def test_cp_layer_saves_the_plain_layer_plus_the_gathered_kv(model: ModelSpec, cp: int, recompute: str,
+                                                            dtype: str) -> None:
+    got = run_distributed(_saved_job, cp, model, cp, dtype == "bf16", recompute, timeout=120)
+    seq = model.seq_len // cp
+    extra = cp_attention_memory(model, micro_batch=2, tp=1, cp=cp, dtype=dtype, recompute=recompute,
+                                params=CPU_EXECUTOR)
+    want = layer_activation_bytes(model, 2, 1, dtype, recompute, seq, CPU_EXECUTOR) + extra.saved
+    if dtype == "bf16":  # the layer's bf16 weight casts, counted per micro-batch in flight
+        want += (model.layer_params() - 2 * model.hidden_size) * 2
+    assert got == [pytest.approx(want, rel=1e-9)] * cp
+
+
+def _backward_job(m: ModelSpec, cp: int) -> tuple[int, int]:
+    from executor.parallel.context_parallel import CPContext, cp_attention
+
+    ctx = CPContext(cp, dist.get_rank(), dist.group.WORLD)
+    s, d = m.seq_len // cp, m.head_dim
+    q = torch.randn(1, m.num_heads, s, d, requires_grad=True)
+    k, v = (torch.randn(1, m.num_kv_heads, s, d, requires_grad=True) for _ in range(2))
+    grad = torch.randn(1, m.num_heads, s, d)
+    with LiveStorage() as live:
+        out = cp_attention(q, k, v, ctx)
+        live.peak = after_forward = live.live
+        out.backward(grad)
+    return after_forward, live.peak - after_forward
+
+
+@pytest.mark.parametrize(("model", "cp"), [(GQA, 2), (MHA, 4)])
+def test_cp_attention_backward_peak_is_the_gathered_kv_gradient_buffers(model: ModelSpec, cp: int) -> None:
+    model = replace(model, seq_len=1024)  # long enough that the rank's own dQ is small beside them
+    kv_e = gathered_kv_bytes(model, 1, 1, "fp32")
+    results = run_distributed(_backward_job, cp, model, cp, timeout=120)
+    assert min(after for after, _ in results) >= kv_e  # the whole gathered, expanded K,V is saved
+    # the worst rank (rank 0: its second chunk attends to every key) is the stage's figure; the rest
+    # of its peak is the chunks' small dQ and CPU's dense masks
+    peak = max(p for _, p in results)
+    assert peak == pytest.approx(BACKWARD_BUFFERS * kv_e, rel=0.05), peak / kv_e
