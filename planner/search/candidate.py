@@ -360,7 +360,9 @@ def to_plan(cand: Candidate, oracle: Oracle, global_batch: int, cluster_name: st
         for u, n in zip(lay.units, lay.counts):
             stages.append(Stage(u.devices, u.tp, (start, start + n), u.cp))
             start += n
-        pipes.append(Pipeline(lay.batch, lay.micro_batches, tuple(stages), cand.setting.schedule))
+        # a single stage has no bubble for ZB-H1 to fill: it runs 1F1B (the same ops, W not deferred)
+        sched = "1f1b" if cand.setting.schedule == "zb-h1" and len(stages) == 1 else cand.setting.schedule
+        pipes.append(Pipeline(lay.batch, lay.micro_batches, tuple(stages), sched))
     s = cand.setting
     residual = s.dtype if oracle.params.residual_in_compute_dtype else "fp32"
     options = PlanOptions(s.recompute, s.zero, s.dtype, s.compile, residual)

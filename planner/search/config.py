@@ -19,9 +19,9 @@ class PlannerConfig:
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4)
     recompute: tuple[str, ...] = RECOMPUTE_MODES
     zero: tuple[int, ...] = (0, 1)
-    # plans the executor trains and the 4-GPU suite has checked; zb-h1 (trained, CPU oracle) joins
-    # once its NCCL run and the cost model's accuracy on it are measured (issue 35)
-    schedules: tuple[str, ...] = ("1f1b", "gpipe")
+    # plans the executor trains; zb-h1 (4x H100: -30 % bubble at +15 % peak memory, issue 35) is
+    # priced as a twin of each 1F1B finalist with a multi-stage pipeline (.schedule_variant)
+    schedules: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1")
     dtype: str = "bf16"
     compile: bool = False  # the plan's blocks are compiled (PlanOptions.compile): less activation memory
     residual_dtype: str = "fp32"  # the plans' options.residual_dtype (fp32 or dtype), costed as such

@@ -57,9 +57,42 @@ def test_cp_search_work_at_128k_within_twice_the_tp_only_work() -> None:
     with_cp, without = _work(131072, True), _work(131072, False)
     assert with_cp.candidates <= 2 * without.candidates, (with_cp, without)
     assert with_cp.oracle_misses <= 2 * without.oracle_misses, (with_cp, without)
-    assert with_cp.estimates <= without.estimates + 1  # the best TP-only finalist beside the CP ones
+    # the best TP-only finalist beside the CP ones, and its ZB-H1 twin (planner.search.schedule_variant)
+    assert with_cp.estimates <= without.estimates + 2
 
 
 def test_cp_search_adds_no_work_at_4k() -> None:
     h100x4 = ROOT / "examples" / "clusters" / "h100x4.yaml"
     assert _work(4096, True, h100x4) == _work(4096, False, h100x4)
+
+
+# ZB-H1 (issue 35): the surrogate cannot tell it from 1F1B, so it is no setting of the sweep; each
+# finalist with a multi-stage pipeline gets one ZB-H1 twin (planner.search.schedule_variant).
+# Measured: the same candidates, +0.2 % to +3 % oracle calls, one more estimate per finalist at most
+# (llama2-13b on the MPS cluster: 323 -> 333 calls, 3 -> 6 estimates; on the slow-link cluster:
+# 7244 -> 7258, 3 -> 5). Pinned at +10 %: a per-setting ZB-H1 sweep would add ~50 %.
+MPS = ROOT / "examples" / "clusters" / "h100x4-mps-100-100-50-50.yaml"
+
+
+@pytest.mark.parametrize("cluster", [MPS, SLOW_LINK], ids=["mps", "slow-link"])
+def test_zb_h1_adds_a_tenth_of_the_work_at_most(cluster: Path) -> None:
+    cfg = PlannerConfig(**NO_LOCAL)
+    with_zb = search(load_cluster(cluster), PRESETS["llama2-13b"], 16, config=cfg)
+    without = search(load_cluster(cluster), PRESETS["llama2-13b"], 16,
+                     config=dataclasses.replace(cfg, schedules=("1f1b", "gpipe")))
+    a, b = with_zb.stats, without.stats
+    assert any(len(p) > 1 for p in with_zb.candidate.pipelines)  # multi-stage: ZB-H1 was tried
+    assert a.candidates == b.candidates, (a, b)
+    assert b.oracle_calls < a.oracle_calls <= 1.1 * b.oracle_calls, (a, b)
+    assert a.estimates <= 2 * b.estimates, (a, b)
+
+
+def test_zb_h1_not_tried_for_single_stage_pipelines() -> None:
+    """llama-1.3b fits one H100: its single-stage pipelines have no bubble and get no twin."""
+    h100x4 = load_cluster(ROOT / "examples" / "clusters" / "h100x4.yaml")
+    result = search(h100x4, PRESETS["llama-1.3b"], 16, config=PlannerConfig(**NO_LOCAL, finalists=1))
+    assert all(len(p) == 1 for p in result.candidate.pipelines), result.log
+    without = search(h100x4, PRESETS["llama-1.3b"], 16,
+                     config=PlannerConfig(**NO_LOCAL, finalists=1, schedules=("1f1b", "gpipe")))
+    assert result.stats == without.stats
+    assert all(p.schedule == "1f1b" for p in result.plan.pipelines)

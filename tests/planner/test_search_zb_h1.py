@@ -1,0 +1,48 @@
+"""The search prices ZB-H1 beside 1F1B per finalist (issue 35 item 3, planner.search.schedule_variant).
+
+On the 4x H100 MPS cluster (two full GPUs, two at 50 % of their SMs) llama2-13b needs a multi-stage
+pipeline: ZB-H1's smaller bubble wins where it fits; llama2-7b without recompute at ZeRO-1 and
+micro-batch 1 runs a 4-stage pipeline whose first stages cannot hold ZB-H1's ``S`` micro-batches in
+flight (1F1B holds ``S - i``), so 1F1B stays."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from planner.cluster import load_cluster
+from planner.cost import estimate
+from planner.model import PRESETS
+from planner.plan import Plan
+from planner.search import PlannerConfig, search
+
+MPS = load_cluster(Path(__file__).resolve().parents[2] / "examples" / "clusters" / "h100x4-mps-100-100-50-50.yaml")
+FAST = dict(local_search=False, polish=False)
+
+
+def _as(plan: Plan, schedule: str) -> Plan:
+    """The same layout under ``schedule`` (single-stage pipelines stay 1F1B, as the search writes them)."""
+    return dataclasses.replace(plan, pipelines=tuple(
+        dataclasses.replace(p, schedule=schedule if len(p.stages) > 1 else "1f1b") for p in plan.pipelines))
+
+
+def test_search_picks_zb_h1_when_faster_and_fits() -> None:
+    result = search(MPS, PRESETS["llama2-13b"], 32, config=PlannerConfig(recompute=("full",), **FAST))
+    plan = result.plan
+    assert any(len(p.stages) > 1 for p in plan.pipelines)
+    assert {p.schedule for p in plan.pipelines if len(p.stages) > 1} == {"zb-h1"}, result.log
+    chosen = estimate(plan, MPS)
+    assert chosen.fits
+    for other in ("1f1b", "gpipe"):
+        variant = estimate(_as(plan, other), MPS)
+        assert not variant.fits or chosen.step_time_s < variant.step_time_s, (other, variant.step_time_s)
+
+
+def test_search_keeps_1f1b_when_zb_h1_memory_does_not_fit() -> None:
+    cfg = PlannerConfig(recompute=("none",), zero=(1,), micro_batch_sizes=(1,), **FAST)
+    result = search(MPS, PRESETS["llama2-7b"], 32, config=cfg)
+    plan = result.plan
+    assert [len(p.stages) for p in plan.pipelines] == [4], result.log
+    assert plan.pipelines[0].schedule == "1f1b"
+    assert estimate(plan, MPS).fits
+    assert not estimate(_as(plan, "zb-h1"), MPS).fits  # the fullest rank holds S micro-batches, not S - i
