@@ -37,6 +37,8 @@ Algorithm (every step deterministic for a fixed ``seed``):
    best one that fits, the estimate's simulator being the slow part there); the fastest one
    that fits in memory is the plan. On small clusters single layers are then moved across stage
    boundaries while the full estimate improves (:func:`.local_search.polish_layers`).
+   Each finalist with a multi-stage pipeline also gets a ZB-H1 twin
+   (:mod:`.schedule_variant`), which the surrogate cannot tell from 1F1B and the estimate can.
 
 The search spends a deterministic budget of evaluations; ``time_limit_s`` only stops it early
 (then the result can depend on the machine's speed; the log says so). The limit is wall time for
