@@ -103,7 +103,14 @@ def exchanges(ops: Sequence[StageOp], stages: int, stage: int, chunks: int = 1) 
                 out.append(tuple(batch))
             sends = [m for k in r if (m := msgs[k][1]) is not None]
         return out + ([tuple(sends)] if sends else [])
-    fused = fused_with_next(ops, stages, stage, chunks)
+    return out + paired(msgs, fused_with_next(ops, stages, stage, chunks))
+
+
+def paired(msgs: Sequence[tuple[Message | None, Message | None]],
+           fused: Sequence[bool]) -> list[tuple[Message, ...]]:
+    """1F1B's rule: each op's receive alone, its send batched with the next op's receive where
+    ``fused`` says so (that receive is then not posted again)."""
+    out: list[tuple[Message, ...]] = []
     for k, (recv, send) in enumerate(msgs):
         if recv is not None and not (k > 0 and fused[k - 1]):
             out.append((recv,))

@@ -45,14 +45,7 @@ def test_interleaved_with_the_one_chunk_rule_waits_in_a_ring() -> None:
         ops = interleaved_ops(stages, i, m)
         fused = comm.fused_with_next(ops, stages, i, 2)
         msgs = [comm._messages(op, comm.op_peers(op, stages, i, 2), stages, i) for op in ops]
-        out: list[tuple[Message, ...]] = []
-        for k, (recv, send) in enumerate(msgs):
-            if recv is not None and not (k > 0 and fused[k - 1]):
-                out.append((recv,))
-            if send is not None:
-                nxt = msgs[k + 1][0] if fused[k] else None
-                out.append((send,) + ((nxt,) if nxt is not None else ()))
-        one_chunk.append(out)
+        one_chunk.append(comm.paired(msgs, fused))  # 1F1B's pairing rule on interleaved ops
     assert "waits in" in (check_pairing(one_chunk) or "")
 
 
