@@ -12,7 +12,7 @@ The training state is, per logical parameter ``p``, three logical tensors — th
 * the moments under ZeRO-1: its *flat parts* (:mod:`executor.parallel.zero`). Per sync group the rank
   belongs to (topology order), the rank's local views of the group's slices, decayed matrices
   first and then the undecayed norm scales (:func:`planner.layout.decays`), each list cut into
-  flat buckets (:func:`planner.layout.flat_parts`); in a bucket of ``N`` elements the owner at
+  flat buckets (:func:`planner.flat_buckets.flat_parts`); in a bucket of ``N`` elements the owner at
   position ``i`` of ``k`` owns ``[i·c, min((i+1)·c, N))`` with ``c = ceil(N / k)``, and its part
   is the concatenation of its owned ranges, bucket by bucket. A part is cut into rectangles with
   :func:`planner.chunks.flat_chunks`; each keeps the flat offset of its first element in the part
@@ -38,7 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.chunks import Chunk, flat_chunks, shard_chunk, view_chunk
-from planner.layout import DEFAULT_BUCKET_NUMEL, FlatPart, LocalView, Topology, build_topology, flat_parts, stage_params
+from planner.flat_buckets import DEFAULT_BUCKET_NUMEL, FlatPart, LocalView, flat_parts
+from planner.layout import Topology, build_topology, stage_params
 from planner.plan import Plan
 
 MOMENTS = ("exp_avg", "exp_avg_sq")

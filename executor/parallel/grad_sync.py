@@ -4,7 +4,7 @@ Each pipeline's gradients are already scaled by its share of the global tokens (
 micro-batch is divided by the *global* token count), so a plain SUM over pipelines gives the
 gradient of the global mean loss — whatever the pipelines' batch sizes, micro-batch counts or
 layouts. The local views of every sync group holding this rank are cut into flat buckets
-(:func:`planner.layout.flat_parts`, shared with the ZeRO-1 state layout); each bucket is one
+(:func:`planner.flat_buckets.flat_parts`, shared with the ZeRO-1 state layout); each bucket is one
 contiguous fp32 buffer, reduced by one collective on the group's communicator: an in-place
 all-reduce, or under ZeRO-1 (``scatter=True``, :mod:`executor.parallel.zero`) a reduce-scatter into the
 owner's chunk (:attr:`Bucket.out`). Then the leaders of TP stages broadcast the reduced replicated
@@ -24,7 +24,7 @@ is left (in order) and waits for all. Unarmed, hooks do nothing and ``sync`` doe
 
 Why the issue order cannot deadlock (NCCL included)
 ---------------------------------------------------
-* **One global order.** :func:`planner.layout.reduce_order` sorts buckets by a key that depends
+* **One global order.** :func:`planner.flat_buckets.reduce_order` sorts buckets by a key that depends
   only on the bucket (its first parameter's canonical index, its sync group, decayed or not, its
   index), and every owner of a group cuts the same buckets. So all buckets of the plan form one
   total order and each rank launches the subsequence it owns, strictly in that order (a ready
@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 
 from executor.parallel.groups import ProcessGroups
-from planner.layout import DEFAULT_BUCKET_NUMEL, FlatBucket, FlatPart, LocalView, flat_parts, reduce_order
+from planner.flat_buckets import DEFAULT_BUCKET_NUMEL, FlatBucket, FlatPart, LocalView, flat_parts, reduce_order
 
 # torch >= 2.13 names the single-tensor collectives *_single (the *_tensor names warn there)
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

@@ -75,7 +75,7 @@ class WeightGradStore:
         backward's: latest layers first), the sum of its queued GEMMs (as autograd sums a weight's
         uses) handed to autograd, which accumulates it into ``.grad`` and fires the post-accumulate
         hook. One weight at a time, so the gradient-sync hooks see the weights become final in
-        their issue order (:func:`planner.layout.reduce_order`) and launch each bucket while the rest
+        their issue order (:func:`planner.flat_buckets.reduce_order`) and launch each bucket while the rest
         of the ``W`` runs; one backward over every weight let autograd accumulate them in an order
         of its own (earliest layers first), which held every bucket until the whole ``W`` was done
         (tests/executor/test_grad_overlap_order.py)."""

@@ -8,7 +8,7 @@ every logical element has its Adam moments on exactly ONE rank of the whole plan
 ~1/k of the optimizer state it holds without ZeRO (norm scales: only the TP leaders hold their
 share, the other TP ranks none).
 
-Layout (:func:`planner.layout.flat_parts`, the same buckets :class:`executor.parallel.grad_sync.GradSync`
+Layout (:func:`planner.flat_buckets.flat_parts`, the same buckets :class:`executor.parallel.grad_sync.GradSync`
 reduces): a group's local views on one rank, split into decayed matrices and undecayed norm scales
 (AdamW weight decay differs), form two *parts*; each part is cut into flat buckets of at most
 ``bucket_numel`` elements. In a bucket of ``N`` elements, with ``c = ceil(N / k)``, the owner at
@@ -71,7 +71,7 @@ import torch.distributed as dist
 from executor.parallel.grad_sync import DEFAULT_BUCKET_NUMEL, Bucket, GradSync, all_gather_flat, narrow, slot
 from executor.parallel.groups import ProcessGroups
 from executor.train.optim import OptimConfig, build_optimizer
-from planner.layout import FlatPart
+from planner.flat_buckets import FlatPart
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

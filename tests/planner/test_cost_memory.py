@@ -262,10 +262,11 @@ def test_zero1_state_in_the_estimate() -> None:
 @pytest.mark.parametrize("tps", [(1, 2), (2, 4), (4, 2, 1), (3, 1), (2, 2)])
 def test_partial_params_match_the_layout(tps: tuple[int, ...]) -> None:
     """:func:`planner.cost.memory.partial_params` (arithmetic on the plan) equals the elements of a
-    rank's local views that are not whole in :func:`planner.layout.flat_parts`, the buckets the
+    rank's local views that are not whole in :func:`planner.flat_buckets.flat_parts`, the buckets the
     executor allocates."""
     from planner.cost import partial_params
-    from planner.layout import build_topology, flat_parts
+    from planner.flat_buckets import flat_parts
+    from planner.layout import build_topology
     from planner.model import ModelSpec
 
     model = ModelSpec("m12", num_layers=4, hidden_size=96, ffn_hidden_size=192, num_heads=12, num_kv_heads=12,
