@@ -31,6 +31,8 @@ import torch.nn.functional as F
 
 from executor.data.packed_docs import DocSpans
 from executor.model import fast_path
+from executor.parallel.attention_pieces import kernel_for
+from executor.parallel.cp_blockwise import blockwise_cp_attention, expand_kv
 from executor.parallel.kv_gather import gather_kv
 from planner.cp_layout import cp_intervals, cp_positions
 
@@ -67,26 +69,23 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, backends
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext, backends: fast_path.Backends,
-            mask_rows: Callable[[int, int], Any]) -> torch.Tensor:
+def masked_local(q: torch.Tensor, kv: torch.Tensor, cp: int, cp_rank: int, backends: fast_path.Backends,
+                 mask_rows: Callable[[int, int], Any]) -> torch.Tensor:
     """Local query chunk ``c`` (``q [b, Hq, 2L, d]``: chunks ``cp_rank`` and ``2·cp-1-cp_rank``) over
-    the gathered keys ``[0, (c+1)·L)`` under ``mask_rows(c·L, (c+1)·L)``."""
-    kv = _expand(gather_kv(torch.stack([k, v]), cp.cp, cp.group), q.shape[1])
+    the gathered, expanded keys ``kv [2, b, Hq, S, d]`` ``[0, (c+1)·L)`` under ``mask_rows(c·L, (c+1)·L)``."""
     n = q.shape[-2] // 2
     outs = []
-    for half, c in enumerate((cp.cp_rank, 2 * cp.cp - 1 - cp.cp_rank)):
+    for half, c in enumerate((cp_rank, 2 * cp - 1 - cp_rank)):
         end = (c + 1) * n
         outs.append(_sdpa(q[..., half * n:(half + 1) * n, :], kv[0, ..., :end, :], kv[1, ..., :end, :],
                           mask_rows(c * n, end), backends))
     return torch.cat(outs, dim=-2)
 
 
-def _expand(kv: torch.Tensor, heads: int) -> torch.Tensor:
-    """Stacked ``[2, b, Hkv, S, d]`` K/V repeated to ``heads`` query heads (GQA)."""
-    two, b, g, s, d = kv.shape
-    if heads == g:
-        return kv
-    return kv[:, :, :, None].expand(two, b, g, heads // g, s, d).reshape(two, b, heads, s, d)
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext, backends: fast_path.Backends,
+            mask_rows: Callable[[int, int], Any]) -> torch.Tensor:
+    kv = expand_kv(gather_kv(torch.stack([k, v]), cp.cp, cp.group), q.shape[1])
+    return masked_local(q, kv, cp.cp, cp.cp_rank, backends, mask_rows)
 
 
 # Both attentions run eager inside compiled blocks (a graph break, as the K/V all-gather): under
@@ -96,8 +95,19 @@ def _expand(kv: torch.Tensor, heads: int) -> torch.Tensor:
 def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext,
                  backends: fast_path.Backends = ()) -> torch.Tensor:
     """Causal GQA attention of the local queries ``q [b, Hq, 2L, d]`` over the whole sequence, from
-    the local ``k, v [b, Hkv, 2L, d]``: causal aligned lower-right (module docstring; SDPA's
-    flash/efficient kernels take it on CUDA)."""
+    the local ``k, v [b, Hkv, 2L, d]``: block by block with flash kernels merged by log-sum-exp
+    (:mod:`executor.parallel.cp_blockwise`) where a kernel exists for ``q`` (CPU; CUDA bf16/fp16),
+    else one masked SDPA call per local chunk, causal aligned lower-right (module docstring)."""
+    kernel = kernel_for(q)
+    if kernel is not None:
+        return blockwise_cp_attention(q, k, v, cp.cp, cp.cp_rank, cp.group, kernel)
+    return masked_cp_attention(q, k, v, cp, backends)
+
+
+def masked_cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext,
+                        backends: fast_path.Backends = ()) -> torch.Tensor:
+    """:func:`cp_attention` as one SDPA call per local chunk under the lower-right causal mask
+    (CUDA fp32, and the baseline of ``benchmarks/executor/cp_attention.py``)."""
     from torch.nn.attention.bias import causal_lower_right
 
     return _attend(q, k, v, cp, backends, lambda start, end: causal_lower_right(end - start, end))

@@ -22,25 +22,37 @@ class GatherKV(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, cp: int, group: Any) -> torch.Tensor:  # type: ignore[override]
         ctx.cp, ctx.group = cp, group
-        parts = [torch.empty_like(x) for _ in range(cp)]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        n = x.shape[-2] // 2
-        chunks = [parts[c][..., :n, :] if c < cp else parts[2 * cp - 1 - c][..., n:, :] for c in range(2 * cp)]
-        return torch.cat(chunks, dim=-2)
+        return gather_global(x, cp, group)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        cp, group = ctx.cp, ctx.group
-        n = grad.shape[-2] // (2 * cp)
-        per_rank = [torch.cat([grad[..., r * n:(r + 1) * n, :], grad[..., (2 * cp - 1 - r) * n:(2 * cp - r) * n, :]],
-                              dim=-2).contiguous() for r in range(cp)]
-        if dist.get_backend(group) == "gloo":  # no reduce-scatter on gloo: the same sum, all of it
-            full = torch.stack(per_rank)
-            dist.all_reduce(full, group=group)
-            return full[dist.get_rank(group)], None, None
-        out = torch.empty_like(per_rank[0])
-        dist.reduce_scatter(out, per_rank, group=group)
-        return out, None, None
+        return scatter_local(grad, ctx.cp, ctx.group), None, None
+
+
+def gather_global(x: torch.Tensor, cp: int, group: Any) -> torch.Tensor:
+    """Every CP rank's two chunks ``[..., s_local, d]`` -> ``[..., S, d]`` in global token order."""
+    parts = [torch.empty_like(x) for _ in range(cp)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    n = x.shape[-2] // 2
+    chunks = [parts[c][..., :n, :] if c < cp else parts[2 * cp - 1 - c][..., n:, :] for c in range(2 * cp)]
+    return torch.cat(chunks, dim=-2)
+
+
+def scatter_local(grad: torch.Tensor, cp: int, group: Any) -> torch.Tensor:
+    """The gradient of :func:`gather_global`: every rank's ``[..., S, d]`` summed, this rank's two
+    chunks returned (a reduce-scatter; gloo has none: an all-reduce, then the rank's part)."""
+    n = grad.shape[-2] // (2 * cp)
+
+    def chunks(r: int) -> torch.Tensor:
+        return torch.cat([grad[..., r * n:(r + 1) * n, :], grad[..., (2 * cp - 1 - r) * n:(2 * cp - r) * n, :]], dim=-2)
+    if dist.get_backend(group) == "gloo":
+        full = torch.stack([chunks(r) for r in range(cp)])
+        dist.all_reduce(full, group=group)
+        return full[dist.get_rank(group)].clone()
+    per_rank = [chunks(r).contiguous() for r in range(cp)]
+    out = torch.empty_like(per_rank[0])
+    dist.reduce_scatter(out, per_rank, group=group)
+    return out
 
 
 def _gather_kv(kv: torch.Tensor, cp: int, group: Any) -> torch.Tensor:

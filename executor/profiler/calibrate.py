@@ -22,6 +22,8 @@ What is measured (one GPU; the link sweep over every local GPU):
   (:mod:`planner.calibration.packed`);
 * on CUDA, one layer point eager and ``torch.compile``'d (:mod:`executor.profiler.compiled`): the
   compiled/eager ratio that prices ``options.compile`` (``compiled_layer_ratio``);
+* on CUDA, one CP rank's attention at 32K over 2 ranks (:mod:`executor.profiler.cp_attention`):
+  ``cp_attention_efficiency`` (:mod:`planner.calibration.cp_attention`);
 * the p2p / all-reduce sweep between local GPUs (``link_efficiency`` against the NVLink nominal) and
   the host cost of issuing one TP all-reduce as the executor does (``collective_host_s``, then
   refitted to the live TP rows where there are some: :mod:`planner.calibration.collective`).
@@ -50,9 +52,11 @@ import torch
 from executor.model import allocator
 from executor.profiler import compute
 from executor.profiler.compiled import compiled_ratio
+from executor.profiler.cp_attention import measure_cp_attention
 from executor.profiler.packed import measure_packed_layer, packed_rows
 from executor.profiler.runner import ProfileConfig, detect_base, machine_meta, run_profile
 from planner.calibration.collective import fit_collective_host
+from planner.calibration.cp_attention import fit_cp_attention
 from planner.calibration.fit import fit_compute, fit_link_efficiency
 from planner.calibration.holdout import DEFAULT_MAX_MEAN, gate, held_out_compute
 from planner.calibration.local import calibrations
@@ -199,6 +203,14 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
                               repeats=cfg.repeats, chain=cfg.layer_chain)
         params = replace(params, compiled_layer_ratio=comp["ratio"])
         fits["compile"] = comp
+    if device.type == "cuda" and base is not None:  # context parallelism's attention (CUDA's piece kernels)
+        cpa = measure_cp_attention(model, dtype=cfg.dtype, device=device, warmup=cfg.warmup, repeats=cfg.repeats)
+        if cpa is not None:
+            cp_fit = fit_cp_attention(cpa["seconds"], model, base, params, seq_len=cpa["seq_len"], cp=cpa["cp"],
+                                      dtype=cfg.dtype)
+            params = replace(params, cp_attention_efficiency=cp_fit.efficiency)
+            fits["cp_attention"] = {**cpa, **asdict(cp_fit)}
+        torch.cuda.empty_cache()
     if context_gib > 0:
         params = replace(params, framework_gib=context_gib)
         fits["framework_gib"] = {"measured_context_gib": context_gib}
@@ -214,7 +226,9 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
                                                **({"collective_host_s": params.collective_host_s}
                                                   if "collective_host" in fits else {}),
                                                **({"compiled_layer_ratio": params.compiled_layer_ratio}
-                                                  if "compile" in fits else {})},
+                                                  if "compile" in fits else {}),
+                                               **({"cp_attention_efficiency": params.cp_attention_efficiency}
+                                                  if "cp_attention" in fits else {})},
                      fits=fits, provenance=provenance, applies_to=applies)
     live = sorted({r["tp"] for r in pf.measured.get("layer", []) if r.get("collectives")})
     summary = {"key": key, "profile": str(home / "devices" / out.name),

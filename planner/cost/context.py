@@ -16,17 +16,19 @@ the recompute of either mode, which repeats the attention core)::
     extra_f = cp · attention_core(S/cp) on the CP kernel − attention_core(S/cp)     roofline
     extra_b = the same with the backward's FLOPs (bwd ratio [+ 1 under recompute])
 
-The CP kernel is torch's flash attention (SDPA's lower-right causal bias never takes cuDNN, the
-dense path's choice on Hopper): ``cp_attention_efficiency`` of peak. A measured profile's layer
-keeps its attention core at the roofline too (:mod:`planner.cost.measured`, rule 3), so the extra
-is not scaled by the table's level.
+The CP kernel is the executor's blockwise path (:mod:`executor.parallel.cp_blockwise`: flash
+pieces merged by log-sum-exp; the dense path runs cuDNN on Hopper): ``cp_attention_efficiency`` of
+peak, which ``hexiscale calibrate`` measures on CUDA (:mod:`planner.calibration.cp_attention`).
+A measured profile's layer keeps its attention core at the roofline too
+(:mod:`planner.cost.measured`, rule 3), so the extra is not scaled by the table's level.
 
 Communication per layer, over the slowest link of the stage's CP groups (the link model of
 :mod:`planner.cost.links`), **overlapped with nothing** (the executor gathers K/V before the
 attention and reduce-scatters dK/dV after its backward, in the stream of the compute)::
 
     forward   all-gather of K,V: 2 · b · S · kv / tp · e bytes (the gathered buffer)
-    backward  reduce-scatter of dK,dV (same bytes) [+ full recompute: the all-gather again]
+    backward  the all-gather again (the node keeps only its own K,V) and the reduce-scatter of
+              dK,dV (same bytes) [+ full or selective recompute: the forward's all-gather again]
 
 Memory per rank: activations at ``S/cp`` plus the gathered (GQA-expanded) K,V the attention saves
 and its gradient buffers at the backward's peak (:mod:`planner.cost.cp_memory`). Weights, gradients
@@ -79,7 +81,7 @@ def cp_collectives(model: ModelSpec, *, layers: int, micro_batch: int, tp: int, 
     if cp <= 1 or layers <= 0:
         return [], []
     kv = kv_bytes(model, micro_batch, tp, dtype, seq_len)
-    return [kv] * layers, [kv] * layers * (2 if recompute == "full" else 1)
+    return [kv] * layers, [kv] * layers * (3 if recompute in ("full", "selective") else 2)
 
 
 def cp_comm_time(model: ModelSpec, *, layers: int, micro_batch: int, tp: int, cp: int, dtype: str,

@@ -1,28 +1,29 @@
 """What a context-parallel (CP) stage's attention keeps per layer beyond a plain layer at ``S/cp``.
 
-The executor (``executor.parallel.context_parallel``) all-gathers K and V of the whole sequence,
-expands them to the query heads (GQA, ``_expand``; a no-op with as many K/V heads as query heads)
-and runs SDPA per local chunk over slices of that one buffer. Counted on CPU/gloo
-(tests/executor/test_cp_memory.py: saved tensors and the live-storage peak of the attention)::
+The executor (``executor.parallel.cp_blockwise``) all-gathers K and V of the whole sequence,
+expands them to the query heads (GQA) and runs flash kernels piece by piece, merged by
+log-sum-exp. Its one autograd node keeps q, the rank's **own** K,V, the merged output and the
+log-sum-exp; the backward gathers K,V again. Counted on CPU/gloo (tests/executor/test_cp_memory.py:
+saved tensors and the live-storage peak of the attention's backward)::
 
     kv_e = 2 · b · S · kv' / t · e          the gathered buffer, kv' = h if GQA else kv
-    saved      kv_e, not the local K,V       every slice SDPA saves is a view of the one buffer,
-                                            and nothing else keeps the rank's own K,V
-               + b·(S/cp)·h/t·e             the chunks' outputs are SDPA's, their concatenation
-                                            is copied again for ``wo`` (without CP, ``wo``'s input
-                                            is a view of SDPA's output)
-    backward   + 3 · kv_e at its peak       the gradient of the buffer: each chunk's dK/dV, the
-                                            slice/select backward's full-size zeros, their sum
+    out  = b · (S/cp) · h/t · e             the merged output (a new tensor, so ``wo``'s input is
+                                            a copy, where without CP it is a view of SDPA's)
+    saved      + out                        a plain layer at ``S/cp`` counts q, own K,V, the
+                                            output and log-sum-exp already
+    backward   kv_e                         the gathered, expanded K,V again
+               + kv_e · 4/e                 their gradient, summed in fp32 over the pieces
+               + kv_e · (2cp-1)/(2cp)       the largest piece's dK, dV (its keys before the chunk)
+               + kv_e / (2cp) each          the rank's dQ, and one piece's dQ
+               = kv_e · (2 + 4/e) + 2 · kv_e/(2cp)   at the peak (fp32: 3·kv_e + ...)
 
-A plain layer at ``S/cp`` (:func:`planner.cost.memory.layer_activation_bytes`) counts the rank's
-own K,V (``2·b·(S/cp)·kv_saved·e/t``), so the CP extra saved is ``kv_e`` less that. Per recompute
-mode (``saved``: per layer and micro-batch in flight; ``transient``: once, the layer whose
-backward runs)::
+Per recompute mode (``saved``: per layer and micro-batch in flight; ``transient``: once, the
+layer whose backward runs)::
 
-    none       saved kv_e - own + out      transient 3·kv_e
-    selective  saved 0 (the core keeps own q,k,v and recomputes the gather)   transient 4·kv_e
-    full       saved 0                     transient 4·kv_e - own + out (the recomputed layer's
-                                           ``none`` activations, counted apart, hold own K,V)
+    none       saved out                   transient B (the backward's peak above)
+    selective  saved 0 (the core keeps q,k,v and runs again, output and all)   transient B + out
+    full       saved 0                     transient B + out (the recomputed layer's ``none``
+                                           activations, counted apart, hold the rest)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from planner.cost.ops import DTYPE_BYTES, Numerics
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.model import ModelSpec
 
-BACKWARD_BUFFERS = 3  # kv_e-sized gradient buffers live at the attention backward's peak (module docstring)
+BACKWARD_GATHERED = 2  # kv_e-sized buffers besides the fp32 sum at the backward's peak (module docstring)
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,13 @@ def cp_attention_memory(model: ModelSpec, *, micro_batch: int, tp: int, cp: int,
         return CPAttentionMemory(0.0, 0.0)
     num = Numerics.from_params(dtype, params)
     kv_e = gathered_kv_bytes(model, micro_batch, tp, dtype, seq_len)
-    own_kv = model.hidden_size if (num.expand_kv and model.kv_dim != model.hidden_size) else model.kv_dim
     tokens = micro_batch * ((seq_len or model.seq_len) // cp)
-    own = 2.0 * tokens * own_kv / tp * num.e
+    expanded = num.expand_kv and model.kv_dim != model.hidden_size
+    # a plain layer counts its own K,V expanded to the query heads where the dense path expands them;
+    # the CP node keeps them as they are
+    own_gap = 2.0 * tokens * (model.hidden_size - model.kv_dim) / tp * num.e if expanded else 0.0
     out = tokens * model.hidden_size / tp * num.e
+    backward = kv_e * (BACKWARD_GATHERED + 4.0 / num.e) + 2.0 * kv_e / (2 * cp)
     if recompute == "none":
-        return CPAttentionMemory(kv_e - own + out, BACKWARD_BUFFERS * kv_e)
-    if recompute == "selective":
-        return CPAttentionMemory(0.0, (1 + BACKWARD_BUFFERS) * kv_e)
-    return CPAttentionMemory(0.0, (1 + BACKWARD_BUFFERS) * kv_e - own + out)
+        return CPAttentionMemory(out - own_gap, backward)
+    return CPAttentionMemory(0.0, backward + out)
