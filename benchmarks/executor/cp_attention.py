@@ -128,7 +128,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append({"variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
         torch.cuda.empty_cache()
     ref_scale = max(ref_o.abs().max().item(), ref_dq.abs().max().item(), ref_dk.abs().max().item())
+    from executor.parallel.attention_pieces import cuda_kernel
+
     return {**run_versions(True), "seq_len": seq, "cp": cp, "heads": h, "head_dim": d,
+            "executor_kernel": cuda_kernel(dev, d).name,
             "dense_backends": [str(x) for x in backends], "reference_max_abs": ref_scale, "rows": rows}
 
 
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.out) / f"cp_attention_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1))
-    print(f"wrote {path}")
+    print(f"the executor's CP kernel here: {res['executor_kernel']}; wrote {path}")
     return 0
 
 

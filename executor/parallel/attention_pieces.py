@@ -9,19 +9,23 @@ log-sum-exp of the query block: the flash backward recomputes the probabilities 
 pair each piece yields its exact share of ``dq`` and the exact ``dk, dv`` of its keys (the ring
 attention identity).
 
-Kernels: torch's flash attention on CUDA (bf16/fp16) and its CPU flash kernel (any float dtype),
-both as aten ops (the public SDPA call hides the log-sum-exp). CUDA in fp32 has no such kernel
+Kernels: cuDNN's and torch's flash attention on CUDA (bf16/fp16; cuDNN where a probe shows it
+agrees with flash, :func:`cuda_kernel`) and the CPU flash kernel (any float dtype), all as aten ops
+(the public SDPA call hides the log-sum-exp). CUDA in fp32 has no such kernel
 here: :func:`kernel_for` returns ``None`` and the caller keeps its masked-SDPA path.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 aten = torch.ops.aten
+log = logging.getLogger("hexiscale.executor")
 
 
 @dataclass(frozen=True)
@@ -74,32 +78,62 @@ class CudaCudnn(PieceKernel):
     """cuDNN's fused attention (what the dense path runs on Hopper) as its aten op pair."""
 
     name = "cuda-cudnn"
+    lse_dims = 3
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> PieceOut:
         out, lse, cq, ck, mq, mk, seed, offset, _ = aten._scaled_dot_product_cudnn_attention(
             q, k, v, None, True, 0.0, causal, False)
-        lse = lse.reshape(q.shape[:-1]) if lse.numel() == q[..., 0].numel() else lse[..., :q.shape[-2], 0]
-        return PieceOut(out, lse.float(), (cq, ck, mq, mk, seed, offset))
+        self.lse_dims = lse.dim()  # [b, H, Lq] or [b, H, Lq, 1], as this torch returns it
+        return PieceOut(out, lse.reshape(q.shape[:-1]).float(), (cq, ck, mq, mk, seed, offset))
 
     def backward(self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, aux: tuple[Any, ...], causal: bool) -> tuple[torch.Tensor, ...]:
         cq, ck, mq, mk, seed, offset = aux
-        empty = torch.empty(0, device=q.device, dtype=q.dtype)
-        return tuple(aten._scaled_dot_product_cudnn_attention_backward(
-            dout, q, k, v, out, lse.unsqueeze(-1).contiguous(), seed, offset, empty, cq, ck, mq, mk, 0.0, causal))
+        lse = lse.unsqueeze(-1).contiguous() if self.lse_dims == 4 else lse.contiguous()
+        return tuple(aten._scaled_dot_product_cudnn_attention_backward(  # attn_bias None: undefined, no bias
+            dout, q, k, v, out, lse, seed, offset, None, cq, ck, mq, mk, 0.0, causal))
 
 
 KERNELS: dict[str, PieceKernel] = {k.name: k for k in (CpuFlash(), CudaFlash(), CudaCudnn())}
-CUDA_DEFAULT = "cuda-flash"  # set by the 64K check on H100 (benchmarks/executor/cp_attention.py)
+
+
+@functools.cache
+def cuda_kernel(device: torch.device, head_dim: int) -> PieceKernel:
+    """cuDNN where it runs a piece forward and backward and agrees with flash on this device
+    (Hopper: about twice flash's speed at 64K, ``benchmarks/executor/cp_attention.py``), else flash."""
+    if head_dim <= 256 and _agrees(KERNELS["cuda-cudnn"], KERNELS["cuda-flash"], device, head_dim):
+        return KERNELS["cuda-cudnn"]
+    return KERNELS["cuda-flash"]
+
+
+def _agrees(trial: PieceKernel, ref: PieceKernel, device: torch.device, head_dim: int) -> bool:
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 2, n, head_dim, device=device, dtype=torch.bfloat16, generator=gen)
+                     for n in (128, 384, 384, 128))
+    try:
+        for causal, keys in ((False, slice(0, 384)), (True, slice(256, 384))):
+            got, want = trial.forward(q, k[..., keys, :], v[..., keys, :], causal), \
+                ref.forward(q, k[..., keys, :], v[..., keys, :], causal)
+            grads = trial.backward(dout, q, k[..., keys, :], v[..., keys, :], got.out, got.lse, got.aux, causal)
+            ref_grads = ref.backward(dout, q, k[..., keys, :], v[..., keys, :], want.out, want.lse, want.aux, causal)
+            pairs = [(got.out, want.out), (got.lse, want.lse), *zip(grads, ref_grads)]
+            if not all(torch.allclose(a.float(), b.float(), atol=3e-2, rtol=3e-2) for a, b in pairs):
+                log.info("cuDNN attention pieces disagree with flash on %s; CP uses flash", device)
+                return False
+        return True
+    except Exception as exc:  # noqa: BLE001 - any failure means: do not use this kernel here
+        log.info("cuDNN attention pieces unusable on %s (%s); CP uses flash", device, exc)
+        return False
 
 
 def kernel_for(q: torch.Tensor, name: str | None = None) -> PieceKernel | None:
     """The piece kernel for ``q``'s device and dtype (``name`` forces one), or ``None`` when there
-    is none (CUDA fp32: the caller keeps its masked SDPA)."""
+    is none (CUDA fp32: the caller keeps its masked SDPA). Call it once per layer's attention:
+    the CUDA choice is probed once per device (:func:`cuda_kernel`)."""
     if name is not None:
         return KERNELS[name]
     if q.device.type == "cpu":
         return KERNELS["cpu-flash"]
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        return KERNELS[CUDA_DEFAULT]
+        return cuda_kernel(q.device, q.shape[-1])
     return None

@@ -59,16 +59,21 @@ def local_forward(q: torch.Tensor, kv: torch.Tensor, cp: int, cp_rank: int,
                   kernel: PieceKernel) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
     """The rank's attention from the gathered, expanded ``kv [2, b, Hq, S, d]``: (output, its
     log-sum-exp ``[b, Hq, 2n]``, the pieces' kernel state for :func:`local_backward`)."""
-    n = q.shape[-2] // 2
-    outs, lses, auxes = [], [], []
+    b, heads, s2, d = q.shape
+    n = s2 // 2
+    # [b, 2n, H, d] memory seen as [b, H, 2n, d]: ``wo``'s input (``out.transpose(1, 2)``) is then a
+    # view, as it is of SDPA's output without CP, not a copy
+    out = torch.empty(b, s2, heads, d, device=q.device, dtype=q.dtype).transpose(1, 2)
+    lse = torch.empty(b, heads, s2, device=q.device, dtype=torch.float32)
+    auxes = []
     for half, chunk in enumerate((cp_rank, 2 * cp - 1 - cp_rank)):
-        qh = q[..., half * n:(half + 1) * n, :]
-        got = [kernel.forward(qh, kv[0, ..., a:b, :], kv[1, ..., a:b, :], causal) for a, b, causal in pieces(chunk, n)]
-        out, lse = _merge([g.out for g in got], [g.lse for g in got], q.dtype)
-        outs.append(out)
-        lses.append(lse)
+        rows = slice(half * n, (half + 1) * n)
+        got = [kernel.forward(q[..., rows, :], kv[0, ..., a:b, :], kv[1, ..., a:b, :], causal)
+               for a, b, causal in pieces(chunk, n)]
+        out[..., rows, :], lse[..., rows] = _merge([g.out for g in got], [g.lse for g in got], q.dtype)
         auxes.append([g.aux for g in got])
-    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1), auxes
+        del got
+    return out, lse, auxes
 
 
 def local_backward(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -84,7 +89,7 @@ def local_backward(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: t
         acc: torch.Tensor | None = None
         for (a, b, causal), aux in zip(pieces(chunk, n), auxes[half]):
             gq, gk, gv = kernel.backward(dh, qh, kv[0, ..., a:b, :], kv[1, ..., a:b, :], oh, lh, aux, causal)
-            acc = gq.float() if acc is None else acc + gq
+            acc = gq.float() if acc is None else acc.add_(gq)
             dkv[0, ..., a:b, :] += gk
             dkv[1, ..., a:b, :] += gv
         assert acc is not None

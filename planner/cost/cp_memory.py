@@ -7,9 +7,9 @@ log-sum-exp; the backward gathers K,V again. Counted on CPU/gloo (tests/executor
 saved tensors and the live-storage peak of the attention's backward)::
 
     kv_e = 2 · b · S · kv' / t · e          the gathered buffer, kv' = h if GQA else kv
-    out  = b · (S/cp) · h/t · e             the merged output (a new tensor, so ``wo``'s input is
-                                            a copy, where without CP it is a view of SDPA's)
-    saved      + out                        a plain layer at ``S/cp`` counts q, own K,V, the
+    out  = b · (S/cp) · h/t · e             the merged output, laid out so that ``wo``'s input
+                                            is a view of it, as of SDPA's without CP
+    saved      + 0                          a plain layer at ``S/cp`` counts q, own K,V, the
                                             output and log-sum-exp already
     backward   kv_e                         the gathered, expanded K,V again
                + kv_e · 4/e                 their gradient, summed in fp32 over the pieces
@@ -20,7 +20,7 @@ saved tensors and the live-storage peak of the attention's backward)::
 Per recompute mode (``saved``: per layer and micro-batch in flight; ``transient``: once, the
 layer whose backward runs)::
 
-    none       saved out                   transient B (the backward's peak above)
+    none       saved 0                     transient B (the backward's peak above)
     selective  saved 0 (the core keeps q,k,v and runs again, output and all)   transient B + out
     full       saved 0                     transient B + out (the recomputed layer's ``none``
                                            activations, counted apart, hold the rest)
@@ -66,5 +66,5 @@ def cp_attention_memory(model: ModelSpec, *, micro_batch: int, tp: int, cp: int,
     out = tokens * model.hidden_size / tp * num.e
     backward = kv_e * (BACKWARD_GATHERED + 4.0 / num.e) + 2.0 * kv_e / (2 * cp)
     if recompute == "none":
-        return CPAttentionMemory(out - own_gap, backward)
+        return CPAttentionMemory(-own_gap, backward)
     return CPAttentionMemory(0.0, backward + out)
