@@ -7,8 +7,8 @@ The training state is, per logical parameter ``p``, three logical tensors — th
 
 * ``model/p`` for every parameter of its stage: its TP shard (:func:`planner.chunks.shard_chunk`),
   a replicated norm scale whole. Every pipeline holds a full copy of the weights.
-* the moments without ZeRO-1 (``options.zero == 0``, or one pipeline, where the engine runs
-  without it): the same rectangles as the weights.
+* the moments without ZeRO-1 (``options.zero == 0``, or one pipeline with a stage without CP,
+  where the engine runs without it, :func:`zero_sharded`): the same rectangles as the weights.
 * the moments under ZeRO-1: its *flat parts* (:mod:`executor.parallel.zero`). Per sync group the rank
   belongs to (topology order), the rank's local views of the group's slices, decayed matrices
   first and then the undecayed norm scales (:func:`planner.layout.decays`), each list cut into
@@ -74,8 +74,13 @@ class RankState:
 
 
 def zero_sharded(plan: Plan) -> bool:
-    """Whether the engine shards Adam state (ZeRO-1 with at least two pipelines)."""
-    return plan.options.zero == 1 and len(plan.pipelines) > 1
+    """Whether the engine shards Adam state: ZeRO-1 where every parameter has two gradient owners
+    or more — at least two pipelines, or one whose every stage is split by context parallelism
+    (its CP slots own gradients as pipelines do). A lone pipeline with a ``cp == 1`` stage keeps
+    whole state: that stage's parameters have no sync group to shard over."""
+    if plan.options.zero != 1:
+        return False
+    return len(plan.pipelines) > 1 or all(s.cp > 1 for s in plan.pipelines[0].stages)
 
 
 def state_tensor(kind: str, name: str) -> str:

@@ -18,7 +18,8 @@ boundaries exchange pieces (:mod:`executor.parallel.cp_p2p`), the CP slots' grad
 in step 2 like pipelines' (:func:`planner.layout.build_topology`), every slot leader of a last
 stage adds its part of the loss in step 3, and only CP slot 0 of pipeline 0 adds to the norm.
 
-With ``plan.options.zero == 1`` and several pipelines, :mod:`executor.parallel.zero` replaces steps 2-4's
+With ``plan.options.zero == 1`` and two gradient owners per parameter or more (several pipelines, or
+CP slots: :func:`planner.state_layout.zero_sharded`), :mod:`executor.parallel.zero` replaces steps 2-4's
 all-reduce and full AdamW: a reduce-scatter gives each slice owner its part of the gradient, the
 norm adds up the parts, AdamW updates the owned parts only (1/k of the state) and the parts are
 all-gathered back, overlapped with the next step's forward.
@@ -65,6 +66,7 @@ from executor.train.trace import NO_TRACE, NullTrace, StepTrace
 from planner.errors import SpecError
 from planner.layout import Topology, stage_params
 from planner.plan import Plan
+from planner.state_layout import zero_sharded
 
 log = logging.getLogger("hexiscale.executor")
 
@@ -136,10 +138,11 @@ class Engine:
         if init:  # (init=False: the caller installs the state, e.g. a layout switch, executor.switch.state_move)
             self.module.load_logical(logical_init(model, seed, self.shard_dims), self.shard_dims)
         # ZeRO-1 (executor.parallel.zero): Adam state split across each slice's owners, one per pipeline
+        # and CP slot, where every parameter has two owners or more (planner.state_layout.zero_sharded)
         # (bucket_numel: elements per flat gradient bucket; under ZeRO-1 the state layout's, see
         # planner.state_layout.rank_states, so change it only where no state moves between plans)
         self.zero = (ZeroOptimizer(groups, self.params, optim, bucket_numel=bucket_numel)
-                     if plan.options.zero and len(plan.pipelines) > 1 else None)
+                     if zero_sharded(plan) else None)
         self.optimizer = self.zero.optimizer if self.zero else build_optimizer(list(self.params.items()), optim)
         if self.zero is not None:  # the next forward waits for each bucket's weights just before use
             self.module.param_gate = self.zero.ready

@@ -16,10 +16,12 @@ import os
 
 import torch
 
+from planner.cost.gradsync import stage_owners
 from planner.cost.memory import GIB, partial_params, stage_memory
 from planner.cost.schedule import held_with_grads, in_flight
 from planner.errors import SpecError
 from planner.plan import Plan
+from planner.state_layout import zero_sharded
 
 MARGIN = 1.5
 
@@ -38,7 +40,7 @@ def rank_need_bytes(plan: Plan, rank: int, *, cpu: bool) -> tuple[float, float]:
     pipe = plan.pipelines[info.pipeline]
     st, si, n = pipe.stages[info.stage], info.stage, len(pipe.stages)
     dtype = "fp32" if cpu else plan.options.dtype  # CPU computes in fp32 (executor.train.engine)
-    zero = len(plan.pipelines) if plan.options.zero and len(plan.pipelines) > 1 else 1
+    zero = stage_owners(plan)[info.pipeline][si] if zero_sharded(plan) else 1  # as the engine shards
     mem = stage_memory(plan.model, layers=st.num_layers, tp=st.tp, first=si == 0, last=si == n - 1,
                        micro_batch=max(pipe.micro_batch_sizes()),
                        in_flight=in_flight(pipe.schedule, n, si, pipe.micro_batches, pipe.chunks), dtype=dtype,

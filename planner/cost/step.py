@@ -64,6 +64,7 @@ from planner.cost.communicators import communicators
 from planner.cost.compiled import compile_notes
 from planner.cost.context import cp_groups, cp_slots, local_seq, slots_link
 from planner.cost.cp_memory import cp_attention_memory
+from planner.state_layout import zero_sharded
 from planner.cost.gradsync import stage_owners, sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
 from planner.cost.memory import (
@@ -357,9 +358,10 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
             with_grads = held_with_grads(pipe.schedule, len(pipe.stages), si, pipe.micro_batches, pipe.chunks)
             mems: dict[str, MemoryBreakdown] = {}
             # a CP stage: activations at S/cp per rank plus the gathered K,V; its slots are
-            # gradient owners beside the pipelines (ZeRO-1 shards over pipelines x cp)
+            # gradient owners beside the pipelines (ZeRO-1, with two pipelines or more, shards over
+            # pipelines x cp)
             seq = local_seq(m, st.cp) if st.cp > 1 else None
-            shards = owners[pi][si] if o.zero == 1 else 1
+            shards = owners[pi][si] if zero_sharded(plan) else 1  # as the engine shards
             for gpu in {cluster.device(d).gpu for d in st.devices}:
                 layer_act, head_act = profiles.get(gpu).stage_activations(
                     m, mb, st.tp, o.dtype, o.recompute, last=last, compile=o.compile, seq_len=seq)

@@ -131,7 +131,10 @@ class Oracle:
             fixed = t0 + (self.send_seconds(unit, nxt, s) if nxt is not None else 0.0)
             fixed += self.send_seconds(unit, prev, s) if prev is not None else 0.0
             times = self._time_cache[tkey] = (t1 - t0, fixed)
-        shards = zero_shards * unit.cp if s.zero else 1  # CP slots own gradients beside the pipelines
+        # CP slots own gradients beside the pipelines; the engine shards where every parameter has
+        # two owners or more (planner.state_layout.zero_sharded: the search gives a plan's stages
+        # one CP degree, so a lone pipeline shards when its stages use CP)
+        shards = zero_shards * unit.cp if s.zero and zero_shards * unit.cp > 1 else 1
         device_params = self.profiles.params_for(unit.gpu)  # overhead terms per GPU type
         mkey = (unit.gpu, unit.tp, unit.cp, unit.memory_gib, first, last, in_flight, s.micro_batch, s.recompute,
                 s.dtype,

@@ -52,6 +52,9 @@ PLANS: dict[str, Plan] = {
                                       zero=1),
     "cp2-beside-tp2-zero1": _opts(make_plan(TINY, [(2, 2, "zb-h1", [(1, 4, 2)]), (2, 2, "1f1b", [(2, 4, 1)])]),
                                   zero=1),
+    # one pipeline whose every stage uses CP: ZeRO-1 shards over the CP slots (state_layout.zero_sharded)
+    "lone-cp2-cp2-zero1": _opts(make_plan(TINY, [(4, 2, "1f1b", [(1, 2, 2), (1, 2, 2)])]), zero=1),
+    "lone-cp2xtp2-zero1": _opts(make_plan(TINY, [(4, 2, "zb-h1", [(2, 4, 2)])]), zero=1),
 }
 
 

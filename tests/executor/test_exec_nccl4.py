@@ -96,6 +96,7 @@ PLANS: dict[str, Plan] = {
     "zb-tp2-then-cp2": _p([(8, 4, "zb-h1", [(2, 4), (1, 4, 2)])]),
     "zb-cp2-cp2": _p([(8, 4, "zb-h1", [(1, 3, 2), (1, 5, 2)])]),
     "zb-cp2+tp2-zero1": _p([(4, 2, "zb-h1", [(1, 8, 2)]), (4, 2, "1f1b", [(2, 8)])], zero=1),
+    "lone-cp4-zero1": _p([(8, 2, "1f1b", [(1, 8, 4)])], zero=1),  # ZeRO-1 over the CP slots alone
     "cp2xtp2-recompute-selective": _p([(8, 4, "1f1b", [(2, 8, 2)])], recompute="selective"),
     # interleaved 1F1B (two layer chunks per stage, planner.schedules.comm's rounds): 4 stages send from the
     # last back to the first over their own boundary group; every forward before the first backward

@@ -3,6 +3,7 @@ have against the tp2 and the one-device stage of the same layers at long sequenc
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from planner.cost.gradsync import stage_owners, sync_groups
 from planner.cost.memory import stage_params
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
+from planner.state_layout import zero_sharded
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = load_cluster(ROOT / "examples" / "clusters" / "h100x4.yaml")
@@ -42,10 +44,22 @@ def test_cp2_memory_against_tp2_and_one_device(recompute: str) -> None:
         2 * 2 * 2 * LONG.seq_len * LONG.kv_dim)
 
 
-def test_zero1_shards_over_the_cp_slots() -> None:
+def test_zero1_shards_over_the_cp_slots_as_the_engine_does() -> None:
+    """The engine shards where every parameter has two owners or more
+    (planner.state_layout.zero_sharded): a lone pipeline whose stages all use CP shards over its CP
+    slots; with a stage without CP it keeps whole state, and so does the estimate. (The 64K run of
+    a lone cp4 stage, benchmarks/results/long_context_cuda_20261127T063113Z.json, ran before the
+    engine sharded there: 69.0 GiB measured where the estimate had sharded and said 64.0.)"""
     one = estimate(_plan(1, 1, zero=1), CLUSTER).memory["h100:0"]
     cp2 = estimate(_plan(1, 2, zero=1), CLUSTER).memory["h100:0"]
+    assert zero_sharded(_plan(1, 2, zero=1)) and not zero_sharded(_plan(1, 2, zero=0))
     assert cp2.optimizer == pytest.approx(one.optimizer / 2)
+    mixed = Plan(LONG, 2, (Pipeline(2, 2, (Stage(DEVS, 1, (0, 12), 2), Stage(("h100:2",), 1, (12, 24)))),),
+                 PlanOptions(zero=1))
+    assert not zero_sharded(mixed)
+    unsharded = replace(mixed, options=PlanOptions(zero=0))
+    assert estimate(mixed, CLUSTER).memory["h100:0"].optimizer == pytest.approx(
+        estimate(unsharded, CLUSTER).memory["h100:0"].optimizer)
     groups = sync_groups(_plan(1, 2, zero=1))
     assert groups and all(set(owners) == set(DEVS) for owners in groups)  # the two slots sum their gradients
 
