@@ -45,6 +45,23 @@ class WeightGradStore:
     def __init__(self) -> None:
         self._queues: dict[int, list[_Deferred]] = {}
         self._key: int | None = None
+        self._inline = False
+
+    @contextlib.contextmanager
+    def inline(self) -> Iterator[None]:
+        """While active, the linears take their plain path (:attr:`defers` is False): the forward and
+        backward of a micro-batch whose ``W`` the schedule fuses into its ``B``
+        (:func:`planner.schedules.inline_w.inline_w`) compute the weight gradients inline."""
+        self._inline = True
+        try:
+            yield
+        finally:
+            self._inline = False
+
+    @property
+    def defers(self) -> bool:
+        """Whether the linears go through :func:`store_linear` now (outside :meth:`inline`)."""
+        return not self._inline
 
     @contextlib.contextmanager
     def deferring(self, key: int) -> Iterator[None]:
