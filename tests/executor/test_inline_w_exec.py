@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 from exec_jobs import TINY
+from test_weight_grad_store import _stage
 
 from executor.parallel.schedules import MicroBatch, _Runner, run_ops
 from executor.parallel.weight_grad_store import WeightGradStore, install
 from planner.schedules import schedule_named
 from planner.schedules.inline_w import inline_w
-from test_weight_grad_store import _stage
 
 
 class _NoPeers:
