@@ -133,7 +133,7 @@ def step_stats(lanes: list[Lane], plan: Plan) -> dict[str, Any]:
     per = [op_times(lane, o) for lane, o in zip(lanes, ops)]
     start = min(t[0].start for t in per)
     span = max(t[-1].end for t in per) - start
-    kinds = [seconds_by_kind(t, inline_w(o)) for t, o in zip(per, ops)]
+    kinds = [seconds_by_kind(t, inline_w(o, i == 0)) for i, (t, o) in enumerate(zip(per, ops))]
     busy = [sum(k.values()) for k in kinds]
     return {"schedule_s": span, "busy_s": busy, "bubble_s": [span - b for b in busy], "op_s": kinds}
 

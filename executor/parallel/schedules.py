@@ -9,10 +9,11 @@ messages go to the stage holding the neighbouring virtual stage (the last stage 
 between chunks), posted in rounds (:func:`run_rounds`, :mod:`planner.schedules.comm`). Where the
 ops hold ``W`` ops (ZB-H1), a ``B`` computes only the input gradient and queues the linear
 layers' weight-gradient GEMMs, which its ``W`` runs (:mod:`executor.parallel.weight_grad_store`);
-a ``W`` communicates nothing. A ``B`` directly followed by its own ``W`` (every one on ZB-H1's first
-stage, :func:`planner.schedules.inline_w.inline_w`) runs the plain backward instead, its
-micro-batch's forward the plain linears, and the ``W`` does nothing: deferring there would only hold
-the queued operands of a whole micro-batch until the very next op.
+a ``W`` communicates nothing. On the pipeline's first stage, whose ``B`` sends nothing, a ``B``
+directly followed by its own ``W`` (every one of ZB-H1, :func:`planner.schedules.inline_w.inline_w`)
+runs the plain backward instead, its micro-batch's forward the plain linears, and the ``W`` does
+nothing: deferring there would only hold the queued operands of a whole micro-batch until the very
+next op.
 
 Every pipeline runs its own schedule with its own micro-batch count ``M`` and micro-batch sizes
 (``Pipeline.micro_batch_sizes()``, possibly uneven); pipelines never wait for each other until the
@@ -226,7 +227,8 @@ def run_schedule(kind: str, *, module: StageModule, comm: StageComm | CPStageCom
     # a hot-switching phase may give a pipeline no sequences: its ranks have no op (and no message)
     ops = sched.ops(n_stages, comm.stage.index, len(micro), runner_chunks(module)) if micro else []
     wgrad = WeightGradStore() if any(op.kind == "W" for op in ops) else None
-    runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext, trace, wgrad, inline_w(ops))
+    runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext, trace, wgrad,
+                     inline_w(ops, comm.stage.index == 0))
     install(module, wgrad)
     try:
         if sched.chunks > 1:

@@ -4,7 +4,7 @@ Between a micro-batch's ``F`` and its ``B`` the stage holds all its activations 
 a deferring ``B`` and its ``W`` only the operands of the linears' weight-gradient GEMMs that the
 ``B`` queued, each linear's input and output gradient (``deferred``,
 :mod:`executor.parallel.weight_grad_store`; the cost model prices them,
-:func:`planner.cost.memory.deferred_wgrad_bytes`). A ``B`` whose ``W`` is inlined
+:func:`planner.cost.wgrad_memory.deferred_wgrad_bytes`). A ``B`` whose ``W`` is inlined
 (:func:`planner.schedules.inline_w.inline_w`) frees its activations as 1F1B's does. One moment per
 op, taken as it starts (an ``F`` counts from its start, a ``B``'s micro-batch is still ``full``
 while it runs, a ``W``'s still ``deferred``); ``grads``: autograd's gradients exist (the first
@@ -37,9 +37,10 @@ class Held:
     grads: bool
 
 
-def held_moments(ops: Sequence[StageOp]) -> tuple[Held, ...]:
-    """One :class:`Held` per op of a stage's ``ops``, in order."""
-    fused = inline_w(ops)
+def held_moments(ops: Sequence[StageOp], first_stage: bool) -> tuple[Held, ...]:
+    """One :class:`Held` per op of a stage's ``ops``, in order (``first_stage``: the pipeline's first,
+    whose adjacent ``W`` ops are inlined)."""
+    fused = inline_w(ops, first_stage)
     has_w = {(op.micro_batch, op.chunk) for op in ops if op.kind == "W"}
     full = deferred = 0
     grads = False

@@ -77,7 +77,7 @@ class Schedule:
         ops = self.ops(stages, stage, micro_batches, chunks)
         if self.chunks_of(chunks) > 1 or not any(op.kind == "W" for op in ops):
             return None
-        return held_moments(ops)
+        return held_moments(ops, stage == 0)
 
     def held_with_grads(self, stages: int, stage: int, micro_batches: int, chunks: int | None = None) -> int:
         """Micro-batches the stage holds, at most, once its first backward has allocated the gradients."""

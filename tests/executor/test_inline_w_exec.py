@@ -50,7 +50,7 @@ def _step(inline: frozenset[tuple[int, int]]) -> tuple[dict[str, torch.Tensor], 
 
 def test_inlined_w_computes_weight_grads_in_the_backward_bit_equal_to_deferring() -> None:
     ops = schedule_named("zb-h1").ops(1, 0, 3)
-    fused = inline_w(ops)
+    fused = inline_w(ops, True)
     assert fused == {(0, 0), (1, 0), (2, 0)}
     deferred, puts = _step(frozenset())
     inlined, inline_puts = _step(fused)

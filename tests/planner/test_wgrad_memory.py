@@ -16,7 +16,7 @@ from planner.schedules.held import Held, held_moments
 
 def test_moments_of_zb_h1_by_hand() -> None:
     ops = schedule_named("zb-h1").ops(2, 1, 3)  # F0 B0 F1 B1 W0 F2 B2 W1 W2
-    held = held_moments(ops)
+    held = held_moments(ops, False)
     assert [h.full for h in held] == [1, 1, 1, 1, 0, 1, 1, 0, 0]
     assert [h.deferred for h in held] == [0, 0, 1, 1, 2, 1, 1, 2, 1]
     assert [h.grads for h in held] == [False, False] + [True] * 7
@@ -24,7 +24,9 @@ def test_moments_of_zb_h1_by_hand() -> None:
 
 def test_an_inlined_w_holds_nothing_deferred() -> None:
     ops = [StageOp("F", 0), StageOp("F", 1), StageOp("B", 0), StageOp("W", 0), StageOp("B", 1), StageOp("W", 1)]
-    assert [(h.full, h.deferred) for h in held_moments(ops)] == [(1, 0), (2, 0), (2, 0), (1, 0), (1, 0), (0, 0)]
+    assert [(h.full, h.deferred) for h in held_moments(ops, True)] == [(1, 0), (2, 0), (2, 0), (1, 0), (1, 0), (0, 0)]
+    # a later stage defers them: each micro-batch holds its queued operands through its W
+    assert [(h.full, h.deferred) for h in held_moments(ops, False)] == [(1, 0), (2, 0), (2, 0), (1, 1), (1, 0), (0, 1)]
 
 
 @pytest.mark.parametrize("stages,m", [(4, 8), (3, 5)])
