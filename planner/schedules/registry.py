@@ -71,13 +71,14 @@ class Schedule:
         return in_flight_of(self.ops(stages, stage, micro_batches, chunks), self.chunks_of(chunks))
 
     def held(self, stages: int, stage: int, micro_batches: int, chunks: int | None = None) -> tuple[Held, ...] | None:
-        """What the stage holds op by op where its ``B`` ops defer weight gradients to ``W`` ops
-        (:mod:`planner.schedules.held`); None for a schedule without ``W`` ops or with several
-        chunks per stage (its rule is :meth:`in_flight` and :meth:`held_with_grads`)."""
+        """The distinct moments (first seen first) of what the stage holds op by op where its ``B``
+        ops defer weight gradients to ``W`` ops (:mod:`planner.schedules.held`; a peak is the largest,
+        and the search's memory cache keys on them); None for a schedule without ``W`` ops or with
+        several chunks per stage (its rule is :meth:`in_flight` and :meth:`held_with_grads`)."""
         ops = self.ops(stages, stage, micro_batches, chunks)
         if self.chunks_of(chunks) > 1 or not any(op.kind == "W" for op in ops):
             return None
-        return held_moments(ops, stage == 0)
+        return tuple(dict.fromkeys(held_moments(ops, stage == 0)))
 
     def held_with_grads(self, stages: int, stage: int, micro_batches: int, chunks: int | None = None) -> int:
         """Micro-batches the stage holds, at most, once its first backward has allocated the gradients."""
