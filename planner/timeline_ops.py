@@ -10,7 +10,7 @@ registry's order — which is what a benchmark checks before it prices ``W`` apa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from planner.schedules import StageOp
@@ -44,9 +44,14 @@ def op_times(lane: Lane, ops: Sequence[StageOp]) -> list[OpTime]:
     return [OpTime(op, s.start, s.end) for s, op in zip(spans, ops)]
 
 
-def seconds_by_kind(times: Sequence[OpTime]) -> dict[str, float]:
-    """Total seconds of the ``F``, ``B`` and ``W`` ops (0.0 for a kind the schedule lacks)."""
+def seconds_by_kind(times: Sequence[OpTime], fused: Collection[tuple[int, int]] = ()) -> dict[str, float]:
+    """Total seconds of the ``F``, ``B`` and ``W`` ops (0.0 for a kind the schedule lacks). The ``W``
+    of a ``(micro-batch, chunk)`` in ``fused`` counts as ``B``: pass
+    :func:`planner.schedules.inline_w.inline_w` of the ops to compare a measured lane (the executor
+    computes those weight gradients inside the ``B``'s span and leaves the ``W`` empty) with a
+    simulated one (which prices the ``W`` apart, at the same place in the timeline)."""
     out = {"F": 0.0, "B": 0.0, "W": 0.0}
     for t in times:
-        out[t.op.kind] += t.seconds
+        kind = "B" if t.op.kind == "W" and (t.op.micro_batch, t.op.chunk) in fused else t.op.kind
+        out[kind] += t.seconds
     return out

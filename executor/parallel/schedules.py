@@ -9,7 +9,11 @@ messages go to the stage holding the neighbouring virtual stage (the last stage 
 between chunks), posted in rounds (:func:`run_rounds`, :mod:`planner.schedules.comm`). Where the
 ops hold ``W`` ops (ZB-H1), a ``B`` computes only the input gradient and queues the linear
 layers' weight-gradient GEMMs, which its ``W`` runs (:mod:`executor.parallel.weight_grad_store`);
-a ``W`` communicates nothing.
+a ``W`` communicates nothing. On the pipeline's first stage, whose ``B`` sends nothing, a ``B``
+directly followed by its own ``W`` (every one of ZB-H1, :func:`planner.schedules.inline_w.inline_w`)
+runs the plain backward instead, its micro-batch's forward the plain linears, and the ``W`` does
+nothing: deferring there would only hold the queued operands of a whole micro-batch until the very
+next op.
 
 Every pipeline runs its own schedule with its own micro-batch count ``M`` and micro-batch sizes
 (``Pipeline.micro_batch_sizes()``, possibly uneven); pipelines never wait for each other until the
@@ -52,6 +56,7 @@ from executor.train.trace import NO_TRACE, NullTrace, StepTrace
 from planner.plan import Plan
 from planner.schedules import StageOp, schedule_named
 from planner.schedules.comm import op_peers, rounds
+from planner.schedules.inline_w import inline_w
 
 
 @dataclass
@@ -71,9 +76,10 @@ class _Runner:
 
     def __init__(self, module: StageModule, micro: list[MicroBatch], loss_scale: float,
                  autocast: Callable[[], contextlib.AbstractContextManager], trace: NullTrace | StepTrace = NO_TRACE,
-                 wgrad: WeightGradStore | None = None):
+                 wgrad: WeightGradStore | None = None, inline: frozenset[tuple[int, int]] = frozenset()):
         self.module = module
         self.wgrad = wgrad  # set: backward defers the weight gradients to weight_grads (W ops)
+        self.inline = inline  # (micro-batch, chunk) whose W is fused into the B (planner.schedules.inline_w)
         self.trace = trace
         self.micro = micro
         self.loss_scale = loss_scale
@@ -95,7 +101,7 @@ class _Runner:
             inp = x.requires_grad_(True)
             src = inp
         kw = {"chunk": chunk} if self.chunks > 1 else {}
-        with self.trace.span("forward", j), self.autocast():
+        with self.trace.span("forward", j), self._path(j, chunk), self.autocast():
             out = self.module(src, mb.docs, **kw) if mb.docs is not None else self.module(src, **kw)
             if last:
                 out = self.module.loss(out, mb.labels).sum() * self.loss_scale
@@ -110,9 +116,19 @@ class _Runner:
         """Whether ``chunk`` is the pipeline's first virtual stage (takes token ids) and its last (the loss)."""
         return self.module.first and chunk == 0, self.module.last and chunk == self.chunks - 1
 
+    def _path(self, j: int, chunk: int) -> contextlib.AbstractContextManager:
+        """The linears' plain path for a micro-batch whose ``W`` is inlined (its forward, and its
+        backward, which may recompute the forward), else nothing."""
+        if self.wgrad is not None and (j, chunk) in self.inline:
+            return self.wgrad.inline()
+        return contextlib.nullcontext()
+
     def backward(self, j: int, dy: torch.Tensor | None, chunk: int = 0) -> torch.Tensor | None:
         inp, out = self.saved.pop((j, chunk))
-        defer = self.wgrad.deferring(j) if self.wgrad is not None else contextlib.nullcontext()
+        if self.wgrad is None or (j, chunk) in self.inline:
+            defer = self._path(j, chunk)  # the plain backward: weight gradients inline
+        else:
+            defer = self.wgrad.deferring(j)
         with self.trace.span("backward", j), defer:
             if self._ends(chunk)[1]:
                 out.backward()
@@ -121,12 +137,15 @@ class _Runner:
                 torch.autograd.backward(out, grad_tensors=dy.to(out.dtype))
         return None if inp is None else inp.grad
 
-    def weight_grads(self, j: int) -> None:
-        """The ``W`` op of micro-batch ``j``: the weight gradients its ``B`` deferred."""
+    def weight_grads(self, j: int, chunk: int = 0) -> None:
+        """The ``W`` op of micro-batch ``j``: the weight gradients its ``B`` deferred; nothing where
+        the ``B`` computed them inline (its span stays, empty, so the trace pairs with the ops; the
+        ``B``'s span holds the fused time, which benchmarks/executor/bubbles.py counts as ``B+W``)."""
         if self.wgrad is None:
             raise ValueError("a W op needs a runner whose backward defers weight gradients")
         with self.trace.span("backward", j):  # the trace's kinds (planner.timeline) count W as backward
-            self.wgrad.run(j)
+            if (j, chunk) not in self.inline:
+                self.wgrad.run(j)
 
 
 def check_trainable(schedule: str, stages: int, micro_batches: int, field: str = "schedule") -> None:
@@ -164,7 +183,7 @@ def run_ops(runner: _Runner, comm: StageComm | CPStageComm, ops: Sequence[StageO
             else:
                 comm.send_backward(dx)
         else:  # W: no communication (``turn`` is False around it, so nothing is pending)
-            runner.weight_grads(j)
+            runner.weight_grads(j, op.chunk)
         fused = turn
 
 
@@ -208,7 +227,8 @@ def run_schedule(kind: str, *, module: StageModule, comm: StageComm | CPStageCom
     # a hot-switching phase may give a pipeline no sequences: its ranks have no op (and no message)
     ops = sched.ops(n_stages, comm.stage.index, len(micro), runner_chunks(module)) if micro else []
     wgrad = WeightGradStore() if any(op.kind == "W" for op in ops) else None
-    runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext, trace, wgrad)
+    runner = _Runner(module, micro, loss_scale, autocast or contextlib.nullcontext, trace, wgrad,
+                     inline_w(ops, comm.stage.index == 0))
     install(module, wgrad)
     try:
         if sched.chunks > 1:

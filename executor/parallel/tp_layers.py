@@ -101,10 +101,11 @@ class _Projection(nn.Module):
 
 
 def _project(x: torch.Tensor, layer: ColumnParallelLinear | RowParallelLinear) -> torch.Tensor:
-    """A zero-bubble schedule's store defers the weight gradient (its own path, without the cast-once
-    copy: :mod:`executor.parallel.weight_grad_store`); every other schedule goes through the cast-once copy."""
-    if layer.wgrad_store is not None:
-        return store_linear(x, layer.weight, layer.wgrad_store)
+    """A zero-bubble schedule's store defers the weight gradient (its own path, multiplying with the
+    same cast-once copy: :mod:`executor.parallel.weight_grad_store`), except for a micro-batch whose ``W`` is inlined
+    (``store.defers`` off); every other schedule goes through the cast-once copy."""
+    if layer.wgrad_store is not None and layer.wgrad_store.defers:
+        return store_linear(x, layer.weight, layer.wgrad_store, layer.weight_lp)
     return cast_once.linear(x, layer)
 
 

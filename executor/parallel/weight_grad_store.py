@@ -45,6 +45,23 @@ class WeightGradStore:
     def __init__(self) -> None:
         self._queues: dict[int, list[_Deferred]] = {}
         self._key: int | None = None
+        self._inline = False
+
+    @contextlib.contextmanager
+    def inline(self) -> Iterator[None]:
+        """While active, the linears take their plain path (:attr:`defers` is False): the forward and
+        backward of a micro-batch whose ``W`` the schedule fuses into its ``B``
+        (:func:`planner.schedules.inline_w.inline_w`) compute the weight gradients inline."""
+        self._inline = True
+        try:
+            yield
+        finally:
+            self._inline = False
+
+    @property
+    def defers(self) -> bool:
+        """Whether the linears go through :func:`store_linear` now (outside :meth:`inline`)."""
+        return not self._inline
 
     @contextlib.contextmanager
     def deferring(self, key: int) -> Iterator[None]:
@@ -97,20 +114,26 @@ def weight_grad(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
 
 class _StoreLinear(torch.autograd.Function):
     """``F.linear(x, weight)`` (no bias) whose weight gradient goes to a :class:`WeightGradStore`.
-    Under autocast both operands are cast to the autocast dtype, as ``F.linear`` is.
+    Under autocast both operands are cast to the autocast dtype, as ``F.linear`` is (the weight: its
+    cast-once copy where the stage keeps one, bit-equal to the cast).
 
     The weight reaches the function detached (in a tuple autograd does not look into): with an
     autograd edge to it, its ``AccumulateGrad`` would run in ``B`` with no gradient and still fire
     the post-accumulate hook, counting the micro-batch twice (checked, torch 2.13)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, holder: tuple[nn.Parameter],  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, holder: tuple[nn.Parameter, torch.Tensor | None],  # type: ignore[override]
                 store: WeightGradStore) -> torch.Tensor:
-        (weight,) = holder
+        weight, lowp = holder
         dev = x.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         xc = x if dt is None else x.to(dt)
-        wc = weight.detach() if dt is None else weight.detach().to(dt)
+        if dt is None:
+            wc = weight.detach()
+        elif lowp is not None and lowp.dtype == dt:
+            wc = lowp  # the stage's cast-once copy: saved by reference, not one copy per micro-batch
+        else:
+            wc = weight.detach().to(dt)
         with torch.autocast(dev, enabled=False):
             y = F.linear(xc, wc)
         ctx.save_for_backward(xc, wc)
@@ -130,14 +153,17 @@ class _StoreLinear(torch.autograd.Function):
         return dx, None, None
 
 
-def store_linear(x: torch.Tensor, weight: nn.Parameter, store: WeightGradStore | None) -> torch.Tensor:
+def store_linear(x: torch.Tensor, weight: nn.Parameter, store: WeightGradStore | None,
+                 lowp: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight)``; with a ``store``, through :class:`_StoreLinear`, whose backward (to run
-    inside :meth:`WeightGradStore.deferring`) leaves ``dW`` to :meth:`WeightGradStore.run`."""
+    inside :meth:`WeightGradStore.deferring`) leaves ``dW`` to :meth:`WeightGradStore.run`. ``lowp``:
+    the layer's cast-once copy of ``weight`` (:mod:`executor.model.cast_once`), used under autocast
+    instead of a cast per call, so that every micro-batch in flight saves that one copy as 1F1B's do."""
     if store is None:
         return F.linear(x, weight)
     if torch.is_grad_enabled() and weight.requires_grad and not x.requires_grad:
         x = x.detach().requires_grad_()  # so that backward reaches the function (its only edge is x)
-    return _StoreLinear.apply(x, (weight,), store)
+    return _StoreLinear.apply(x, (weight, lowp), store)
 
 
 def install(module: nn.Module, store: WeightGradStore | None) -> int:

@@ -18,7 +18,7 @@ import torch
 
 from planner.cost.gradsync import stage_owners
 from planner.cost.memory import GIB, partial_params, stage_memory
-from planner.cost.schedule import held_with_grads, in_flight
+from planner.cost.schedule import held_with_grads, in_flight, split_backward_held
 from planner.errors import SpecError
 from planner.plan import Plan
 from planner.state_layout import zero_sharded
@@ -46,6 +46,7 @@ def rank_need_bytes(plan: Plan, rank: int, *, cpu: bool) -> tuple[float, float]:
                        in_flight=in_flight(pipe.schedule, n, si, pipe.micro_batches, pipe.chunks), dtype=dtype,
                        recompute=plan.options.recompute, zero_shards=zero,
                        held_with_grads=held_with_grads(pipe.schedule, n, si, pipe.micro_batches, pipe.chunks),
+                       held=split_backward_held(pipe.schedule, n, si, pipe.micro_batches, pipe.chunks),
                        pipelines=len(plan.pipelines), partial=partial_params(plan, info.pipeline, si),
                        compile=plan.options.compile and not cpu,  # a CPU run stays eager
                        seq_len=plan.model.seq_len // st.cp)  # a CP rank holds 1/cp of every sequence

@@ -48,8 +48,9 @@ weight-gradient part of ``b`` for a split backward). ``in_flight(schedule, stage
 (the registry's rule; an unknown name is a SpecError) and
 ``stage_memory(model, *, layers, tp, first, last, micro_batch, in_flight, dtype, recompute, zero_shards,
 params, layer_activation=None, head_activation=None, held_with_grads=None, pipelines=1, partial=0.0,
-compile=False) -> MemoryBreakdown`` (``compile``: the plan's blocks are compiled, whose layers keep
-``compiled_layer_activation_bytes``)
+compile=False, held=None) -> MemoryBreakdown`` (``compile``: the plan's blocks are compiled, whose layers keep
+``compiled_layer_activation_bytes``; ``held``: a split backward's moments,
+``split_backward_held(schedule, stages, stage_index, m)``, charged by wgrad_memory.py)
     with ``held_with_grads(schedule, stages, stage_index, m)`` for the exact peak and
     ``partial_params(plan, pipeline, stage)`` for shards cut into several sync slices (module
     memory.py) (bytes per term; ``.total_gib``: the device's peak, ``.required_gib`` the same, for

@@ -116,15 +116,17 @@ bytes (``CostParams``).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 
 from planner.cost.cp_memory import CPAttentionMemory
 from planner.cost.ops import GRAD_BYTES, Numerics
 from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.cost.wgrad_memory import deferred_wgrad_bytes, held_peak
 from planner.layout import layer_numel
 from planner.model import ModelSpec
 from planner.plan import Plan
+from planner.schedules.held import Held
 
 GIB = float(1 << 30)
 # Elements per owner in one reduce-scatter / all-gather round of ZeRO-1 (executor.parallel.grad_sync's
@@ -373,7 +375,8 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
                  params: CostParams = DEFAULT_PARAMS, seq_len: int | None = None,
                  layer_activation: float | None = None, head_activation: float | None = None,
                  held_with_grads: int | None = None, pipelines: int = 1, partial: float = 0.0,
-                 compile: bool = False, cp_attention: CPAttentionMemory | None = None) -> MemoryBreakdown:
+                 compile: bool = False, cp_attention: CPAttentionMemory | None = None,
+                 held: Sequence[Held] | None = None) -> MemoryBreakdown:
     """Peak memory of ONE device of a stage (fast: plain arithmetic).
 
     ``micro_batch`` is the largest micro-batch of the pipeline, ``in_flight`` the number of
@@ -393,7 +396,11 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     start, so the peak is ``max(in_flight · A + G0, held_with_grads · A + G)`` (``A`` one
     micro-batch's activations, ``G`` the gradients, ``G0`` those of the flat buckets allocated at the
     start) and the breakdown shows what is allocated at that moment. ``None`` counts all the
-    gradients from the start (``in_flight · A + G``, an upper bound that is linear in ``layers``)."""
+    gradients from the start (``in_flight · A + G``, an upper bound that is linear in ``layers``).
+
+    ``held``: a split-backward schedule's moments (:meth:`planner.schedules.Schedule.held`), which
+    replace ``in_flight`` and ``held_with_grads``: a micro-batch between its deferring ``B`` and its
+    ``W`` holds only the queued weight-gradient operands (:mod:`planner.cost.wgrad_memory`)."""
     num = _num(dtype, params)
     p = stage_params(model, layers, tp, first, last)
     state = state_bytes(p, pipelines=pipelines, zero_shards=zero_shards, partial=partial)
@@ -419,7 +426,13 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
             model, micro_batch, tp, dtype, seq_len, params)
         transient += tokens * model.vocab_size / tp * (num.e + 8)  # the loss's transient peak (module docstring)
     acts, grads_at_peak = in_flight * per_mb + transient, state.gradients
-    if held_with_grads is not None:
+    if held is not None:
+        deferred = deferred_wgrad_bytes(model, micro_batch=micro_batch, tp=tp, dtype=dtype, layers=layers,
+                                        last=last, seq_len=seq_len, params=params)
+        acts, grads_at_peak = held_peak(held, per_mb=per_mb, deferred=deferred,
+                                        early_gradients=state.early_gradients, gradients=state.gradients)
+        acts += transient
+    elif held_with_grads is not None:
         if in_flight * per_mb + state.early_gradients > held_with_grads * per_mb + state.gradients:
             grads_at_peak = state.early_gradients  # the peak comes before the first backward
         else:

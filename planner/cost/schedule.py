@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from planner.schedules import schedule_named
+from planner.schedules.held import Held
 
 
 def _check(f: Sequence[float], b: Sequence[float], m: int) -> None:
@@ -100,3 +101,11 @@ def held_with_grads(schedule: str, stages: int, stage_index: int, micro_batches:
     1F1B ``min(S - i, m)`` when a forward follows that backward (``m > S - i``), else one less;
     GPipe ``m - 1`` (all forwards come first). From the registry, like :func:`in_flight`."""
     return schedule_named(schedule).held_with_grads(stages, stage_index, micro_batches, chunks)
+
+
+def split_backward_held(schedule: str, stages: int, stage_index: int, micro_batches: int,
+                        chunks: int | None = None) -> tuple[Held, ...] | None:
+    """A split-backward (``W``) schedule's per-op moments, micro-batches held whole and with only
+    their queued weight-gradient operands (:mod:`planner.schedules.held`); None for the others,
+    whose rule is :func:`in_flight` and :func:`held_with_grads`."""
+    return schedule_named(schedule).held(stages, stage_index, micro_batches, chunks)

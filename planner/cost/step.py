@@ -76,7 +76,7 @@ from planner.cost.memory import (
     stage_params,
 )
 from planner.cost.profile_set import ProfileSet
-from planner.cost.schedule import held_with_grads, in_flight
+from planner.cost.schedule import held_with_grads, in_flight, split_backward_held
 from planner.cost.sim_timeline import simulated_timeline, stage_lane
 from planner.cost.simulate import simulate
 from planner.cost.stage import StageTime, activation_bytes, slots_boundary_time, stage_time
@@ -356,6 +356,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
             first, last = si == 0, si == len(pipe.stages) - 1
             held = in_flight(pipe.schedule, len(pipe.stages), si, pipe.micro_batches, pipe.chunks)
             with_grads = held_with_grads(pipe.schedule, len(pipe.stages), si, pipe.micro_batches, pipe.chunks)
+            moments = split_backward_held(pipe.schedule, len(pipe.stages), si, pipe.micro_batches, pipe.chunks)
             mems: dict[str, MemoryBreakdown] = {}
             # a CP stage: activations at S/cp per rank plus the gathered K,V; its slots are
             # gradient owners beside the pipelines (ZeRO-1, with two pipelines or more, shards over
@@ -370,7 +371,7 @@ def estimate(plan: Plan, cluster: ClusterSpec, profiles: ProfileSet | None = Non
                     dtype=o.dtype, recompute=o.recompute, zero_shards=shards, params=profiles.params_for(gpu),
                     seq_len=seq, layer_activation=layer_act, head_activation=head_act,
                     held_with_grads=with_grads, pipelines=owners[pi][si], partial=partial[pi][si],
-                    compile=o.compile, cp_attention=cp_attention_memory(
+                    compile=o.compile, held=moments, cp_attention=cp_attention_memory(
                         m, micro_batch=mb, tp=st.tp, cp=st.cp, dtype=o.dtype, recompute=o.recompute,
                         params=profiles.params_for(gpu)))
             n_params = stage_params(m, st.num_layers, st.tp, first, last) / shards

@@ -6,11 +6,11 @@ half, which the previous stage waits for), ``W`` the weight-gradient half of a s
 which nothing downstream waits for. ``chunk`` indexes the stage's layer chunks (virtual stages of
 an interleaved schedule; 0 when a stage holds one chunk).
 
-Memory (what the cost model and the executor's preflight charge): a micro-batch's activations of
-one chunk are held from its ``F`` until its last backward op (``W`` where the schedule has one,
-else ``B``) — for ``W`` schedules an upper bound, since ``B`` already frees what only the input
-gradient needed. Counts are in whole-stage micro-batches (a chunk holds ``1/chunks`` of the
-stage's layers), rounded up.
+Memory: a micro-batch's activations of one chunk are held from its ``F`` until its last backward
+op (``W`` where the schedule has one, else ``B``). Counts are in whole-stage micro-batches (a chunk
+holds ``1/chunks`` of the stage's layers), rounded up. For ``W`` schedules that is an upper bound
+(``B`` already frees what only the input gradient needed): the cost model and the executor's
+preflight charge them op by op instead (:mod:`planner.schedules.held`).
 """
 
 from __future__ import annotations

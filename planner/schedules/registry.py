@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from planner.errors import SpecError
 from planner.schedules.gpipe import gpipe_ops
+from planner.schedules.held import Held, held_moments
 from planner.schedules.interleaved import CHUNKS, interleaved_ops, interleaved_requires
 from planner.schedules.one_f_one_b import one_f_one_b_ops
 from planner.schedules.ops import StageOp, held_with_grads_of, in_flight_of
@@ -68,6 +69,16 @@ class Schedule:
     def in_flight(self, stages: int, stage: int, micro_batches: int, chunks: int | None = None) -> int:
         """Micro-batches whose activations the stage holds at its peak."""
         return in_flight_of(self.ops(stages, stage, micro_batches, chunks), self.chunks_of(chunks))
+
+    def held(self, stages: int, stage: int, micro_batches: int, chunks: int | None = None) -> tuple[Held, ...] | None:
+        """The distinct moments (first seen first) of what the stage holds op by op where its ``B``
+        ops defer weight gradients to ``W`` ops (:mod:`planner.schedules.held`; a peak is the largest,
+        and the search's memory cache keys on them); None for a schedule without ``W`` ops or with
+        several chunks per stage (its rule is :meth:`in_flight` and :meth:`held_with_grads`)."""
+        ops = self.ops(stages, stage, micro_batches, chunks)
+        if self.chunks_of(chunks) > 1 or not any(op.kind == "W" for op in ops):
+            return None
+        return tuple(dict.fromkeys(held_moments(ops, stage == 0)))
 
     def held_with_grads(self, stages: int, stage: int, micro_batches: int, chunks: int | None = None) -> int:
         """Micro-batches the stage holds, at most, once its first backward has allocated the gradients."""

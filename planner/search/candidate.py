@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from planner.cluster import Link
 from planner.cost.memory import GIB, partial_params_by_shape
-from planner.cost.schedule import in_flight
+from planner.cost.schedule import in_flight, split_backward_held
 from planner.layout import embed_param, finest_slices, head_params, layer_numel
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 from planner.search.batch_split import BatchSplit, PipeType, allocate_batch
@@ -66,7 +66,8 @@ def _links(oracle: Oracle, units: Sequence[Unit]) -> tuple[Link, ...]:
 def stage_costs(oracle: Oracle, units: Sequence[Unit], m: int, s: Setting, shards: int) -> list[StageCost]:
     S = len(units)
     return [oracle.stage_cost(u, i == 0, i == S - 1, in_flight(s.schedule, S, i, m),
-                              units[i - 1] if i > 0 else None, units[i + 1] if i < S - 1 else None, s, shards)
+                              units[i - 1] if i > 0 else None, units[i + 1] if i < S - 1 else None, s, shards,
+                              held=split_backward_held(s.schedule, S, i, m))
             for i, u in enumerate(units)]
 
 

@@ -32,6 +32,7 @@ from planner.cost.profile_set import ProfileSet
 from planner.cost.stage import activation_bytes, slots_boundary_time, stage_time
 from planner.layout import stage_tensors
 from planner.model import ModelSpec
+from planner.schedules.held import Held
 from planner.search.graph import Unit, slowest_link_among
 from planner.search.layer_split import StageCost
 from planner.search.stats import SearchStats
@@ -107,7 +108,7 @@ class Oracle:
         return slots_boundary_time(nbytes, a.devices, a.tp, b.devices, b.tp, self.cluster, self.params)
 
     def stage_cost(self, unit: Unit, first: bool, last: bool, in_flight: int, prev: Unit | None,
-                   nxt: Unit | None, s: Setting, zero_shards: int) -> StageCost:
+                   nxt: Unit | None, s: Setting, zero_shards: int, held: tuple[Held, ...] | None = None) -> StageCost:
         """Linear time and memory of ``unit`` as a stage between ``prev`` and ``nxt``.
 
         Time (cached per unit signature, position, neighbours' links and TP, and the setting's
@@ -117,7 +118,8 @@ class Oracle:
         Memory (cached per GPU type, TP degree, position, in-flight count and setting): from
         :func:`planner.cost.memory.stage_memory`, which is linear in the layer count, with the
         device's measured activation bytes where its tables have them (as the estimate), so the
-        micro-batch sizes the search keeps are those that fit by measurement."""
+        micro-batch sizes the search keeps are those that fit by measurement. ``held``: a split-backward
+        schedule's moments, in place of ``in_flight`` (:func:`planner.cost.schedule.split_backward_held`)."""
         self.stats.oracle_calls += 1
         link_prev = self.node_link(prev.node, unit.node) if prev is not None else None
         link_next = self.node_link(unit.node, nxt.node) if nxt is not None else None
@@ -138,7 +140,7 @@ class Oracle:
         device_params = self.profiles.params_for(unit.gpu)  # overhead terms per GPU type
         mkey = (unit.gpu, unit.tp, unit.cp, unit.memory_gib, first, last, in_flight, s.micro_batch, s.recompute,
                 s.dtype,
-                shards, s.compile, device_params)
+                shards, s.compile, device_params, held)
         mem = self._mem_cache.get(mkey)
         if mem is None:
             self.stats.oracle_misses += 1
@@ -149,7 +151,7 @@ class Oracle:
                 seq_len=seq if unit.cp > 1 else None)
             kw = dict(tp=unit.tp, first=first, last=last, micro_batch=s.micro_batch, in_flight=in_flight,
                       dtype=s.dtype, recompute=s.recompute, zero_shards=shards, params=device_params,
-                      compile=s.compile, layer_activation=layer_act, head_activation=head_act, seq_len=seq,
+                      compile=s.compile, layer_activation=layer_act, head_activation=head_act, seq_len=seq, held=held,
                       cp_attention=cp_attention_memory(self.model, micro_batch=s.micro_batch, tp=unit.tp, cp=unit.cp,
                                                        dtype=s.dtype, recompute=s.recompute, params=device_params))
             comm = stage_communicators(unit.tp, first, last, unit.cp) * device_params.comm_gib * GIB

@@ -1,14 +1,15 @@
 """The ZB-H1 variant of a finalist: the same pipelines, the backward split into ``B`` and ``W``.
 
 The surrogate's pipeline time, ``(m - 1) x bottleneck + sum``, has no bubble model per schedule,
-so ZB-H1 would tie 1F1B there while holding more activations (every stage up to ``S`` in flight,
-not ``S - i``); sweeping it with every setting would only add candidates that cannot win. The
-full estimate's simulator prices its smaller bubble, so each 1F1B finalist with a multi-stage
-pipeline gets one ZB-H1 twin, refined under ZB-H1's own in-flight memory (a split near the memory
-cap does not fit and keeps 1F1B), and the finish picks whichever the estimate finds faster.
-Single-stage pipelines have no bubble: a plan of only those gets no twin. Above
-``FULL_ESTIMATE_DEVICES`` devices the finish estimates one plan (the simulator is the slow part
-there): the twin first when its surrogate time is no worse, the 1F1B finalist if the twin OOMs."""
+so ZB-H1 would tie 1F1B there while holding more activations (stage ``i`` holds 1F1B's ``S - i``
+micro-batches plus the queued weight-gradient operands of ``i`` more, :mod:`planner.schedules.held`);
+sweeping it with every setting would only add candidates that cannot win. The full estimate's
+simulator prices its smaller bubble, so each 1F1B finalist with a multi-stage pipeline gets one
+ZB-H1 twin, refined under ZB-H1's own memory (a split near the memory cap does not fit and keeps
+1F1B), and the finish picks whichever the estimate finds faster. Single-stage pipelines have no
+bubble: a plan of only those gets no twin. Above ``FULL_ESTIMATE_DEVICES`` devices the finish
+estimates one plan (the simulator is the slow part there): the twin first when its surrogate time
+is no worse, the 1F1B finalist if the twin OOMs."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The bubble benchmark's CPU smoke mode (benchmarks/executor/bubbles.py --smoke): 1F1B and ZB-H1
 on a 2-stage pipeline of the tiny model, each one launch with --trace; every rank's spans pair with
 the registry's op order, and the JSON holds per rank the busy time, the bubble, the peak memory and
-the simulator's prediction for the same plan."""
+the simulator's prediction for the same plan (memory: the model's total and its tensors)."""
 
 from __future__ import annotations
 
@@ -30,10 +30,12 @@ def test_smoke_measures_both_schedules_per_rank(tmp_path: Path, capsys: pytest.C
             assert len(got["busy_s"]) == len(got["bubble_s"]) == 2
             assert all(b > 0 for b in got["busy_s"]) and all(x >= 0 for x in got["bubble_s"])
             assert all(b + x == pytest.approx(got["schedule_s"]) for b, x in zip(got["busy_s"], got["bubble_s"]))
-            # ZB-H1's weight gradients ran (and are priced) as W ops; 1F1B has none
-            assert all((k["W"] > 0) == (row["schedule"] == "zb-h1") for k in got["op_s"]), got["op_s"]
+            # ZB-H1's weight gradients ran (and are priced) as W ops where a stage holds them back (rank
+            # 1); rank 0 fuses each W into its B (planner.schedules.inline_w), counted as B; 1F1B has none
+            assert [k["W"] > 0 for k in got["op_s"]] == [False, row["schedule"] == "zb-h1"], got["op_s"]
             assert all(k["F"] > 0 and k["B"] > 0 for k in got["op_s"]), (part, got["op_s"])
         assert all(m > 0 for m in row["measured"]["memory_gib"]) and row["step_error"] is not None
+        assert all(0 < t < m for t, m in zip(row["predicted"]["tensor_gib"], row["predicted"]["memory_gib"]))
     assert base["bubble_reduction"] == 0.0 and zb["bubble_reduction"] is not None
 
 

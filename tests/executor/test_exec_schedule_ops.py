@@ -41,8 +41,8 @@ class Recorder:
         self.compute.append(StageOp("B", j))
         return None if self.first else f"dx{j}"
 
-    def weight_grads(self, j: int) -> None:
-        self.compute.append(StageOp("W", j))
+    def weight_grads(self, j: int, chunk: int = 0) -> None:
+        self.compute.append(StageOp("W", j, chunk))
 
     def __getattr__(self, name: str) -> Any:
         if name not in CHANNELS:

@@ -90,3 +90,26 @@ def test_store_linear_is_f_linear_and_backward_needs_a_deferral() -> None:
     with store.deferring(0), pytest.raises(RuntimeError, match="already being deferred"):
         with store.deferring(1):
             pass
+
+
+def test_deferring_linear_multiplies_with_the_cast_once_copy_instead_of_a_cast_per_micro_batch() -> None:
+    """Under autocast the weight operand saved for the backward is the stage's cast-once copy (one per
+    step, as 1F1B's linears keep) rather than a fresh cast per micro-batch; the results are bit-equal."""
+    x0, w = torch.randn(2, 5, 8), torch.nn.Parameter(torch.randn(6, 8))
+    lowp = w.detach().to(torch.bfloat16)
+    results = []
+    for copy in (None, lowp):
+        store, saved = WeightGradStore(), []
+        x, w.grad = x0.clone().requires_grad_(), None
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t) or t, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = store_linear(x, w, store, copy)
+        with store.deferring(0):
+            y.float().square().sum().backward()
+        store.run(0)
+        weight_operands = [t for t in saved if t.shape == w.shape]
+        assert len(weight_operands) == 1
+        assert (weight_operands[0].data_ptr() == lowp.data_ptr()) == (copy is not None)
+        results.append((y, x.grad, w.grad))
+    for a, b in zip(*results):
+        assert_close(a, b, rtol=0, atol=0)
