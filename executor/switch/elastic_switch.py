@@ -110,8 +110,8 @@ def build_early(e: int, layout: Layout, state: RankState, *, args: TrainConfig, 
     topo = strategy_topology(plan, plan.devices) if isinstance(layout, StrategyPool) else None
     engine = plan_runner.engine_without_groups(plan, args, rank=state.rank, device=device, optim=optim, topology=topo)
     into = NewState(state, engine)
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
+    if engine.device.type == "cuda":  # the build's own kernels; not the old engine's weight all-gathers in flight
+        torch.cuda.current_stream(engine.device).synchronize()
     return Early(e, engine, into, time.perf_counter() - t0, ahead)
 
 
