@@ -64,7 +64,6 @@ from planner.cost.communicators import communicators
 from planner.cost.compiled import compile_notes
 from planner.cost.context import cp_groups, cp_slots, local_seq, slots_link
 from planner.cost.cp_memory import cp_attention_memory
-from planner.state_layout import zero_sharded
 from planner.cost.gradsync import stage_owners, sync_groups
 from planner.cost.links import allreduce_time, group_allreduce_time, group_broadcast_time
 from planner.cost.memory import (
@@ -83,6 +82,7 @@ from planner.cost.stage import StageTime, activation_bytes, slots_boundary_time,
 from planner.errors import PlanInfeasible
 from planner.layout import layer_numel, stage_tensors
 from planner.plan import Plan
+from planner.state_layout import zero_sharded
 from planner.timeline import Lane, Timeline
 from planner.validate import validate
 
