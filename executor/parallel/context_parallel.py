@@ -9,8 +9,11 @@ positions. Attention of local chunk ``c`` needs the keys ``[0, (c+1)·L)``:
    global order (:mod:`executor.parallel.kv_gather`); its backward sums every rank's gradient of the
    gathered K/V and gives each rank its own chunks (a reduce-scatter);
 2. each local query chunk attends to that prefix with the causal mask aligned lower-right (query
-   ``i`` of chunk ``c`` sees keys ``<= c·L + i``): exactly the rows of dense causal attention. A
-   packed row (documents back to back, :mod:`executor.data.packed_docs`) is split the same way; its
+   ``i`` of chunk ``c`` sees keys ``<= c·L + i``): exactly the rows of dense causal attention. On
+   CPU and CUDA bf16/fp16 that runs block by block, merged by log-sum-exp, in one autograd node
+   that keeps only the rank's own K/V (:mod:`executor.parallel.cp_blockwise`); CUDA fp32 keeps one
+   masked SDPA call per chunk over the gathered K/V (:func:`masked_cp_attention`). A packed row
+   (documents back to back, :mod:`executor.data.packed_docs`) is split the same way; its
    queries also keep to their own document (:func:`cp_packed_attention`), and RoPE takes each
    token's position inside its document.
 

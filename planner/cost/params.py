@@ -29,10 +29,9 @@ class CostParams:
     # Flash-attention backward executes this many times the forward's FLOPs (it recomputes the
     # scores: 5 matmuls against 2 in the forward).
     attention_backward_flops_ratio: float = 2.5
-    # attention_efficiency of a context-parallel rank's attention (0 = the same). Its lower-right
-    # causal mask (a query chunk over a longer key prefix) is dispatched by SDPA's CausalBias to
-    # torch's flash kernel only, never cuDNN, which the dense path prefers on Hopper
-    # (executor/parallel/context_parallel.py, executor/model/fast_path.py).
+    # attention_efficiency of a context-parallel rank's attention (0 = the same): flash pieces merged
+    # by log-sum-exp, on cuDNN where it runs them (executor/parallel/cp_blockwise.py); measured by
+    # `hexiscale calibrate` on CUDA (planner/calibration/cp_attention.py).
     cp_attention_efficiency: float = 0.0
     # Memory-bound kernels (norms, RoPE, SwiGLU, residual adds, optimizer) reach this fraction
     # of the catalog's memory bandwidth.
