@@ -1,5 +1,5 @@
 """Attention kernels that return the log-sum-exp, so that a query block's attention over several
-key blocks can be computed block by block and merged exactly (:mod:`executor.parallel.cp_attention`).
+key blocks can be computed block by block and merged exactly (:mod:`executor.parallel.cp_blockwise`).
 
 A piece is ``(q, k, v, causal)`` with ``q [b, H, Lq, d]`` and ``k, v [b, H, Lk, d]`` (equal heads:
 GQA is expanded by the caller). :meth:`PieceKernel.forward` gives the piece's output and its

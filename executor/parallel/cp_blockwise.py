@@ -7,10 +7,11 @@ causal mask. Each piece runs a flash kernel that returns its log-sum-exp
 (:mod:`executor.parallel.attention_pieces`); the outputs merge exactly as
 ``o = sum_i o_i · exp(lse_i - lse)`` with ``lse = logsumexp_i(lse_i)``.
 
-Why not one masked call: a lower-right causal mask over ``c·n + n`` keys runs on torch's
-memory-efficient kernel, at about a third of the flash kernel's speed on H100 at 64K
-(``cp_attention_efficiency`` 0.35 in the cost model, fitted to the 2026-11-27 run), and it kept the
-whole gathered K/V for the backward.
+Why not one masked call: SDPA takes a lower-right causal mask over ``c·n + n`` keys only on torch's
+flash or memory-efficient kernels, never cuDNN; on H100 at 64K over 4 ranks one rank's attention
+took 53 ms that way against 31 ms block by block on cuDNN (0.86 of the dense kernel's share;
+``benchmarks/executor/cp_attention.py``, benchmarks/results/cp_attention_20261127T062806Z.json),
+and it kept the whole gathered K/V for the backward.
 
 What the node keeps: q, the **local** k and v, the output and its log-sum-exp. The backward
 all-gathers K/V again (one more all-gather a layer, instead of keeping ``cp`` times the local K/V
