@@ -101,6 +101,14 @@ several; dropped at each step's start) only exist from the stage's first backwar
 holds ``held_with_grads`` (1F1B: ``min(S - i, m)`` if a forward follows the first backward,
 i.e. ``m > S - i``, else one less; GPipe: ``m - 1``); the peak is the larger of the two moments.
 
+Beside what is held, one micro-batch's transient: on the last stage the loss's ``T·V/t·(e + 8)``
+(its fp32 softmax, in the forward and the head's backward); in a layer's backward the CP
+attention's (``cp_attention``) and full recompute's (:func:`full_recompute_transient`). The loss's
+comes at another moment than a layer's backward, so the larger of the two counts (their sum with
+``CostParams.cast_once`` off: there autocast's cast cache, full recompute's larger moment, ended the
+forward beside the loss). Summed, the 64K dense full-recompute plans on 4x H100 were 10-14 % over
+(tests/planner/test_fidelity_long_context_memory.py).
+
 Measured bytes replace the formulas when given (``layer_activation``, ``head_activation``: per
 micro-batch, the input included, the weight copies not; ``MeasuredProfile.activation_bytes``
 converts the profiler's figures to that). On an H100 and an H200 (llama-1.3b), the formulas equal
@@ -448,7 +456,8 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     if last:
         per_mb += head_activation if head_activation is not None else head_activation_bytes(
             model, micro_batch, tp, dtype, seq_len, params)
-        transient += tokens * model.vocab_size / tp * (num.e + 8)  # the loss's transient peak (module docstring)
+        loss = tokens * model.vocab_size / tp * (num.e + 8)  # the loss's transient (module docstring)
+        transient = max(transient, loss) if params.cast_once else transient + loss  # not at a layer's backward
     acts, grads_at_peak = in_flight * per_mb + transient, state.gradients
     if held is not None:
         deferred = deferred_wgrad_bytes(model, micro_batch=micro_batch, tp=tp, dtype=dtype, layers=layers,

@@ -9,7 +9,7 @@ from _cost_fixtures import MODEL, cluster, plan
 
 from planner.cost import GIB, CostParams, estimate, in_flight, stage_memory, stage_params
 from planner.cost.communicators import communicators
-from planner.cost.memory import head_activation_bytes, layer_activation_bytes
+from planner.cost.memory import full_recompute_transient, head_activation_bytes, layer_activation_bytes
 from planner.cost.params import DEFAULT_PARAMS
 from planner.errors import PlanInfeasible
 from planner.model import PRESETS
@@ -96,6 +96,27 @@ def test_first_and_last_stage_extras() -> None:
     head = t * (4096 + 4 + 2048 + 8192 * 4 + 9) + t * 8192 * (2 + 8)  # + the loss's transient peak
     assert last.activations - mid.activations == head - t * 4096
     assert last.weight_copies - mid.weight_copies == 8192 * 1024 * 2  # the LM head's, once
+
+
+@pytest.mark.parametrize("vocab", [8192, 2048])
+def test_the_loss_and_a_recomputed_layer_are_not_transient_at_once(vocab: int) -> None:
+    """The last stage's loss transient (forward and the head's backward) and a fully recomputed
+    layer's (in its backward) come at different moments: the larger counts, whichever it is (the
+    loss's ``V·(e + 8)`` a token at vocabulary 8192, the layer's ~49.7 KB a token at 2048)."""
+    m = dataclasses.replace(MODEL, vocab_size=vocab)
+    seq = m.seq_len
+    kw = dict(layers=4, tp=1, first=False, last=True, micro_batch=1, dtype="bf16", recompute="full")
+
+    def transient(params: CostParams) -> float:
+        one, two = (stage_memory(m, in_flight=k, params=params, **kw).activations for k in (1, 2))  # type: ignore[arg-type]
+        return one - (two - one)
+
+    layer = full_recompute_transient(m, micro_batch=1, tp=1, dtype="bf16", layers=4, params=NO_OVERHEAD)
+    loss = seq * m.vocab_size * (2 + 8)
+    assert transient(NO_OVERHEAD) == pytest.approx(max(layer, loss))
+    old = dataclasses.replace(NO_OVERHEAD, cast_once=False)  # autocast's cache ended the forward beside the loss
+    layer_old = full_recompute_transient(m, micro_batch=1, tp=1, dtype="bf16", layers=4, params=old)
+    assert transient(old) == pytest.approx(layer_old + loss)
 
 
 def test_1f1b_holds_fewer_micro_batches_than_gpipe() -> None:
