@@ -3,7 +3,7 @@
 On 4x H200 (llama2-7b, seq 4096, DP4 ZeRO-1, compiled blocks) ``max_memory_allocated`` grew by
 17.9 GiB per extra sample of the micro-batch; the memory model says 29.6 GiB. Its per-layer terms
 (:func:`planner.cost.memory.layer_activation_bytes` and the autocast weight copies,
-:func:`planner.cost.memory.weight_cast_bytes`) were derived for the eager path. This program
+:func:`planner.cost.memory.weight_copy_bytes`) were derived for the eager path. This program
 measures, on one device in about a minute, what each path keeps for the backward.
 
 It builds a middle stage of ``--layers`` blocks of ``--model`` with the executor's own module
@@ -21,7 +21,7 @@ the parameters' gradients), then one measured pass on CUDA::
 
 ``per layer`` is what one layer keeps for its backward with its own input (the planner's
 convention; layer 0's input is allocated before the forward, the stage output is no layer's),
-beside ``layer_activation_bytes + weight_cast_bytes(layers=1)``. With two or more micro-batch sizes a
+beside ``layer_activation_bytes + weight_copy_bytes(layers=1)``. With two or more micro-batch sizes a
 least-squares line ``fixed + b · per_sample`` splits what does not grow with the micro-batch (the
 weight casts, the RoPE table casts) from the activations; ``per_sample × num_layers`` of the model
 is the figure to set beside the 17.9 (measured) and 29.6 GiB (modelled).
@@ -61,7 +61,7 @@ from benchmarks.executor.saved_tensors import breakdown, bytes_by_kind, forward_
 from executor.model import fast_path
 from executor.model.llama import StageModule
 from executor.profiler.compute import autocast, prepare
-from planner.cost.memory import layer_activation_bytes, weight_cast_bytes
+from planner.cost.memory import layer_activation_bytes, weight_copy_bytes
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.model import PRESETS, ModelSpec
 
@@ -77,7 +77,7 @@ def planner_params(device: torch.device) -> CostParams:
 def predicted(model: ModelSpec, micro_batch: int, dtype: str, params: CostParams = DEFAULT_PARAMS) -> dict[str, float]:
     """The planner's bytes per layer per micro-batch (TP 1, no recompute)."""
     act = layer_activation_bytes(model, micro_batch, 1, dtype, "none", model.seq_len, params)
-    cast = weight_cast_bytes(model, layers=1, tp=1, last=False, dtype=dtype, recompute="none", params=params)
+    cast = weight_copy_bytes(model, layers=1, tp=1, last=False, dtype=dtype, params=params)
     return {"activation": act, "weight_cast": cast, "total": act + cast}
 
 

@@ -16,10 +16,15 @@ import json
 import os
 import sys
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from benchmarks.fidelity.host_home import read_home, write_home
+
+# When the engine began multiplying with one cast-once weight copy per stage (executor.model.cast_once):
+# runs recorded before it ran autocast's casts, per micro-batch in flight (CostParams.cast_once off)
+CAST_ONCE_SINCE = datetime(2026, 11, 27, 1, 25, tzinfo=timezone.utc)
 
 
 def home_files(results: dict[str, Any], home: Path | None) -> dict[str, Any]:
@@ -32,8 +37,20 @@ def home_files(results: dict[str, Any], home: Path | None) -> dict[str, Any]:
     return files
 
 
+def as_run(files: dict[str, Any], date: str | None) -> dict[str, Any]:
+    """The host's files describing the executor that ran on ``date``: before cast-once, its
+    calibrations' params say so (``cast_once: false``), so the memory model prices the casts that
+    run kept per micro-batch in flight."""
+    if not date or datetime.fromisoformat(date) >= CAST_ONCE_SINCE:
+        return files
+    return {rel: ({**data, "params": {**data["params"], "cast_once": False}}
+                  if rel.startswith("calibration/") and isinstance(data.get("params"), dict) else data)
+            for rel, data in files.items()}
+
+
 def repredict(results: dict[str, Any], files: dict[str, Any]) -> list[dict[str, Any]]:
-    """The run's rows estimated again (``host4.predict_rows``) with the host's files as its home."""
+    """The run's rows estimated again (``host4.predict_rows``) with the host's files as its home,
+    as the executor of the run's date ran (:func:`as_run`)."""
     from benchmarks.fidelity.host4 import predict_rows
 
     [key] = [rel.split("/")[1].removesuffix(".json") for rel in files if rel.startswith("calibration/")]
@@ -44,7 +61,7 @@ def repredict(results: dict[str, Any], files: dict[str, Any]) -> list[dict[str, 
     context = (fits.get("framework_gib") or {}).get("measured_context_gib")
     before = os.environ.get("HEXISCALE_HOME")
     with tempfile.TemporaryDirectory() as tmp:
-        os.environ["HEXISCALE_HOME"] = str(write_home(files, Path(tmp)))
+        os.environ["HEXISCALE_HOME"] = str(write_home(as_run(files, meta.get("date")), Path(tmp)))
         try:
             return predict_rows(results["runs"], key, cpu, latency, context)
         finally:

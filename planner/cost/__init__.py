@@ -101,7 +101,7 @@ from planner.cost.memory import (
     stage_memory,
     stage_params,
     state_bytes,
-    weight_cast_bytes,
+    weight_copy_bytes,
 )
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, PassTime, SpecProfile
@@ -138,5 +138,5 @@ __all__ = [
     "one_f_one_b_time", "p2p_time", "partial_params", "partial_params_table", "pipeline_time", "reduce_scatter_time",
     "ring_allreduce_time",
     "simulate", "stage_memory", "stage_params", "stage_time", "state_bytes", "sync_groups", "tp_collectives",
-    "tp_comm_time", "tree_allreduce_time", "weight_cast_bytes",
+    "tp_comm_time", "tree_allreduce_time", "weight_copy_bytes",
 ]

@@ -255,8 +255,8 @@ def monotone_in_tokens(curves: list[Curve]) -> list[Curve]:
 
 def _stage_bytes(kind: str, row: Mapping[str, Any], model: ModelSpec, dtype: str) -> float:
     """The profiler's ``activation_bytes`` as :func:`planner.cost.memory.stage_memory` counts a layer
-    (or the head): with its input, without the compute-dtype weight casts (added per micro-batch in
-    flight by the memory model).
+    (or the head): with its input, without the compute-dtype weight casts (the memory model adds the
+    stage's one cast-once copy, :func:`planner.cost.memory.weight_copy_bytes`).
 
     The profiler (executor/profiler/compute.py) records what a forward leaves allocated less its
     output, divided by ``chain`` = k when k applications of the same layer run back to back in one

@@ -76,15 +76,24 @@ where 4x H200 measured 17.9)::
                        + 3·e·f/t]                   gate, up, and silu(gate) or the product
                     + [e != 4] 2·s·d·e              two RoPE table casts (one cos, one sin)
 
-and the same weight copies as eager (the compiled graph saves them too). The split of the ``7·e·h``
+and the same weight copies as eager (one per stage, below). The split of the ``7·e·h``
 the count found into replicated and TP-sharded terms follows the eager formula (the count ran at
 TP 1 with MHA). Under ``selective`` and ``full`` the compiled path has not been counted: the eager
 formulas stand for them.
 
-Per micro-batch in flight a stage also holds: with autocast (bf16/fp16) and recompute other
-than full, the compute-dtype copies of its matmul weights (``e`` per matmul parameter: saved by
-the matmuls for their backward); on every stage but the last, its output ``T·r·h`` (kept for the
-backward); on the first stage the token ids (8 B/token); on the last stage the final norm and the
+Weight copies: with autocast (bf16/fp16) a stage holds ONE compute-dtype copy of its matmul
+weights, ``e`` bytes per matmul parameter of its layers and of the LM head
+(:func:`weight_copy_bytes`), whatever the recompute mode and the micro-batches in flight: the
+engine turns cast-once on (executor/model/cast_once.py), the copies are buffers made at a step's
+first forward and refreshed in place, and each matmul saves that buffer, not a cast of its own.
+(A bare module under autocast casts per forward and each micro-batch in flight saves its casts:
+the executor before 2026-11-27 01:25 UTC, priced with ``CostParams.cast_once`` off,
+:func:`per_micro_batch_casts`. Until issue 32 the model charged that for every run, ~2.6 GiB over
+on the 9-layer llama-1.3b rank of benchmarks/results/bubbles_h100_20261127T064953Z.json.)
+tests/executor/test_weight_copy_count.py counts them on CPU with 2-4 micro-batches in flight.
+
+Per micro-batch in flight a stage also holds: on every stage but the last, its output ``T·r·h``
+(kept for the backward); on the first stage the token ids (8 B/token); on the last stage the final norm and the
 logits with their fp32 loss buffer, ``T·(r·h + 4·h + 4 + e·h + V/t·(e + 4))``.
 A stage holds ``in_flight`` micro-batches (1F1B: ``min(S - i, m)``; GPipe: ``m``) at most, but the
 gradients autograd allocates (all of them with one pipeline, the ``4·X`` of cut shards with
@@ -92,12 +101,20 @@ several; dropped at each step's start) only exist from the stage's first backwar
 holds ``held_with_grads`` (1F1B: ``min(S - i, m)`` if a forward follows the first backward,
 i.e. ``m > S - i``, else one less; GPipe: ``m - 1``); the peak is the larger of the two moments.
 
+Beside what is held, one micro-batch's transient: on the last stage the loss's ``T·V/t·(e + 8)``
+(its fp32 softmax, in the forward and the head's backward); in a layer's backward the CP
+attention's (``cp_attention``) and full recompute's (:func:`full_recompute_transient`). The loss's
+comes at another moment than a layer's backward, so the larger of the two counts (their sum with
+``CostParams.cast_once`` off: there autocast's cast cache, full recompute's larger moment, ended the
+forward beside the loss). Summed, the 64K dense full-recompute plans on 4x H100 were 10-14 % over
+(tests/planner/test_fidelity_long_context_memory.py).
+
 Measured bytes replace the formulas when given (``layer_activation``, ``head_activation``: per
-micro-batch, the input included, the weight casts not; ``MeasuredProfile.activation_bytes``
+micro-batch, the input included, the weight copies not; ``MeasuredProfile.activation_bytes``
 converts the profiler's figures to that). On an H100 and an H200 (llama-1.3b), the formulas equal
 the measured bytes to within 1 KiB per layer and per head at TP 1, a few MiB at TP 2.
 
-Peak: the larger of two moments. The schedule's: weights, optimizer, the gradients allocated by
+Peak: the larger of two moments. The schedule's: weights and their copies, optimizer, the gradients allocated by
 then and the activations in flight (above). The end of the last backward: weights, optimizer,
 every gradient and the reduced chunks, the activations freed (the last micro-batch's backward frees
 each layer's activations as its buckets complete and their chunks are allocated). The breakdown
@@ -144,11 +161,13 @@ class MemoryBreakdown:
     activations: float
     overhead: float
     step_buffers: float = 0.0  # what the end of the last backward holds beyond the schedule's peak (ZeRO-1)
+    weight_copies: float = 0.0  # the stage's cast-once compute-dtype weights (one copy, not per micro-batch)
 
     @property
     def total(self) -> float:
         """The device's peak: the larger of the schedule's and the end of the last backward."""
-        return self.weights + self.gradients + self.optimizer + self.activations + self.overhead + self.step_buffers
+        return (self.weights + self.weight_copies + self.gradients + self.optimizer + self.activations
+                + self.overhead + self.step_buffers)
 
     @property
     def required(self) -> float:
@@ -326,39 +345,52 @@ def compiled_layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int,
     return micro_batch * seq * per_token + rope_casts
 
 
-def weight_cast_bytes(model: ModelSpec, *, layers: int, tp: int, last: bool, dtype: str, recompute: str,
+def weight_copy_bytes(model: ModelSpec, *, layers: int, tp: int, last: bool, dtype: str,
                       params: CostParams = DEFAULT_PARAMS) -> float:
-    """The compute-dtype copies of a stage's matmul weights that one micro-batch in flight keeps
-    (autocast casts the fp32 weights every forward; the matmuls save the copies for their
-    backward): ``e`` bytes per matmul parameter of ``layers`` layers, and of the LM head on the last
-    stage. 0 without autocast copies (fp32, ``CostParams.autocast_weight_copies`` off); under full
-    recompute the layers' copies are not kept (:func:`full_recompute_transient` has them), the
-    head's are."""
+    """The stage's compute-dtype copies of its matmul weights: ``e`` bytes per matmul parameter of
+    ``layers`` layers, and of the LM head on the last stage, held ONCE per stage (module docstring,
+    "Weight copies"). 0 without them (fp32, ``CostParams.autocast_weight_copies`` off)."""
     num = _num(dtype, params)
     if not num.weight_casts:
         return 0.0
-    matmul = 0.0 if recompute == "full" else layers * layer_numel(model)[0] / tp
-    if last:  # the LM head is never recomputed: its matmul saves its copy under every mode
+    matmul = layers * layer_numel(model)[0] / tp
+    if last:
         matmul += model.vocab_size * model.hidden_size / tp
     return matmul * num.e
+
+
+def per_micro_batch_casts(model: ModelSpec, *, layers: int, tp: int, last: bool, dtype: str, recompute: str,
+                          params: CostParams = DEFAULT_PARAMS) -> float:
+    """Without cast-once (``CostParams.cast_once`` off: the executor before 2026-11-27 01:25 UTC),
+    the casts one micro-batch in flight saves: :func:`weight_copy_bytes`, less the checkpointed
+    layers' under full recompute (:func:`full_recompute_transient` has them; the head is never
+    recomputed). 0 with cast-once, where the stage holds one copy instead."""
+    if params.cast_once:
+        return 0.0
+    head = weight_copy_bytes(model, layers=0, tp=tp, last=last, dtype=dtype, params=params)
+    body = weight_copy_bytes(model, layers=layers, tp=tp, last=False, dtype=dtype, params=params)
+    return head + (0.0 if recompute == "full" else body)
 
 
 def full_recompute_transient(model: ModelSpec, *, micro_batch: int, tp: int, dtype: str, layers: int,
                              seq_len: int | None = None, params: CostParams = DEFAULT_PARAMS,
                              compile: bool = False) -> float:
-    """What one micro-batch adds at its peak under full recompute: the larger of two moments. In the
-    backward, a recomputed layer's whole activations and its weights' compute-dtype copies. At the end
-    of an eager forward, autocast's cast cache: the checkpointed layers save no copies, but the cache
-    keeps every matmul weight's copy of the stage until the forward leaves its autocast region (one
-    region per micro-batch forward, ``executor.parallel.schedules``). Measured on 2x H200 (fidelity ``--gpus 2``,
-    ``7b-pp2-full``, 2026-11-26): 5.8 and 6.0 GiB allocated above the model's estimate without that
-    moment, against 6.0 GiB of copies of a 16-layer llama2-7b stage. Compiled blocks cast inside their
-    graphs (not cached): the first moment only (not measured)."""
-    num = _num(dtype, params)
+    """What one micro-batch adds at its peak under full recompute: a recomputed layer's whole
+    activations in the backward. With cast-once its weight copies are the stage's
+    (:func:`weight_copy_bytes`, held anyway) and a checkpointed forward leaves no autocast cast
+    cache: the linears multiply with those copies, autocast casts no weight.
+
+    Without (``CostParams.cast_once`` off), the larger of two moments: the recomputed layer with its
+    own casts, or the end of an eager forward, where autocast's cast cache keeps every matmul
+    weight's copy of the stage until the forward leaves its autocast region (one region per
+    micro-batch forward, ``executor.parallel.schedules``; compiled blocks cast inside their graphs,
+    not cached: the first moment only). Measured on 2x H200 (fidelity ``--gpus 2``, ``7b-pp2-full``,
+    2026-11-26): 5.8 and 6.0 GiB allocated above the model without that moment, against 6.0 GiB of
+    copies of a 16-layer llama2-7b stage."""
     layer = layer_activation_bytes(model, micro_batch, tp, dtype, "none", seq_len, params)
-    if not num.weight_casts:
+    one = weight_copy_bytes(model, layers=1, tp=tp, last=False, dtype=dtype, params=params)
+    if params.cast_once or not one:
         return layer
-    one = layer_numel(model)[0] / tp * num.e
     return layer + one if compile else max(layer + one, layers * one)
 
 
@@ -411,8 +443,8 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     per_mb = layers * per_layer  # everything one micro-batch in flight keeps
     cp = cp_attention or CPAttentionMemory(0.0, 0.0)
     per_mb += layers * cp.saved
-    per_mb += weight_cast_bytes(model, layers=layers, tp=tp, last=last, dtype=dtype, recompute=recompute,
-                                params=params)
+    per_mb += per_micro_batch_casts(model, layers=layers, tp=tp, last=last, dtype=dtype, recompute=recompute,
+                                    params=params)
     if not last:
         per_mb += layer_input
     if first:
@@ -424,7 +456,8 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
     if last:
         per_mb += head_activation if head_activation is not None else head_activation_bytes(
             model, micro_batch, tp, dtype, seq_len, params)
-        transient += tokens * model.vocab_size / tp * (num.e + 8)  # the loss's transient peak (module docstring)
+        loss = tokens * model.vocab_size / tp * (num.e + 8)  # the loss's transient (module docstring)
+        transient = max(transient, loss) if params.cast_once else transient + loss  # not at a layer's backward
     acts, grads_at_peak = in_flight * per_mb + transient, state.gradients
     if held is not None:
         deferred = deferred_wgrad_bytes(model, micro_batch=micro_batch, tp=tp, dtype=dtype, layers=layers,
@@ -437,8 +470,10 @@ def stage_memory(model: ModelSpec, *, layers: int, tp: int, first: bool, last: b
             grads_at_peak = state.early_gradients  # the peak comes before the first backward
         else:
             acts = held_with_grads * per_mb + transient
-    schedule = state.weights + grads_at_peak + state.optimizer + acts
-    buffers = max(0.0, state.end_of_backward - schedule)  # the end of the last backward, where higher
+    copies = weight_copy_bytes(model, layers=layers, tp=tp, last=last, dtype=dtype, params=params) \
+        if params.cast_once else 0.0
+    schedule = state.weights + copies + grads_at_peak + state.optimizer + acts
+    buffers = max(0.0, state.end_of_backward + copies - schedule)  # the end of the last backward, where higher
     fixed = (params.framework_gib + params.workspace_gib) * GIB
     overhead = fixed + params.fragmentation * (schedule + buffers)
-    return MemoryBreakdown(state.weights, grads_at_peak, state.optimizer, acts, overhead, buffers)
+    return MemoryBreakdown(state.weights, grads_at_peak, state.optimizer, acts, overhead, buffers, copies)

@@ -94,9 +94,15 @@ class CostParams:
     # ``fp32_residual`` says (executor/model/llama.py casts at the stage's ends). A plan option, not a
     # fitted term: :meth:`planner.cost.profile_set.ProfileSet.for_options` sets it from the plan.
     residual_in_compute_dtype: bool = False
-    # Each forward under autocast casts the stage's matmul weights to the compute dtype; the casts
-    # stay alive (saved for the backward) for every micro-batch in flight.
+    # Under autocast the stage keeps compute-dtype copies of its matmul weights: the engine's cast-once
+    # copies, one per stage (planner.cost.memory.weight_copy_bytes); the time terms still price a cast
+    # per micro-batch (planner.cost.ops).
     autocast_weight_copies: bool = True
+    # The engine's cast-once weights (executor/model/cast_once.py, since 2026-11-27 01:25 UTC): the
+    # copies are held once per stage. False prices the autocast path that ran before: each
+    # micro-batch in flight saves its own casts, and a fully recomputed forward leaves autocast's
+    # cast cache (what fidelity runs recorded before then measured; benchmarks/fidelity/repredict.py).
+    cast_once: bool = True
     # Grouped-query attention expands K/V to the query heads before SDPA (no GQA kernel).
     expand_kv_heads: bool = True
     # F.rms_norm is one fused kernel on CUDA that saves its input and the per-token rstd; the CPU

@@ -1,7 +1,9 @@
 """A context-parallel layer's memory against planner.cost.cp_memory, counted on gloo ranks: the
 bytes one ``Block`` (cp 2 and 4, GQA and MHA, fp32 and bf16 autocast, no and selective recompute)
-saves for its backward, and the live-storage peak of the CP attention's backward (the blockwise
-node of executor.parallel.cp_blockwise, which CPU and CUDA bf16 run) above what its forward left."""
+saves for its backward (bf16: with the engine's cast-once weight copies, which it saves but the
+stage holds once, not per micro-batch), and the live-storage peak of the CP attention's backward
+(the blockwise node of executor.parallel.cp_blockwise, which CPU and CUDA bf16 run) above what its
+forward left."""
 
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ MHA = ModelSpec("t", 1, 256, 704, 8, 8, 512, 256)
 
 
 def _saved_job(m: ModelSpec, cp: int, autocast: bool, recompute: str) -> int:
+    from executor.model.cast_once import WeightCopies
     from executor.model.llama import Block, rope_tables
     from executor.parallel.context_parallel import CPContext, local_positions
+    from executor.parallel.tp_layers import ColumnParallelLinear, RowParallelLinear
 
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -34,7 +38,11 @@ def _saved_job(m: ModelSpec, cp: int, autocast: bool, recompute: str) -> int:
     pos = local_positions(m.seq_len, cp, rank, cos.device)
     cos, sin = cos[pos], sin[pos]
     x = torch.randn(2, m.seq_len // cp, m.hidden_size, requires_grad=True)
-    skip = {t.untyped_storage().data_ptr() for t in [*block.parameters(), cos, sin]}
+    linears = [mod for mod in block.modules() if isinstance(mod, (ColumnParallelLinear, RowParallelLinear))]
+    if autocast:  # the engine's cast-once copies (the stage's, held once: planner.cost.memory.weight_copy_bytes)
+        WeightCopies().refresh("block", linears, torch.bfloat16)
+    copies = [lp for mod in linears if (lp := mod.weight_lp) is not None]
+    skip = {t.untyped_storage().data_ptr() for t in [*block.parameters(), *copies, cos, sin]}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -58,8 +66,6 @@ def test_cp_layer_saves_the_plain_layer_plus_the_gathered_kv(model: ModelSpec, c
     extra = cp_attention_memory(model, micro_batch=2, tp=1, cp=cp, dtype=dtype, recompute=recompute,
                                 params=CPU_EXECUTOR)
     want = layer_activation_bytes(model, 2, 1, dtype, recompute, seq, CPU_EXECUTOR) + extra.saved
-    if dtype == "bf16":  # the layer's bf16 weight casts, counted per micro-batch in flight
-        want += (model.layer_params() - 2 * model.hidden_size) * 2
     assert got == [pytest.approx(want, rel=1e-9)] * cp
 
 

@@ -37,10 +37,11 @@ def test_cp2_memory_against_tp2_and_one_device(recompute: str) -> None:
     cp2 = estimate(_plan(1, 2, recompute=recompute), CLUSTER).memory["h100:0"]
     # weights replicated across the CP slots, sharded by TP
     assert cp2.weights == pytest.approx(one.weights) and tp2.weights < 0.6 * one.weights
-    # activations split by the sequence: below the one-device stage's half plus the gathered K,V,
-    # and below TP 2's (TP replicates the norms' inputs and the residual stream)
+    # activations split by the sequence: at most the one-device stage's half plus the gathered K,V,
+    # and below TP 2's (TP replicates the norms' inputs and the residual stream); the half itself
+    # where the loss's transient, at another moment than the CP attention's backward, is the larger
     assert cp2.activations < tp2.activations
-    assert 0.5 * one.activations < cp2.activations < 0.5 * one.activations + LONG.num_layers * (
+    assert 0.5 * one.activations <= cp2.activations < 0.5 * one.activations + LONG.num_layers * (
         2 * 2 * 2 * LONG.seq_len * LONG.kv_dim)
 
 

@@ -18,19 +18,17 @@ that moves a plan more than ``MARGIN`` further from its measurement fails here. 
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from _calibration_home import RESULTS, calibration_home
 
 from benchmarks.fidelity.host4 import cluster_for
 from planner.calibration.local import resolve_profiles
-from planner.catalog import _cached
 from planner.cost import estimate
 from planner.plan import plan_from_dict
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 MARGIN = 0.03
 UNDER = 0.05  # issue 32: memory never under-predicted by more than this
 
@@ -54,13 +52,7 @@ CASES = [(run, plan) for run, r in RUNS.items() for plan in sorted(r.recorded)]
 
 def _price(run: Run, home: Path) -> dict[str, tuple[float, float, dict]]:
     """plan -> (time error, memory error, row)."""
-    for suffix, sub in ((".json", "calibration"), (".device.json", "devices")):
-        (home / sub).mkdir(parents=True)
-        shutil.copy(RESULTS / "calibrations" / f"{run.calibration}{suffix}", home / sub / "h100-sxm-measured.json")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HEXISCALE_HOME", str(home))
-    _cached.cache_clear()
-    try:
+    with calibration_home(run.calibration, home):
         cluster = cluster_for((100,) * 4, "h100-sxm-measured", cpu=False)
         profiles = resolve_profiles(cluster).profiles
         out = {}
@@ -73,9 +65,6 @@ def _price(run: Run, home: Path) -> dict[str, tuple[float, float, dict]]:
                 mem = max(m.required_gib for m in est.memory.values())
                 out[r["plan"]] = (est.step_time_s / r["measured_s"] - 1, mem / r["measured_peak_gib"] - 1, r)
         return out
-    finally:
-        mp.undo()
-        _cached.cache_clear()
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from planner.plan import plan_from_dict
 
 RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "long_context_cuda_20261127T042301Z.json"
 UNDER = 0.05  # issue 32: never under-predicted by more than this
+OVER = 0.05  # nor the over-estimate that summed the loss's and the recomputed layer's transients (+10-14 %)
 DENSE = ("dp4-full", "tp2xdp2-full")
 
 
@@ -53,3 +54,9 @@ def test_the_recorded_plans_are_priced(rows: dict[str, tuple[float, dict]]) -> N
 def test_measured_peak_is_not_under_predicted(rows: dict[str, tuple[float, dict]], name: str) -> None:
     predicted, row = rows[name]
     assert predicted / row["measured_peak_gib"] - 1 >= -UNDER, (predicted, row["measured_peak_gib"])
+
+
+@pytest.mark.parametrize("name", DENSE)
+def test_measured_peak_is_not_over_predicted(rows: dict[str, tuple[float, dict]], name: str) -> None:
+    predicted, row = rows[name]
+    assert predicted / row["measured_peak_gib"] - 1 <= OVER, (predicted, row["measured_peak_gib"])
