@@ -6,7 +6,6 @@ cluster's ``gpu: h100-sxm-mps50`` is then planned and priced from it as ``h100-s
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,13 +16,12 @@ from executor.profiler.calibrate import _applies_to, measured_key
 from hexiscale.cli.calibrate_shares import child_command, run_shares
 from hexiscale.cli.main import main
 from planner.calibration.local import resolve_profiles
-from planner.calibration.store import save_calibration
-from planner.catalog import default_catalog, profiles_dir
+from planner.catalog import default_catalog
 from planner.cluster import load_cluster
 from planner.cost import estimate
-from planner.cost.params import DEFAULT_PARAMS
 from planner.hf_config import resolve_model
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
+from tests.support.host_share import host_share
 
 ROOT = Path(__file__).resolve().parents[2]
 MPS_CLUSTER = ROOT / "examples" / "clusters" / "h100x4-mps-100-100-50-50.yaml"
@@ -93,23 +91,6 @@ def test_each_share_runs_in_a_child_with_its_share_under_the_daemon(tmp_path: Pa
     assert child_command(_args(force=True, comm_ranks=0), tmp_path, 50)[0][-3:] == ["0", "--quiet", "--force"]
 
 
-def _host_share(home: Path, slower: float) -> Path:
-    """A host's measured 50 % share (the shipped share's tables, ``slower`` x its layer times) and its
-    calibration, as ``calibrate --sm-percent 50`` writes them."""
-    entry = json.loads((profiles_dir() / "devices" / "h100-sxm-mps50.json").read_text())
-    entry["key"] = "h100-sxm-mps50-measured"
-    for row in entry["measured"]["layer"]:
-        row["forward_s"] *= slower
-        row["backward_s"] *= slower
-    (home / "devices").mkdir(parents=True)
-    (home / "devices" / "h100-sxm-mps50-measured.json").write_text(json.dumps(entry))
-    cal = home / "calibration" / "h100-sxm-mps50-measured.json"
-    save_calibration(cal, DEFAULT_PARAMS, fitted={}, applies_to=["h100-sxm-mps50-measured", "h100-sxm-mps50"],
-                     fits={"compute": {"held_out": {"mean_abs_rel": 0.03, "max_abs_rel": 0.06, "folds": 5}}},
-                     provenance={"date": "2026-11-27", "host_fingerprint": "this-host:abc"})
-    return cal
-
-
 def _step(cluster_path: Path) -> float:
     cluster = load_cluster(cluster_path)
     model = resolve_model("llama-1.3b", 2048)
@@ -123,7 +104,7 @@ def test_a_host_share_prices_the_clusters_share_nodes(tmp_path: Path, monkeypatc
     monkeypatch.setenv("HEXISCALE_HOME", str(tmp_path / "empty"))
     shipped = _step(MPS_CLUSTER)
     home = tmp_path / "home"
-    cal = _host_share(home, slower=1.2)
+    cal = host_share(home, slower=1.2)
     monkeypatch.setenv("HEXISCALE_HOME", str(home))
     resolved = resolve_profiles(load_cluster(MPS_CLUSTER))
     assert resolved.profiles.get("h100-sxm-mps50").device.key == "h100-sxm-mps50-measured"
