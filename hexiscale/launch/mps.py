@@ -16,6 +16,7 @@ from typing import Any
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 SHARE_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+QUIT_TIMEOUT_S = 60
 Runner = Callable[..., Any]  # subprocess.run's shape: tests pass a fake that records the commands
 
 
@@ -31,4 +32,7 @@ def mps_daemon(run: Runner = subprocess.run) -> Iterator[bool]:
         yield started
     finally:
         if started:
-            run([MPS_CONTROL], input="quit\n", capture_output=True, text=True, timeout=90)
+            try:
+                run([MPS_CONTROL], input="quit\n", capture_output=True, text=True, timeout=QUIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:  # the block's work is done; a daemon slow to stop is no error
+                print(f"the MPS daemon did not stop within {QUIT_TIMEOUT_S} s", flush=True)

@@ -6,6 +6,7 @@ cluster's ``gpu: h100-sxm-mps50`` is then planned and priced from it as ``h100-s
 from __future__ import annotations
 
 import argparse
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from executor.profiler.calibrate import _applies_to, measured_key
 from hexiscale.cli.calibrate_shares import child_command, run_shares
 from hexiscale.cli.main import main
+from hexiscale.launch.mps import mps_daemon
 from planner.calibration.local import resolve_profiles
 from planner.catalog import default_catalog
 from planner.cluster import load_cluster
@@ -121,3 +123,25 @@ def test_a_host_share_prices_the_clusters_share_nodes(tmp_path: Path, monkeypatc
     assert "h100-sxm-mps50 (h100-sxm-mps50-measured: measured" in profiles_line
     assert priced_line == (f"priced by: fast: packaged calibration 'h100'; slow: host calibration {cal} "
                            "(host this-host:abc)")
+
+
+def test_a_daemon_already_running_is_left_running_and_a_slow_quit_is_no_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[list[str]] = []
+
+    def running(cmd: list[str], **kw: Any) -> SimpleNamespace:
+        calls.append(cmd)
+        return SimpleNamespace(returncode=1)  # "An instance of this daemon is already running"
+
+    with mps_daemon(running) as started:
+        assert started is False
+    assert calls == [["nvidia-cuda-mps-control", "-d"]]
+
+    def slow_quit(cmd: list[str], **kw: Any) -> SimpleNamespace:
+        if kw.get("input") == "quit\n":
+            raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+        return SimpleNamespace(returncode=0)
+
+    with mps_daemon(slow_quit) as started:
+        assert started is True
+    assert capsys.readouterr().out.strip() == "the MPS daemon did not stop within 60 s"
