@@ -145,3 +145,11 @@ def test_a_daemon_already_running_is_left_running_and_a_slow_quit_is_no_error(
     with mps_daemon(slow_quit) as started:
         assert started is True
     assert capsys.readouterr().out.strip() == "the MPS daemon did not stop within 60 s"
+
+
+def test_a_share_without_the_mps_tools_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("hexiscale.cli.calibrate_shares.mps_available", lambda: False)
+    assert main(["calibrate", "--home", str(tmp_path), "--sm-percent", "50"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--sm-percent: SM shares need the CUDA MPS daemon" in err
