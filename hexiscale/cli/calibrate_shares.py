@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hexiscale.launch.mps import SHARE_VAR, Runner, mps_available, mps_daemon
 from planner.errors import SpecError
+from planner.ranges import shown
 
 FIX = "pass whole percentages of the SMs from 1 to 100, e.g. --sm-percent 50 or --sm-percent 50,100"
 
@@ -29,8 +30,8 @@ def parse_shares(items: list[str]) -> list[int]:
     for item in items:
         for part in item.split(","):
             text = part.strip()
-            if not text.isdigit() or not 1 <= int(text) <= 100:
-                raise SpecError("--sm-percent", f"{text!r} is not a share of the SMs in percent", FIX)
+            if not (text.isascii() and text.isdigit() and len(text) <= 3 and 1 <= int(text) <= 100):
+                raise SpecError("--sm-percent", f"{shown(text)} is not a share of the SMs in percent", FIX)
             if int(text) not in out:
                 out.append(int(text))
     return out

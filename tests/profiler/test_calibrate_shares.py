@@ -33,6 +33,8 @@ MPS_CLUSTER = ROOT / "examples" / "clusters" / "h100x4-mps-100-100-50-50.yaml"
     (["--sm-percent", "0"], "'0' is not a share of the SMs"),
     (["--sm-percent", "150"], "'150' is not a share of the SMs"),
     (["--sm-percent", "50,abc"], "'abc' is not a share of the SMs"),
+    (["--sm-percent", "9" * 5000], "'99999999999999999999"),  # past int()'s digit limit: still one line
+    (["--sm-percent", "\u00b2"], "'\u00b2' is not a share of the SMs"),  # a digit to isdigit(), not to int()
     (["--sm-percent", "50", "--cpu"], "a CPU calibration has no SMs to share"),
 ])
 def test_bad_shares_are_one_line_naming_the_flag(flags: list[str], said: str, tmp_path: Path,
