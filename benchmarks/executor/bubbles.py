@@ -6,14 +6,24 @@ model's simulator predicts for the same plans. Prints a table and writes JSON (d
     NCCL_NVLS_ENABLE=0 python -m benchmarks.executor.bubbles --out benchmarks/results
     # CPU smoke (tiny model, 2 stages, gloo, no MPS; measures nothing; tests/executor/test_bench_bubbles.py):
     python -m benchmarks.executor.bubbles --smoke --out /tmp/bubbles-smoke
+    # the MPS shares measured on this host first, so the split is balanced on their measured speeds:
+    python -m hexiscale calibrate --sm-percent 50,100
+    NCCL_NVLS_ENABLE=0 python -m benchmarks.executor.bubbles --out benchmarks/results
+    # or the split pinned, to compare runs across calibrations:
+    NCCL_NVLS_ENABLE=0 python -m benchmarks.executor.bubbles --layers 8,8,5,3 --out benchmarks/results
 
 The plan: llama-1.3b (seq 2048) on ``fast:0, fast:1, slow:0, slow:1`` of the bundled
 ``{h100,h200}x4-mps-100-100-50-50`` cluster, one stage per GPU, the layers split as the planner
 would (an equal split polished by the full estimate, :func:`planner.search.local_search.polish_layers`,
-under 1F1B); every schedule runs that split. Each schedule is one ``hexiscale launch`` with
-``--trace``: each op's compute is timed with CUDA events inside the schedule interpreter (the
-trace's spans; tracing off costs one shared null context per op), and each rank's peak memory is
-recorded. Per traced step and rank:
+under 1F1B); every schedule runs that split. The speeds are those of the profiles the cluster's GPU
+types are planned with: with ``hexiscale calibrate --sm-percent 50`` run on this host,
+``h100-sxm-mps50-measured`` in ``$HEXISCALE_HOME`` prices the 50 % ranks (not the shipped
+``h100-sxm-mps50`` of another host, which left them idle 40-50 % of the step on 2026-11-27); the
+program prints which entry each GPU type's speeds came from and records it (``profiles``).
+``--layers 8,8,5,3`` pins the split instead (one positive count per stage, summing to the model's
+layers). Each schedule is one ``hexiscale launch`` with ``--trace``: each op's compute is timed with
+CUDA events inside the schedule interpreter (the trace's spans; tracing off costs one shared null
+context per op), and each rank's peak memory is recorded. Per traced step and rank:
 
 * busy = the sum of the rank's ``F``/``B``/``W`` op durations (its spans, paired with the registry's
   op order, :mod:`planner.timeline_ops` — a rank that ran another order fails the run);
@@ -40,11 +50,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +61,7 @@ from typing import Any
 from benchmarks.executor.hetero_e2e import CLI, ROOT
 from benchmarks.executor.hetero_e2e import _run as run_logged
 from benchmarks.executor.run_meta import run_versions
+from hexiscale.launch.mps import mps_available, mps_daemon
 from planner.cluster import ClusterSpec, load_cluster
 from planner.cost import estimate
 from planner.cost.memory import GIB
@@ -81,6 +91,21 @@ class Setting:
     @property
     def label(self) -> str:
         return f"{self.schedule} m={self.micro_batches}"
+
+
+def parse_layers(text: str, stages: int, num_layers: int) -> list[int]:
+    """``--layers 8,8,5,3`` -> layers per stage: one positive integer per stage, summing to the model's."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != stages or not all(p.isdigit() and int(p) > 0 for p in parts) or \
+            sum(int(p) for p in parts) != num_layers:
+        raise SpecError("--layers", f"{text!r} is not {stages} positive layer counts summing to the model's "
+                        f"{num_layers} layers", f"write one count per stage, e.g. --layers "
+                        f"{','.join(map(str, _even(num_layers, stages)))}")
+    return [int(p) for p in parts]
+
+
+def _even(num_layers: int, stages: int) -> list[int]:
+    return [num_layers // stages + (1 if i < num_layers % stages else 0) for i in range(stages)]
 
 
 def parse_runs(text: str, micro_batches: int) -> list[Setting]:
@@ -115,8 +140,7 @@ def balanced_counts(cluster: ClusterSpec, model: ModelSpec, devices: list[str], 
     from planner.cost import ProfileSet
     from planner.search.local_search import polish_layers
 
-    n = len(devices)
-    counts = [model.num_layers // n + (1 if i < model.num_layers % n else 0) for i in range(n)]
+    counts = _even(model.num_layers, len(devices))
     plan = make_plan(model, devices, counts, batch, Setting("1f1b", m), cluster.name)
     profiles = ProfileSet(cluster.catalog)
     polished, _ = polish_layers(plan, estimate(plan, cluster, profiles), cluster=cluster, profiles=profiles, log=[])
@@ -147,6 +171,15 @@ def _median_stats(steps: list[dict[str, Any]]) -> dict[str, Any]:
             "busy_s": [med(lambda s, i=i: s["busy_s"][i]) for i in range(n)],
             "bubble_s": [med(lambda s, i=i: s["bubble_s"][i]) for i in range(n)],
             "op_s": [{k: med(lambda s, i=i, k=k: s["op_s"][i][k]) for k in ("F", "B", "W")} for i in range(n)]}
+
+
+def priced_from(cluster: ClusterSpec) -> dict[str, str]:
+    """GPU type -> the catalog entry its speeds come from (a ``calibrate --sm-percent`` entry of this
+    host, ``<type>-measured``, where ``HEXISCALE_HOME`` has one)."""
+    from planner.cost import ProfileSet
+
+    profiles = ProfileSet(cluster.catalog)
+    return {gpu: profiles.get(gpu).device.key for gpu in sorted({d.gpu for d in cluster.devices})}
 
 
 def predicted(plan: Plan, cluster: ClusterSpec) -> dict[str, Any]:
@@ -279,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batches", type=int, default=8)
     ap.add_argument("--runs", default="1f1b,zb-h1",
                     help="settings, the first the baseline: schedule or schedule:micro_batches, comma-separated")
+    ap.add_argument("--layers", help="layers per stage, e.g. 8,8,5,3 (default: balanced on the profiles the "
+                    "cluster's GPU types are planned with; pin it to compare runs across calibrations)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--trace-steps", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results")
@@ -306,21 +341,23 @@ def main(argv: list[str] | None = None) -> int:
         model = resolve_model(args.model, args.seq_len)
     cluster = load_cluster(cluster_path)
     try:  # every setting's plan, checked before anything launches (e.g. micro-batches above the batch)
-        counts = balanced_counts(cluster, model, devices, args.global_batch, args.micro_batches)
+        counts = (parse_layers(args.layers, len(devices), model.num_layers) if args.layers else
+                  balanced_counts(cluster, model, devices, args.global_batch, args.micro_batches))
         plans = [make_plan(model, devices, counts, args.global_batch, st, cluster.name) for st in settings]
         for plan in plans:
             validate(plan, cluster)
             schedule_named(plan.pipelines[0].schedule).check(len(devices), plan.pipelines[0].micro_batches)
     except SpecError as exc:
         ap.error(str(exc))
-    print(f"layers per stage {counts} on {devices} ({cluster.name})", flush=True)
+    profiles = priced_from(cluster)
+    how = "pinned by --layers" if args.layers else "balanced"
+    print(f"layers per stage {counts} on {devices} ({cluster.name}; {how}; speeds from "
+          f"{', '.join(f'{t} -> {k}' for t, k in profiles.items())})", flush=True)
     codes, meas, pred, order_errors = [], [], [], []
-    if not args.smoke and shutil.which("nvidia-cuda-mps-control") is None:
+    if not args.smoke and not mps_available():
         print("needs CUDA MPS (nvidia-cuda-mps-control) to make the GPUs heterogeneous; run --smoke without it")
         return 2
-    if not args.smoke:
-        subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
-    try:
+    with nullcontext() if args.smoke else mps_daemon():
         for st, plan in zip(settings, plans):
             path = work / f"plan_{st.schedule}_m{st.micro_batches}.json"
             save_plan(plan, path)
@@ -337,13 +374,11 @@ def main(argv: list[str] | None = None) -> int:
                 order_errors.append(f"{st.label}: {exc}")
                 break
             pred.append(predicted(plan, cluster))
-    finally:
-        if not args.smoke:
-            subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False)
     ok = len(meas) == len(settings)
     rows = analyse(settings, meas, pred) if ok else []
     result = dict(meta, cluster=cluster.name, model=model.name, seq_len=model.seq_len, global_batch=args.global_batch,
-                  devices=devices, layers_per_stage=counts, exits=codes,
+                  devices=devices, layers_per_stage=counts, layers_pinned=bool(args.layers), profiles=profiles,
+                  exits=codes,
                   op_order_errors=order_errors, plans=[plan_to_dict(p) for p in plans],
                   rows=rows)
     path = out / f"bubbles_{kind}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hexiscale.launch.mps import mps_daemon
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "hexiscale"]
 BF16_RTOL = 2e-2
@@ -122,9 +124,8 @@ def main() -> int:
     plan = json.loads(plan_path.read_text())
     uniform_path = out / "e2e_uniform.json"
     uniform_path.write_text(json.dumps(_uniform(plan), indent=1))
-    subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
     rows: dict[str, Any] = {}
-    try:
+    with mps_daemon():
         for label, path in (("planner", plan_path), ("uniform", uniform_path)):
             jsonl = out / f"e2e_{label}.jsonl"
             jsonl.unlink(missing_ok=True)
@@ -135,8 +136,6 @@ def main() -> int:
             losses = [json.loads(ln)["loss"] for ln in jsonl.read_text().splitlines()] if jsonl.exists() else []
             rows[label] = {"exit": code, "losses": losses, **_summary(text)}
             print(f"{label}: exit {code}; {rows[label].get('summary')}; {rows[label]['communicators']}", flush=True)
-    finally:
-        subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False)
     a, b = rows["planner"]["losses"], rows["uniform"]["losses"]
     worst = max((abs(x - y) / abs(y) for x, y in zip(a, b)), default=float("nan"))
     stages = [[(s["devices"], s["tp"], s["layers"]) for s in p["stages"]] for p in plan["pipelines"]]

@@ -42,10 +42,13 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from hexiscale.launch.mps import mps_daemon
 
 ROOT = Path(__file__).resolve().parents[2]
 WORLD = 4
@@ -227,18 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     kind = "cpu_smoke" if args.smoke else "gpu"
     path = out / f"p2p_connect_{kind}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     meta = dict(run_versions(gpu=not args.smoke), backend=backend, mps=args.mps, mib=mib, world=WORLD)
-    if args.mps:
-        subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
     rows: list[dict[str, Any]] = []
-    try:
+    with mps_daemon() if args.mps else nullcontext():
         for name in names:
             rows.append(run_variant(name, backend, mib, args.mps, work, args.timeout))
             print(f"{name}: {'failed: ' + rows[-1]['error'] if 'error' in rows[-1] else 'done'}", flush=True)
             # rewritten after every variant: a run cut short by its caller keeps what it measured
             path.write_text(json.dumps(dict(meta, variants=rows), indent=1) + "\n")
-    finally:
-        if args.mps:
-            subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False)
     print_table(rows)
     print(f"\nslowest rank per part, each after a meeting of all ranks; JSON {path}")
     return 0 if all("error" not in r for r in rows) else 1

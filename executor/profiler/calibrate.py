@@ -62,7 +62,7 @@ from planner.calibration.holdout import DEFAULT_MAX_MEAN, gate, held_out_compute
 from planner.calibration.local import calibrations
 from planner.calibration.packed import packed_fit
 from planner.calibration.store import load_params, save_calibration
-from planner.catalog import default_catalog, parse_device_entry
+from planner.catalog import DeviceType, default_catalog, parse_device_entry
 from planner.cluster import Link
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.model import PRESETS, ModelSpec
@@ -73,13 +73,21 @@ NVLINK_NOMINAL_GBPS = 450.0  # H100/H200 SXM NVLink 4 per direction: the nominal
 MEASURED_KEY_BY_NAME = (("h200", "h200-measured"), ("h100", "h100-sxm-measured"))
 
 
-def measured_key(gpu_name: str, base: str | None) -> str:
-    """The catalog key this host's measured entry replaces (the twin a cluster's GPU type is planned with)."""
+def measured_key(gpu_name: str, base: str | None, sm_percent: float | None = None) -> str:
+    """The catalog key this host's measured entry replaces (the twin a cluster's GPU type is planned with).
+    Under an MPS share below 100 % it is the share's type plus ``-measured`` (``h100-sxm-mps50-measured``
+    for the type ``h100-sxm-mps50`` a cluster names), so the share never overwrites the full GPU's entry."""
     low = gpu_name.lower()
-    for part, key in MEASURED_KEY_BY_NAME:
-        if part in low:
-            return key
-    return f"{base}-measured" if base else "local-measured"
+    full = next((key for part, key in MEASURED_KEY_BY_NAME if part in low),
+                f"{base}-measured" if base else "local-measured")
+    if sm_percent is None or sm_percent >= 100:
+        return full
+    return f"{share_type(full.removesuffix('-measured'), sm_percent)}-measured"
+
+
+def share_type(gpu_type: str, sm_percent: float) -> str:
+    """The catalog type of ``gpu_type`` limited to ``sm_percent`` % of its SMs (``h100-sxm-mps50``)."""
+    return gpu_type if sm_percent >= 100 else f"{gpu_type}-mps{sm_percent:g}"
 
 
 def host_fingerprint() -> str:
@@ -124,12 +132,21 @@ def _widths(cfg: ProfileConfig, device: torch.device, cpu: bool) -> list[dict[st
     return out
 
 
-def _start_params(key: str) -> tuple[CostParams, str | None]:
+def _start_params(keys: list[str]) -> tuple[CostParams, str | None]:
     """The packaged calibration of this GPU type (its memory and link terms), else the defaults."""
     for cal in calibrations():
-        if not cal.host and key in cal.applies_to:
+        if not cal.host and any(k in cal.applies_to for k in keys):
             return load_params(cal.path), str(cal.path)
     return DEFAULT_PARAMS, None
+
+
+def _applies_to(key: str, base: DeviceType | None, sm_percent: float | None) -> list[str]:
+    """The measured key and the cluster type it plans: ``h100-sxm`` for ``h100-sxm-measured``, the share's
+    type (``h100-sxm-mps50``) for a share's key."""
+    planned = key.removesuffix("-measured")
+    if base is not None and (planned == base.key or (sm_percent is not None and sm_percent < 100)):
+        return [key, planned]
+    return [key]
 
 
 def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, progress: bool = True,
@@ -165,7 +182,7 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     cfg = quick_config(model, cpu=cpu, comm_world=comm_world)
     meta = machine_meta(cfg)
     base = None if cpu else detect_base(meta["gpu_name"], default_catalog())
-    key = "cpu-measured" if cpu else measured_key(meta["gpu_name"], base.key if base else None)
+    key = "cpu-measured" if cpu else measured_key(meta["gpu_name"], base.key if base else None, meta["sm_percent"])
     out = staging / "devices" / f"{key}.json"
     pf = run_profile(cfg, out, key=key, base=base.key if base else None, resume=False, progress=progress)
     pf.set("widths", _widths(cfg, device, cpu))
@@ -173,7 +190,8 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     pf.set("packed", {"tp": 1, "recompute": "none", "rows": measure_packed_layer(
         model, rows, dtype=cfg.dtype, device=device, warmup=cfg.warmup, repeats=cfg.repeats, chain=cfg.layer_chain)})
     entry = parse_device_entry(json.loads(out.read_text()), str(out))
-    start, started_from = _start_params(key)
+    applies = _applies_to(key, base, None if cpu else meta["sm_percent"])
+    start, started_from = _start_params(applies)
     res = fit_compute(entry, start)
     packed = packed_fit(entry, model, cfg.dtype)
     held = held_out_compute(entry, start)
@@ -220,7 +238,6 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
                   "host_fingerprint": host_fingerprint(), "model": model.name, "seconds": round(elapsed, 1),
                   "started_from": started_from}
     cal_path = staging / "calibration" / f"{key}.json"
-    applies = [key] + ([base.key] if base is not None and key == f"{base.key}-measured" else [])
     save_calibration(cal_path, params, fitted={**res.terms, **({"link_efficiency": params.link_efficiency}
                                                                 if "link" in fits else {}),
                                                **({"collective_host_s": params.collective_host_s}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hexiscale.cli.calibrate_shares import check_shares, env_share, run_shares
 from hexiscale.cli.cmd_profile import MAX_COMM_RANKS
 from planner.calibration.holdout import DEFAULT_MAX_MEAN
 from planner.errors import SpecError
@@ -29,6 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    metavar="PCT", help="install the fit only if it predicts the timings it was not fitted to "
                    f"(5-fold cross-validation) within this mean error, in percent (default {DEFAULT_MAX_MEAN * 100:g})")
     p.add_argument("--force", action="store_true", help="install the fit even above --max-held-out-error")
+    p.add_argument("--sm-percent", action="append", dest="sm_percent", metavar="P[,Q...]",
+                   help="calibrate MPS shares of the GPU, each in a child process limited to P %% of the SMs "
+                   "(repeatable or a comma list, e.g. 50,100); writes <type>-mps<P>-measured, which a cluster's "
+                   "gpu: <type>-mps<P> is planned with (100: the whole GPU's entry). Starts the MPS daemon "
+                   "(nvidia-cuda-mps-control -d) for the run")
     p.set_defaults(func=run)
 
 
@@ -40,6 +46,12 @@ def run(args: argparse.Namespace) -> int:
     check_number("--max-held-out-error", args.max_held_out, 0.0, 1e4, above=True, unit=" %")
     model = resolve_model("tiny" if args.cpu and args.model == "llama-1.3b" else args.model, args.seq_len)
     home = Path(args.home) if args.home else calibration_home()
+    shares = check_shares(args)
+    if shares:  # one child per share: the share is fixed when a process creates its CUDA context
+        import subprocess
+
+        return run_shares(args, home, shares, subprocess.run)
+    env_share(args.cpu)
     from executor.model.devices import cuda_device_count
     from executor.profiler.calibrate import run_calibrate
 

@@ -89,19 +89,19 @@ class ProfileSet:
         return found.pop() if len(found) == 1 else self.params
 
     def _measured_entry(self, device: DeviceType) -> DeviceType | None:
-        """The measured entry to use for ``device``: its own ``measured`` section, else the profiler's
-        full-SM profile of that type, named ``<key>-measured`` by convention (so a cluster that says
-        ``gpu: h100-sxm`` is planned with the measured H100 tables once they exist)."""
+        """The measured entry to use for ``device``: the profiler's profile of that type on this host,
+        named ``<key>-measured`` by convention (so a cluster that says ``gpu: h100-sxm`` is planned with
+        the measured H100 tables once they exist, and ``gpu: h100-sxm-mps50`` with
+        ``h100-sxm-mps50-measured`` once ``calibrate --sm-percent 50`` wrote it: a host's own share
+        goes before a shipped share profile from another host), else its own ``measured`` section."""
         if not self.prefer_measured:
             return None
-        if device.measured:
-            return device
         twin_key = f"{device.key}-measured"
         if twin_key in self.catalog:
             twin = self.catalog.get(twin_key)
-            if twin.measured and twin.base == device.key and twin.sm_percent in (None, 100.0):
+            if twin.measured and twin.base == (device.base or device.key) and _share(twin) == _share(device):
                 return twin
-        return None
+        return device if device.measured else None
 
     def memory_twin(self, device: DeviceType) -> DeviceType | None:
         """For an MPS share (``sm_percent`` < 100) measured before the fused RMSNorm (no
@@ -131,6 +131,11 @@ class ProfileSet:
                 prof = SpecProfile(device, params)
             self._profiles[gpu] = self._profiles[device.key] = prof
         return prof
+
+
+def _share(device: DeviceType) -> float:
+    """The share of its SMs ``device`` was measured with, in percent (100: the whole GPU)."""
+    return 100.0 if device.sm_percent is None else device.sm_percent
 
 
 def _fused(device: DeviceType) -> bool:

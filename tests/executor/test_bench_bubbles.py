@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.executor.bubbles import main, parse_runs
+from benchmarks.executor.bubbles import balanced_counts, main, parse_layers, parse_runs, priced_from
+from planner.cluster import load_cluster
+from planner.errors import SpecError
+from planner.hf_config import resolve_model
+from tests.support.host_share import host_share
+
+CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "h100x4-mps-100-100-50-50.yaml"
 
 
 @pytest.mark.slow
@@ -49,3 +55,31 @@ def test_settings_parse_and_a_bad_one_is_one_line(tmp_path: Path, capsys: pytest
             main(["--smoke", "--runs", bad, "--out", str(tmp_path / "out")])
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert said in err, err
+
+
+def test_layers_pin_the_split_and_a_bad_one_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert parse_layers("8, 8,5,3", 4, 24) == [8, 8, 5, 3]
+    for bad in ("8,8,5", "8,8,5,4", "8,8,8,0", "8,8,x,3", "8,8,-5,13"):
+        with pytest.raises(SpecError, match=r"--layers: .* is not 4 positive layer counts summing to the model's 24 "
+                           r"layers \(hint: write one count per stage, e.g. --layers 6,6,6,6\)"):
+            parse_layers(bad, 4, 24)
+    with pytest.raises(SystemExit):  # refused before anything launches (the smoke: 2 stages of tiny-8l)
+        main(["--smoke", "--layers", "4,3", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--layers: '4,3' is not 2 positive layer counts summing to the model's 8 layers" in err, err
+
+
+def test_the_split_is_balanced_on_this_hosts_share_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``calibrate --sm-percent 50`` on this host: its slower 50 % tables, not the shipped ones, split the
+    layers (and the program says which entry priced each GPU type)."""
+    model, devices = resolve_model("llama-1.3b", 2048), ["fast:0", "fast:1", "slow:0", "slow:1"]
+    monkeypatch.setenv("HEXISCALE_HOME", str(tmp_path / "empty"))
+    cluster = load_cluster(CLUSTER)
+    assert priced_from(cluster)["h100-sxm-mps50"] == "h100-sxm-mps50"
+    shipped = balanced_counts(cluster, model, devices, 16, 8)
+    host_share(tmp_path / "home", slower=1.5)
+    monkeypatch.setenv("HEXISCALE_HOME", str(tmp_path / "home"))
+    cluster = load_cluster(CLUSTER)
+    assert priced_from(cluster) == {"h100-sxm": "h100-sxm-measured", "h100-sxm-mps50": "h100-sxm-mps50-measured"}
+    host = balanced_counts(cluster, model, devices, 16, 8)
+    assert sum(host) == sum(shipped) == 24 and sum(host[2:]) < sum(shipped[2:])
