@@ -58,6 +58,16 @@ def test_interleaved_plans_cover_the_claims() -> None:
     assert {pl.options.zero for pl in PLANS.values()} == {0, 1}
 
 
+def test_searched_plan_trains(dist_pool) -> None:
+    """A layout the search placed (tests.support.searched_plans: an interleaved pipeline beside a
+    1F1B one, its chunks cut by planner.interleave, ZeRO-1) trains exactly like one dense process."""
+    from tests.support.searched_plans import mixed_interleaved_search
+
+    plan = mixed_interleaved_search().plan
+    assert [p.schedule for p in plan.pipelines] == ["interleaved-1f1b", "1f1b"] and plan.options.zero == 1
+    run_oracle(dist_pool, plan)
+
+
 @pytest.mark.parametrize("direction", ["interleaved-to-plain", "plain-to-interleaved"])
 def test_checkpoint_between_interleaved_and_plain_plans(dist_pool, tmp_path, direction: str) -> None:
     """Checkpoints are logical: saved under an interleaved plan (ZeRO-1, two pipelines), loaded
