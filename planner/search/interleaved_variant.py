@@ -3,7 +3,10 @@
 Like ZB-H1 (:mod:`.schedule_variant`), interleaved 1F1B only shrinks the bubble, which the
 surrogate's ``(m - 1) x bottleneck + sum`` does not model, so it is no setting of the sweep: each
 refined 1F1B finalist gets one twin, and the full estimate (whose simulator prices the smaller
-bubble and the ``v``-fold p2p sends) decides; at most one more estimate per finalist.
+bubble and the ``v``-fold p2p sends) decides; at most one more estimate per finalist. Above
+``FULL_ESTIMATE_DEVICES`` devices the finish estimates only the first plan that fits and nothing
+ranks the twins there, so this twin comes last: it is estimated only when neither the finalist nor
+ZB-H1's twin fits (large clusters keep one layer range per stage in practice).
 
 The twin keeps the finalist's layouts (stage units, layers per stage, batch and micro-batches) and
 cuts each pipeline's stages into ``v`` = :data:`planner.schedules.interleaved.CHUNKS` chunks as
