@@ -58,13 +58,15 @@ def test_interleaved_plans_cover_the_claims() -> None:
     assert {pl.options.zero for pl in PLANS.values()} == {0, 1}
 
 
-def test_searched_plan_trains(dist_pool) -> None:
-    """A layout the search placed (tests.support.searched_plans: an interleaved pipeline beside a
-    1F1B one, its chunks cut by planner.interleave, ZeRO-1) trains exactly like one dense process."""
-    from tests.support.searched_plans import mixed_interleaved_search
+@pytest.mark.parametrize("name", ["pp2+pp4-batch10", "single+pp3-batch8"])
+def test_searched_plan_trains(dist_pool, name: str) -> None:
+    """Layouts the search placed (tests.support.searched_plans: an interleaved pipeline beside a 1F1B
+    one, chunks cut by planner.interleave, uneven on the 3-stage one; ZeRO-1) train exactly like one
+    dense process. The second is test_exec_nccl4.py's ``il-searched-single+pp3-zero1``."""
+    from tests.support.searched_plans import mixed_interleaved_search, searched
 
-    plan = mixed_interleaved_search().plan
-    assert [p.schedule for p in plan.pipelines] == ["interleaved-1f1b", "1f1b"] and plan.options.zero == 1
+    plan = mixed_interleaved_search().plan if name == "pp2+pp4-batch10" else searched([[0], [2, 3, 4]], 8).plan
+    assert {p.schedule for p in plan.pipelines} == {"interleaved-1f1b", "1f1b"} and plan.options.zero == 1
     run_oracle(dist_pool, plan)
 
 
