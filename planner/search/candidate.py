@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from planner.cluster import Link
 from planner.cost.memory import GIB, partial_params_by_shape
 from planner.cost.schedule import in_flight, split_backward_held
+from planner.interleave import interleaved
 from planner.layout import embed_param, finest_slices, head_params, layer_numel
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
+from planner.schedules import schedule_named
 from planner.search.batch_split import BatchSplit, PipeType, allocate_batch
 from planner.search.graph import Unit
 from planner.search.layer_split import LayerSplit, StageCost, split_layers
@@ -53,6 +55,8 @@ class Candidate:
     layouts: list[Layout] = field(default_factory=list)
     problem: str = ""  # why it does not fit, when step_s is inf
     origin: tuple[str, dict[str, int], int] = ("", {}, 1)  # partitioner, TP template and CP degree
+    # one schedule per layout where a twin mixes them (:mod:`.interleaved_variant`); empty: the setting's
+    schedules: tuple[str, ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -355,7 +359,7 @@ def _step_s(oracle: Oracle, pipelines: Sequence[Sequence[Unit]], types: dict, li
 def to_plan(cand: Candidate, oracle: Oracle, global_batch: int, cluster_name: str | None) -> Plan:
     """The plan of a feasible candidate (pipelines in the candidate's order)."""
     pipes = []
-    for lay in cand.layouts:
+    for pi, lay in enumerate(cand.layouts):
         stages = []
         start = 0
         for u, n in zip(lay.units, lay.counts):
@@ -363,7 +367,10 @@ def to_plan(cand: Candidate, oracle: Oracle, global_batch: int, cluster_name: st
             start += n
         # a single stage has no bubble for ZB-H1 to fill: it runs 1F1B (the same ops, W not deferred)
         sched = "1f1b" if cand.setting.schedule == "zb-h1" and len(stages) == 1 else cand.setting.schedule
-        pipes.append(Pipeline(lay.batch, lay.micro_batches, tuple(stages), sched))
+        sched = cand.schedules[pi] if cand.schedules else sched
+        chunks = schedule_named(sched).chunks
+        pipe = Pipeline(lay.batch, lay.micro_batches, tuple(stages), sched if chunks == 1 else "1f1b")
+        pipes.append(pipe if chunks == 1 else interleaved(pipe, chunks, sched))  # layers cut as planner.interleave
     s = cand.setting
     residual = s.dtype if oracle.params.residual_in_compute_dtype else "fp32"
     options = PlanOptions(s.recompute, s.zero, s.dtype, s.compile, residual)

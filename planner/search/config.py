@@ -8,6 +8,10 @@ from planner.errors import SpecError
 from planner.model import RECOMPUTE_MODES
 from planner.schedules import TRAINED_SCHEDULES, schedule_named
 
+# the schedules of plans whose layout switches while training (an elastic job, a strategy pool): one
+# layer range per stage (planner.schedules.trained.check_no_chunks)
+SWITCHABLE: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1")
+
 
 @dataclass(frozen=True)
 class PlannerConfig:
@@ -19,9 +23,10 @@ class PlannerConfig:
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4)
     recompute: tuple[str, ...] = RECOMPUTE_MODES
     zero: tuple[int, ...] = (0, 1)
-    # plans the executor trains; zb-h1 (4x H100: -30 % bubble at +15 % peak memory, issue 35) is
-    # priced as a twin of each 1F1B finalist with a multi-stage pipeline (.schedule_variant)
-    schedules: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1")
+    # plans the executor trains; zb-h1 (4x H100: -30 % bubble at +15 % peak memory, issue 35) and
+    # interleaved-1f1b are priced as twins of each 1F1B finalist with a multi-stage pipeline
+    # (.schedule_variant, .interleaved_variant); layouts that switch while training use SWITCHABLE
+    schedules: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1", "interleaved-1f1b")
     dtype: str = "bf16"
     compile: bool = False  # the plan's blocks are compiled (PlanOptions.compile): less activation memory
     residual_dtype: str = "fp32"  # the plans' options.residual_dtype (fp32 or dtype), costed as such
@@ -42,10 +47,10 @@ class PlannerConfig:
         if not self.schedules:
             raise SpecError("schedules", "need at least one schedule", f"e.g. {TRAINED_SCHEDULES[:1]}")
         for sc in self.schedules:
-            if schedule_named(sc, "schedules").chunks > 1:  # its stages hold several layer ranges
-                raise SpecError("schedules", f"the search does not place the layer chunks of {sc} yet",
-                                f"search with {', '.join(n for n in TRAINED_SCHEDULES if n != sc)}; write an "
-                                f"{sc} plan by hand (planner.interleave) and 'hexiscale estimate' it")
+            if schedule_named(sc, "schedules").chunks > 1 and "1f1b" not in self.schedules:
+                raise SpecError("schedules", f"{sc} is searched as a twin of 1F1B plans (its layer chunks cut "
+                                "from a 1F1B split), but 1f1b is not among the schedules",
+                                f"add 1f1b to the schedules, e.g. ('1f1b', '{sc}')")
         if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:
             raise SpecError("micro_batch_sizes", "need positive micro-batch sizes", "e.g. (1, 2, 4)")
         if self.residual_dtype not in ("fp32", self.dtype):

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.cluster import ClusterSpec
 from planner.cost import Estimate, ProfileSet, estimate
+from planner.interleave import interleaved
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, Stage
 from planner.search.budget import BudgetSpent
@@ -294,7 +295,7 @@ def polish_layers(plan: Plan, est: Estimate, *, cluster: ClusterSpec, profiles: 
         groups: dict[tuple[object, ...], list[int]] = {}
         for pi, p in enumerate(plan.pipelines):
             key = (tuple((cluster.device(s.devices[0]).gpu, s.tp) for s in p.stages),
-                   tuple(s.num_layers for s in p.stages))
+                   tuple(s.num_layers for s in p.stages), p.schedule)
             groups.setdefault(key, []).append(pi)
         for members in groups.values():
             stages = plan.pipelines[members[0]].stages
@@ -307,7 +308,7 @@ def polish_layers(plan: Plan, est: Estimate, *, cluster: ClusterSpec, profiles: 
                 counts = [x.num_layers for x in stages]
                 counts[src] -= 1
                 counts[dst] += 1
-                if min(counts) < 1 or calls >= POLISH_ESTIMATES:
+                if min(counts) < plan.pipelines[members[0]].chunks or calls >= POLISH_ESTIMATES:
                     continue
                 if stop():
                     return plan, est
@@ -333,5 +334,7 @@ def _with_counts(plan: Plan, members: list[int], counts: list[int]) -> Plan:
         for s, n in zip(p.stages, counts):
             stages.append(Stage(s.devices, s.tp, (start, start + n), s.cp))
             start += n
-        pipes[pi] = Pipeline(p.batch_size, p.micro_batches, tuple(stages), p.schedule)
+        plain = Pipeline(p.batch_size, p.micro_batches, tuple(stages))
+        # an interleaved pipeline's stages are cut into their chunks again (planner.interleave)
+        pipes[pi] = replace(plain, schedule=p.schedule) if p.chunks == 1 else interleaved(plain, p.chunks, p.schedule)
     return Plan(plan.model, plan.global_batch_size, tuple(pipes), plan.options, plan.cluster, plan.estimate)

@@ -38,7 +38,9 @@ Algorithm (every step deterministic for a fixed ``seed``):
    that fits in memory is the plan. On small clusters single layers are then moved across stage
    boundaries while the full estimate improves (:func:`.local_search.polish_layers`).
    Each finalist with a multi-stage pipeline also gets a ZB-H1 twin
-   (:mod:`.schedule_variant`), which the surrogate cannot tell from 1F1B and the estimate can.
+   (:mod:`.schedule_variant`) and an interleaved-1F1B twin, its pipelines cut into layer chunks
+   where they can run them (:mod:`.interleaved_variant`): the surrogate cannot tell either from
+   1F1B and the estimate can.
 
 The search spends a deterministic budget of evaluations; ``time_limit_s`` only stops it early
 (then the result can depend on the machine's speed; the log says so). The limit is wall time for
@@ -69,6 +71,7 @@ from planner.search.context import cp_choices, cp_wanted
 from planner.search.explain import infeasible
 from planner.search.graph import Unit, fast_cluster, make_units, unit_graph
 from planner.search.idle import idle_note
+from planner.search.interleaved_variant import INTERLEAVED, interleaved_twin, schedules_label
 from planner.search.leave_out import leave_out_subsets
 from planner.search.local_search import Climb, improve, polish_layers
 from planner.search.oracle import Oracle, Setting
@@ -193,9 +196,10 @@ class Search:
 
     def all_settings(self) -> list[Setting]:
         c = self.config
-        # ZB-H1 ties 1F1B in the surrogate: the finish prices its twin of each finalist (.schedule_variant)
+        # ZB-H1 and interleaved 1F1B tie 1F1B in the surrogate: the finish prices their twins of each
+        # finalist (.schedule_variant, .interleaved_variant)
         return [Setting(mb, r, z, sc, c.dtype, c.compile) for sc in c.schedules
-                if sc != ZB_H1 or "1f1b" not in c.schedules for z in c.zero
+                if sc != INTERLEAVED and (sc != ZB_H1 or "1f1b" not in c.schedules) for z in c.zero
                 for r in c.recompute for mb in sorted(c.micro_batch_sizes)]
 
     def score_structure(self, pipelines: Sequence[Sequence[Unit]]) -> Candidate:
@@ -431,11 +435,13 @@ class Search:
         for r in refined:
             if not r.feasible:
                 continue
-            for c in with_zb_h1_twin(self.oracle, r, self.config.schedules, self.B, both=small):
+            twins = [*with_zb_h1_twin(self.oracle, r, self.config.schedules, self.B, both=small)]
+            il = interleaved_twin(self.oracle, r, self.config.schedules)
+            for c in twins + ([il] if il is not None else []):  # interleaved last: the surrogate ties it
                 plan = seed_numbering(to_plan(c, self.oracle, self.B, self.cluster.name), self.cluster)
                 est = estimate(plan, self.fast, self.profiles)
                 self.oracle.stats.estimates += 1
-                self.log.append(f"finalist {len(c.pipelines)} pipelines {c.setting.label()}: surrogate "
+                self.log.append(f"finalist {len(c.pipelines)} pipelines {schedules_label(c)}: surrogate "
                                 f"{c.step_s:.4f} s, estimate {est.step_time_s:.4f} s{'' if est.fits else ' (OOM)'}")
                 if est.fits and (best is None or est.step_time_s < best[0] - 1e-12):
                     best = (est.step_time_s, plan, est, c)

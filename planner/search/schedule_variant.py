@@ -9,7 +9,8 @@ ZB-H1 twin, refined under ZB-H1's own memory (a split near the memory cap does n
 1F1B), and the finish picks whichever the estimate finds faster. Single-stage pipelines have no
 bubble: a plan of only those gets no twin. Above ``FULL_ESTIMATE_DEVICES`` devices the finish
 estimates one plan (the simulator is the slow part there): the twin first when its surrogate time
-is no worse, the 1F1B finalist if the twin OOMs."""
+is no worse, the 1F1B finalist if the twin OOMs. Interleaved 1F1B's twin, which keeps the finalist's
+split and cuts it into chunks, is :mod:`.interleaved_variant`."""
 
 from __future__ import annotations
 

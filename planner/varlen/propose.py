@@ -35,6 +35,7 @@ from planner.cost import ProfileSet
 from planner.errors import PlanInfeasible, SpecError
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
+from planner.search.config import SWITCHABLE
 from planner.search.planner import PlannerConfig, search
 from planner.search.stages import seed_numbering
 from planner.varlen.histogram import LengthHistogram, draw_step
@@ -168,7 +169,9 @@ def propose_pool(cluster: ClusterSpec, model: ModelSpec, hist: LengthHistogram, 
     log: list[str] = []
     per_search = time_limit_s / (len(bounds) + 4)
     # no context parallelism: a pool's strategies are priced per sequence (.seq_cost) without CP terms
-    cfg = PlannerConfig(time_limit_s=per_search, seed=seed, dtype=dtype, polish=False, context_parallel=False)
+    # and one layer range per stage: a pool switches layouts (planner.schedules.trained.check_no_chunks)
+    cfg = PlannerConfig(time_limit_s=per_search, seed=seed, dtype=dtype, polish=False, context_parallel=False,
+                        schedules=SWITCHABLE)
     shares = [hist.token_fraction_below(b + 1) - (hist.token_fraction_below(lo + 1) if lo else 0.0)
               for lo, b in zip([0, *bounds[:-1]], bounds)]
     cands: list[Strategy] = []

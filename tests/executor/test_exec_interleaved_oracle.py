@@ -58,6 +58,18 @@ def test_interleaved_plans_cover_the_claims() -> None:
     assert {pl.options.zero for pl in PLANS.values()} == {0, 1}
 
 
+@pytest.mark.parametrize("name", ["pp2+pp4-batch10", "single+pp3-batch8"])
+def test_searched_plan_trains(dist_pool, name: str) -> None:
+    """Layouts the search placed (tests.support.searched_plans: an interleaved pipeline beside a 1F1B
+    one, chunks cut by planner.interleave, uneven on the 3-stage one; ZeRO-1) train exactly like one
+    dense process. The second is test_exec_nccl4.py's ``il-searched-single+pp3-zero1``."""
+    from tests.support.searched_plans import mixed_interleaved_search, searched
+
+    plan = mixed_interleaved_search().plan if name == "pp2+pp4-batch10" else searched([[0], [2, 3, 4]], 8).plan
+    assert {p.schedule for p in plan.pipelines} == {"interleaved-1f1b", "1f1b"} and plan.options.zero == 1
+    run_oracle(dist_pool, plan)
+
+
 @pytest.mark.parametrize("direction", ["interleaved-to-plain", "plain-to-interleaved"])
 def test_checkpoint_between_interleaved_and_plain_plans(dist_pool, tmp_path, direction: str) -> None:
     """Checkpoints are logical: saved under an interleaved plan (ZeRO-1, two pipelines), loaded

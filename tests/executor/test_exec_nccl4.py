@@ -35,6 +35,7 @@ from planner.layout import build_topology
 from planner.plan import Plan
 from tests.support.dist_testing import DistPool
 from tests.support.reference import ReferenceRun, reference_train
+from tests.support.searched_plans import searched
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 4,
@@ -108,6 +109,9 @@ PLANS: dict[str, Plan] = {
                            (3, 2, "interleaved-1f1b", [(1, 3), (1, 5)])], zero=1),
     "il-tp2-1+single-zero1": _p([(5, 4, "interleaved-1f1b", [(2, 3), (1, 5)]), (3, 1, "1f1b", [(1, 8)])], zero=1),
     "il-3-chunks-tp1-2": _chunks3(_p([(8, 6, "1f1b", [(1, 4), (2, 4)])])),
+    # placed by the search (tests.support.searched_plans): a 1F1B single stage beside an interleaved
+    # 3-stage pipeline of uneven chunks (2+1 layers on its first stage), ZeRO-1
+    "il-searched-single+pp3-zero1": searched([[0], [2, 3, 4]], BATCH).plan,
 }
 BF16_PLANS = ("tp1-2-1", "tp2-1+single-gpipe-zero1", "tp2-vs-pp2", "zb-tp1-2-1", "cp2xtp2", "cp2-then-tp2",
               "il-pp4")
