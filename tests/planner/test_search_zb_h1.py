@@ -19,6 +19,7 @@ from planner.cost import estimate
 from planner.model import PRESETS
 from planner.plan import Plan
 from planner.search import PlannerConfig, search
+from planner.search.config import SWITCHABLE
 
 MPS = load_cluster(Path(__file__).resolve().parents[2] / "examples" / "clusters" / "h100x4-mps-100-100-50-50.yaml")
 FAST = dict(local_search=False, polish=False)
@@ -31,7 +32,10 @@ def _as(plan: Plan, schedule: str) -> Plan:
 
 
 def test_search_picks_zb_h1_when_faster_and_fits() -> None:
-    result = search(MPS, PRESETS["llama2-13b"], 8, config=PlannerConfig(recompute=("full",), **FAST))
+    # ZB-H1's twin alone: with interleaved's twin too, interleaved wins this case
+    # (tests/planner/test_search_interleaved.py)
+    result = search(MPS, PRESETS["llama2-13b"], 8,
+                    config=PlannerConfig(recompute=("full",), schedules=SWITCHABLE, **FAST))
     plan = result.plan
     assert any(len(p.stages) > 1 for p in plan.pipelines)
     assert {p.schedule for p in plan.pipelines if len(p.stages) > 1} == {"zb-h1"}, result.log
