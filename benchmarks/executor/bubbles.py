@@ -31,7 +31,9 @@ context per op), and each rank's peak memory is recorded. Per traced step and ra
   the optimizer step after it are not part of the schedule); bubble = schedule time - busy;
 
 each reported as the median of the traced steps. The prediction applies the same definitions to the
-simulated step (:func:`planner.cost.estimate` with ``timeline=True``: p2p sends are bubble in both).
+simulated step (:func:`planner.cost.estimate` with ``timeline=True``: p2p sends are bubble in both),
+priced as ``hexiscale estimate`` prices it (:func:`priced`: this host's calibrations in
+``HEXISCALE_HOME``, else the packaged ones).
 "Step" is the whole training step (``--log-jsonl``'s median, first step left out) against the
 estimate's step time. ZB-H1's first stage fuses each ``W`` into its ``B`` (the ``W`` is the very
 next op, :func:`planner.schedules.inline_w.inline_w`): the executor computes those weight gradients
@@ -137,12 +139,11 @@ def make_plan(model: ModelSpec, devices: list[str], counts: list[int], batch: in
 
 def balanced_counts(cluster: ClusterSpec, model: ModelSpec, devices: list[str], batch: int, m: int) -> list[int]:
     """Layers per stage as the planner would split them: equal, then polished by the estimate (1F1B)."""
-    from planner.cost import ProfileSet
     from planner.search.local_search import polish_layers
 
     counts = _even(model.num_layers, len(devices))
     plan = make_plan(model, devices, counts, batch, Setting("1f1b", m), cluster.name)
-    profiles = ProfileSet(cluster.catalog)
+    profiles = priced(cluster)
     polished, _ = polish_layers(plan, estimate(plan, cluster, profiles), cluster=cluster, profiles=profiles, log=[])
     return [s.num_layers for s in polished.pipelines[0].stages]
 
@@ -173,17 +174,23 @@ def _median_stats(steps: list[dict[str, Any]]) -> dict[str, Any]:
             "op_s": [{k: med(lambda s, i=i, k=k: s["op_s"][i][k]) for k in ("F", "B", "W")} for i in range(n)]}
 
 
+def priced(cluster: ClusterSpec) -> Any:
+    """The profiles and cost terms ``hexiscale estimate`` prices ``cluster`` with: this host's
+    measured entries and calibrations where ``HEXISCALE_HOME`` has them, else the packaged ones."""
+    from planner.calibration.local import resolve_profiles
+
+    return resolve_profiles(cluster).profiles
+
+
 def priced_from(cluster: ClusterSpec) -> dict[str, str]:
     """GPU type -> the catalog entry its speeds come from (a ``calibrate --sm-percent`` entry of this
     host, ``<type>-measured``, where ``HEXISCALE_HOME`` has one)."""
-    from planner.cost import ProfileSet
-
-    profiles = ProfileSet(cluster.catalog)
+    profiles = priced(cluster)
     return {gpu: profiles.get(gpu).device.key for gpu in sorted({d.gpu for d in cluster.devices})}
 
 
 def predicted(plan: Plan, cluster: ClusterSpec) -> dict[str, Any]:
-    est = estimate(plan, cluster, timeline=True)
+    est = estimate(plan, cluster, priced(cluster), timeline=True)
     assert est.timeline is not None
     lanes = sorted((ln for ln in est.timeline.lanes if ln.pipeline == 0), key=lambda ln: ln.stage)
     mems = [est.memory[s.devices[0]] for s in plan.pipelines[0].stages]

@@ -83,3 +83,28 @@ def test_the_split_is_balanced_on_this_hosts_share_calibration(tmp_path: Path, m
     assert priced_from(cluster) == {"h100-sxm": "h100-sxm-measured", "h100-sxm-mps50": "h100-sxm-mps50-measured"}
     host = balanced_counts(cluster, model, devices, 16, 8)
     assert sum(host) == sum(shipped) == 24 and sum(host[2:]) < sum(shipped[2:])
+
+
+def test_predictions_take_the_calibration_estimate_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The program prices with what ``hexiscale estimate`` resolves (planner.calibration.local):
+    the packaged H100 calibration here, not the bare default terms."""
+    from benchmarks.executor.bubbles import Setting, make_plan, predicted, priced
+    from planner.calibration.local import resolve_profiles
+    from planner.catalog import _cached
+    from planner.cost import estimate
+    from planner.cost.params import DEFAULT_PARAMS
+
+    monkeypatch.setenv("HEXISCALE_HOME", str(tmp_path / "empty-home"))
+    _cached.cache_clear()
+    try:
+        cluster = load_cluster(CLUSTER)
+        terms = priced(cluster).params
+        assert terms == resolve_profiles(cluster).profiles.params and terms != DEFAULT_PARAMS
+        model = resolve_model("llama-1.3b")
+        devices = [d.id for d in cluster.devices]
+        plan = make_plan(model, devices, [8, 8, 5, 3], 16, Setting("1f1b", 8), cluster.name)
+        got = predicted(plan, cluster)
+        assert got["step_s"] == estimate(plan, cluster, resolve_profiles(cluster).profiles).step_time_s
+        assert got["step_s"] != estimate(plan, cluster).step_time_s  # the bare terms price it otherwise
+    finally:
+        _cached.cache_clear()
