@@ -80,5 +80,9 @@ def stage_owners(plan: Plan) -> list[list[int]]:
     def owners(layer: int) -> int:
         return sum(next(cp for (lo, hi), cp in pipe if lo <= layer < hi) for pipe in cps)
 
-    memo: dict[int, int] = {}
-    return [[memo.setdefault(s.layers[0], owners(s.layers[0])) for s in p.stages] for p in plan.pipelines]
+    memo: dict[int, int] = {}  # per first layer (not setdefault: it would count every stage again)
+    for p in plan.pipelines:
+        for s in p.stages:
+            if s.layers[0] not in memo:
+                memo[s.layers[0]] = owners(s.layers[0])
+    return [[memo[s.layers[0]] for s in p.stages] for p in plan.pipelines]

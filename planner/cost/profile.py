@@ -91,6 +91,7 @@ class DeviceProfile(ABC):
         self.params = params
         self._cache: dict[tuple[object, ...], PassTime] = {}
         self._split_cache: dict[tuple[object, ...], tuple[PassTime, PassTime]] = {}
+        self._share_cache: dict[tuple[object, ...], float] = {}
 
     @property
     def key(self) -> str:
@@ -195,6 +196,14 @@ class DeviceProfile(ABC):
         """Share of a layer's backward GPU time (its recompute included) that a split backward's W
         runs: the weight-gradient GEMMs and their accumulation (roofline). The rest (input-gradient
         GEMMs, the attention core, norms, element-wise work, recompute) is B's."""
+        key = ("wshare", model, micro_batch, tp, dtype, recompute, seq_len)
+        hit = self._share_cache.get(key)
+        if hit is None:  # asked per stage and micro-batch size of every pipeline an estimate prices
+            hit = self._share_cache[key] = self._weight_grad_share(model, micro_batch, tp, dtype, recompute, seq_len)
+        return hit
+
+    def _weight_grad_share(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
+                           seq_len: int | None) -> float:
         s, num = seq_len or model.seq_len, self.numerics(dtype)
         bwd = layer_backward_ops(model, micro_batch, s, tp, num, self.params.attention_backward_flops_ratio)
         fwd = layer_forward_ops(model, micro_batch, s, tp, num)
