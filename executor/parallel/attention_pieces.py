@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,15 +36,19 @@ class PieceOut:
     aux: tuple[Any, ...]  # what the kernel's backward needs besides the tensors (flash's rng state)
 
 
-class PieceKernel:
-    name = "abstract"
+class PieceKernel(ABC):
+    """One attention kernel's forward (with the log-sum-exp) and backward (module docstring)."""
 
+    name: str
+
+    @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> PieceOut:
-        raise NotImplementedError
+        """The piece's output and log-sum-exp."""
 
+    @abstractmethod
     def backward(self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, aux: tuple[Any, ...], causal: bool) -> tuple[torch.Tensor, ...]:
-        raise NotImplementedError
+        """(dq, dk, dv) of the piece against the merged ``out`` and ``lse``."""
 
 
 class CpuFlash(PieceKernel):
