@@ -36,26 +36,6 @@ import torch
 from benchmarks.executor.run_meta import run_versions
 
 
-def _time(fn: Any, repeats: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return sorted(times)[len(times) // 2]
-
-
-def _local_rows(x: torch.Tensor, seq: int, cp: int, r: int) -> torch.Tensor:
-    from planner.cp_layout import cp_intervals
-
-    return torch.cat([x[..., a:b, :] for a, b in cp_intervals(seq, cp, r)], dim=-2)
-
-
 def _variants(kernels: list[str]) -> dict[str, Any]:
     """name -> fn(q_local, kv [2,b,H,S,d], dout_local, cp, r) -> (out, dq, dkv) of one rank."""
     from executor.model import fast_path
@@ -89,6 +69,8 @@ def _variants(kernels: list[str]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from executor.model import fast_path
+    from executor.parallel.context_parallel import split_sequence
+    from executor.profiler.timing import time_call
 
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -102,7 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return (o, *torch.autograd.grad(o, (qq, kk, vv), dout))
 
     ref_o, ref_dq, ref_dk, ref_dv = dense()
-    dense_s = _time(dense, args.repeats)
+    dense_s = time_call(dense, dev, 1, args.repeats)
     flops = 4 * b * h * d * seq * seq / 2 * (1 + 2.5)  # causal pairs; backward 2.5x the forward
     rows: list[dict[str, Any]] = [{"variant": "dense / cp", "slowest_rank_ms": dense_s / cp * 1e3,
                                    "tflops": flops / cp / (dense_s / cp) / 1e12, "of_dense": 1.0, "max_err": 0.0}]
@@ -112,13 +94,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             per_rank, err = [], 0.0
             dkv_sum = torch.zeros(kv.shape, dtype=torch.float32, device=dev)
             for r in range(cp):
-                ql, dl = _local_rows(q, seq, cp, r), _local_rows(dout, seq, cp, r)
+                ql, dl = split_sequence(q, cp, r, -2), split_sequence(dout, cp, r, -2)
                 o, dq, dkv = fn(ql, kv, dl, cp, r)
-                err = max(err, (o.float() - _local_rows(ref_o, seq, cp, r).float()).abs().max().item(),
-                          (dq.float() - _local_rows(ref_dq, seq, cp, r).float()).abs().max().item())
+                err = max(err, (o.float() - split_sequence(ref_o, cp, r, -2).float()).abs().max().item(),
+                          (dq.float() - split_sequence(ref_dq, cp, r, -2).float()).abs().max().item())
                 dkv_sum += dkv.float()
                 del o, dq, dkv
-                per_rank.append(_time(lambda ql=ql, dl=dl, r=r, fn=fn: fn(ql, kv, dl, cp, r), args.repeats))
+                def once(ql: torch.Tensor = ql, dl: torch.Tensor = dl, r: int = r, fn: Any = fn) -> None:
+                    fn(ql, kv, dl, cp, r)
+                per_rank.append(time_call(once, dev, 1, args.repeats))
             err = max(err, (dkv_sum[0] - ref_dk.float()).abs().max().item(),
                       (dkv_sum[1] - ref_dv.float()).abs().max().item())
             slow = max(per_rank)

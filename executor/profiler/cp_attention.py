@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from executor.parallel.attention_pieces import kernel_for
+from executor.parallel.context_parallel import split_sequence
 from executor.parallel.cp_blockwise import local_backward, local_forward
-from planner.cp_layout import cp_intervals
+from executor.profiler.timing import time_call
 from planner.model import ModelSpec
 
 SEQ_LEN = 32768  # long enough for the pieces CP runs at 64K over 4 ranks (8K-token chunks at cp 2)
@@ -34,28 +35,12 @@ def measure_cp_attention(model: ModelSpec, *, dtype: str, device: torch.device, 
         return None
     per_rank = []
     for r in range(cp):
-        q = torch.cat([full_q[..., a:b, :] for a, b in cp_intervals(seq_len, cp, r)], dim=-2)
+        q = split_sequence(full_q, cp, r, dim=-2)
         dout = torch.randn_like(q)
 
         def step(q: torch.Tensor = q, dout: torch.Tensor = dout, r: int = r) -> None:
             out, lse, aux = local_forward(q, kv, cp, r, kernel)
             local_backward(dout, q, kv, out, lse, aux, cp, r, kernel)
-        per_rank.append(_median_s(step, device, warmup, repeats))
+        per_rank.append(time_call(step, device, max(warmup, 1), max(repeats, 1)))
     return {"seconds": max(per_rank), "per_rank_s": per_rank, "seq_len": seq_len, "cp": cp, "kernel": kernel.name}
 
-
-def _median_s(fn: Any, device: torch.device, warmup: int, repeats: int) -> float:
-    import time
-
-    for _ in range(max(warmup, 1)):
-        fn()
-    times = []
-    for _ in range(max(repeats, 1)):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from executor.parallel.attention_pieces import KERNELS, kernel_for
+from executor.parallel.context_parallel import split_sequence
 from executor.parallel.cp_blockwise import expand_kv, local_backward, local_forward, pieces
-from planner.cp_layout import cp_intervals
 
 
 def _rows(x: torch.Tensor, seq: int, cp: int, r: int) -> torch.Tensor:
-    return torch.cat([x[..., a:b, :] for a, b in cp_intervals(seq, cp, r)], dim=-2)
+    return split_sequence(x, cp, r, dim=-2)
 
 
 @pytest.mark.parametrize(("cp", "kv_heads"), [(1, 4), (2, 4), (4, 4), (2, 2)])
