@@ -46,7 +46,7 @@ PLANS: dict[str, Plan] = {
 
 
 # context parallelism inside interleaved rounds (executor.parallel.cp_p2p.CPStageComm.exchange); 4 ranks each,
-# the same plans as test_exec_nccl4.py's il-cp ones
+# the shapes of test_exec_nccl4.py's il-cp plans
 CP_PLANS: dict[str, Plan] = {
     "il-cp2-cp2-m4": il_plan([(4, 4, "interleaved-1f1b", [(1, 4, 2), (1, 4, 2)])]),
     "il-cp2-then-tp2-m2": il_plan([(4, 2, "interleaved-1f1b", [(1, 4, 2), (2, 4, 1)])]),
