@@ -38,7 +38,10 @@ slot is an owner of its slices, like a pipeline: ``layers.0.attn.wq.weight`` on 
 stage (ranks 0, 1) beside a tp-1 pipeline (rank 2) syncs in ``(0, 1, 2)``. A boundary where a side
 has ``cp > 1`` is one p2p pair per two slot leaders that share tokens
 (:func:`planner.cp_layout.boundary_peers`); the CP groups (the same TP rank of every slot,
-:meth:`StageTopo.cp_group`) carry attention's K/V all-gathers.
+:meth:`StageTopo.cp_group`) carry attention's K/V all-gathers. In an interleaved pipeline every
+stage lists the slot leaders of all its stages (``StageTopo.stage_leaders``): its rounds exchange
+with them by stage index, and the boundary from the last stage back to the first (between chunks)
+has its pairs too (:meth:`Topology.p2p_pairs`).
 
 Worked example
 --------------

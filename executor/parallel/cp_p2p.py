@@ -5,7 +5,11 @@ then broadcasting what it received inside its slot's TP group.
 
 Any pair of CP degrees works (equal ``cp``: slot ``r`` to slot ``r``; ``cp -> 1``: every slot to
 the one leader, which places the pieces at their positions; ``1 -> cp``; ``2 -> 4`` ...), with any
-TP degrees on either side, because a slot's activations are replicated across its TP ranks.
+TP degrees on either side, because a slot's activations are replicated across its TP ranks. An
+interleaved pipeline's rounds post the same way (:meth:`CPStageComm.exchange`: peers by stage index,
+``StageTopo.stage_leaders``, the last stage's slots sending to the first's between chunks); the
+messages of every slot leader are :func:`planner.schedules.slot_comm.slot_exchanges`, which the
+tests play without a wait for every schedule and mix of cp degrees.
 
 Deadlock freedom: one exchange posts all its sends and receives with every peer before waiting
 for any of them (one ``batch_isend_irecv`` per peer, each on that pair's own group, so NCCL runs

@@ -6,7 +6,8 @@ op receives its input, computes and sends its output. A schedule the registry ma
 (``trained=False``) is refused in one line before anything runs. An interleaved stage
 (``interleaved-1f1b``) holds several layer chunks in one module; its ops name the chunk, and its
 messages go to the stage holding the neighbouring virtual stage (the last stage sends to the first
-between chunks), posted in rounds (:func:`run_rounds`, :mod:`planner.schedules.comm`). Where the
+between chunks), posted in rounds (:func:`run_rounds`, :mod:`planner.schedules.comm`; with CP stages
+piece-wise between slot leaders, :mod:`executor.parallel.cp_p2p`). Where the
 ops hold ``W`` ops (ZB-H1), a ``B`` computes only the input gradient and queues the linear
 layers' weight-gradient GEMMs, which its ``W`` runs (:mod:`executor.parallel.weight_grad_store`);
 a ``W`` communicates nothing. On the pipeline's first stage, whose ``B`` sends nothing, a ``B``

@@ -18,6 +18,9 @@ of the next, sends first, each in op order — Megatron's interleaved order
 :func:`check_pairing` plays all stages' exchanges against each other with sends that block until
 received (NCCL's rendezvous) and says where they would wait on each other, or which receive would
 take another op's tensor; the tests run it over the registry's schedules and pipeline shapes.
+Stages that split the sequence (``cp > 1``) post each message piece-wise between slot leaders:
+:mod:`planner.schedules.slot_comm` expands :func:`steps` (the exchanges with each op's compute
+between them) per slot leader for the same check.
 """
 
 from __future__ import annotations
