@@ -80,12 +80,11 @@ class CPStageComm:
         if not self.is_leader or not (sends or recvs):
             return
         st = self.stage
-        seq = (sends[0][0] if sends else recvs[0][0]).shape[1] * st.cp
         ops: dict[int, list[dist.P2POp]] = {}
-        for send, to in sends:
+        for send, to in sends:  # each tensor its own length (packed micro-batches differ)
             x = send.detach().to(self.dtype)
             for j, peer in enumerate(to):
-                pieces = self._pieces(seq, len(to), j)
+                pieces = self._pieces(x.shape[1] * st.cp, len(to), j)
                 if pieces:
                     out = torch.cat([x[:, a:b] for a, b in pieces], dim=1).contiguous()
                     ops.setdefault(peer, []).append(
@@ -93,7 +92,7 @@ class CPStageComm:
         received: list[tuple[torch.Tensor, list[tuple[int, int]], torch.Tensor]] = []
         for buf, frm in recvs:
             for j, peer in enumerate(frm):
-                pieces = self._pieces(seq, len(frm), j)
+                pieces = self._pieces(buf.shape[1] * st.cp, len(frm), j)
                 if pieces:
                     rb = torch.empty((buf.shape[0], sum(b - a for a, b in pieces), *buf.shape[2:]),
                                      dtype=self.dtype, device=self.device)
