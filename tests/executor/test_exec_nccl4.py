@@ -191,12 +191,14 @@ def test_nccl4_cp_compiled_blocks(nccl4: DistPool, name: str) -> None:
         assert_close(rebuilt[n], want, rtol=RTOL, atol=ATOL, msg=lambda m, n=n: f"{name} {n}: {m}")
 
 
-def test_nccl4_cp_packed_documents(nccl4: DistPool) -> None:
+@pytest.mark.parametrize("name", ["packed-cp2-then-tp2", "packed-il-cp2-then-tp1"])
+def test_nccl4_cp_packed_documents(nccl4: DistPool, name: str) -> None:
     """Packed rows on a cp 2 stage, then a tp 2 stage: K/V all-gather masked by document and global position
-    (executor.parallel.context_parallel.cp_packed_attention) equals every document trained alone."""
+    (executor.parallel.context_parallel.cp_packed_attention) equals every document trained alone. The
+    interleaved one exchanges micro-batches of 12 and 8 tokens in one round (each cut by its own length)."""
     from test_exec_cp_oracle import PACKED, packed_steps
 
-    plan = PACKED["packed-cp2-then-tp2"]  # 4 ranks (the pool's size)
+    plan = PACKED[name]  # 4 ranks (the pool's size)
     steps, layouts = packed_steps(len(plan.pipelines))
     ref = reference_train(plan.model, steps, optim=ORACLE_OPTIM)
     res = nccl4.run(train_packed, plan, steps, layouts, accelerator=True)
