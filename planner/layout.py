@@ -38,7 +38,10 @@ slot is an owner of its slices, like a pipeline: ``layers.0.attn.wq.weight`` on 
 stage (ranks 0, 1) beside a tp-1 pipeline (rank 2) syncs in ``(0, 1, 2)``. A boundary where a side
 has ``cp > 1`` is one p2p pair per two slot leaders that share tokens
 (:func:`planner.cp_layout.boundary_peers`); the CP groups (the same TP rank of every slot,
-:meth:`StageTopo.cp_group`) carry attention's K/V all-gathers.
+:meth:`StageTopo.cp_group`) carry attention's K/V all-gathers. In an interleaved pipeline every
+stage lists the slot leaders of all its stages (``StageTopo.stage_leaders``): its rounds exchange
+with them by stage index, and the boundary from the last stage back to the first (between chunks)
+has its pairs too (:meth:`Topology.p2p_pairs`).
 
 Worked example
 --------------
@@ -196,6 +199,9 @@ class StageTopo:
     prev_leaders: tuple[int, ...] = ()  # slot leaders of the previous stage, CP-rank order (() if cp 1)
     next_leaders: tuple[int, ...] = ()  # slot leaders of the next stage, CP-rank order (() if cp 1)
     chunks: tuple[tuple[int, int], ...] = ()  # an interleaved stage's layer ranges; () means (layers,)
+    # an interleaved pipeline: every stage's slot leaders (CP-rank order) by stage index, the peers of
+    # its round exchanges (the last stage's chunk sends to the first's); () for one chunk
+    stage_leaders: tuple[tuple[int, ...], ...] = ()
 
     @property
     def tp(self) -> int:
@@ -213,7 +219,8 @@ class StageTopo:
     def uses_cp(self) -> bool:
         """Whether this stage or a neighbour splits the sequence (its boundaries need
         :mod:`planner.cp_layout`'s piece-wise exchange)."""
-        return self.cp > 1 or len(self.prev_leaders) > 1 or len(self.next_leaders) > 1
+        return (self.cp > 1 or len(self.prev_leaders) > 1 or len(self.next_leaders) > 1
+                or any(len(g) > 1 for g in self.stage_leaders))  # interleaved: the wrap's peer too
 
     def holds(self, name: str) -> bool:
         return any(holds(name, c, self.is_first, self.is_last) for c in self.chunks or (self.layers,))
@@ -277,9 +284,10 @@ class Topology:
     def p2p_pairs(self) -> list[tuple[int, int]]:
         """``(leader, next_leader)`` of every stage boundary: pipelines in order, boundaries in order.
         Where a side has ``cp > 1``, one pair per two slot leaders that share tokens
-        (:func:`planner.cp_layout.boundary_peers`, lexicographic). An interleaved pipeline (never with
-        cp > 1: planner.plan refuses the pair) of more than two stages adds ``(last leader, first
-        leader)``, its boundary between chunks (of two stages, that is the one boundary)."""
+        (:func:`planner.cp_layout.boundary_peers`, lexicographic). An interleaved pipeline of more
+        than two stages adds its boundary between chunks, last stage to first: ``(last leader, first
+        leader)``, or with CP the slot-leader pairs that share tokens (of two stages, that boundary
+        is the one boundary, whose groups serve both directions)."""
         out = []
         for pipe in self.pipelines:
             for st in pipe:
@@ -290,8 +298,9 @@ class Topology:
                     continue
                 mine = [g[0] for g in st.slots] if st.slots else [st.leader]
                 out += [(mine[i], st.next_leaders[j]) for i, j in boundary_peers(len(mine), len(st.next_leaders))]
-            if len(pipe[0].chunks) > 1 and len(pipe) > 2:
-                out.append((pipe[-1].leader, pipe[0].leader))
+            ring = pipe[0].stage_leaders
+            if ring and len(ring) > 2:
+                out += [(ring[-1][i], ring[0][j]) for i, j in boundary_peers(len(ring[-1]), len(ring[0]))]
         return out
 
     def local_slice(self, rank: int, ref: SliceRef) -> tuple[int | None, int, int]:
@@ -345,7 +354,8 @@ def build_topology(plan: Plan) -> Topology:
                       slots=slots[si] if st.cp > 1 else (),
                       prev_leaders=tuple(g[0] for g in slots[si - 1]) if si > 0 else (),
                       next_leaders=tuple(g[0] for g in slots[si + 1]) if si < n - 1 else (),
-                      chunks=st.chunks if len(st.chunks) > 1 else ())
+                      chunks=st.chunks if len(st.chunks) > 1 else (),
+                      stage_leaders=tuple(tuple(g[0] for g in sl) for sl in slots) if len(st.chunks) > 1 else ())
             for si, st in enumerate(pipe.stages) for c, group in enumerate(slots[si])))
     topo_pipes = tuple(pipes)
     sync, bcasts = _sync_plan(plan.model, topo_pipes)

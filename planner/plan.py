@@ -191,9 +191,6 @@ def check_structure(plan: Plan) -> None:
             if st.tp < 1 or st.tp * st.cp != len(st.devices):
                 raise SpecError(f"{sp}.tp", f"tp={st.tp} x cp={st.cp} but the stage lists {len(st.devices)} devices",
                                 "tp x cp must equal the number of devices of the stage")
-            if st.cp > 1 and sched.chunks > 1:
-                raise SpecError(f"{sp}.cp", f"cp={st.cp} in an interleaved pipeline ({pipe.schedule}): the two "
-                                "are not combined yet", "use cp 1 here, or 1f1b / zb-h1 with context parallelism")
             if st.cp > 1 and m.seq_len % (2 * st.cp):  # without CP any sequence length goes
                 raise SpecError(f"{sp}.cp", f"2 x cp = {2 * st.cp} does not divide seq_len={m.seq_len} "
                                 "(each CP rank holds two equal causal-balanced chunks)",

@@ -34,7 +34,8 @@ def _rename_stage(st: StageTopo, m: Sequence[int]) -> StageTopo:
                    prev_leader=None if st.prev_leader is None else m[st.prev_leader],
                    next_leader=None if st.next_leader is None else m[st.next_leader],
                    slots=tuple(tuple(m[r] for r in g) for g in st.slots),
-                   prev_leaders=tuple(m[r] for r in st.prev_leaders), next_leaders=tuple(m[r] for r in st.next_leaders))
+                   prev_leaders=tuple(m[r] for r in st.prev_leaders), next_leaders=tuple(m[r] for r in st.next_leaders),
+                   stage_leaders=tuple(tuple(m[r] for r in g) for g in st.stage_leaders))
 
 
 def strategy_topology(plan: Plan, devices: Sequence[str]) -> Topology:

@@ -5,7 +5,11 @@ then broadcasting what it received inside its slot's TP group.
 
 Any pair of CP degrees works (equal ``cp``: slot ``r`` to slot ``r``; ``cp -> 1``: every slot to
 the one leader, which places the pieces at their positions; ``1 -> cp``; ``2 -> 4`` ...), with any
-TP degrees on either side, because a slot's activations are replicated across its TP ranks.
+TP degrees on either side, because a slot's activations are replicated across its TP ranks. An
+interleaved pipeline's rounds post the same way (:meth:`CPStageComm.exchange`: peers by stage index,
+``StageTopo.stage_leaders``, the last stage's slots sending to the first's between chunks); the
+messages of every slot leader are :func:`planner.schedules.slot_comm.slot_exchanges`, which the
+tests play without a wait for every schedule and mix of cp degrees.
 
 Deadlock freedom: one exchange posts all its sends and receives with every peer before waiting
 for any of them (one ``batch_isend_irecv`` per peer, each on that pair's own group, so NCCL runs
@@ -61,40 +65,48 @@ class CPStageComm:
 
     def _exchange_now(self, send: torch.Tensor | None, to: tuple[int, ...], shape: tuple[int, ...] | None,
                       frm: tuple[int, ...]) -> torch.Tensor | None:
-        st = self.stage
         buf = None if shape is None else torch.empty(shape, dtype=self.dtype, device=self.device)
-        if self.is_leader:
-            seq = (send.shape[1] if send is not None else buf.shape[1]) * st.cp  # type: ignore[union-attr]
-            ops: dict[int, list[dist.P2POp]] = {}
-            if send is not None:
-                x = send.detach().to(self.dtype)
-                for j, peer in enumerate(to):
-                    pieces = self._pieces(seq, len(to), j)
-                    if pieces:
-                        out = torch.cat([x[:, a:b] for a, b in pieces], dim=1).contiguous()
-                        ops.setdefault(peer, []).append(
-                            dist.P2POp(dist.isend, out, peer, group=self.boundary(st.leader, peer)))
-            received: list[tuple[list[tuple[int, int]], torch.Tensor]] = []
-            if buf is not None:
-                for j, peer in enumerate(frm):
-                    pieces = self._pieces(seq, len(frm), j)
-                    if pieces:
-                        rb = torch.empty((buf.shape[0], sum(b - a for a, b in pieces), *buf.shape[2:]),
-                                         dtype=self.dtype, device=self.device)
-                        received.append((pieces, rb))
-                        ops.setdefault(peer, []).append(
-                            dist.P2POp(dist.irecv, rb, peer, group=self.boundary(st.leader, peer)))
-            reqs = [req for peer in sorted(ops) for req in dist.batch_isend_irecv(ops[peer])]
-            for req in reqs:
-                req.wait()
-            for pieces, rb in received:
-                off = 0
-                for a, b in pieces:
-                    buf[:, a:b].copy_(rb[:, off:off + b - a])  # type: ignore[index]
-                    off += b - a
+        self._transfer([(send, to)] if send is not None else [], [(buf, frm)] if buf is not None else [])
         if buf is not None and self.tp_group is not None:
-            dist.broadcast(buf, src=st.leader, group=self.tp_group)
+            dist.broadcast(buf, src=self.stage.leader, group=self.tp_group)
         return buf
+
+    def _transfer(self, sends: list[tuple[torch.Tensor, tuple[int, ...]]],
+                  recvs: list[tuple[torch.Tensor, tuple[int, ...]]]) -> None:
+        """Leader: post every tensor of ``sends`` piece-wise to its slot leaders and fill every
+        buffer of ``recvs`` from its slot leaders — one ``batch_isend_irecv`` per peer on that
+        pair's group (sends first, then receives, each in the given order), all posted before any
+        is waited for. A follower does nothing (its leader broadcasts afterwards)."""
+        if not self.is_leader or not (sends or recvs):
+            return
+        st = self.stage
+        ops: dict[int, list[dist.P2POp]] = {}
+        for send, to in sends:  # each tensor its own length (packed micro-batches differ)
+            x = send.detach().to(self.dtype)
+            for j, peer in enumerate(to):
+                pieces = self._pieces(x.shape[1] * st.cp, len(to), j)
+                if pieces:
+                    out = torch.cat([x[:, a:b] for a, b in pieces], dim=1).contiguous()
+                    ops.setdefault(peer, []).append(
+                        dist.P2POp(dist.isend, out, peer, group=self.boundary(st.leader, peer)))
+        received: list[tuple[torch.Tensor, list[tuple[int, int]], torch.Tensor]] = []
+        for buf, frm in recvs:
+            for j, peer in enumerate(frm):
+                pieces = self._pieces(buf.shape[1] * st.cp, len(frm), j)
+                if pieces:
+                    rb = torch.empty((buf.shape[0], sum(b - a for a, b in pieces), *buf.shape[2:]),
+                                     dtype=self.dtype, device=self.device)
+                    received.append((buf, pieces, rb))
+                    ops.setdefault(peer, []).append(
+                        dist.P2POp(dist.irecv, rb, peer, group=self.boundary(st.leader, peer)))
+        reqs = [req for peer in sorted(ops) for req in dist.batch_isend_irecv(ops[peer])]
+        for req in reqs:
+            req.wait()
+        for buf, pieces, rb in received:
+            off = 0
+            for a, b in pieces:
+                buf[:, a:b].copy_(rb[:, off:off + b - a])
+                off += b - a
 
     def _pieces(self, seq: int, peer_cp: int, peer: int) -> list[tuple[int, int]]:
         """Local index ranges of the tokens this slot shares with CP rank ``peer`` of ``peer_cp``,
@@ -121,3 +133,25 @@ class CPStageComm:
 
     def send_backward_recv_forward(self, dx: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor | None:
         return self._exchange(dx, False, shape, False)
+
+    def exchange(self, sends: list[tuple[torch.Tensor | None, int]],
+                 recvs: list[tuple[tuple[int, ...], int]]) -> list[torch.Tensor]:
+        """Interleaved pipelines (:func:`executor.parallel.schedules.run_rounds`): post ``sends``
+        (tensor, peer stage) and ``recvs`` (this rank's shape, peer stage) together, piece-wise with
+        each peer stage's slot leaders (``StageTopo.stage_leaders``; :meth:`_transfer`), and wait; then
+        broadcast each received tensor inside the TP group, in order. The messages each slot leader
+        posts, and why no two wait on each other, are :func:`planner.schedules.comm.slot_exchanges`."""
+        if not sends and not recvs:
+            return []
+        ring = self.stage.stage_leaders
+        bufs = [torch.empty(shape, dtype=self.dtype, device=self.device) for shape, _ in recvs]
+        out: list[tuple[torch.Tensor, tuple[int, ...]]] = []
+        for t, peer in sends:
+            assert t is not None, "a send of an interleaved stage has a tensor"
+            out.append((t, ring[peer]))
+        with self.trace.span("p2p"):
+            self._transfer(out, [(buf, ring[peer]) for buf, (_, peer) in zip(bufs, recvs)])
+            if self.tp_group is not None:
+                for buf in bufs:
+                    dist.broadcast(buf, src=self.stage.leader, group=self.tp_group)
+        return bufs

@@ -6,7 +6,8 @@ op receives its input, computes and sends its output. A schedule the registry ma
 (``trained=False``) is refused in one line before anything runs. An interleaved stage
 (``interleaved-1f1b``) holds several layer chunks in one module; its ops name the chunk, and its
 messages go to the stage holding the neighbouring virtual stage (the last stage sends to the first
-between chunks), posted in rounds (:func:`run_rounds`, :mod:`planner.schedules.comm`). Where the
+between chunks), posted in rounds (:func:`run_rounds`, :mod:`planner.schedules.comm`; with CP stages
+piece-wise between slot leaders, :mod:`executor.parallel.cp_p2p`). Where the
 ops hold ``W`` ops (ZB-H1), a ``B`` computes only the input gradient and queues the linear
 layers' weight-gradient GEMMs, which its ``W`` runs (:mod:`executor.parallel.weight_grad_store`);
 a ``W`` communicates nothing. On the pipeline's first stage, whose ``B`` sends nothing, a ``B``
@@ -187,7 +188,7 @@ def run_ops(runner: _Runner, comm: StageComm | CPStageComm, ops: Sequence[StageO
         fused = turn
 
 
-def run_rounds(runner: _Runner, comm: StageComm, ops: Sequence[StageOp], stages: int) -> None:
+def run_rounds(runner: _Runner, comm: StageComm | CPStageComm, ops: Sequence[StageOp], stages: int) -> None:
     """Run an interleaved stage's ``ops`` in rounds (:func:`planner.schedules.comm.rounds`): before
     each round one exchange posts the sends of the last round's outputs and the receives of this
     round's inputs (sends first, then receives, each in op order: the order
@@ -232,8 +233,6 @@ def run_schedule(kind: str, *, module: StageModule, comm: StageComm | CPStageCom
     install(module, wgrad)
     try:
         if sched.chunks > 1:
-            if isinstance(comm, CPStageComm):  # planner.plan refuses cp > 1 in interleaved pipelines
-                raise RuntimeError("an interleaved pipeline cannot have context-parallel stages")
             run_rounds(runner, comm, ops, n_stages)
         else:
             run_ops(runner, comm, ops)

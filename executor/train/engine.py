@@ -152,7 +152,7 @@ class Engine:
         self.module.cast_once = True
         leader = self.stage.leader
         pipe = topology.pipelines[self.stage.pipeline]
-        leaders = tuple(st.leader for st in pipe) if self.stage.chunks else ()  # interleaved: every stage's
+        leaders = tuple(g[0] for g in self.stage.stage_leaders)  # interleaved: every stage's (else ())
         self.comm: StageComm | CPStageComm = (
             CPStageComm(self.stage, self.rank, groups.tp_group, device=self.device, boundary=groups.boundary)
             if self.stage.uses_cp else

@@ -18,6 +18,9 @@ of the next, sends first, each in op order — Megatron's interleaved order
 :func:`check_pairing` plays all stages' exchanges against each other with sends that block until
 received (NCCL's rendezvous) and says where they would wait on each other, or which receive would
 take another op's tensor; the tests run it over the registry's schedules and pipeline shapes.
+Stages that split the sequence (``cp > 1``) post each message piece-wise between slot leaders:
+:mod:`planner.schedules.slot_comm` expands :func:`steps` (the exchanges with each op's compute
+between them) per slot leader for the same check.
 """
 
 from __future__ import annotations
@@ -89,31 +92,47 @@ def _messages(op: StageOp, peers: OpPeers, stages: int, stage: int) -> tuple[Mes
     return recv, send
 
 
-def exchanges(ops: Sequence[StageOp], stages: int, stage: int, chunks: int = 1) -> list[tuple[Message, ...]]:
-    """The exchanges (messages posted together, then waited for) ``stage`` posts for ``ops``, in
-    order (the pairing rule of the module docstring); within one exchange sends come first, then
-    receives, each in op order."""
+Step = tuple[Message, ...] | int  # an exchange, or the compute of op ``k`` (between its receive and its send)
+
+
+def steps(ops: Sequence[StageOp], stages: int, stage: int, chunks: int = 1) -> list[Step]:
+    """What ``stage`` does for ``ops``, in order: its exchanges (messages posted together, then
+    waited for; the pairing rule of the module docstring; within one exchange sends come first, then
+    receives, each in op order) and, as op indices, where each op computes."""
     msgs = [_messages(op, op_peers(op, stages, stage, chunks), stages, stage) for op in ops]
-    out: list[tuple[Message, ...]] = []
+    out: list[Step] = []
     if chunks > 1:  # at each round boundary: the last round's sends with the next round's receives
         sends: list[Message] = []
         for r in rounds(ops, chunks):
             batch = sends + [m for k in r if (m := msgs[k][0]) is not None]
             if batch:
                 out.append(tuple(batch))
+            out += r
             sends = [m for k in r if (m := msgs[k][1]) is not None]
         return out + ([tuple(sends)] if sends else [])
-    return out + paired(msgs, fused_with_next(ops, stages, stage, chunks))
+    return paired(msgs, fused_with_next(ops, stages, stage, chunks), computes=True)
+
+
+def exchanges(ops: Sequence[StageOp], stages: int, stage: int, chunks: int = 1) -> list[tuple[Message, ...]]:
+    """The exchanges of :func:`steps`, without the computes."""
+    return only_exchanges(steps(ops, stages, stage, chunks))
+
+
+def only_exchanges(order: Sequence[Step]) -> list[tuple[Message, ...]]:
+    return [s for s in order if not isinstance(s, int)]
 
 
 def paired(msgs: Sequence[tuple[Message | None, Message | None]],
-           fused: Sequence[bool]) -> list[tuple[Message, ...]]:
+           fused: Sequence[bool], computes: bool = False) -> list[Step]:
     """1F1B's rule: each op's receive alone, its send batched with the next op's receive where
-    ``fused`` says so (that receive is then not posted again)."""
-    out: list[tuple[Message, ...]] = []
+    ``fused`` says so (that receive is then not posted again); with ``computes``, each op's index
+    between its receive and its send."""
+    out: list[Step] = []
     for k, (recv, send) in enumerate(msgs):
         if recv is not None and not (k > 0 and fused[k - 1]):
             out.append((recv,))
+        if computes:
+            out.append(k)
         if send is not None:
             nxt = msgs[k + 1][0] if fused[k] else None
             out.append((send,) + ((nxt,) if nxt is not None else ()))

@@ -13,14 +13,15 @@ cuts each pipeline's stages into ``v`` = :data:`planner.schedules.interleaved.CH
 :func:`planner.interleave.interleaved` lays them out (round-robin over the stages). A pipeline is
 interleaved where the executor and the validator take it: at least 2 stages, micro-batches a
 multiple of the stages (:func:`~planner.schedules.interleaved.interleaved_requires`), at least ``v``
-layers on every stage (a chunk holds one layer or more), no CP stage (the plan refuses CP in an
-interleaved pipeline), and every stage's layers fitting under interleaved's own in-flight rule
-(stage ``i`` holds ``ceil((2(S-1-i) + (v-1)S + 1) / v)`` micro-batches at its peak against 1F1B's
-``S - i``); the other pipelines keep 1F1B. So the schedule is chosen per pipeline as far as
-validity and memory go; *which is faster* is decided per plan. Choosing that per pipeline too
-would need each mix priced (the step is the slowest pipeline plus the gradient sync, which the
-pipelines' stage boundaries shape together): up to ``2^k`` estimates for ``k`` pipeline types, or
-a per-pipeline simulator pass the estimate then repeats; the one twin keeps the finish's cost flat.
+layers on every stage (a chunk holds one layer or more; CP stages too, their boundaries exchanged
+piece-wise inside the rounds, :mod:`planner.schedules.slot_comm`), and every stage's layers fitting
+under interleaved's own in-flight rule (stage ``i`` holds ``ceil((2(S-1-i) + (v-1)S + 1) / v)``
+micro-batches at its peak against 1F1B's ``S - i``); the other pipelines keep 1F1B. So the schedule
+is chosen per pipeline as far as validity and memory go; *which is faster* is decided per plan.
+Choosing that per pipeline too would need each mix priced (the step is the slowest pipeline plus the
+gradient sync, which the pipelines' stage boundaries shape together): up to ``2^k`` estimates for
+``k`` pipeline types, or a per-pipeline simulator pass the estimate then repeats; the one twin keeps
+the finish's cost flat.
 """
 
 from __future__ import annotations
@@ -39,8 +40,6 @@ def interleaves(oracle: Oracle, lay: Layout, s: Setting, pipelines: int) -> bool
     (the schedule's shape rules, and its layers fitting interleaved's in-flight memory)."""
     S = len(lay.units)
     if interleaved_requires(S, lay.micro_batches) is not None or min(lay.counts) < CHUNKS:
-        return False
-    if any(u.cp > 1 for u in lay.units):
         return False
     costs = stage_costs(oracle, lay.units, lay.micro_batches, s, pipelines)
     return all(n <= c.max_layers() for n, c in zip(lay.counts, costs))

@@ -125,6 +125,10 @@ def _docs(lengths: list[int], seed: int) -> list[torch.Tensor]:
 PACKED: dict[str, Plan] = {
     "packed-cp2-then-tp2": make_plan(TINY, [(2, 2, "1f1b", [(1, 2, 2), (2, 2)])]),
     "packed-cp2xtp2-beside-tp1-zb": make_plan(TINY, [(2, 2, "zb-h1", [(2, 4, 2)]), (1, 1, "1f1b", [(1, 4)])]),
+    # interleaved: one round's exchange carries micro-batches of 12 and 8 tokens (pieces cut per tensor)
+    # (4 ranks: test_exec_nccl4.py runs it too)
+    "packed-il-cp2-then-tp1": make_plan(TINY, [(2, 2, "interleaved-1f1b", [(1, 2, 2), (1, 2)]),
+                                               (1, 1, "1f1b", [(1, 4)])]),
 }
 
 

@@ -2,7 +2,9 @@
 to the first between chunks): plans whose pipelines run interleaved train exactly like one dense
 process — 2, 3 and 4 stages, TP changes between stages, two pipelines (data parallel) beside each other
 and beside a 1F1B pipeline, ZeRO 0 and 1, full recompute, uneven micro-batch sizes, micro-batches =
-and > stages."""
+and > stages; and context-parallel stages in interleaved pipelines (every stage cp 2, cp 2 -> tp 2,
+a cp-1 last stage sending to a cp-2 first stage between chunks over three stages, ZeRO-1 beside a
+second pipeline)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 from exec_jobs import TINY8, make_plan
+from test_exec_cp_oracle import _slots_agree
 from test_exec_oracle import run_oracle
 
 from planner.interleave import interleaved
@@ -18,10 +21,10 @@ from planner.plan import Plan
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
 
 
-def il_plan(pipes: list[tuple[int, int, str, list[tuple[int, int]]]], zero: int = 0, chunks: int = 2,
+def il_plan(pipes: list[tuple[int, int, str, list[tuple[int, ...]]]], zero: int = 0, chunks: int = 2,
             recompute: str = "none") -> Plan:
-    """:func:`exec_jobs.make_plan` with ZeRO ``zero`` and ``recompute``, each ``interleaved-1f1b``
-    pipeline's stages cut into ``chunks`` layer chunks."""
+    """:func:`exec_jobs.make_plan` (stages ``(tp, layers[, cp])``) with ZeRO ``zero`` and ``recompute``,
+    each ``interleaved-1f1b`` pipeline's stages cut into ``chunks`` layer chunks."""
     plan = make_plan(TINY8, [(b, m, "1f1b" if s == "interleaved-1f1b" else s, st) for b, m, s, st in pipes])
     pipelines = tuple(interleaved(p, chunks) if s == "interleaved-1f1b" else p
                       for p, (_, _, s, _) in zip(plan.pipelines, pipes))
@@ -40,6 +43,23 @@ PLANS: dict[str, Plan] = {
     "il-3-chunks-2-stages-tp2-1-zero1": il_plan([(6, 4, "interleaved-1f1b", [(2, 4), (1, 4)]),
                                                  (2, 2, "interleaved-1f1b", [(1, 3), (1, 5)])], zero=1, chunks=3),
 }
+
+
+# context parallelism inside interleaved rounds (executor.parallel.cp_p2p.CPStageComm.exchange); 4 ranks each,
+# the shapes of test_exec_nccl4.py's il-cp plans
+CP_PLANS: dict[str, Plan] = {
+    "il-cp2-cp2-m4": il_plan([(4, 4, "interleaved-1f1b", [(1, 4, 2), (1, 4, 2)])]),
+    "il-cp2-then-tp2-m2": il_plan([(4, 2, "interleaved-1f1b", [(1, 4, 2), (2, 4, 1)])]),
+    "il-cp2-tp1-tp1-3-stages-m3": il_plan([(3, 3, "interleaved-1f1b", [(1, 3, 2), (1, 3), (1, 2)])]),
+    "il-cp2-then-tp1-beside-1f1b-zero1": il_plan([(3, 2, "interleaved-1f1b", [(1, 4, 2), (1, 4)]),
+                                                  (2, 2, "1f1b", [(1, 8)])], zero=1),
+}
+
+
+@pytest.mark.parametrize("name", list(CP_PLANS))
+def test_interleaved_cp_oracle(dist_pool, name: str) -> None:
+    plan = CP_PLANS[name]
+    _slots_agree(plan, run_oracle(dist_pool, plan))
 
 
 @pytest.mark.parametrize("name", list(PLANS))

@@ -109,6 +109,14 @@ PLANS: dict[str, Plan] = {
                            (3, 2, "interleaved-1f1b", [(1, 3), (1, 5)])], zero=1),
     "il-tp2-1+single-zero1": _p([(5, 4, "interleaved-1f1b", [(2, 3), (1, 5)]), (3, 1, "1f1b", [(1, 8)])], zero=1),
     "il-3-chunks-tp1-2": _chunks3(_p([(8, 6, "1f1b", [(1, 4), (2, 4)])])),
+    # interleaved 1F1B with CP stages (stages (tp, layers, cp); executor.parallel.cp_p2p's exchange in the rounds,
+    # planner.schedules.slot_comm): every stage cp 2; cp 2 -> tp 2, the wrap tp 2 -> cp 2 on the same groups;
+    # three stages whose last (cp 1) sends to the first (cp 2) on their own wrap pairs; ZeRO-1 beside 1F1B
+    "il-cp2-cp2": _p([(8, 4, "interleaved-1f1b", [(1, 4, 2), (1, 4, 2)])]),
+    "il-cp2-then-tp2": _p([(8, 4, "interleaved-1f1b", [(1, 4, 2), (2, 4)])]),
+    "il-cp2-tp1-tp1": _p([(8, 6, "interleaved-1f1b", [(1, 3, 2), (1, 3), (1, 2)])]),
+    "il-cp2-tp1+single-zero1": _p([(5, 4, "interleaved-1f1b", [(1, 4, 2), (1, 4)]), (3, 1, "1f1b", [(1, 8)])],
+                                  zero=1),
     # placed by the search (tests.support.searched_plans): a 1F1B single stage beside an interleaved
     # 3-stage pipeline of uneven chunks (2+1 layers on its first stage), ZeRO-1
     "il-searched-single+pp3-zero1": searched([[0], [2, 3, 4]], BATCH).plan,
@@ -183,12 +191,14 @@ def test_nccl4_cp_compiled_blocks(nccl4: DistPool, name: str) -> None:
         assert_close(rebuilt[n], want, rtol=RTOL, atol=ATOL, msg=lambda m, n=n: f"{name} {n}: {m}")
 
 
-def test_nccl4_cp_packed_documents(nccl4: DistPool) -> None:
+@pytest.mark.parametrize("name", ["packed-cp2-then-tp2", "packed-il-cp2-then-tp1"])
+def test_nccl4_cp_packed_documents(nccl4: DistPool, name: str) -> None:
     """Packed rows on a cp 2 stage, then a tp 2 stage: K/V all-gather masked by document and global position
-    (executor.parallel.context_parallel.cp_packed_attention) equals every document trained alone."""
+    (executor.parallel.context_parallel.cp_packed_attention) equals every document trained alone. The
+    interleaved one exchanges micro-batches of 12 and 8 tokens in one round (each cut by its own length)."""
     from test_exec_cp_oracle import PACKED, packed_steps
 
-    plan = PACKED["packed-cp2-then-tp2"]  # 4 ranks (the pool's size)
+    plan = PACKED[name]  # 4 ranks (the pool's size)
     steps, layouts = packed_steps(len(plan.pipelines))
     ref = reference_train(plan.model, steps, optim=ORACLE_OPTIM)
     res = nccl4.run(train_packed, plan, steps, layouts, accelerator=True)

@@ -107,3 +107,24 @@ def test_cp_over_a_slow_link_is_the_bottleneck_and_the_hint_says_so() -> None:
     est = estimate(plan, cluster)
     assert est.bottleneck["term"] == "tp_comm" and est.pipelines[0].stages[0].cp_comm_s > est.breakdown["compute"]
     assert "CP K/V collectives" in advice(plan, cluster, est)
+
+
+@pytest.mark.parametrize("last_cp", [2, 1])
+def test_interleaved_cp_stages_are_priced_like_their_1f1b_twin_with_a_smaller_bubble(last_cp: int) -> None:
+    """Interleaved 1F1B with a cp2 first stage and a cp2 (or tp2) last stage: each stage's compute and
+    CP collectives are its 1F1B twin's (the chunks split the same layers at the same cp), the bubble
+    shrinks, the p2p grows by the sends between chunks (the last stage's back to the cp2 first one,
+    split over its slots) and more activations are in flight."""
+    from planner.interleave import interleaved
+
+    devs = tuple(f"h100:{i}" for i in range(4))
+    last = Stage(devs[2:], 1 if last_cp > 1 else 2, (12, 24), last_cp)
+    pipe = Pipeline(4, 4, (Stage(devs[:2], 1, (0, 12), 2), last))
+    plain = Plan(LONG, 4, (pipe,), PlanOptions(recompute="full"))
+    il = replace(plain, pipelines=(interleaved(pipe, 2),))
+    e1, e2 = estimate(plain, CLUSTER), estimate(il, CLUSTER)
+    for s1, s2 in zip(e1.pipelines[0].stages, e2.pipelines[0].stages):
+        assert s2.compute_s == pytest.approx(s1.compute_s) and s2.cp_comm_s == pytest.approx(s1.cp_comm_s)
+        assert s2.pp_comm_s > s1.pp_comm_s
+    assert e2.pipelines[0].stages[0].cp_comm_s > 0 and e2.step_time_s < e1.step_time_s
+    assert all(e2.memory[d].activations > e1.memory[d].activations for d in devs)

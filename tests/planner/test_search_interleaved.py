@@ -74,3 +74,21 @@ def test_replan_keeps_one_layer_range_per_stage() -> None:
     new = replan(H100X4, [d for p in current.pipelines for d in p.devices], current,
                  config=dataclasses.replace(CFG, context_parallel=False)).plan
     assert all(p.chunks == 1 and p.schedule != "interleaved-1f1b" for p in new.pipelines), new.pipelines
+
+
+def test_cp_pipelines_get_an_interleaved_twin() -> None:
+    """Two cp 2 stages of llama-1.3b at 64K on the 4 H100s, 4 micro-batches: interleaved 1F1B runs
+    there (CP boundaries go piece-wise inside its rounds), so the twin interleaves the pipeline."""
+    from planner.search.candidate import Layout
+    from planner.search.graph import Unit, device_compute
+    from planner.search.interleaved_variant import interleaves
+    from planner.search.oracle import Oracle, Setting
+
+    def unit(i: int, devs: tuple[str, str]) -> Unit:
+        d = H100X4.device(devs[0])
+        return Unit(i, d.node, devs, d.gpu, d.memory_gib, d.slowdown,
+                    sum(device_compute(H100X4, x, "bf16") for x in devs), H100X4.link(*devs), cp=2)
+
+    model = dataclasses.replace(PRESETS["llama-1.3b"], seq_len=65536)
+    lay = Layout((unit(0, ("h100:0", "h100:1")), unit(1, ("h100:2", "h100:3"))), (12, 12), 4, 4)
+    assert interleaves(Oracle(H100X4, model), lay, Setting(recompute="full", schedule="interleaved-1f1b"), 1)
