@@ -13,7 +13,10 @@ Per switch: bytes moved, the most bytes one rank sends or receives, the lower bo
 fastest measured pair bandwidth: one ``batch_isend_irecv`` each way between two GPUs), the switch
 time without communicator set-up (slowest rank) and the set-up apart (its parts: default groups
 created, the exchanging pairs connected — NCCL connects two ranks in their first point-to-point
-call —, the new plan's groups created), the old plan's groups and the default groups the switch
+call —, the new plan's groups created), the new plan's engine built (without its groups, reported
+apart: between two steps before the switch where every rank could, else inside the switch as
+``engine_late``; :mod:`executor.switch.elastic_switch`; a staying rank's build ahead is added to the
+downtime below, which it delayed between two steps), the old plan's groups and the default groups the switch
 left (``leave``: only their detaching) destroyed after the new plan's first step (``retire``: not
 in the switch, but the second step waits for it; :mod:`executor.parallel.group_retire`), and the downtime
 the event cost: ``time(step k+2 ends) - time(step k ends) - 2 x the new phase's steady step time``
@@ -238,7 +241,8 @@ def analyse(phases: list[Phase], replan_s: list[float], el: dict[int, dict[str, 
             gap += retire
         b_gap = rs[i][k + 1]["time"] - rs[i - 1][k]["time"] if restart_downtime and i < len(rs) and k + 1 in rs[i] \
             and k in rs[i - 1] else None
-        down = gap - new_step if gap is not None else None
+        # a staying rank's engine built ahead ran between two of the old plan's steps: the job waited for it there
+        down = gap - new_step + (sw.get("engine_between_steps_s") or 0.0) if gap is not None else None
         b_down = b_gap - (steady[i]["plain_step_s"] or 0.0) + replan_s[i] if b_gap is not None else None
         events.append({"event": i, "after_step": sw["step"], "ranks": f"{sw['old_ranks']} -> {sw['new_ranks']}",
                        "leave": sw["leave"], "join": sw["join"], "moved_bytes": sw["moved_bytes"],
@@ -247,7 +251,8 @@ def analyse(phases: list[Phase], replan_s: list[float], el: dict[int, dict[str, 
                        "transfer_s": sw["transfer_s"], "switch_excl_comm_s": sw["switch_excl_comm_s"],
                        "comm_setup_s": sw["comm_s"], "switch_s": sw["switch_s"], "wait_for_joiners_s": sw["wait_s"],
                        "move_plan_s": sw["plan_s"], "move_planned_ahead": sw.get("planned_ahead"),
-                       "engine_build_s": sw["build_s"], "install_s": sw.get("install_s"),
+                       "engine_build_s": sw["engine_s"], "engine_built_ahead": sw.get("engine_ahead"),
+                       "install_s": sw.get("install_s"),
                        "retire_s": sw.get("retire_s"), "retire_after_step": sw.get("retire_after_step"),
                        "connect_ahead_s": sw.get("connect_ahead_s"),
                        "parts_s": {k: sw.get(k) for k in PARTS},
@@ -278,7 +283,7 @@ def print_tables(res: dict[str, Any]) -> None:
               f"{_f(e['replan_s'], 1, '.2f')} | {_f(e['elastic_downtime_s'], 1, '.2f')} | "
               f"{_f(e['restart_downtime_s'], 1, '.1f')} | {_f(e['speedup'], 1, '.1f')}{'x' if e['speedup'] else ''} |")
     print("\nWhere the switch time goes (slowest rank per part, ms; each part ends with a device sync):\n")
-    print("| event | " + " | ".join(k[:-2] for k in PARTS) + " | engine build (its groups incl.) | move plan | "
+    print("| event | " + " | ".join(k[:-2] for k in PARTS) + " | engine build (no groups; ahead?) | move plan | "
           "exchange GB/s (max rank bytes / exchange) | bound under MPS ms | "
           + " | ".join(f"comm: {k[:-2]}" for k in COMM_PARTS)
           + " | retire (after the 1st step, not in the switch) | next switch's pairs connected (there too) |")
@@ -286,7 +291,8 @@ def print_tables(res: dict[str, Any]) -> None:
     for e in res["events"]:
         parts = " | ".join(_f(e["parts_s"].get(k), 1e3) for k in PARTS)
         comm = " | ".join(_f(e["comm_parts_s"].get(k), 1e3) for k in COMM_PARTS)
-        print(f"| {e['event']} | {parts} | {_f(e['engine_build_s'], 1e3)} | "
+        where = "ahead" if e["engine_built_ahead"] else "in the switch: engine_late"
+        print(f"| {e['event']} | {parts} | {_f(e['engine_build_s'], 1e3)} ({where}) | "
               f"{_f(e['move_plan_s'], 1e3)} | {_f(e['exchange_gbps'])} | {_f(e['mps_lower_bound_s'], 1e3, '.2f')} "
               f"| {comm} | {_f(e['retire_s'], 1e3)} | {_f(e['connect_ahead_s'], 1e3)} |")
     print("\nThe slowest rank's switch (excl. comm), part by part (ms; they add up to its total, 'other' "

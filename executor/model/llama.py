@@ -25,6 +25,7 @@ rank's shard of them).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -227,6 +228,17 @@ class StageModule(nn.Module):
         cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta, device, m.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    def attach(self, group: Any, cp_group: Any = None) -> None:
+        """The stage's TP group (and this rank's CP group) for a module built with ``group=None``
+        before its groups existed (the elastic switch builds its next engine early,
+        :mod:`executor.switch.elastic_switch`): every layer that holds the group gets it."""
+        cp = replace(self.cp, group=cp_group) if self.cp is not None else None
+        for mod in self.modules():
+            if "group" in vars(mod):  # the TP layers (executor.parallel.tp_layers), Attention, MLP, this
+                mod.group = group
+            if "cp" in vars(mod):  # Attention and this
+                mod.cp = cp  # type: ignore[assignment]
 
     @property
     def cast_once(self) -> bool:

@@ -53,12 +53,13 @@ import torch.distributed as dist
 
 from executor.parallel.groups import ProcessGroups
 from planner.flat_buckets import DEFAULT_BUCKET_NUMEL, FlatBucket, FlatPart, LocalView, flat_parts, reduce_order
+from planner.layout import Topology
 
 # torch >= 2.13 names the single-tensor collectives *_single (the *_tensor names warn there)
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-__all__ = ["DEFAULT_BUCKET_NUMEL", "Bucket", "GradSync", "all_gather_flat"]
+__all__ = ["DEFAULT_BUCKET_NUMEL", "Bucket", "GradSync", "all_gather_flat", "tp_broadcasts"]
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Bucket:
     """One flat bucket of this rank: where it lives, its gradient buffer while a step runs, and
     under ZeRO-1 the reduced chunk this rank owns."""
 
-    group: Any  # the sync group's process group
+    group: Any  # the sync group's process group (None until GradSync.attach)
     part: int  # index into GradSync.parts
     index: int  # index into that part's buckets
     spec: FlatBucket
@@ -74,6 +75,11 @@ class Bucket:
     out: torch.Tensor | None = None  # ZeRO-1: [chunk] reduced gradient of the owned range
     work: Any = None
     names: set[str] = field(default_factory=set)
+
+
+def tp_broadcasts(topology: Topology, rank: int) -> list[tuple[tuple[int, ...], int, list[str]]]:
+    """(TP group ranks, source rank, parameter names) of every replicated-parameter broadcast of ``rank``."""
+    return [(b.ranks, b.ranks[0], list(b.names)) for b in topology.tp_broadcasts if rank in b.ranks]
 
 
 def narrow(t: torch.Tensor, v: LocalView) -> torch.Tensor:
@@ -90,23 +96,23 @@ def slot(buf: torch.Tensor, v: LocalView, off: int, shape: torch.Size) -> torch.
 
 
 class GradSync:
-    def __init__(self, groups: ProcessGroups, params: dict[str, torch.nn.Parameter], *,
+    """The buckets of rank ``rank`` of ``topology`` (no process group needed); :meth:`attach` gives
+    them their groups, before the first step (the elastic switch builds an engine before its
+    plan's groups exist, :mod:`executor.switch.elastic_switch`)."""
+
+    def __init__(self, topology: Topology, rank: int, params: dict[str, torch.nn.Parameter], *,
                  bucket_numel: int = DEFAULT_BUCKET_NUMEL, scatter: bool = False):
-        rank = groups.rank
-        self.groups = groups
         self.params = params
         self.bucket_numel = bucket_numel
         self.scatter = scatter
-        self.parts: list[FlatPart] = flat_parts(groups.topology, rank, bucket_numel)
-        handles = [groups.group(p.ranks) for p in self.parts]
+        self.parts: list[FlatPart] = flat_parts(topology, rank, bucket_numel)
         # issue order (module docstring): buckets of this rank, latest parameters first
-        self.order: list[Bucket] = [Bucket(handles[i], i, j, self.parts[i].buckets[j])
-                                    for i, j in reduce_order(self.parts)]
+        self.order: list[Bucket] = [Bucket(None, i, j, self.parts[i].buckets[j]) for i, j in reduce_order(self.parts)]
         for b in self.order:
             b.names = {v.name for v in b.spec.views}
-        self.bcasts: list[tuple[object, int, list[str]]] = [] if scatter else [
-            (groups.group(b.ranks), b.ranks[0], list(b.names)) for b in groups.topology.tp_broadcasts
-            if rank in b.ranks]
+        self.bcast_specs = [] if scatter else tp_broadcasts(topology, rank)
+        self.bcasts: list[tuple[object, int, list[str]]] = []
+        self.attached = False
         self._buckets_of_param: dict[str, list[int]] = {}
         for i, b in enumerate(self.order):
             for n in b.names:
@@ -120,6 +126,18 @@ class GradSync:
         self._launched: list[Bucket] = []
         self.copies = 0  # views copied into a bucket so far (0 when every gradient was bound)
         self._hooks = [params[n].register_post_accumulate_grad_hook(self._hook(n)) for n in self._buckets_of_param]
+
+    def attach(self, groups: ProcessGroups) -> None:
+        """Give every bucket its sync group's communicator, and the broadcasts their TP groups."""
+        handles = [groups.group(p.ranks) for p in self.parts]
+        for b in self.order:
+            b.group = handles[b.part]
+        self.bcasts = [(groups.group(ranks), src, names) for ranks, src, names in self.bcast_specs]
+        self.attached = True
+
+    def _check_attached(self) -> None:
+        if not self.attached:  # a None group is the default group to torch: a silently wrong reduction
+            raise RuntimeError("GradSync has no process groups yet (attach them before the first step)")
 
     # ------------------------------------------------------------------------------ buffers
     def _allocate(self, bind: bool) -> None:
@@ -161,6 +179,7 @@ class GradSync:
         """Before the step's backward passes: bind the gradients to fresh bucket buffers and reduce
         buckets as they become final (a gradient is final after ``expected`` accumulations, the
         number of micro-batches this stage runs this step)."""
+        self._check_attached()
         self._allocate(bind=True)
         self._expected = expected
         self._counts = dict.fromkeys(self._buckets_of_param, 0)
@@ -219,6 +238,7 @@ class GradSync:
     def sync(self) -> None:
         """SUM-reduce every bucket among its owners (launching what the hooks have not), wait for
         all; then, without ZeRO-1, broadcast replicated gradients in TP groups."""
+        self._check_attached()
         if not self._expected:  # unarmed: the gradients are wherever autograd (or a caller) put them
             self._allocate(bind=False)
             self._launched = []

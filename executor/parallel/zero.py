@@ -68,10 +68,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.parallel.grad_sync import DEFAULT_BUCKET_NUMEL, Bucket, GradSync, all_gather_flat, narrow, slot
+from executor.parallel.grad_sync import (
+    DEFAULT_BUCKET_NUMEL,
+    Bucket,
+    GradSync,
+    all_gather_flat,
+    narrow,
+    slot,
+    tp_broadcasts,
+)
 from executor.parallel.groups import ProcessGroups
 from executor.train.optim import OptimConfig, build_optimizer
 from planner.flat_buckets import FlatPart
+from planner.layout import Topology
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -119,11 +128,10 @@ class ZeroOptimizer:
     """AdamW over this rank's owned ranges of every flat bucket (see the module docstring).
     ``optimizer`` is the torch AdamW over the masters (set its LR as usual)."""
 
-    def __init__(self, groups: ProcessGroups, params: dict[str, torch.nn.Parameter], cfg: OptimConfig, *,
+    def __init__(self, topology: Topology, rank: int, params: dict[str, torch.nn.Parameter], cfg: OptimConfig, *,
                  bucket_numel: int = DEFAULT_BUCKET_NUMEL):
-        rank = groups.rank
         self.params = params
-        self.sync = GradSync(groups, params, bucket_numel=bucket_numel, scatter=True)
+        self.sync = GradSync(topology, rank, params, bucket_numel=bucket_numel, scatter=True)
         if not self.sync.parts:
             raise RuntimeError(f"ZeRO-1: rank {rank} owns no slice of any sync group (single pipeline?)")
         # one weight buffer per bucket (in the issue order); whole local shards live in it
@@ -143,10 +151,9 @@ class ZeroOptimizer:
                 lo, hi = bucket.owned(spec.index)
                 masters.append(torch.nn.Parameter(self.weights[q].narrow(0, lo, hi - lo)))
             self.parts.append(_Part(spec, params[spec.buckets[0].views[0].name].device, masters))
-        # replicated (norm) parameters the stage leader broadcasts after the update
-        self.bcasts: list[tuple[Any, int, list[str]]] = [
-            (groups.group(b.ranks), b.ranks[0], list(b.names)) for b in groups.topology.tp_broadcasts
-            if rank in b.ranks]
+        # replicated (norm) parameters the stage leader broadcasts after the update (groups: attach)
+        self.bcast_specs = tp_broadcasts(topology, rank)
+        self.bcasts: list[tuple[Any, int, list[str]]] = []
         named = [(f"zero{i}.{j}:{p.spec.buckets[j].views[0].name}", m)
                  for i, p in enumerate(self.parts) for j, m in enumerate(p.masters)]
         self.optimizer = build_optimizer(named, cfg)
@@ -156,8 +163,13 @@ class ZeroOptimizer:
                 self._gates.setdefault(key, []).append(q)
         self._gathering: dict[int, Any] = {}  # bucket (issue order) -> its weight all-gather in flight
         # the buckets holding the norm scales this rank broadcasts: waited for before the broadcast
-        broadcast = {n for _, _, names in self.bcasts for n in names}
+        broadcast = {n for _, _, names in self.bcast_specs for n in names}
         self._before_bcast = [q for q, b in enumerate(self.sync.order) if b.names & broadcast]
+
+    def attach(self, groups: ProcessGroups) -> None:
+        """The process groups of the plan (:meth:`GradSync.attach`), before the first step."""
+        self.sync.attach(groups)
+        self.bcasts = [(groups.group(ranks), src, names) for ranks, src, names in self.bcast_specs]
 
     @property
     def bucket_numel(self) -> int:
@@ -307,8 +319,10 @@ class ZeroOptimizer:
         return [{key: torch.cat([self._moment(m, key) for m in part.masters]) for key in MOMENTS}
                 for part in self.parts]
 
-    def set_part_moments(self, values: list[dict[str, torch.Tensor]], step: int) -> None:
-        """Install per-part moments (as :meth:`part_moments` returns them) and the step count."""
+    def set_part_moments(self, values: list[dict[str, torch.Tensor]], step: int, *, copy: bool = True) -> None:
+        """Install per-part moments (as :meth:`part_moments` returns them) and the step count; with
+        ``copy=False`` the state *is* views of ``values`` (flat fp32 tensors on the device), which
+        the elastic switch then fills (:class:`executor.state.state_pieces.NewState`)."""
         for group in self.optimizer.param_groups:
             on_device = bool(group.get("fused") or group.get("capturable"))
             for part, moments in zip(self.parts, values, strict=True):
@@ -321,7 +335,7 @@ class ZeroOptimizer:
                         "step": torch.tensor(float(step), dtype=torch.float32,
                                              device=part.device if on_device else torch.device("cpu"))}
                     for key in MOMENTS:
-                        st[key] = split[key][j].clone()
+                        st[key] = split[key][j].clone() if copy else split[key][j]
                     self.optimizer.state[m] = st
 
     def load_moments(self, moments: dict[str, dict[str, torch.Tensor]], step: int) -> None:

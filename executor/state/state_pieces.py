@@ -9,10 +9,11 @@ One tensor per holding, in the holding order, each of shape ``holding.chunk.size
   ``holding.part``, viewed row-major as the rectangle (:mod:`executor.parallel.zero` stores parts flat).
 
 :func:`held_tensors` gives views of an :class:`~executor.train.engine.Engine`'s live state (nothing is
-copied; the engine must not step while they are read). :class:`NewState` allocates the tensors of a
-rank of another plan before its engine exists, and :meth:`NewState.install` hands them to that
-engine once it is built (``Engine(..., init=False)``). Both check that the engine's ZeRO-1 parts
-have the sizes :mod:`planner.state_layout` computed, so the two descriptions cannot drift apart.
+copied; the engine must not step while they are read). :class:`NewState` gives the tensors of a
+rank of another plan inside that plan's engine, built before the switch without its process groups
+(``Engine(..., groups=None, init=False)``); the switch writes into them and :meth:`NewState.install`
+sets the step count. Both check that the engine's ZeRO-1 parts have the sizes
+:mod:`planner.state_layout` computed, so the two descriptions cannot drift apart.
 """
 
 from __future__ import annotations
@@ -75,43 +76,54 @@ def held_tensors(engine: Engine, state: RankState) -> list[torch.Tensor]:
 
 
 class NewState:
-    """The state of one rank of a plan, allocated (uninitialised) before its engine exists."""
+    """The state of one rank of a plan, received by the elastic switch straight into that plan's
+    engine, built before the switch (``Engine(..., init=False)``, its process groups attached
+    later): the holdings' tensors are the engine's own weights and freshly allocated moments that
+    the engine's optimizer already holds as its state (no copy is made at install).
 
-    def __init__(self, state: RankState, device: torch.device):
+    Memory: the old engine and this one are alive together on a rank of both plans, from the build
+    to the old engine's release after the switch: the new rank's weights and moments (no gradients,
+    no activations yet) beside the old engine. Before the engine was built ahead, the switch held
+    a separate copy of the new state and the engine made a second one while installing it, so the
+    switch's peak is one new state lower now; what is added is the new state beside the old
+    engine's last steps, which the elastic job only builds ahead where it fits
+    (:func:`executor.switch.elastic_switch.fits_beside`)."""
+
+    def __init__(self, state: RankState, engine: Engine):
+        _check_parts(engine, state)
         self.state = state
-        self.params: dict[str, torch.Tensor] = {}
-        self.moments: dict[str, dict[str, torch.Tensor]] = {key: {} for key in MOMENTS}
+        device = engine.device
+        params = engine.params
         self.parts = [{key: torch.empty(n, dtype=torch.float32, device=device) for key in MOMENTS}
                       for n in state.part_sizes]
+        moments: dict[str, dict[str, torch.Tensor]] = {key: {} for key in MOMENTS}
         self.tensors: list[torch.Tensor] = []
         for h in state.holdings:
             if not h.tensor.startswith(OPTIM):
-                t = self.params[h.chunk.name] = torch.empty(h.chunk.sizes, dtype=torch.float32, device=device)
+                t = params[h.chunk.name].detach()
+                if tuple(t.shape) != tuple(h.chunk.sizes):
+                    raise RuntimeError(f"rank {engine.rank}: {h.chunk.name} is {tuple(t.shape)} in the engine, "
+                                       f"{tuple(h.chunk.sizes)} in the plan's state (planner.state_layout)")
             elif h.part is None:
                 key, name = _key_name(h.tensor)
-                t = self.moments[key][name] = torch.empty(h.chunk.sizes, dtype=torch.float32, device=device)
+                t = moments[key][name] = torch.empty(h.chunk.sizes, dtype=torch.float32, device=device)
             else:
                 key, _ = _key_name(h.tensor)
                 t = self.parts[h.part][key][h.at:h.at + h.numel].view(h.chunk.sizes)
             self.tensors.append(t)
+        if engine.zero is not None:
+            engine.zero.set_part_moments(self.parts, 0, copy=False)
+        else:
+            engine.set_optimizer_state(moments, 0, copy=False)
+        self.engine = engine
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() for t in self.tensors) * 4
 
-    def install(self, engine: Engine, step: int) -> None:
-        """Hand the weights, moments and step count to ``engine`` (built for this rank of the plan
-        with ``init=False``); this object's tensors are released."""
-        _check_parts(engine, self.state)
-        if set(engine.params) != set(self.params):
-            raise RuntimeError(f"rank {engine.rank}: the engine holds {sorted(engine.params)}, the switch "
-                               f"filled {sorted(self.params)}")
-        with torch.no_grad():
-            for n, p in engine.params.items():
-                p.copy_(self.params[n])
-        if engine.zero is not None:
-            engine.zero.set_part_moments(self.parts, step)
-            engine.step = step
-        else:
-            engine.set_optimizer_state(self.moments, step)
-        self.params, self.moments, self.parts, self.tensors = {}, {key: {} for key in MOMENTS}, [], []
+    def install(self, step: int) -> None:
+        """The state is in the engine already (once the switch filled :attr:`tensors`): set its
+        step count; this object lets go of the tensors."""
+        self.engine.module.weights_changed()  # cast-once copies (executor.model.cast_once) made again
+        self.engine.set_step(step)
+        self.parts, self.tensors = [], []

@@ -12,7 +12,8 @@ two steps is :class:`executor.switch.elastic_switch.ElasticJob`: after each step
 switch moves the state and hands the loop the next epoch's runner (module docstring there).
 
 A joining rank (``HEXISCALE_ELASTIC_JOIN=e``, started by the supervisor with epoch ``e``'s layout)
-runs the local checks, pays its one-off first-use costs (:mod:`executor.switch.warm_up`), reports
+runs the local checks, pays its one-off first-use costs (:mod:`executor.switch.warm_up`), builds
+the engine its state will move into (:func:`executor.switch.elastic_switch.build_early`), reports
 ``ready``, waits for epoch ``e`` and the data position, receives its state in the same switch and
 trains from there.
 
@@ -33,7 +34,7 @@ from executor.job.faults import parse_fault
 from executor.job.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog, log_error
 from executor.state.resume import choose_checkpoint
 from executor.switch.elastic_channel import Channel
-from executor.switch.elastic_switch import ElasticJob
+from executor.switch.elastic_switch import ElasticJob, build_early
 from executor.switch.epoch_world import World
 from executor.switch.warm_up import warm_up
 from executor.train import plan_runner, pool_runner
@@ -43,6 +44,7 @@ from executor.train.preflight import agree, rank_checks
 from executor.train.progress import note, step_starting
 from executor.train.setup import check_world, classify, init_process_group, optim_config, pg_timeout, resolve_plan
 from planner.errors import SpecError
+from planner.state_layout import rank_states
 from planner.varlen.layout_doc import Layout, home_plan
 from planner.varlen.pool import StrategyPool
 
@@ -67,11 +69,15 @@ def run_elastic(args: TrainConfig) -> int:
         store = connect_store(renv, args.faults.startup_timeout)
         channel = Channel(store, renv.prefix)
         prep, docs, error = rank_checks(plan, renv, args, pool)
+        early = None
         if joining:
             if prep is not None:
                 warm_s = warm_up(plan, me, prep.device, opt)
                 if warm_s is not None:
                     print(f"[{me}] warmed up in {warm_s:.2f} s (one block's training step)", flush=True)
+                if error is None:  # the engine the state moves into, built while the job trains
+                    early = build_early(joining, layout, rank_states(plan)[plan.devices.index(me)], args=args,
+                                        device=prep.device, optim=opt, ahead=True)
             channel.ready(joining, me, None if error is None else str(error))
             if error is not None:
                 raise error
@@ -91,7 +97,8 @@ def run_elastic(args: TrainConfig) -> int:
     wd = Watchdog(renv, interval=args.faults.heartbeat, dead_after=args.faults.dead_after,
                   hang_after=args.faults.hang_after)
     job = ElasticJob(args, me, renv, store, channel, World(store, f"{renv.prefix}/elastic/pg", prep.device, me,
-                                                           timeout_s=timeout_s), prep, opt, cluster, fault, wd, docs)
+                                                           timeout_s=timeout_s), prep, opt, cluster, fault, wd, docs,
+                     early=early)
     try:
         flight.enable()
         if not joining:

@@ -3,13 +3,22 @@ after each step the loop asks whether the next epoch is due; if so the state mov
 layout, which may be a plan or a strategy pool (:mod:`executor.train.loop` runs either).
 
 Once the next epoch is published, each rank plans its state move between two steps (the reshard
-plan of a 1.3B model takes ~0.1 s of Python), so the switch itself does not pay for it. The state
+plan of a 1.3B model takes ~0.1 s of Python), so the switch itself does not pay for it. A rank of
+the new layout also builds its engine there, when the old one still has a step to train before the
+switch (a joiner: before it waits for the switch): modules, parameters and optimizer on the device,
+without initial values and without process groups, which the new layout's world does not have yet
+(:meth:`ElasticJob.build_early`; ``Engine(..., groups=None)``, :meth:`Engine.attach` after the
+switch). The switch then writes the moved state straight into that engine's tensors
+(:class:`~executor.state.state_pieces.NewState`, whose docstring weighs the memory of two engines
+alive at once; the build ahead is skipped where it would not fit, :func:`fits_beside`). A rank
+that could not build ahead builds in the switch, before the exchange, and the report says so
+(``engine_late_s``, ``engine_ahead``). The state
 lives in a plan's engine, or in a pool's home engine (:attr:`HotSwitchEngine.home`): the move is
 :func:`planner.state_move_plan.reshard_plan` between the two *home plans*, carried out by
 :func:`executor.switch.state_move.switch` on that engine (a pool's other groups retire with its own). Then:
 either leave (a device that is not in the new layout exits 0 once its state is handed over) or
-build the new epoch — groups, an engine without init (for a pool: a new ``HotSwitchEngine`` whose
-home engine gets the state), the installed state, the same data position (a pool's
+go on into the new epoch — its groups, given to the engine built early (for a pool: a new
+``HotSwitchEngine`` around that home engine), the step count installed, the same data position (a pool's
 :class:`~executor.data.step_prefetch.LayoutStream` goes on at the same sequence), a watchdog under the
 epoch's own store prefix — and go on with the next step. Right after that step comes the *retire
 point*: the old layout's groups and the default groups the switch left, kept alive through it,
@@ -32,6 +41,7 @@ from executor.data.stream import DataPosition
 from executor.job.env import RankEnv
 from executor.job.watchdog import Watchdog
 from executor.parallel.group_retire import Retired
+from executor.state.state_pieces import NewState
 from executor.switch.elastic_channel import Channel
 from executor.switch.epoch_world import World
 from executor.switch.state_move import SWITCH_PARTS, holdings, switch
@@ -48,6 +58,7 @@ from planner.cluster import ClusterSpec
 from planner.errors import SpecError
 from planner.state_layout import RankState
 from planner.state_move_plan import ReshardPlan, reshard_plan
+from planner.strategy_topology import strategy_topology
 from planner.varlen.layout_doc import Layout, home_plan
 from planner.varlen.pool import StrategyPool
 
@@ -68,11 +79,52 @@ class Move:
 # communicator set-up, reported apart from the switch: default groups created, the exchanging pairs
 # connected on the switch world, the new plan's groups created
 COMM_PARTS = ("world_setup_s", "connect_s", "groups_s")
-# the rest of a rank's switch_s, in the order it happens: the move planned (only if not ahead), the
-# state move's parts (executor.switch.state_move.SwitchStats), the wait for the new plan's last rank,
-# the engine built (its groups apart: groups_s), the state installed; other_s: everything between
-PARTS = ("plan_late_s", *(k for k in SWITCH_PARTS if k != "other_s"), "groups_wait_s", "engine_s", "install_s",
-         "other_s")
+# the rest of a rank's switch_s, in the order it happens: the move planned and the new engine built
+# (each only if not done ahead, between two steps), the state move's parts
+# (executor.switch.state_move.SwitchStats), the wait for the new plan's last rank, the groups
+# attached to the engine (their creation apart: groups_s), the step count installed; other_s:
+# everything between
+PARTS = ("plan_late_s", "engine_late_s", *(k for k in SWITCH_PARTS if k != "other_s"), "groups_wait_s", "attach_s",
+         "install_s", "other_s")
+
+
+@dataclass
+class Early:
+    """Epoch ``e``'s engine on this device, built before the switch without its process groups,
+    and the state's tensors in it (:class:`~executor.state.state_pieces.NewState`)."""
+
+    e: int
+    engine: Engine
+    into: NewState
+    build_s: float  # seconds to build both (device synchronised)
+    ahead: bool  # built between two steps (or before a joiner's wait for the switch), not in the switch
+
+
+def build_early(e: int, layout: Layout, state: RankState, *, args: TrainConfig, device: torch.device,
+                optim: OptimConfig, ahead: bool) -> Early:
+    """Epoch ``e``'s engine of ``layout`` (a pool's home engine) on the device holding ``state``
+    (its holdings in the layout's home plan), built without process groups and initial values, and
+    the state's tensors in it: the switch moves the state straight into them."""
+    t0 = time.perf_counter()
+    plan = home_plan(layout)
+    topo = strategy_topology(plan, plan.devices) if isinstance(layout, StrategyPool) else None
+    engine = plan_runner.engine_without_groups(plan, args, rank=state.rank, device=device, optim=optim, topology=topo)
+    into = NewState(state, engine)
+    if engine.device.type == "cuda":  # the build's own kernels; not the old engine's weight all-gathers in flight
+        torch.cuda.current_stream(engine.device).synchronize()
+    return Early(e, engine, into, time.perf_counter() - t0, ahead)
+
+
+def fits_beside(device: torch.device, nbytes: int) -> bool:
+    """Whether ``nbytes`` more fit on ``device`` next to the running engine's next step: the free
+    device memory and the allocator's free cache against ``nbytes`` plus the largest transient
+    the process has allocated so far (the peak above what is allocated now). Always on a CPU."""
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    allocated = torch.cuda.memory_allocated(device)
+    cached = torch.cuda.memory_reserved(device) - allocated
+    return nbytes + torch.cuda.max_memory_allocated(device) - allocated <= free + cached
 
 
 @dataclass
@@ -105,6 +157,7 @@ class ElasticJob:
     move: Move | None = None  # the next epoch's move, planned as soon as it was published
     tensorboard: TensorBoardSink | None = None  # made once this process is an epoch's rank 0 (--tensorboard)
     report: _Report | None = None  # the switch into the running epoch, until its retire point
+    early: Early | None = None  # the next epoch's engine, built before its switch
     left: bool = False  # this device handed its state over and left the job
 
     # ------------------------------------------------------------------ the loop's boundary
@@ -115,7 +168,12 @@ class ElasticJob:
     def due(self, runner: StepRunner, step: int) -> bool:
         if self.channel.published(self.index + 1):
             self.plan_move(self.index + 1, 0.0)
-        return self.channel.switch_due(self.index + 1, step, rank0=runner.rank == 0)
+        now = self.channel.switch_due(self.index + 1, step, rank0=runner.rank == 0)
+        move = self.move
+        if not now and move is not None and move.e == self.index + 1 and move.states[1] is not None \
+                and fits_beside(self.prep.device, move.states[1].numel * 4):
+            self.build_early(move, ahead=True)  # the old engine trains another step before the switch
+        return now
 
     def switch(self, runner: StepRunner) -> StepRunner | None:
         """Switch to the next epoch after the current step; None if this device leaves."""
@@ -143,16 +201,25 @@ class ElasticJob:
             self.move = Move(e, old, new, rp, time.perf_counter() - t0, holdings(rp, self.me))
         return self.move
 
-    def build(self, layout: Layout, *, init: bool) -> tuple[Any, Engine, int]:
+    def build(self, layout: Layout, *, init: bool, engine: Engine | None = None) -> tuple[Any, Engine, int]:
         """The layout's engine (a plan's; a pool's with its groups), the engine holding the state,
-        and how many blocks were compiled."""
+        and how many blocks were compiled; ``engine``: the one holding the state, built before the
+        groups (:meth:`build_early`), which gets them."""
         if isinstance(layout, StrategyPool):
             hot, groups = pool_runner.build_engine(layout, self.args, device=self.prep.device, optim=self.opt,
-                                                   init=init)
+                                                   init=init, home=engine)
             return (hot, groups), hot.home, 0
         engine, compiled = plan_runner.build_engine(layout, self.args, device=self.prep.device, optim=self.opt,
-                                                    init=init)
+                                                    init=init, engine=engine)
         return engine, engine, compiled
+
+    def build_early(self, move: Move, *, ahead: bool) -> Early:
+        """This device's engine of ``move``'s new layout, built once per epoch (:func:`build_early`)."""
+        if self.early is None or self.early.e != move.e:
+            assert move.states[1] is not None, f"{self.me} is not in epoch {move.e}'s layout"
+            self.early = build_early(move.e, move.new, move.states[1], args=self.args, device=self.prep.device,
+                                     optim=self.opt, ahead=ahead)
+        return self.early
 
     def start(self, index: int, layout: Layout, built: Any, position: tuple[int, int]) -> StepRunner:
         """Epoch ``index``'s watchdog and runner, reading from ``position`` (steps, data offset)."""
@@ -182,26 +249,34 @@ class ElasticJob:
         t0 = time.perf_counter() - (0.0 if ahead else move.plan_s)
         e, rp, plan_s = move.e, move.rp, move.plan_s
         self.move = None
+        early = self.build_early(move, ahead=False) if move.states[1] is not None else None
+        self.early = None
+        engine_late_s = early.build_s if early is not None and not early.ahead else 0.0
+        staying = runner is not None
         also: list[Any] = runner.groups.hand_over_extra() if isinstance(runner, PoolRunner) else []
         res = switch(rp, me=self.me, world=self.world, engine=runner.engine if runner is not None else None,
-                     tag=f"e{e}", also=also, states=move.states)
+                     into=early.into if early is not None else None, tag=f"e{e}", also=also, states=move.states)
         del runner
-        if res.state is None:
+        if res.state is None or early is None:
             print(f"[{self.me}] handed its state over at step {position[0]}; leaving the job", flush=True)
             self.left = True
             return None
         t1 = time.perf_counter()
         self.world.settle(f"e{e}/groups", len(rp.new.devices))  # the groups' set-up below starts together
         t2 = time.perf_counter()
-        built, engine, _ = self.build(move.new, init=False)
+        built, engine, _ = self.build(move.new, init=False, engine=early.engine)
         t3 = time.perf_counter()
-        res.state.install(engine, position[0])
+        res.state.install(position[0])
         if engine.device.type == "cuda":
             torch.cuda.synchronize(engine.device)
         t4 = time.perf_counter()
         stats = part_times(res.stats.to_dict(), switch_s=t4 - t0, plan_late_s=0.0 if ahead else plan_s,
-                           groups_wait_s=t2 - t1, build_s=t3 - t2, groups_s=engine.groups.setup_s, install_s=t4 - t3)
-        stats.update(device=self.me, plan_s=plan_s, wait_s=wait_s, planned_ahead=ahead)
+                           engine_late_s=engine_late_s, groups_wait_s=t2 - t1, attach_total_s=t3 - t2,
+                           groups_s=engine.groups.setup_s, install_s=t4 - t3)
+        # a staying rank's build ahead ran between two steps of the old engine: the job waited for it there
+        between = early.build_s if early.ahead and staying else 0.0
+        stats.update(device=self.me, plan_s=plan_s, wait_s=wait_s, planned_ahead=ahead, engine_s=early.build_s,
+                     engine_ahead=early.ahead, engine_between_steps_s=between)
         new_runner = self.start(e, move.new, built, position)
         self.report = _Report(rp, stats, position[0], res.retired)
         return new_runner
@@ -212,6 +287,7 @@ class ElasticJob:
         if move.new != layout:
             raise SpecError("--plan", f"the joining process was started with another layout than epoch {e}'s",
                             "let the supervisor start joining devices")
+        self.build_early(move, ahead=True)  # unless built before it said it was ready (executor.switch.elastic)
         step, offset = self.channel.state(e, self.args.faults.hang_after)
         return self.switch_into(move, True, None, (step, offset), 0.0)
 
@@ -233,14 +309,16 @@ class ElasticJob:
                                                  retire_after_step=step))
 
 
-def part_times(moved: dict[str, Any], *, switch_s: float, plan_late_s: float, groups_wait_s: float, build_s: float,
-               groups_s: float, install_s: float) -> dict[str, Any]:
+def part_times(moved: dict[str, Any], *, switch_s: float, plan_late_s: float, engine_late_s: float,
+               groups_wait_s: float, attach_total_s: float, groups_s: float, install_s: float) -> dict[str, Any]:
     """A rank's switch by part (:data:`PARTS` and :data:`COMM_PARTS` add up to ``switch_s``):
     ``moved``, the state move's :class:`~executor.switch.state_move.SwitchStats` as a dict, and the
-    seconds the caller timed around it; what none of them covers is charged to ``other_s``."""
-    out = dict(moved, switch_s=switch_s, plan_late_s=plan_late_s, groups_wait_s=groups_wait_s, groups_s=groups_s,
-               build_s=build_s, engine_s=build_s - groups_s, install_s=install_s)
-    out["other_s"] += switch_s - plan_late_s - moved["total_s"] - groups_wait_s - build_s - install_s
+    seconds the caller timed around it (``attach_total_s``: the new plan's groups created, ``groups_s``
+    of it, and given to its engine, ``attach_s``); what none of them covers is charged to ``other_s``."""
+    out = dict(moved, switch_s=switch_s, plan_late_s=plan_late_s, engine_late_s=engine_late_s,
+               groups_wait_s=groups_wait_s, groups_s=groups_s, attach_s=attach_total_s - groups_s, install_s=install_s)
+    out["other_s"] += (switch_s - plan_late_s - engine_late_s - moved["total_s"] - groups_wait_s - attach_total_s
+                       - install_s)
     out["comm_s"] = sum(out[k] for k in COMM_PARTS)
     out["switch_excl_comm_s"] = switch_s - out["comm_s"]
     return out
@@ -254,13 +332,19 @@ def switch_report(rp: Any, every: list[Any], step: int, cluster: ClusterSpec | N
     old plan's groups and the worlds left destroyed after the new plan's first step — not in
     ``switch_s``, but on the job's critical path (the second step waits for it:
     ``retire_blocks_training``); ``connect_ahead_s``: then every pair of the new world connected
-    for the next switch (:meth:`World.connect_all`), on the same path. ``critical``: the parts of
+    for the next switch (:meth:`World.connect_all`), on the same path. ``engine_s``: the new
+    plan's engine built without its groups (:meth:`ElasticJob.build_early`) — outside ``switch_s``
+    where every rank built it ahead (``engine_ahead``), else in it on the ranks that built it late
+    (``engine_late_s``, one of :data:`PARTS`); ``engine_between_steps_s``: the build ahead on a
+    staying rank, which ran between two steps of the old engine — not in the switch, but the job
+    waited for it there (a joiner builds while the job trains). ``critical``: the parts of
     the rank whose ``switch_excl_comm_s`` is the largest (:data:`PARTS`, adding up to it;
     ``device`` names the rank) — the per-part maxima
     above may come from different ranks."""
-    keys = ("switch_s", "transfer_s", "build_s", "plan_s", "wait_s", "comm_s", "switch_excl_comm_s", *COMM_PARTS,
-            *PARTS, "retire_s", "connect_ahead_s")
+    keys = ("switch_s", "transfer_s", "engine_s", "plan_s", "wait_s", "comm_s", "switch_excl_comm_s", *COMM_PARTS,
+            *PARTS, "retire_s", "connect_ahead_s", "engine_between_steps_s")
     worst: dict[str, Any] = {k: max(s[k] for s in every) for k in keys}
+    worst["engine_ahead"] = all(s["engine_ahead"] for s in every)
     slowest = max(every, key=lambda s: s["switch_excl_comm_s"])
     worst["critical"] = {"device": slowest["device"], **{k: slowest[k] for k in PARTS}}
     worst["planned_ahead"] = all(s["planned_ahead"] for s in every)

@@ -163,14 +163,19 @@ class HotSwitchEngine:
 
     def __init__(self, plans: Sequence[Plan], home: int, groups: SwitchGroups, *, device: torch.device,
                  optim: OptimConfig = OptimConfig(), seed: int = 0, wire_dtype: torch.dtype | None = None,
-                 on_nonfinite: str = "stop", init: bool = True):
+                 on_nonfinite: str = "stop", init: bool = True, home_engine: Engine | None = None):
         self.plans = list(plans)
         self.home_index = home
         topos = groups.topologies
         # the step's update is the home engine's, and so is its NaN/Inf guard (executor.train.nonfinite)
-        # init=False: an elastic switch installs the moved state into it (executor.switch.elastic_switch)
-        self.home = Engine(plans[home], topos[home], groups.home, device=device, optim=optim, seed=seed,
-                           on_nonfinite=on_nonfinite, init=init)
+        # home_engine: built before the groups, holding the state an elastic switch moved into it
+        # (executor.switch.elastic_switch); it gets the home groups here
+        if home_engine is not None:
+            home_engine.attach(groups.home)
+            self.home = home_engine
+        else:
+            self.home = Engine(plans[home], topos[home], groups.home, device=device, optim=optim, seed=seed,
+                               on_nonfinite=on_nonfinite, init=init)
         self.layouts = {k: WorkingLayout(plans[k], topos[k], g, self.home, groups.reshard, wire_dtype)
                         for k, g in groups.working.items()}
         if self.home.device.type == "cuda":  # the other strategies' TP shards too, checked as one set

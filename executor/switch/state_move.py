@@ -4,9 +4,11 @@ processes.
 
 Order of events (one :func:`switch` call on every process of the old or the new plan):
 
+0. Before the call (the caller, ahead of the switch where it can): new members build the new
+   plan's engine without its process groups and without initial values, and take the tensors the
+   state will land in — the engine's own (:class:`executor.state.state_pieces.NewState`).
 1. Old members drain their engine (no collective of the old plan left in flight) and take views
-   of its state (:func:`executor.state.state_pieces.held_tensors`); new members allocate theirs
-   (:class:`executor.state.state_pieces.NewState`). Old members *retire* the old plan's groups
+   of its state (:func:`executor.state.state_pieces.held_tensors`). Old members *retire* the old plan's groups
    (:mod:`executor.parallel.group_retire`): detached from torch.distributed, alive and unused, destroyed
    after the new plan's first step (``retire_s``) — not here, where each NCCL communicator's fixed
    destroy cost sat on the switch's critical path.
@@ -36,8 +38,9 @@ Order of events (one :func:`switch` call on every process of the old or the new 
 5. Leaving processes retire the switch world and release everything they retired, in order,
    meeting the other holders at their retire point (their caller then exits); the new plan's
    processes enter the new plan's world (unless the switch world is already it). The caller then
-   builds :class:`~executor.parallel.groups.ProcessGroups` and ``Engine(..., init=False)`` and installs the
-   state (:meth:`NewState.install`), continues at the next step with the same data position, and
+   builds :class:`~executor.parallel.groups.ProcessGroups`, attaches them to the engine of step 0
+   (:meth:`~executor.train.engine.Engine.attach`), sets its step count (:meth:`NewState.install`),
+   continues at the next step with the same data position, and
    releases :attr:`SwitchResult.retired` right after that step, in order (:meth:`Retired.release`).
    Each process's list is a subsequence of one order — the old plan's groups, the old world, the
    switch world — and is released in it, so no two holders wait on each other's store meetings.
@@ -97,7 +100,6 @@ class SwitchStats:
     transfer_s: float = 0.0  # local copies + the exchange (packing and unpacking included, waits not)
     drain_s: float = 0.0  # the old engine drained and its state viewed (and the holdings, unless given)
     close_s: float = 0.0  # the old plan's groups retired (detached; destroyed later: retire_s)
-    alloc_s: float = 0.0  # the new layout's state allocated
     world_wait_s: float = 0.0  # waiting on the store for a new default group's last member
     connect_wait_s: float = 0.0  # waiting on the store for the switch world's last member to connect
     local_s: float = 0.0  # pieces this process keeps, copied into the new layout
@@ -123,7 +125,7 @@ class SwitchStats:
 
 
 # the parts of SwitchStats.total_s besides comm_s, in the order they happen
-SWITCH_PARTS = ("drain_s", "alloc_s", "close_s", "leave_s", "world_wait_s", "connect_wait_s", "local_s", "pack_s",
+SWITCH_PARTS = ("drain_s", "close_s", "leave_s", "world_wait_s", "connect_wait_s", "local_s", "pack_s",
                 "exchange_wait_s", "exchange_s", "unpack_s", "other_s")
 
 
@@ -150,11 +152,12 @@ def _state_of(states: list[RankState], device: str) -> RankState | None:
     return next((s for s in states if s.device == device), None)
 
 
-def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag: str,
+def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, into: NewState | None, tag: str,
            also: Sequence[Any] = (), states: tuple[RankState | None, RankState | None] | None = None
            ) -> SwitchResult:
     """Move this process's part of the state per ``rp`` (module docstring); collective over every
     process of the old and the new plan. ``engine``: the old plan's engine (None on a joiner);
+    ``into``: the new plan's state inside its engine, built before (None on a leaving device);
     ``also``: more groups of the old layout to retire with the engine's (a strategy pool's working
     layouts, :meth:`executor.switch.hot_switch.SwitchGroups.hand_over_extra`); ``states``: this
     device's holdings in the old and the new plan (:func:`holdings`), if computed ahead."""
@@ -163,12 +166,13 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
     old_state, new_state = states if states is not None else holdings(rp, me)
     if (engine is None) != (old_state is None):
         raise ValueError(f"{me}: an engine is given iff the device is in the old plan")
+    if (into is None) != (new_state is None) or (into is not None and into.state != new_state):
+        raise ValueError(f"{me}: the new state is given iff the device is in the new plan, as its holdings there")
+    new = into
     if engine is not None:
         engine.drain()  # ZeRO-1's weight all-gathers: the weights complete, nothing left on the old groups
     held = held_tensors(engine, old_state) if engine is not None and old_state is not None else []
     clock.lap("drain_s")
-    new = NewState(new_state, world.device) if new_state is not None else None
-    clock.lap("alloc_s")
     retired: list[Retired] = []
     if engine is not None:
         retired.append(Retired.take([*engine.groups.hand_over(), *also], store=world.store,
@@ -212,11 +216,11 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, tag
         if peer in outbox:
             ops.append(dist.P2POp(dist.isend, outbox[peer], rank_of[peer]))
             stats.bytes_sent += outbox[peer].numel() * 4
-        into = rp.messages.get((peer, me), ())
-        if into:
-            buf = torch.empty(sum(p.numel for p in into), dtype=torch.float32, device=world.device)
+        incoming = rp.messages.get((peer, me), ())
+        if incoming:
+            buf = torch.empty(sum(p.numel for p in incoming), dtype=torch.float32, device=world.device)
             ops.append(dist.P2POp(dist.irecv, buf, rank_of[peer]))
-            inbox.append((buf, into))
+            inbox.append((buf, incoming))
             stats.bytes_received += buf.numel() * 4
     for req in dist.batch_isend_irecv(ops) if ops else ():
         req.wait()

@@ -12,14 +12,14 @@ backward; 0.19-0.25 s on the staying ranks, whose process had trained already):
   otherwise) each kernel's first launch loads it: the stage's bf16 autocast matmuls and their
   backward, SDPA, ``rms_norm``, RoPE, SiLU, the cross-entropy's reductions, the global norm
   (``_foreach_norm``), the clipping (``_foreach_mul_``) and the AdamW step (fused on CUDA);
-* the library handles (cuBLAS, cuDNN), and the caching allocator's first large segments: the switch
-  allocates the rank's new state (:class:`executor.state.state_pieces.NewState`), then the engine its
-  own copy of it, which a staying rank carves out of the memory its old engine freed and a fresh
-  process gets from the device.
+* the library handles (cuBLAS, cuDNN), and the caching allocator's first large segments: the
+  engine built before the switch holds the rank's new state (:class:`executor.state.state_pieces.NewState`),
+  and the switch's receive buffers hold it once more while it arrives; a fresh process gets them
+  from the device.
 
 :func:`warm_up` runs each of these once: it allocates (and frees) one buffer of twice the rank's
-state in the plan (:func:`planner.state_layout.rank_states`; NewState's and the engine's copies
-both live while the state is installed), then builds this device's stage of the plan it joins with
+state in the plan (:func:`planner.state_layout.rank_states`; the engine's state and a joiner's
+receive buffers, which hold all of it, live together), then builds this device's stage of the plan it joins with
 one transformer block (the stage's own first/last role, TP shard shapes and recompute mode; a
 stage's blocks all have the same shapes), fills the parameters with a constant, runs one forward
 and backward of a micro-batch of the plan's largest shape under the plan's autocast, then the

@@ -94,23 +94,33 @@ class StepStats:
 
 
 class Engine:
-    def __init__(self, plan: Plan, topology: Topology, groups: ProcessGroups, *, device: torch.device,
+    """Rank ``groups.rank``'s training of ``plan``. Built with ``groups=None`` (and ``rank``) it
+    holds the stage's module, parameters, gradient buckets and optimizer but no process group,
+    and cannot train until :meth:`attach` gives it the plan's groups: the elastic switch builds
+    the next plan's engine before that plan's world exists (:mod:`executor.switch.elastic_switch`)."""
+
+    def __init__(self, plan: Plan, topology: Topology, groups: ProcessGroups | None, *, device: torch.device,
                  optim: OptimConfig = OptimConfig(), seed: int = 0, init: bool = True, on_nonfinite: str = "stop",
-                 bucket_numel: int = DEFAULT_BUCKET_NUMEL):
+                 bucket_numel: int = DEFAULT_BUCKET_NUMEL, rank: int | None = None):
         check_supported(plan)
         check_plan_schedules(plan)
-        if not groups.in_plan:
-            raise ValueError(f"rank {groups.rank} is not part of the plan ({topology.world_size} ranks)")
+        if groups is not None:
+            rank = groups.rank
+        if rank is None:
+            raise ValueError("an engine without groups needs its rank")
+        if not 0 <= rank < topology.world_size:
+            raise ValueError(f"rank {rank} is not part of the plan ({topology.world_size} ranks)")
         self.plan = plan
         self.topology = topology
-        self.groups = groups
+        self._groups: ProcessGroups | None = None
+        self._comm: StageComm | CPStageComm | None = None
         self.device = torch.device(device)
         optim = for_device(optim, self.device)
         self.optim_cfg = optim
         self.seed = seed
         self.on_nonfinite = on_nonfinite
         self.skipped_in_a_row = 0
-        self.rank = groups.rank
+        self.rank = rank
         self.stage = topology.stage_of(self.rank)
         self.tp_rank = self.stage.ranks.index(self.rank)
         self.pipeline = plan.pipelines[self.stage.pipeline]
@@ -124,10 +134,10 @@ class Engine:
                                   linear_shapes(model, self.stage.tp, first=self.stage.is_first,
                                                 last=self.stage.is_last), (micro_tokens,))
 
-        cp = CPContext(self.stage.cp, self.stage.cp_rank, groups.cp_group) if self.stage.cp > 1 else None
+        cp = CPContext(self.stage.cp, self.stage.cp_rank, None) if self.stage.cp > 1 else None
         self.module = StageModule(model, layers=self.stage.layers, first=self.stage.is_first,
                                   last=self.stage.is_last, tp=self.stage.tp, tp_rank=self.tp_rank,
-                                  group=groups.tp_group, device=self.device, recompute=plan.options.recompute,
+                                  group=None, device=self.device, recompute=plan.options.recompute,
                                   residual=plan.options.residual_dtype, cp=cp, chunks=self.stage.chunks)
         infos = stage_params(model, self.stage.layers, self.stage.is_first, self.stage.is_last, self.stage.chunks)
         self.shard_dims = {p.name: p.shard_dim for p in infos}
@@ -141,7 +151,7 @@ class Engine:
         # and CP slot, where every parameter has two owners or more (planner.state_layout.zero_sharded)
         # (bucket_numel: elements per flat gradient bucket; under ZeRO-1 the state layout's, see
         # planner.state_layout.rank_states, so change it only where no state moves between plans)
-        self.zero = (ZeroOptimizer(groups, self.params, optim, bucket_numel=bucket_numel)
+        self.zero = (ZeroOptimizer(topology, rank, self.params, optim, bucket_numel=bucket_numel)
                      if zero_sharded(plan) else None)
         self.optimizer = self.zero.optimizer if self.zero else build_optimizer(list(self.params.items()), optim)
         if self.zero is not None:  # the next forward waits for each bucket's weights just before use
@@ -150,24 +160,62 @@ class Engine:
         # optimizer step, which changes the weights without bumping their version counters
         self.optimizer.register_step_post_hook(self.module.weights_changed)
         self.module.cast_once = True
-        leader = self.stage.leader
-        pipe = topology.pipelines[self.stage.pipeline]
-        leaders = tuple(g[0] for g in self.stage.stage_leaders)  # interleaved: every stage's (else ())
-        self.comm: StageComm | CPStageComm = (
-            CPStageComm(self.stage, self.rank, groups.tp_group, device=self.device, boundary=groups.boundary)
-            if self.stage.uses_cp else
-            StageComm(self.stage, self.rank, groups.tp_group, device=self.device,
-                      prev_group=groups.boundary(self.stage.prev_leader, leader),
-                      next_group=groups.boundary(leader, self.stage.next_leader), leaders=leaders,
-                      wrap_group=groups.boundary(pipe[-1].leader, pipe[0].leader) if leaders else None))
         self.grad_sync = (self.zero.sync if self.zero is not None
-                          else GradSync(groups, self.params, bucket_numel=bucket_numel))
+                          else GradSync(topology, rank, self.params, bucket_numel=bucket_numel))
         self.trace: NullTrace | StepTrace = NO_TRACE
         # parameters whose squared gradient this rank adds to the global norm (no double counting;
         # after the sync every pipeline and CP slot holds the same gradient)
         counted = self.stage.pipeline == 0 and self.stage.cp_rank == 0
         self._norm_params = [p for n, p in self.params.items()
                              if counted and (self.shard_dims[n] is not None or self.tp_rank == 0)]
+        if groups is not None:
+            self.attach(groups)
+
+    def attach(self, groups: ProcessGroups) -> None:
+        """Give the engine the plan's process groups (once): the stage's TP and CP groups to its
+        module, the sync groups to its gradient buckets (and ZeRO-1's broadcasts), the boundary
+        groups to its p2p. Nothing built before this needs a group; nothing after it is rebuilt."""
+        if self._groups is not None:
+            raise RuntimeError(f"rank {self.rank}'s engine has its process groups already")
+        if groups.rank != self.rank or groups.topology != self.topology:
+            raise ValueError(f"the groups are rank {groups.rank}'s of another topology than this engine's "
+                             f"(rank {self.rank})")
+        self._groups = groups
+        self.module.attach(groups.tp_group, groups.cp_group)
+        (self.zero or self.grad_sync).attach(groups)
+        leader = self.stage.leader
+        pipe = self.topology.pipelines[self.stage.pipeline]
+        leaders = tuple(g[0] for g in self.stage.stage_leaders)  # interleaved: every stage's (else ())
+        self._comm = (
+            CPStageComm(self.stage, self.rank, groups.tp_group, device=self.device, boundary=groups.boundary)
+            if self.stage.uses_cp else
+            StageComm(self.stage, self.rank, groups.tp_group, device=self.device,
+                      prev_group=groups.boundary(self.stage.prev_leader, leader),
+                      next_group=groups.boundary(leader, self.stage.next_leader), leaders=leaders,
+                      wrap_group=groups.boundary(pipe[-1].leader, pipe[0].leader) if leaders else None))
+        self._comm.trace = self.trace
+
+    @property
+    def groups(self) -> ProcessGroups:
+        """The plan's process groups (:meth:`attach`)."""
+        if self._groups is None:
+            raise RuntimeError(f"rank {self.rank}'s engine has no process groups yet (attach them first)")
+        return self._groups
+
+    @property
+    def comm(self) -> StageComm | CPStageComm:
+        """This rank's p2p between stages (made by :meth:`attach`)."""
+        if self._comm is None:
+            raise RuntimeError(f"rank {self.rank}'s engine has no process groups yet (attach them first)")
+        return self._comm
+
+    def set_step(self, step: int) -> None:
+        """The step count, in the engine and in every optimizer state (AdamW's bias correction):
+        the elastic switch's state arrives in tensors the engine already holds
+        (:class:`executor.state.state_pieces.NewState`), its step count last."""
+        for st in self.optimizer.state.values():
+            st["step"].fill_(float(step))
+        self.step = step
 
     @property
     def params(self) -> dict[str, torch.nn.Parameter]:
@@ -199,7 +247,8 @@ class Engine:
     def set_trace(self, trace: NullTrace | StepTrace) -> None:
         """Record spans of the schedule, p2p, gradient sync and optimizer (:mod:`executor.train.trace`)."""
         self.trace = trace
-        self.comm.trace = trace
+        if self._comm is not None:
+            self._comm.trace = trace
 
     # ------------------------------------------------------------------------------ training
     def micro_batches(self, tokens: torch.Tensor) -> list[MicroBatch]:
@@ -340,8 +389,10 @@ class Engine:
                 out[key][n] = st[key] if key in st else torch.zeros_like(p)
         return out
 
-    def set_optimizer_state(self, moments: dict[str, dict[str, torch.Tensor]], step: int) -> None:
-        """Install (sharded) AdamW moments and the step count."""
+    def set_optimizer_state(self, moments: dict[str, dict[str, torch.Tensor]], step: int, *,
+                            copy: bool = True) -> None:
+        """Install (sharded) AdamW moments and the step count; with ``copy=False`` (no ZeRO-1) the
+        state *is* the given tensors (fp32 on the device, filled later by the elastic switch)."""
         if self.zero is not None:
             self.zero.load_moments(moments, step)
             self.step = step
@@ -350,12 +401,12 @@ class Engine:
             on_device = bool(group.get("fused") or group.get("capturable"))
             for p in group["params"]:
                 name = self._name_of(p)
-                self.optimizer.state[p] = {
-                    "step": torch.tensor(float(step), dtype=torch.float32,
-                                         device=self.device if on_device else torch.device("cpu")),
-                    "exp_avg": moments["exp_avg"][name].to(self.device, torch.float32).clone(),
-                    "exp_avg_sq": moments["exp_avg_sq"][name].to(self.device, torch.float32).clone(),
-                }
+                st = {"step": torch.tensor(float(step), dtype=torch.float32,
+                                           device=self.device if on_device else torch.device("cpu"))}
+                for key in ("exp_avg", "exp_avg_sq"):
+                    given = moments[key][name]
+                    st[key] = given.to(self.device, torch.float32).clone() if copy else given
+                self.optimizer.state[p] = st
         self.step = step
 
     def _name_of(self, p: torch.nn.Parameter) -> str:

@@ -20,20 +20,34 @@ from executor.train.optim import OptimConfig
 from executor.train.tensorboard_sink import TensorBoardSink
 from executor.train.trace import StepTrace
 from planner.cluster import ClusterSpec
-from planner.layout import build_topology
+from planner.layout import Topology, build_topology
 from planner.plan import Plan
 
 
 def build_engine(plan: Plan, args: TrainConfig, *, device: torch.device, optim: OptimConfig, init: bool = True,
-                 backend: str | None = None) -> tuple[Engine, int]:
+                 backend: str | None = None, engine: Engine | None = None) -> tuple[Engine, int]:
     """The plan's groups and engine on this rank, and how many blocks ``--compile`` (or the plan's
-    ``options.compile``) compiled (every new engine's blocks are new modules; Dynamo reuses the code)."""
-    topology = build_topology(plan)
+    ``options.compile``) compiled (every new engine's blocks are new modules; Dynamo reuses the code).
+    ``engine``: this rank's engine of ``plan``, built before its groups (:func:`engine_without_groups`),
+    which gets them instead of a new engine being built."""
+    topology = engine.topology if engine is not None else build_topology(plan)
     groups = ProcessGroups.create(topology, backend)
-    engine = Engine(plan, topology, groups, device=device, optim=optim, seed=args.run.seed, init=init,
-                    on_nonfinite=args.faults.on_nonfinite)
+    if engine is None:
+        engine = Engine(plan, topology, groups, device=device, optim=optim, seed=args.run.seed, init=init,
+                        on_nonfinite=args.faults.on_nonfinite)
+    else:
+        engine.attach(groups)
     compiled = fast_path.compile_blocks(engine.module) if args.layout.compile or plan.options.compile else 0
     return engine, compiled
+
+
+def engine_without_groups(plan: Plan, args: TrainConfig, *, rank: int, device: torch.device, optim: OptimConfig,
+                          topology: Topology | None = None) -> Engine:
+    """Rank ``rank``'s engine of ``plan`` without initial values and without process groups (the
+    elastic switch fills its state, then gives it its groups: :mod:`executor.switch.elastic_switch`);
+    ``topology``: a strategy pool's home topology (:func:`executor.switch.hot_switch.switch_groups`)."""
+    return Engine(plan, topology or build_topology(plan), None, rank=rank, device=device, optim=optim,
+                  seed=args.run.seed, init=False, on_nonfinite=args.faults.on_nonfinite)
 
 
 def resume(engine: Engine, path: str) -> DataPosition:

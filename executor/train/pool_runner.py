@@ -37,12 +37,14 @@ from planner.varlen.pool import StrategyPool, strategy_costs
 
 
 def build_engine(pool: StrategyPool, args: TrainConfig, *, device: torch.device, optim: OptimConfig,
-                 init: bool = True) -> tuple[HotSwitchEngine, SwitchGroups]:
-    """Every group of the pool (collective over the default group) and the hot-switching engine."""
+                 init: bool = True, home: Engine | None = None) -> tuple[HotSwitchEngine, SwitchGroups]:
+    """Every group of the pool (collective over the default group) and the hot-switching engine
+    (``home``: its home engine, built before the groups by an elastic switch, which gets them)."""
     groups = switch_groups([s.plan for s in pool.strategies], pool.home)
     wire = torch.bfloat16 if device.type == "cuda" and pool.home_plan.options.dtype == "bf16" else None
     eng = HotSwitchEngine([s.plan for s in pool.strategies], pool.home, groups, device=device, optim=optim,
-                          seed=args.run.seed, wire_dtype=wire, on_nonfinite=args.faults.on_nonfinite, init=init)
+                          seed=args.run.seed, wire_dtype=wire, on_nonfinite=args.faults.on_nonfinite, init=init,
+                          home_engine=home)
     return eng, groups
 
 

@@ -56,32 +56,41 @@ def pipeline_rows(plan: Plan, pipeline: int, tokens: torch.Tensor) -> torch.Tens
     return tokens[off:off + plan.pipelines[pipeline].batch_size]
 
 
-def pool_engine(plan: Plan, device: torch.device | None = None, **kw: Any) -> Engine | None:
+def pool_engine(plan: Plan, device: torch.device | None = None, late_groups: bool = False,
+                **kw: Any) -> Engine | None:
     """This pool rank's engine of ``plan``; every pool rank creates the plan's groups (collective),
-    and a rank beyond the plan's size closes them again and gets None."""
+    and a rank beyond the plan's size closes them again and gets None. With ``late_groups`` the
+    engine is built without groups, which are created and attached after it (as an elastic switch does)."""
     topo = build_topology(plan)
+    rank = dist.get_rank()
+    early = (Engine(plan, topo, None, rank=rank, device=device or torch.device("cpu"), **kw)
+             if late_groups and rank < topo.world_size else None)
     groups = ProcessGroups.create(topo)
-    if dist.get_rank() >= topo.world_size:
+    if rank >= topo.world_size:
         groups.close()
         return None
+    if early is not None:
+        early.attach(groups)
+        return early
     return Engine(plan, topo, groups, device=device or torch.device("cpu"), **kw)
 
 
 def train_plans(plans: list[Plan], batches: list[list[torch.Tensor]], optim: OptimConfig = ORACLE_OPTIM,
                 seed: int = 0, accelerator: bool = False, chunked_loss: bool = False,
                 bucket_numel: int = DEFAULT_BUCKET_NUMEL,
-                compile_backend: str | None = None) -> list[dict[str, Any] | None]:
+                compile_backend: str | None = None, late_groups: bool = False) -> list[dict[str, Any] | None]:
     """On every rank: train each plan on its batches; per plan, the losses/norms seen by this rank
     and (on rank 0) the gathered logical weights. Ranks beyond a plan's size idle. With
     ``accelerator`` each rank runs on its current CUDA device (NCCL checks); ``chunked_loss``: the
     last stages' cross-entropy in row chunks (executor.model.chunked_loss); ``bucket_numel``: the
     gradient buckets' size (small: many buckets, launched one by one during the backward);
-    ``compile_backend``: the stages' blocks compiled with that torch.compile backend (also on CPU)."""
+    ``compile_backend``: the stages' blocks compiled with that torch.compile backend (also on CPU);
+    ``late_groups``: each engine built before its groups exist (:func:`pool_engine`)."""
     rank = dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if accelerator else torch.device("cpu")
     out: list[dict[str, Any] | None] = []
     for plan, steps in zip(plans, batches):
-        eng = pool_engine(plan, device, optim=optim, seed=seed, bucket_numel=bucket_numel)
+        eng = pool_engine(plan, device, late_groups, optim=optim, seed=seed, bucket_numel=bucket_numel)
         if eng is None:
             out.append(None)
             continue

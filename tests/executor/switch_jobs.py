@@ -19,8 +19,9 @@ from executor.parallel.group_release import distinct, subgroups
 from executor.parallel.group_retire import Retired, detach_world
 from executor.parallel.groups import ProcessGroups
 from executor.state import checkpoint
-from executor.state.state_pieces import held_tensors
+from executor.state.state_pieces import NewState, held_tensors
 from executor.switch.epoch_world import World
+from executor.switch.state_move import holdings as holdings_of
 from executor.switch.state_move import switch, switch_members
 from executor.switch.warm_up import warm_up
 from executor.train.engine import Engine
@@ -145,13 +146,20 @@ def switch_oracle_job(old: Plan, new: Plan, batches: list[torch.Tensor], split: 
                       if engine is not None else [])
         rp = reshard_plan(old, new)
         old_world = [weakref.ref(dist.group.WORLD)] if tuple(old.devices) in worlds_left(rp, me) else []
-        res = switch(rp, me=me, world=world, engine=engine, tag="switch")
+        # the new plan's engine is built before the switch, without groups: the state lands in it
+        early = (Engine(new, build_topology(new), None, rank=new.devices.index(me), device=world.device,
+                        optim=optim, init=False) if me in new.devices else None)
+        new_state = holdings_of(rp, me)[1]
+        into = NewState(new_state, early) if early is not None and new_state is not None else None
+        res = switch(rp, me=me, world=world, engine=engine, into=into, tag="switch")
         engine = None
         out["stats"] = res.stats.to_dict()
         out["old_groups"] = len(old_groups)
         if res.state is not None:
-            engine = _build(new, optim, init=False)
-            res.state.install(engine, split)
+            assert early is not None
+            engine = early
+            engine.attach(ProcessGroups.create(engine.topology))
+            res.state.install(split)
             out["after_state"] = holdings(engine)
             # the first step runs with the old plan's groups and the worlds left retired but alive
             # (executor.parallel.group_retire)

@@ -27,21 +27,39 @@ def _moved(scale: float) -> dict[str, Any]:
     return st.to_dict()
 
 
-def _rank(device: str, scale: float) -> dict[str, Any]:
+def _rank(device: str, scale: float, engine_late_s: float = 0.0) -> dict[str, Any]:
+    """A rank's switch; its engine built ahead (0.35 s, outside the switch) unless ``engine_late_s``."""
     moved = _moved(scale)
-    out = part_times(moved, switch_s=moved["total_s"] + 0.9 * scale, plan_late_s=0.0, groups_wait_s=0.05 * scale,
-                     build_s=0.4 * scale, groups_s=0.3 * scale, install_s=0.02 * scale)
+    out = part_times(moved, switch_s=moved["total_s"] + 0.9 * scale + engine_late_s, plan_late_s=0.0,
+                     engine_late_s=engine_late_s, groups_wait_s=0.05 * scale, attach_total_s=0.4 * scale,
+                     groups_s=0.3 * scale, install_s=0.02 * scale)
     return dict(out, device=device, plan_s=0.1, wait_s=0.0, planned_ahead=True, retire_s=0.2,
-                connect_ahead_s=0.01)
+                connect_ahead_s=0.01, engine_s=engine_late_s or 0.35, engine_ahead=not engine_late_s,
+                engine_between_steps_s=0.0 if engine_late_s else 0.35)
 
 
-def test_parts_and_comm_parts_add_up_to_the_switch() -> None:
-    r = _rank("a:0", 1.0)
+@pytest.mark.parametrize("engine_late_s", [0.0, 0.35])
+def test_parts_and_comm_parts_add_up_to_the_switch(engine_late_s: float) -> None:
+    r = _rank("a:0", 1.0, engine_late_s)
     assert sum(r[k] for k in PARTS) + sum(r[k] for k in COMM_PARTS) == pytest.approx(r["switch_s"], rel=1e-12)
     assert r["switch_excl_comm_s"] == pytest.approx(sum(r[k] for k in PARTS), rel=1e-12)
-    assert r["engine_s"] == pytest.approx(0.1) and r["groups_s"] == 0.3  # the engine's groups apart from it
-    # 0.9 s outside the state move: 0.05 waiting, 0.4 building, 0.02 installing, the rest in other_s
+    assert r["attach_s"] == pytest.approx(0.1) and r["groups_s"] == 0.3  # the groups' creation apart from it
+    assert r["engine_late_s"] == engine_late_s  # an engine built in the switch is one of its parts
+    # 0.9 s outside the state move: 0.05 waiting, 0.4 creating and attaching groups, 0.02 installing,
+    # the rest in other_s (a late engine build is not: it has its own part)
     assert r["other_s"] == pytest.approx(_moved(1.0)["other_s"] + 0.9 - 0.05 - 0.4 - 0.02)
+
+
+def test_report_gives_the_engine_build_apart_and_says_where_it_ran() -> None:
+    ahead = [_rank("a:0", 1.0), _rank("a:1", 2.0)]
+    rep = switch_report(reshard_plan(OLD, NEW), ahead, step=5, cluster=None)
+    assert rep["engine_s"] == 0.35 and rep["engine_ahead"] and rep["engine_late_s"] == 0.0
+    assert rep["engine_between_steps_s"] == 0.35  # where the job waited for it instead
+    late = [_rank("a:0", 1.0), _rank("a:1", 2.0, engine_late_s=0.5)]
+    rep = switch_report(reshard_plan(OLD, NEW), late, step=5, cluster=None)
+    assert rep["engine_s"] == 0.5 and not rep["engine_ahead"]
+    assert rep["critical"]["engine_late_s"] == 0.5  # on the slowest rank's path, inside its parts
+    assert sum(rep["critical"][k] for k in PARTS) == pytest.approx(rep["switch_excl_comm_s"], rel=1e-12)
 
 
 def test_report_names_the_slowest_rank_and_its_parts() -> None:

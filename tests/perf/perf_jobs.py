@@ -43,7 +43,8 @@ def overlap_job(plan: Plan, batches: list[torch.Tensor], bucket_numel: int) -> l
             out.append(None)
             continue
         eng = Engine(plan, topo, groups, device=torch.device("cpu"), optim=OPTIM, seed=0)
-        sync = GradSync(groups, eng.params, bucket_numel=bucket_numel)  # small buckets: many of them
+        sync = GradSync(topo, groups.rank, eng.params, bucket_numel=bucket_numel)  # small buckets: many of them
+        sync.attach(groups)
         early = _count_early(sync)
         if not armed:
             sync.arm = lambda expected: None  # type: ignore[method-assign]

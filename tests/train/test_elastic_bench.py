@@ -40,11 +40,16 @@ def test_smoke_trace_4_to_3_to_4_switches_in_process_and_equals_the_reference(tm
         # the slowest rank's switch (excl. comm) part by part, 'other' included: nothing unaccounted
         crit = e["critical_parts_s"]
         assert sum(crit[k] for k in PARTS) == pytest.approx(e["switch_excl_comm_s"], rel=1e-9), e
+        # the new plan's engine build is reported apart; where a rank could not build it ahead (the
+        # epoch published at the boundary itself: joiners ready late) it is a part of the switch
+        assert e["engine_build_s"] > 0 and (e["parts_s"]["engine_late_s"] == 0.0) == e["engine_built_ahead"], e
         assert e["elastic_downtime_s"] is not None and e["restart_downtime_s"] > 0
         # the old plan's groups were destroyed after the new plan's first step, and that time is reported
         assert e["retire_after_step"] == e["after_step"] + 1 and e["retire_s"] > 0, e
         # and every pair of the new world was connected there, ahead of the next switch
         assert e["connect_ahead_s"] > 0, e
+    # the leave is published while phase 0 trains: every rank built its next engine between two steps
+    assert res["events"][0]["engine_built_ahead"], res["events"][0]
     assert [s["plain_step_s"] is not None and s["elastic_step_s"] is not None for s in res["steady"]] == [True] * 3
     ref = reference_losses(6, 6)
     elastic = {int(k): v for k, v in res["elastic_losses"].items()}
