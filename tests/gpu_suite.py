@@ -39,15 +39,36 @@ def alone(f: Path) -> bool:
     return bool(ALONE.search(f.read_text()))
 
 
-def run_file(f: Path, logs: Path, timeout: float) -> tuple[str, str, float]:
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def shards(f: Path, per_shard: int) -> list[tuple[str, list[str]]]:
+    """``f`` as (name, node ids) pieces of at most ``per_shard`` tests each, so a long file (the
+    4-rank oracle, ~70 plans) runs as several pytest processes side by side, each with its own rank
+    pool, instead of one process past the per-file limit. One piece, all of ``f``, when it is short
+    or nothing could be collected (the run then reports the file's own error)."""
     name = str(f.relative_to(ROOT))
-    log = logs / (name.replace("/", "_") + ".log")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if per_shard <= 0:
+        return [(name, [name])]
+    out = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q", "-p",
+                          "no:cacheprovider", name], cwd=ROOT, capture_output=True, text=True, env=_env())
+    ids = [ln for ln in out.stdout.splitlines() if ln.startswith(name + "::")]
+    if len(ids) <= per_shard:
+        return [(name, [name])]
+    k = -(-len(ids) // per_shard)
+    return [(f"{name}[{i + 1}/{k}]", ids[i::k]) for i in range(k)]
+
+
+def run_file(piece: tuple[str, list[str]], logs: Path, timeout: float) -> tuple[str, str, float]:
+    name, targets = piece
+    log = logs / (re.sub(r"[/\[\]]", "_", name) + ".log")
     t0 = time.monotonic()
     with log.open("w") as out:
         try:
-            rc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", name],
-                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
+            rc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider",
+                                 *targets], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=_env(),
+                                timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = -1
     dt = time.monotonic() - t0
@@ -66,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logs", default="gpu-suite-logs", help="folder for per-file logs")
     ap.add_argument("--jobs", type=int, default=6, help="files run side by side")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per file")
+    ap.add_argument("--per-shard", type=int, default=24,
+                    help="tests per pytest process for a long file (0: one process per file)")
     ap.add_argument("--part", choices=("all", "shared", "alone"), default="all",
                     help="only the files that share the GPUs, or only the gpu_alone ones (two calls)")
     a = ap.parse_args(argv)
@@ -75,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     shared = [f for f in files if not alone(f)] if a.part != "alone" else []
     solo = [f for f in files if alone(f)] if a.part != "shared" else []
     t0 = time.monotonic()
+    pieces = [p for f in shared for p in shards(f, a.per_shard)]
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
-        results = list(pool.map(lambda f: run_file(f, logs, a.timeout), shared))
-    results += [run_file(f, logs, a.timeout) for f in solo]
+        results = list(pool.map(lambda p: run_file(p, logs, a.timeout), pieces))
+    results += [run_file((str(f.relative_to(ROOT)), [str(f.relative_to(ROOT))]), logs, a.timeout) for f in solo]
     width = max((len(n) for n, _, _ in results), default=10)
     for name, outcome, dt in results:
         print(f"{name:<{width}}  {dt:6.0f} s  {outcome}")
