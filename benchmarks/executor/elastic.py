@@ -94,13 +94,14 @@ def gpu_plans(out: Path, cluster_path: Path, model: str, seq_len: int, batch: in
     from planner.hf_config import resolve_model
     from planner.plan import save_plan
     from planner.replan import replan
-    from planner.search.config import PlannerConfig
+    from planner.search.config import PlannerConfig, elastic_config
     from planner.search.planner import search
 
     cluster = load_cluster(cluster_path)
     phases = [Phase(FOUR, steps[0]), Phase(FOUR[:3], steps[1]), Phase(FOUR, steps[2]), Phase(FOUR[:2], steps[3])]
     t0 = time.perf_counter()
-    plan = search(cluster, resolve_model(model, seq_len), batch, config=PlannerConfig(time_limit_s=15.0)).plan
+    cfg = elastic_config(PlannerConfig(time_limit_s=15.0))  # as `hexiscale plan --elastic`: what the job trains
+    plan = search(cluster, resolve_model(model, seq_len), batch, config=cfg).plan
     paths, seconds = [], [time.perf_counter() - t0]
     for i, ph in enumerate(phases):
         if i:

@@ -64,6 +64,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--residual-dtype", default="fp32", choices=("fp32", "bf16"), dest="residual_dtype",
                    help="the residual stream inside each stage (options.residual_dtype): fp32 (default), or bf16 "
                    "like Megatron (less norm traffic and activation memory; stage boundaries stay fp32)")
+    p.add_argument("--elastic", action="store_true",
+                   help="a plan for an elastic job (hexiscale launch --elastic): only schedules whose layout can "
+                   "switch while training (1f1b, gpipe, zb-h1: one layer range per stage) and no context "
+                   "parallelism, as the job's own re-plans")
     p.set_defaults(func=run)
 
 
@@ -76,6 +80,7 @@ def print_progress(note: SearchProgress) -> None:
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()  # --time-limit is wall time for the whole command
+    from planner.search.config import elastic_config
     from planner.search.planner import PlannerConfig, search
 
     flag = typed(args, "global_batch", GLOBAL_BATCH)
@@ -104,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         return plan_lengths.run(args, cluster, model, resolved.profiles)
     config = PlannerConfig(time_limit_s=args.time_limit, seed=args.seed, objective=args.objective,
                            compile=args.compile, residual_dtype=args.residual_dtype)
+    if args.elastic:
+        config = elastic_config(config)
     if args.output:
         check_writable(args.output, "-o")  # before a search of up to --time-limit seconds
     result = search(cluster, model, args.global_batch, config=config, profiles=resolved.profiles,

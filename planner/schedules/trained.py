@@ -26,4 +26,5 @@ def check_no_chunks(plan: Plan, prefix: str = "", why: str = "a strategy pool or
         if schedule_named(pipe.schedule).chunks > 1:
             raise SpecError(f"{prefix}pipelines[{pi}].schedule", f"{pipe.schedule} is not trained in {why} "
                             "(switching layouts moves state between stages of one layer range)",
-                            "use 1f1b, gpipe or zb-h1 there, or train the interleaved plan alone")
+                            "use 1f1b, gpipe or zb-h1 there (hexiscale plan --elastic plans so), or train the "
+                            "interleaved plan alone")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.errors import SpecError
 from planner.model import RECOMPUTE_MODES
@@ -56,3 +56,11 @@ class PlannerConfig:
         if self.residual_dtype not in ("fp32", self.dtype):
             raise SpecError("--residual-dtype", f"{self.residual_dtype!r} is neither fp32 nor the compute dtype "
                             f"{self.dtype!r}", f"use fp32 or {self.dtype}")
+
+
+def elastic_config(config: PlannerConfig) -> PlannerConfig:
+    """``config`` for a plan that an elastic job starts from (``hexiscale plan --elastic``), searched as
+    the job's own re-plans are (:func:`planner.replan.replan`): SWITCHABLE schedules only, no context
+    parallelism — else the launcher refuses the plan, or the first re-plan leaves its layout family."""
+    return replace(config, schedules=tuple(sc for sc in config.schedules if sc in SWITCHABLE),
+                   context_parallel=False)
