@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,11 +99,22 @@ def main(argv: list[str] | None = None) -> int:
     solo = [f for f in files if alone(f)] if a.part != "shared" else []
     t0 = time.monotonic()
     pieces = [p for f in shared for p in shards(f, a.per_shard)]
+    pieces.sort(key=lambda p: len(p[1]) > 1, reverse=True)  # the shards of long files first: the long pole
+
+    def done(result: tuple[str, str, float]) -> tuple[str, str, float]:
+        name, outcome, dt = result  # each file's line as it ends: a call cut short still reports those
+        print(f"{name}  {dt:.0f} s  {outcome}", flush=True)
+        return result
+
+    results: list[tuple[str, str, float]] = []
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
-        results = list(pool.map(lambda p: run_file(p, logs, a.timeout), pieces))
-    results += [run_file((str(f.relative_to(ROOT)), [str(f.relative_to(ROOT))]), logs, a.timeout) for f in solo]
+        for fut in as_completed([pool.submit(run_file, p, logs, a.timeout) for p in pieces]):
+            results.append(done(fut.result()))
+    results += [done(run_file((str(f.relative_to(ROOT)), [str(f.relative_to(ROOT))]), logs, a.timeout))
+                for f in solo]
     width = max((len(n) for n, _, _ in results), default=10)
-    for name, outcome, dt in results:
+    print("---")
+    for name, outcome, dt in sorted(results):
         print(f"{name:<{width}}  {dt:6.0f} s  {outcome}")
     bad = [n for n, o, _ in results if o.startswith(("FAILED", "TIMED OUT"))]
     tail = f": {', '.join(bad)}" if bad else ""
