@@ -3,6 +3,9 @@ the plan it switches to), for the reshard planner and the switch oracle."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from hypothesis import strategies as st
 
 from planner.model import PRESETS, ModelSpec
@@ -14,15 +17,16 @@ TINY8 = PRESETS["tiny-8l"]
 UNIVERSE = tuple(f"{n}:{i}" for n in ("a", "b") for i in range(4))
 
 
-def named_plan(model: ModelSpec, pipes: list[tuple[int, list[tuple[list[str], int]]]], *, zero: int = 0,
+def named_plan(model: ModelSpec, pipes: Sequence[tuple[int, Sequence[tuple[Any, ...]]]], *, zero: int = 0,
                micro: int = 1) -> Plan:
-    """A plan from ``[(batch, [(devices, n_layers), ...]), ...]`` (TP = the stage's device count,
-    ``min(micro, batch)`` micro-batches per pipeline)."""
+    """A plan from ``[(batch, [(devices, n_layers[, cp]), ...]), ...]`` (cp 1 unless given, TP = the
+    stage's device count / cp, ``min(micro, batch)`` micro-batches per pipeline)."""
     out = []
     for bs, stages in pipes:
         at, sts = 0, []
-        for devs, n in stages:
-            sts.append(Stage(tuple(devs), len(devs), (at, at + n)))
+        for devs, n, *cps in stages:
+            cp = cps[0] if cps else 1
+            sts.append(Stage(tuple(devs), len(devs) // cp, (at, at + n), cp))
             at += n
         out.append(Pipeline(bs, min(micro, bs), tuple(sts)))
     return Plan(model, sum(bs for bs, _ in pipes), tuple(out), PlanOptions(zero=zero, dtype="fp32"))
