@@ -35,8 +35,9 @@ def named_plan(model: ModelSpec, pipes: Sequence[tuple[int, Sequence[tuple[Any, 
 @st.composite
 def plans_on(draw: st.DrawFn, model: ModelSpec, devices: list[str], batch: int) -> Plan:
     """A random valid plan of ``model`` on exactly ``devices`` (in this order) with global batch
-    ``batch``: 1-3 pipelines, 1-3 stages each, TP 1/2/4 where the heads allow, random layer splits,
-    batch sizes, micro-batch counts, schedules and ZeRO setting."""
+    ``batch``: 1-3 pipelines, 1-3 stages each of 1, 2 or 4 devices (TP where the heads allow, a
+    ``cp x tp`` mesh for some: context parallelism), random layer splits, batch sizes, micro-batch
+    counts, schedules and ZeRO setting."""
     tps = [t for t in (1, 2, 4) if model.num_kv_heads % t == 0]
     n = len(devices)
     n_pipes = draw(st.integers(1, min(3, n, batch)))
@@ -55,7 +56,8 @@ def plans_on(draw: st.DrawFn, model: ModelSpec, devices: list[str], batch: int) 
         bounds = [0, *cuts, model.num_layers]
         stages = []
         for t, a, b in zip(stage_tps, bounds, bounds[1:]):
-            stages.append(Stage(tuple(devices[at:at + t]), t, (a, b)))
+            cp = draw(st.sampled_from([c for c in (1, 2, 4) if t % c == 0 and model.seq_len % (2 * c) == 0]))
+            stages.append(Stage(tuple(devices[at:at + t]), t // cp, (a, b), cp))
             at += t
         mb = draw(st.integers(1, bs))
         pipes.append(Pipeline(bs, mb, tuple(stages), draw(st.sampled_from(["1f1b", "gpipe"]))))
