@@ -7,8 +7,9 @@
    listed GPU are dropped with their groups' and pair links' mentions. The planner plans on it;
    its plan's device ids are mapped back to the real ones.
 2. **Warm start.** The running plan's structure on the new devices seeds the search
-   (:meth:`planner.search.planner.Search.run`): every stage keeps its staying devices (as one TP
-   group when that degree is allowed, else one unit per device), and the joining devices form
+   (:meth:`planner.search.planner.Search.run`): every stage keeps its staying devices (a CP stage
+   whose devices all stay as the same ``cp x tp`` mesh; else as one TP group when that degree is
+   allowed, else one unit per device), and the joining devices form
    one more pipeline of single-device units. The search scores it first and keeps it in its pool,
    so the new plan is never worse than that structure under the search's surrogate, and local
    search starts from whichever is best. The search runs with ``time_limit_s`` (default a few
@@ -86,23 +87,26 @@ def sub_cluster(cluster: ClusterSpec, devices: Sequence[str]) -> SubCluster:
     return SubCluster(sub, real)
 
 
-def warm_start(current: Plan, sub: SubCluster) -> list[list[Unit]]:
-    """Step 2 of the module docstring, in the sub-cluster's device ids."""
+def warm_start(current: Plan, sub: SubCluster, context_parallel: bool = True) -> list[list[Unit]]:
+    """Step 2 of the module docstring, in the sub-cluster's device ids (``context_parallel``: a stage
+    of ``cp > 1`` that keeps all its devices stays that CP mesh; else it is a TP group or units)."""
     cluster, to_sub = sub.cluster, sub.sub
     pipes: list[list[Unit]] = []
     index = 0
 
-    def unit(devs: list[str]) -> Unit:
+    def unit(devs: list[str], cp: int = 1) -> Unit:
         nonlocal index
         index += 1
-        return _unit(cluster, index - 1, cluster.device(devs[0]).node, tuple(devs), current.options.dtype)
+        return _unit(cluster, index - 1, cluster.device(devs[0]).node, tuple(devs), current.options.dtype, cp)
 
     for pipe in current.pipelines:
         units: list[Unit] = []
         for st in pipe.stages:
             stay = [to_sub[d] for d in st.devices if d in to_sub]
             nodes = {cluster.device(d).node for d in stay}
-            if len(stay) > 1 and len(nodes) == 1 and len(stay) in tp_choices(current.model, len(stay)):
+            if context_parallel and st.cp > 1 and len(stay) == len(st.devices) and len(nodes) == 1:
+                units.append(unit(stay, st.cp))
+            elif len(stay) > 1 and len(nodes) == 1 and len(stay) in tp_choices(current.model, len(stay)):
                 units.append(unit(stay))
             else:
                 units += [unit([d]) for d in stay]
@@ -116,18 +120,19 @@ def warm_start(current: Plan, sub: SubCluster) -> list[list[Unit]]:
 
 
 def replan(cluster: ClusterSpec, devices: Sequence[str], current: Plan, *,
-           config: PlannerConfig | None = None) -> Replan:
-    """The plan for ``devices`` (module docstring); same model, global batch and dtype as ``current``."""
+           config: PlannerConfig | None = None, context_parallel: bool = True) -> Replan:
+    """The plan for ``devices`` (module docstring); same model, global batch and dtype as ``current``.
+    ``context_parallel=False`` keeps every stage at cp 1 (a strategy pool's strategies: hot switching
+    has no CP layouts); an elastic switch moves the state into a CP layout as into any other."""
     t0 = time.perf_counter()
     sub = sub_cluster(cluster, devices)
-    # no context parallelism: moving the training state into a CP layout (planner.state_layout) is not built
     cfg = config or PlannerConfig(time_limit_s=REPLAN_TIME_LIMIT_S, dtype=current.options.dtype,
-                                  compile=current.options.compile, residual_dtype=current.options.residual_dtype,
-                                  context_parallel=False)
+                                  compile=current.options.compile, residual_dtype=current.options.residual_dtype)
+    cfg = replace(cfg, context_parallel=cfg.context_parallel and context_parallel)
     # the plan replaces a running layout: one layer range per stage (planner.schedules.trained.check_no_chunks)
     cfg = replace(cfg, schedules=tuple(sc for sc in cfg.schedules if sc in SWITCHABLE))
     result = search(sub.cluster, current.model, current.global_batch_size, config=cfg,
-                    start=warm_start(current, sub))
+                    start=warm_start(current, sub, cfg.context_parallel))
     plan = _rename(result.plan, sub.real)
     plan = keep_roles(current, replace(plan, cluster=cluster.name), cluster, devices)
     return Replan(plan, time.perf_counter() - t0, result.log)

@@ -6,7 +6,8 @@ The training state is, per logical parameter ``p``, three logical tensors — th
 ``t`` of ``s.tp``) holds:
 
 * ``model/p`` for every parameter of its stage: its TP shard (:func:`planner.chunks.shard_chunk`),
-  a replicated norm scale whole. Every pipeline holds a full copy of the weights.
+  a replicated norm scale whole. Every pipeline holds a full copy of the weights, and every CP
+  slot of a ``cp > 1`` stage the same shards as slot 0 (a reshard may read from any of them).
 * the moments without ZeRO-1 (``options.zero == 0``, or one pipeline with a stage without CP,
   where the engine runs without it, :func:`zero_sharded`): the same rectangles as the weights.
 * the moments under ZeRO-1: its *flat parts* (:mod:`executor.parallel.zero`). Per sync group the rank

@@ -50,7 +50,6 @@ from typing import Any
 
 from planner.chunks import Chunk, contains, intersect
 from planner.cluster import ClusterSpec
-from planner.cp_layout import refuse_cp
 from planner.errors import SpecError
 from planner.plan import Plan
 from planner.state_layout import RankState, rank_states
@@ -191,8 +190,6 @@ def reshard_plan(old: Plan, new: Plan, cluster: ClusterSpec | None = None) -> Re
     if old.model != new.model:
         raise SpecError("plan.model", f"the new plan trains model {new.model.name!r}, the running job "
                         f"{old.model.name!r} (or another shape of it)", "re-plan for the same model")
-    for which, plan in (("running plan", old), ("new plan", new)):
-        refuse_cp(plan, f"elastic switching (the {which})", "re-plan without context parallelism (cp 1)", "plan")
     holders: dict[str, list[_Holder]] = {}
     for st in rank_states(old):
         for slot, h in enumerate(st.holdings):

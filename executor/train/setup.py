@@ -19,7 +19,6 @@ from executor.train.flag_modes import apply_option_flags, check_flags
 from executor.train.nonfinite import NonFiniteStep
 from executor.train.optim import OptimConfig
 from planner.cluster import ClusterSpec, load_cluster
-from planner.cp_layout import refuse_cp
 from planner.errors import SpecError
 from planner.plan import Plan
 from planner.validate import validate
@@ -46,8 +45,6 @@ def resolve_plan(args: TrainConfig, *, elastic: bool = False, say: Callable[[str
                 else "pool" if pool is not None else "plan")
     if pool is not None and cluster is None:
         raise SpecError("--cluster", "missing", "a strategy pool's dispatch needs the cluster file it was planned for")
-    if elastic:
-        refuse_cp(plan, "elastic training", "train a plan without cp elastically, or this one without --elastic")
     if pool is None and not elastic:  # elastic: every epoch's plan is the supervisor's (--compile acts per epoch)
         plan, line = apply_option_flags(plan, args)
         if line is not None and say is not None:

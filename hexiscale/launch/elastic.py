@@ -374,8 +374,7 @@ class Supervisor:
         if self.opts.replan_time_s is not None:
             cfg = PlannerConfig(time_limit_s=self.opts.replan_time_s, dtype=self.plan.options.dtype,
                                 compile=self.plan.options.compile,
-                                residual_dtype=self.plan.options.residual_dtype,
-                                context_parallel=False)  # as planner.replan: no state moves into CP layouts
+                                residual_dtype=self.plan.options.residual_dtype)
         if isinstance(self.layout, StrategyPool):
             return replan_pool(self.cluster, devices, self.layout, config=cfg)
         return replan(self.cluster, devices, self.plan, config=cfg).plan

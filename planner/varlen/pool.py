@@ -75,6 +75,8 @@ class StrategyPool:
                                 "every strategy of a pool runs on the same devices")
             if st.plan.model != self.strategies[0].plan.model:
                 raise SpecError(f"{path}.plan.model", "differs from strategy 0's model", "one model per pool")
+            # not exact yet: the hot-switch oracle with a cp 2 x tp 2 strategy gave loss 8.45 against the
+            # reference's 5.55 on its first step (tests/executor/test_exec_hot_switch.py's plans, issue 35)
             refuse_cp(st.plan, "a strategy pool (hot switching between layouts)",
                       "plan the pool's strategies with cp 1", f"{path}.plan")
             check_no_chunks(st.plan, f"{path}.plan.", "a strategy pool")  # hot switching moves stages of one range

@@ -8,6 +8,8 @@ search's surrogate than the old structure on the new devices). The home strategy
 (the planner may leave a device of a small model idle, and a pool's strategies share one device
 set). Names, order and the home index are kept, and the result is checked as any pool is
 (:class:`~planner.varlen.pool.StrategyPool`); the pool's ``estimate`` (what proposed it) is dropped.
+No strategy gets context parallelism (``replan(..., context_parallel=False)``): hot switching has no
+CP layouts, which a pool refuses.
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ def replan_pool(cluster: ClusterSpec, devices: Sequence[str], pool: StrategyPool
                 config: PlannerConfig | None = None) -> StrategyPool:
     """``pool`` re-planned for ``devices`` (module docstring); a ``SpecError`` names a strategy the
     planner could not place on the home strategy's devices."""
-    home = replan(cluster, devices, pool.home_plan, config=config).plan
+    home = replan(cluster, devices, pool.home_plan, config=config, context_parallel=False).plan
     on = list(home.devices)
     plans = {pool.home: home}
     for i, st in enumerate(pool.strategies):
         if i == pool.home:
             continue
-        plan = replan(cluster, on, st.plan, config=config).plan
+        plan = replan(cluster, on, st.plan, config=config, context_parallel=False).plan
         if sorted(plan.devices) != sorted(on):
             raise SpecError(f"strategies[{i}]", f"{st.name!r} re-planned onto {sorted(plan.devices)}, the home "
                             f"strategy onto {sorted(on)}", "a pool's strategies share one device set: re-plan "

@@ -2,8 +2,9 @@
 runs it): the in-process switch of :mod:`executor.switch.state_move` — epoch worlds, batched
 send/receive, the old plan's communicators and the default groups left retired and destroyed after
 the first step (a detached default communicator alive beside the new one) — on the backend an
-elastic job uses on GPUs, for a leave, a join, a disjoint move and random plan pairs on 4 devices
-(pipeline counts, TP degrees and ZeRO settings change).
+elastic job uses on GPUs, for a leave, a join, a disjoint move, a move out of and one into a
+context-parallel layout, and random plan pairs on 4 devices (pipeline counts, TP and CP degrees and
+ZeRO settings change).
 
 Tolerances: the moved state is copied, so it must equal the old layout's to 1e-6 here too. The
 losses are held to the dense CPU reference at the NCCL suite's 1e-4 (:mod:`test_exec_nccl4`:
@@ -41,6 +42,11 @@ CASES4: dict[str, tuple[Plan, Plan]] = {
     # disjoint device sets: the two old devices leave, two new ones take everything (TP 1 -> 2)
     "disjoint-2-to-2-tp2": (_plan(TINY, [(4, [(["a:0"], 1), (["a:1"], 3)])]),
                             _plan(TINY, [(4, [(["a:2", "a:3"], 4)])])),
+    # context parallelism: out of a lone cp 2 / cp 2 pipeline (ZeRO-1 over its CP slots), a:3 leaves
+    "leave-lone-cp2-cp2-zero1-to-no-cp": CASES["leave-lone-cp2-cp2-zero1-to-no-cp"],
+    # into one: a:2 and a:3 join a 2-stage pipeline, which becomes cp 2 x tp 2 (ZeRO 0 -> 1)
+    "join-2-to-lone-cp2xtp2-zero1": (_plan(TINY, [(6, [(["a:0"], 2), (["a:1"], 2)])]),
+                                     _plan(TINY, [(6, [(["a:2", "a:0", "a:3", "a:1"], 4, 2)])], zero=1)),
 }
 
 

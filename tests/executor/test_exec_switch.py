@@ -2,7 +2,8 @@
 exactly as a run that used the new plan from that step with the same state.
 
 Every case trains the old plan for ``SPLIT`` steps, switches (devices leave, join, or both; the
-pipeline count, TP degrees and the ZeRO setting change), trains the new plan to ``STEPS``. Checks:
+pipeline count, TP and CP degrees and the ZeRO setting change: into and out of context-parallel stages,
+ZeRO-1 over a lone pipeline's CP slots too), trains the new plan to ``STEPS``. Checks:
 
 * right after the switch, every weight and every AdamW moment equals the old layout's (1e-6 rel.);
 * the losses and, at the end, every weight and Adam moment equal those of the baseline — the new
@@ -13,6 +14,7 @@ pipeline count, TP degrees and the ZeRO setting change), trains the new plan to 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import pytest
 import torch
@@ -24,8 +26,8 @@ from torch.testing import assert_close
 from executor.switch.state_move import SWITCH_PARTS, SwitchStats
 from planner.layout import logical_params
 from planner.model import ModelSpec
-from planner.plan import Plan
-from planner.state_layout import MOMENTS, state_tensor
+from planner.plan import Plan, uses_cp
+from planner.state_layout import MOMENTS, state_tensor, zero_sharded
 from planner.state_move_plan import reshard_plan
 from tests.support.random_plans import TINY, TINY8, named_plan, plan_pairs
 from tests.support.reference import ReferenceRun, reference_train
@@ -34,7 +36,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]
 STEPS, SPLIT = 4, 2
 
 
-def _plan(model: ModelSpec, pipes: list[tuple[int, list[tuple[list[str], int]]]], zero: int = 0) -> Plan:
+def _plan(model: ModelSpec, pipes: list[tuple[int, list[tuple[Any, ...]]]], zero: int = 0) -> Plan:
+    """Stages ``(devices, n_layers[, cp])`` (named_plan)."""
     return named_plan(model, pipes, zero=zero, micro=2)
 
 
@@ -53,6 +56,24 @@ CASES: dict[str, tuple[Plan, Plan]] = {
     # disjoint device sets: everything moves (leavers and joiners in one switch world)
     "disjoint-2-to-3": (_plan(TINY, [(4, [(["a:0"], 1), (["a:1"], 3)])]),
                         _plan(TINY, [(1, [(["b:0"], 4)]), (3, [(["b:1", "b:2"], 4)])], zero=1)),
+    # context parallelism (stages (devices, layers, cp)). Out of a lone pipeline whose every stage is
+    # cp 2 (ZeRO-1 over the CP slots, state_layout.zero_sharded) into two pipelines without CP; a:3 leaves
+    "leave-lone-cp2-cp2-zero1-to-no-cp": (
+        _plan(TINY, [(6, [(["a:0", "a:1"], 2, 2), (["a:2", "a:3"], 2, 2)])], zero=1),
+        _plan(TINY, [(2, [(["a:0"], 4)]), (4, [(["a:1", "a:2"], 4)])], zero=1)),
+    # into it: two ZeRO-0 pipelines without CP -> the lone cp 2 / cp 2 pipeline under ZeRO-1; a:2 leaves,
+    # b:0 and b:1 join
+    "swap-no-cp-to-lone-cp2-cp2-zero1": (
+        _plan(TINY, [(3, [(["a:0", "a:1"], 4)]), (3, [(["a:2"], 4)])]),
+        _plan(TINY, [(6, [(["a:0", "a:1"], 2, 2), (["b:0", "b:1"], 2, 2)])], zero=1)),
+    # CP into another CP mesh: cp 2 x tp 2 beside a tp-1 pipeline -> one cp 4 x tp 1 stage (slots reordered)
+    "cp2xtp2-beside-tp1-to-lone-cp4-zero1": (
+        _plan(TINY, [(4, [(["a:0", "a:1", "a:2", "a:3"], 4, 2)]), (2, [(["b:0"], 4)])], zero=1),
+        _plan(TINY, [(6, [(["b:0", "a:1", "a:0", "b:1"], 4, 4)])], zero=1)),
+    # a cp 1 stage after a cp 2 one (whole Adam state, no ZeRO) -> a cp 2 stage first beside a second pipeline
+    "cp2-then-tp2-zero0-to-cp2-beside-tp1-zero1": (
+        _plan(TINY, [(4, [(["a:0", "a:1"], 2, 2), (["a:2", "a:3"], 2)])]),
+        _plan(TINY, [(2, [(["a:3", "a:2"], 3, 2), (["a:1"], 1)]), (2, [(["b:0"], 4)])], zero=1)),
 }
 
 
@@ -170,6 +191,10 @@ def test_cases_cover_the_matrix() -> None:
     assert any(set(b.devices) < set(a.devices) for a, b in pairs)  # pure leave
     assert any(set(a.devices) < set(b.devices) for a, b in pairs)  # pure join
     assert any(not set(a.devices) & set(b.devices) for a, b in pairs)
+    # context parallelism: out of CP, into CP, CP to another CP mesh; ZeRO-1 over a lone pipeline's CP slots
+    assert {(uses_cp(a), uses_cp(b)) for a, b in pairs} >= {(True, False), (False, True), (True, True)}
+    lone_cp = [p for a, b in pairs for p in (a, b) if uses_cp(p) and len(p.pipelines) == 1]
+    assert any(zero_sharded(p) for p in lone_cp)
 
 
 def test_cases_retire_worlds() -> None:

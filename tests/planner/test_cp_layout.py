@@ -70,21 +70,20 @@ def test_one_pipeline_cp_stage_syncs_its_slots() -> None:
 def test_refusals_name_the_stage_cp() -> None:
     plan = _plan((4, [(1, 2, 1), (1, 2, 2)]))
     with pytest.raises(SpecError) as err:
-        refuse_cp(plan, "elastic training", "train it without --elastic")
+        refuse_cp(plan, "a strategy pool", "plan the pool's strategies with cp 1")
     assert str(err.value).count("\n") == 0
-    assert "pipelines[0].stages[1].cp" in str(err.value) and "without --elastic" in str(err.value)
+    assert "pipelines[0].stages[1].cp" in str(err.value) and "with cp 1" in str(err.value)
     refuse_cp(_plan((4, [(1, 4, 1)])), "anything", "no fix needed")  # no cp: no error
 
 
-def test_pool_and_elastic_switch_refuse_cp_in_one_line() -> None:
-    from planner.state_move_plan import reshard_plan
+def test_pool_refuses_cp_in_one_line() -> None:
+    """Hot switching has no CP layouts (a pool refuses them); elastic switching moves state into and
+    out of CP layouts (tests/executor/test_exec_switch.py's CP cases)."""
     from planner.varlen.pool import Strategy, StrategyPool
 
     cp, flat = _plan((4, [(1, 4, 2)])), _plan((4, [(2, 4, 1)]))
     with pytest.raises(SpecError, match=r"strategies\[1\]\.plan\.pipelines\[0\]\.stages\[0\]\.cp"):
         StrategyPool(TINY.seq_len, (Strategy("a", flat), Strategy("b", cp)))
-    with pytest.raises(SpecError, match=r"plan\.pipelines\[0\]\.stages\[0\]\.cp.*elastic switching"):
-        reshard_plan(flat, cp)
 
 
 def test_seed_flags_refuse_cp_and_relabelling_keeps_it() -> None:

@@ -40,8 +40,8 @@ def test_each_strategy_is_replanned_onto_the_new_devices_names_and_home_kept() -
 def test_a_strategy_the_planner_puts_on_other_devices_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     real = module.replan
 
-    def fewer(cluster, devices, current, *, config=None):  # type: ignore[no-untyped-def]
-        out = real(cluster, devices, current, config=config)
+    def fewer(cluster, devices, current, *, config=None, context_parallel=True):  # type: ignore[no-untyped-def]
+        out = real(cluster, devices, current, config=config, context_parallel=context_parallel)
         if current is not POOL.home_plan:  # the planner leaves all but one device of the other strategy idle
             gbs = current.global_batch_size
             one = Pipeline(gbs, 1, (Stage((devices[0],), 1, (0, current.model.num_layers)),))

@@ -3,6 +3,9 @@ the plan it switches to), for the reshard planner and the switch oracle."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from hypothesis import strategies as st
 
 from planner.model import PRESETS, ModelSpec
@@ -14,15 +17,16 @@ TINY8 = PRESETS["tiny-8l"]
 UNIVERSE = tuple(f"{n}:{i}" for n in ("a", "b") for i in range(4))
 
 
-def named_plan(model: ModelSpec, pipes: list[tuple[int, list[tuple[list[str], int]]]], *, zero: int = 0,
+def named_plan(model: ModelSpec, pipes: Sequence[tuple[int, Sequence[tuple[Any, ...]]]], *, zero: int = 0,
                micro: int = 1) -> Plan:
-    """A plan from ``[(batch, [(devices, n_layers), ...]), ...]`` (TP = the stage's device count,
-    ``min(micro, batch)`` micro-batches per pipeline)."""
+    """A plan from ``[(batch, [(devices, n_layers[, cp]), ...]), ...]`` (cp 1 unless given, TP = the
+    stage's device count / cp, ``min(micro, batch)`` micro-batches per pipeline)."""
     out = []
     for bs, stages in pipes:
         at, sts = 0, []
-        for devs, n in stages:
-            sts.append(Stage(tuple(devs), len(devs), (at, at + n)))
+        for devs, n, *cps in stages:
+            cp = cps[0] if cps else 1
+            sts.append(Stage(tuple(devs), len(devs) // cp, (at, at + n), cp))
             at += n
         out.append(Pipeline(bs, min(micro, bs), tuple(sts)))
     return Plan(model, sum(bs for bs, _ in pipes), tuple(out), PlanOptions(zero=zero, dtype="fp32"))
@@ -31,8 +35,9 @@ def named_plan(model: ModelSpec, pipes: list[tuple[int, list[tuple[list[str], in
 @st.composite
 def plans_on(draw: st.DrawFn, model: ModelSpec, devices: list[str], batch: int) -> Plan:
     """A random valid plan of ``model`` on exactly ``devices`` (in this order) with global batch
-    ``batch``: 1-3 pipelines, 1-3 stages each, TP 1/2/4 where the heads allow, random layer splits,
-    batch sizes, micro-batch counts, schedules and ZeRO setting."""
+    ``batch``: 1-3 pipelines, 1-3 stages each of 1, 2 or 4 devices (TP where the heads allow, a
+    ``cp x tp`` mesh for some: context parallelism), random layer splits, batch sizes, micro-batch
+    counts, schedules and ZeRO setting."""
     tps = [t for t in (1, 2, 4) if model.num_kv_heads % t == 0]
     n = len(devices)
     n_pipes = draw(st.integers(1, min(3, n, batch)))
@@ -51,7 +56,8 @@ def plans_on(draw: st.DrawFn, model: ModelSpec, devices: list[str], batch: int) 
         bounds = [0, *cuts, model.num_layers]
         stages = []
         for t, a, b in zip(stage_tps, bounds, bounds[1:]):
-            stages.append(Stage(tuple(devices[at:at + t]), t, (a, b)))
+            cp = draw(st.sampled_from([c for c in (1, 2, 4) if t % c == 0 and model.seq_len % (2 * c) == 0]))
+            stages.append(Stage(tuple(devices[at:at + t]), t // cp, (a, b), cp))
             at += t
         mb = draw(st.integers(1, bs))
         pipes.append(Pipeline(bs, mb, tuple(stages), draw(st.sampled_from(["1f1b", "gpipe"]))))

@@ -1,6 +1,6 @@
-"""A strategy pool with a context-parallel strategy (hot switching), and an elastic job of a CP plan,
-are refused in one line before any rank starts (a CP plan's end-to-end job is
-test_train_jobs.test_local_job_then_resume_under_another_plan)."""
+"""A strategy pool with a context-parallel strategy (hot switching) is refused in one line before any
+rank starts (a CP plan's end-to-end job is test_train_jobs.test_local_job_then_resume_under_another_plan;
+an elastic job in and out of CP plans, test_elastic_cp.py)."""
 
 from __future__ import annotations
 
@@ -27,15 +27,3 @@ def test_pool_with_a_cp_strategy_is_refused_before_any_rank(tmp_path: Path, caps
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and "strategies[1].plan.pipelines[0].stages[0].cp" in err[0], err
 
-
-def test_elastic_training_refuses_a_cp_plan_in_one_line(tmp_path: Path) -> None:
-    """An elastic rank resolving a CP plan (executor.train.setup.resolve_plan): one SpecError naming
-    the stage's cp, before any process group; the same plan resolves for a plain run."""
-    from executor.train.config import TrainConfig
-    from executor.train.setup import resolve_plan
-    from planner.errors import SpecError
-
-    config = TrainConfig.flat(plan=str(cp_plan(tmp_path)), cluster=str(CLUSTER))
-    with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[0\]\.cp: elastic training does not run"):
-        resolve_plan(config, elastic=True)
-    assert resolve_plan(config)[0].pipelines[0].stages[0].cp == 2
