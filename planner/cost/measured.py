@@ -204,6 +204,17 @@ def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
                           _fit_optimizer(opt_rows, f"{path}.optimizer"))
 
 
+def timed_cast_once(data: Mapping[str, Any]) -> bool:
+    """Whether a ``measured`` section's layer and head rows were timed on the engine's cast-once path
+    (every row marked ``cast_once``: the profiler made the step's copies before the timed passes,
+    executor/profiler/compute.py). Rows from before (the packaged tables, 2026-11-27 01:15 UTC and
+    earlier) ran autocast's cast in every pass. Live TP rows carry no mark (they are timed by the same
+    profiler as the shard-only rows beside them) and embedding rows cast nothing; no rows: True."""
+    rows = [r for kind in ("layer", "head") for r in data.get(kind) or []
+            if isinstance(r, Mapping) and not r.get("collectives")]
+    return all(r.get("cast_once") is True for r in rows)
+
+
 def _live_flag(kind: str, row: Mapping[str, Any], path: str) -> bool:
     """A row's ``collectives`` flag (absent: False), checked: live rows are layer rows at TP > 1 and
     recompute ``none`` (what the profiler measures; rule 6 of the module docstring)."""
@@ -317,7 +328,12 @@ class MeasuredProfile(DeviceProfile):
         # scales their activation rows to other shapes must count them too
         tables = parse_measured(device.measured or {}, f"devices.{device.key}.measured")
         meta = (device.measured or {}).get("meta") or {}
-        super().__init__(device, replace(params, fused_rms_norm=meta.get("fused_rms_norm") is True))
+        # The roofline that carries the tables (and stands in where they have no row) is the one the
+        # host's compute terms were fitted with (planner.calibration.fit): a weight cast in every pass.
+        # Tables timed with the step's copies made beforehand (timed_cast_once) price those copies
+        # nowhere: weight_copy adds them once per step; tables timed on autocast's path hold the casts.
+        super().__init__(device, replace(params, fused_rms_norm=meta.get("fused_rms_norm") is True, cast_once=False))
+        self.copies_per_step = params.cast_once and timed_cast_once(device.measured or {})
         self.tables = tables
         self.live_tps = frozenset(c.tp for c in self.tables.curves["layer"] if c.collectives)
 

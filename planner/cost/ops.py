@@ -12,7 +12,7 @@ every TP rank; q/k/v, gate/up are column-parallel (N/t), wo and w_down row-paral
 Forward ops of one layer, as the executor runs them in eager PyTorch (GEMM shapes are
 ``[M, K] x [K, N]``; bytes are each kernel's reads + writes)::
 
-    weight_cast  mem   [autocast] fp32 weights -> compute dtype: (4 + e) per matmul parameter
+    weight_cast  mem   [autocast, no cast-once] fp32 weights -> compute dtype: (4 + e) per matmul parameter
     attn_norm    mem   unfused fp32 RMSNorm (pow, mean, +eps, rsqrt, mul, mul): 28·T·h
     input_cast   mem   [r != e] the 3 (q/k/v) + 2 (gate/up) casts of the norm outputs: 5·T·h·(r+e)
     wq, wk, wv   gemm  [T, h] x [h, h/t], [h, kv/t], [h, kv/t]
@@ -31,6 +31,12 @@ the weight gradients are cast to fp32 and accumulated into ``.grad`` (12 B per p
 attention's backward runs ``attention_backward_flops_ratio`` times its forward FLOPs and moves twice
 its bytes; RMSNorm's autograd backward ~84·T·h; RoPE's ~10·e·T·(h + kv)/t; SwiGLU's 9·e·T·f/t;
 the gradients of the norm outputs' 3 + 2 consumers are summed (9·r·T·h); casts cast back.
+
+Cast-once (``Numerics.cast_once``, the engine's default since 2026-11-27 01:25 UTC,
+executor/model/cast_once.py): no pass casts a weight. Each layer (and the LM head) makes its
+compute-dtype copy once per step, just before its first forward after the optimizer step (under
+ZeRO-1 after its parameter gate): :func:`weight_copy_op`, (4 + e) bytes per matmul parameter in one
+``_foreach_copy_``; the weight gradient leaves its GEMM in fp32 (no cast back).
 """
 
 from __future__ import annotations
@@ -70,23 +76,30 @@ class Numerics:
 
     e: int  # compute dtype bytes
     r: int  # residual-stream bytes at a stage's ends (embedding output, stage-boundary activations)
-    weight_casts: bool  # autocast casts the fp32 weights every forward
+    weight_casts: bool  # the matmuls run on compute-dtype copies of the fp32 weights
     expand_kv: bool  # GQA K/V expanded to the query heads
     rl: int  # residual-stream bytes inside the layers (RMSNorm inputs, residual adds)
+    cast_once: bool = False  # those copies are made once per step (weight_copy_op), not in every pass
+
+    @property
+    def casts_per_pass(self) -> bool:
+        """Autocast's path: every forward casts the weights and every backward casts their gradients back."""
+        return self.weight_casts and not self.cast_once
 
     @staticmethod
     def of(dtype: str, fp32_residual: bool = False, autocast_weight_copies: bool = False,
-           expand_kv_heads: bool = False, residual_in_compute_dtype: bool = False) -> Numerics:
+           expand_kv_heads: bool = False, residual_in_compute_dtype: bool = False, cast_once: bool = False) -> Numerics:
         e = DTYPE_BYTES[dtype]
         mixed = e != 4
         r = 4 if fp32_residual else e
-        return Numerics(e, r, autocast_weight_copies and mixed, expand_kv_heads, e if residual_in_compute_dtype else r)
+        return Numerics(e, r, autocast_weight_copies and mixed, expand_kv_heads, e if residual_in_compute_dtype else r,
+                        cast_once)
 
     @staticmethod
     def from_params(dtype: str, params: Any) -> Numerics:
         """The numerics ``params`` (a ``CostParams``) describe for compute dtype ``dtype``."""
         return Numerics.of(dtype, params.fp32_residual, params.autocast_weight_copies, params.expand_kv_heads,
-                           params.residual_in_compute_dtype)
+                           params.residual_in_compute_dtype, params.cast_once)
 
 
 def _gemm(name: str, m: float, k: float, n: float, e: int) -> Op:
@@ -132,7 +145,7 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int,
     t = micro_batch * seq_len
     gemms = {name: _gemm(name, m, k, n, e) for name, m, k, n in layer_gemms(model, t, tp)}
     ops: list[Op] = []
-    if num.weight_casts:
+    if num.casts_per_pass:
         ops.append(Op("weight_cast", MEM, 0.0, (4 + e) * _matmul_params(model, tp), kernels=7))
     ops.append(_norm("attn_norm", t, h, r)[0])
     if r != e:
@@ -165,7 +178,7 @@ def layer_backward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int
     attn = attention_core_forward(model, micro_batch, seq_len, tp, e)
     ops.append(Op("attention.backward", ATTN, attn.flops * attention_backward_flops_ratio, 2 * attn.bytes,
                   seq_len, kernels=2))
-    if num.weight_casts:
+    if num.casts_per_pass:
         ops.append(Op("weight_cast.backward", MEM, 0.0, (4 + e) * _matmul_params(model, tp), kernels=7))
     ops.append(Op("grad_accumulate", MEM, 0.0, 3 * GRAD_BYTES * (_matmul_params(model, tp) + layer_numel(model)[1]),
                   kernels=stage_tensors(model, 1, False, False)))
@@ -207,13 +220,23 @@ def head_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Num
     bwd = [Op("cross_entropy.backward", MEM, 0.0, (20 + e) * t * vt, kernels=5),
            *_gemm_backward("lm_head", t, h, vt, e),
            Op("grad_accumulate", MEM, 0.0, 3 * GRAD_BYTES * (vt * h + h), kernels=2), norm_b]
-    if num.weight_casts:
+    if num.casts_per_pass:
         fwd.insert(0, Op("weight_cast", MEM, 0.0, (4 + e) * h * vt))
         bwd.append(Op("weight_cast.backward", MEM, 0.0, (4 + e) * h * vt))
     if r != e:
         fwd.insert(2, Op("input_cast", MEM, 0.0, t * h * (r + e)))
         bwd.append(Op("input_cast.backward", MEM, 0.0, t * h * (r + e)))
     return fwd, bwd
+
+
+def weight_copy_op(kind: str, model: ModelSpec, tp: int, num: Numerics) -> Op | None:
+    """The cast-once copy of one ``kind`` ('layer', 'head'; the embedding has none) per step: fp32
+    weights read, compute-dtype copy written, one ``_foreach_copy_`` (executor/model/cast_once.py).
+    None where no copy is made once per step (fp32, or autocast's cast per pass)."""
+    if not (num.weight_casts and num.cast_once) or kind == "embedding":
+        return None
+    params = _matmul_params(model, tp) if kind == "layer" else model.hidden_size * model.vocab_size / tp
+    return Op(f"{kind}.weight_copy", MEM, 0.0, (4 + num.e) * params)
 
 
 ADAM_BYTES_PER_PARAM = 7 * 4  # AdamW: read parameter, gradient, m, v; write parameter, m, v (fp32)
