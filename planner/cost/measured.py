@@ -57,6 +57,14 @@ shard-only + ~0.2 ms of all-reduce modelled), so where they exist they answer fo
    modes stay ordered. TP degrees without live rows, and profiles without any (every profile
    from before, all packaged ones), read the shard-only rows exactly as before.
 
+Weight casts: rows marked ``cast_once`` (the profiler made the engine's copies before the timed
+passes) price no cast; the profile adds the step's copies once per step (``weight_copy``, added to
+each stage's first forward by :mod:`planner.cost.stage`). Unmarked tables were timed on autocast's
+path, a cast in every pass, and get nothing more. The roofline that carries either kind (rules 3-4)
+is the one the host's compute terms were fitted with (:mod:`planner.calibration.fit`): a cast in
+every pass. (Carrying cast-once rows by the cast-once roofline instead moved the 4x H100 64K plans
+of tests/planner/test_fidelity_long_context_cp.py by up to +5 points with their recorded terms.)
+
 Activation bytes (``activation_bytes`` column) are first brought to what the memory model counts
 per layer (:func:`_stage_bytes`: the input in, the weight casts out, the ``chain`` undone), then
 follow the same rules, scaled by the memory formula of :mod:`planner.cost.memory`. The optimizer rows fit
