@@ -33,7 +33,8 @@ its bytes; RMSNorm's autograd backward ~84·T·h; RoPE's ~10·e·T·(h + kv)/t; 
 the gradients of the norm outputs' 3 + 2 consumers are summed (9·r·T·h); casts cast back.
 
 Cast-once (``Numerics.cast_once``, the engine's default since 2026-11-27 01:25 UTC,
-executor/model/cast_once.py): no pass casts a weight. Each layer (and the LM head) makes its
+executor/model/cast_once.py): no pass casts a weight; each projection is a ``CastOnceLinear`` call,
+host work in place of the cast's launch (``cast_once_linear``, a ``HOST`` op). Each layer (and the LM head) makes its
 compute-dtype copy once per step, just before its first forward after the optimizer step (under
 ZeRO-1 after its parameter gate): :func:`weight_copy_op`, (4 + e) bytes per matmul parameter in one
 ``_foreach_copy_``; the weight gradient leaves its GEMM in fp32 (no cast back).
@@ -47,7 +48,7 @@ from typing import Any
 from planner.layout import layer_numel, stage_tensors
 from planner.model import ModelSpec
 
-GEMM, ATTN, MEM = "gemm", "attn", "mem"
+GEMM, ATTN, MEM, HOST = "gemm", "attn", "mem", "host"  # HOST: host work that launches no kernel
 # Forward ops full recompute does not repeat: the non-reentrant checkpoint stops once the last
 # tensor the backward needs (w_down's input) is rebuilt.
 NOT_RECOMPUTED = frozenset({"w_down", "residual_mlp"})
@@ -60,7 +61,8 @@ class Op:
     """One kernel (or a few fused ones): FLOPs, bytes moved, and its shape for efficiency curves.
 
     ``dim`` is the smallest GEMM dimension (GEMM) or the sequence length (attention); 0 for
-    memory-bound ops. ``kernels`` is how many launches it takes."""
+    memory-bound ops. ``kernels`` is how many launches it takes (a ``HOST`` op: how many calls of
+    issue cost on the host, and no GPU time)."""
 
     name: str
     kind: str
@@ -130,6 +132,17 @@ def _matmul_params(model: ModelSpec, tp: int) -> float:
     return layer_numel(model)[0] / tp
 
 
+def _weight_casts(name: str, nbytes: float, linears: int, num: Numerics) -> Op:
+    """The weights' side of ``linears`` projections in one pass: autocast casts them (and casts
+    their gradients back), one kernel each; cast-once multiplies with the step's copies through
+    ``CastOnceLinear``, a Python autograd function per projection and pass: host calls, no GPU work
+    (the profiler found the layer's host time short by those calls when timed without them,
+    executor/profiler/compute.py ``engine_copies``)."""
+    if num.casts_per_pass:
+        return Op(name, MEM, 0.0, nbytes, kernels=linears)
+    return Op(name.replace("weight_cast", "cast_once_linear"), HOST, 0.0, 0.0, kernels=linears)
+
+
 def _norm(name: str, tokens: float, h: int, r: int) -> tuple[Op, Op]:
     """The executor's RMSNorm, unfused in fp32 (pow, mean, +eps, rsqrt, mul, mul: 28 B per element
     forward); its autograd backward reads and writes about 84 B per element in ~12 kernels. A
@@ -145,8 +158,8 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int,
     t = micro_batch * seq_len
     gemms = {name: _gemm(name, m, k, n, e) for name, m, k, n in layer_gemms(model, t, tp)}
     ops: list[Op] = []
-    if num.casts_per_pass:
-        ops.append(Op("weight_cast", MEM, 0.0, (4 + e) * _matmul_params(model, tp), kernels=7))
+    if num.weight_casts:
+        ops.append(_weight_casts("weight_cast", (4 + e) * _matmul_params(model, tp), 7, num))
     ops.append(_norm("attn_norm", t, h, r)[0])
     if r != e:
         ops.append(Op("input_cast", MEM, 0.0, 5 * t * h * (r + e), kernels=5))
@@ -178,8 +191,8 @@ def layer_backward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int
     attn = attention_core_forward(model, micro_batch, seq_len, tp, e)
     ops.append(Op("attention.backward", ATTN, attn.flops * attention_backward_flops_ratio, 2 * attn.bytes,
                   seq_len, kernels=2))
-    if num.casts_per_pass:
-        ops.append(Op("weight_cast.backward", MEM, 0.0, (4 + e) * _matmul_params(model, tp), kernels=7))
+    if num.weight_casts:
+        ops.append(_weight_casts("weight_cast.backward", (4 + e) * _matmul_params(model, tp), 7, num))
     ops.append(Op("grad_accumulate", MEM, 0.0, 3 * GRAD_BYTES * (_matmul_params(model, tp) + layer_numel(model)[1]),
                   kernels=stage_tensors(model, 1, False, False)))
     if r != e:
@@ -220,9 +233,9 @@ def head_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Num
     bwd = [Op("cross_entropy.backward", MEM, 0.0, (20 + e) * t * vt, kernels=5),
            *_gemm_backward("lm_head", t, h, vt, e),
            Op("grad_accumulate", MEM, 0.0, 3 * GRAD_BYTES * (vt * h + h), kernels=2), norm_b]
-    if num.casts_per_pass:
-        fwd.insert(0, Op("weight_cast", MEM, 0.0, (4 + e) * h * vt))
-        bwd.append(Op("weight_cast.backward", MEM, 0.0, (4 + e) * h * vt))
+    if num.weight_casts:
+        fwd.insert(0, _weight_casts("weight_cast", (4 + e) * h * vt, 1, num))
+        bwd.append(_weight_casts("weight_cast.backward", (4 + e) * h * vt, 1, num))
     if r != e:
         fwd.insert(2, Op("input_cast", MEM, 0.0, t * h * (r + e)))
         bwd.append(Op("input_cast.backward", MEM, 0.0, t * h * (r + e)))

@@ -15,6 +15,7 @@ step) takes on one device type. Two sources behind one interface (:class:`Device
       GEMM:       eff = gemm_efficiency · d / (d + gemm_half_dim)          d = smallest GEMM dim
       attention:  eff = attention_efficiency · s / (s + attention_half_seq) s = sequence length
       memory op:  no FLOP term (pure bandwidth)
+      host op:    no GPU time; its ``kernels`` count on the host side only (cast-once's linears)
 
   Recompute adds to the backward what it repeats: ``full`` the layer forward up to the last
   tensor the backward needs (all but the w_down GEMM and the final residual add: the
@@ -41,6 +42,7 @@ from planner.cost.ops import (
     ATTN,
     DTYPE_BYTES,
     GEMM,
+    HOST,
     NOT_RECOMPUTED,
     Numerics,
     Op,
@@ -264,6 +266,8 @@ class DeviceProfile(ABC):
         p = self.params
         bw = self.device.memory_bandwidth_GBps * 1e9 * p.memory_efficiency
         t_mem = op.bytes / bw
+        if op.kind == HOST:
+            return 0.0
         if op.kind == GEMM:
             eff = p.gemm_efficiency * op.dim / (op.dim + p.gemm_half_dim)
         elif op.kind == ATTN:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from _cost_fixtures import FAST, MODEL, cluster, plan
+from _cost_fixtures import CATALOG, FAST, MODEL, cluster, plan
 
 from planner.catalog import Catalog
-from planner.cost import CostParams, ProfileSet, estimate
+from planner.cost import CostParams, ProfileSet, estimate, stage_time
 from planner.layout import layer_numel
 
 GPU_BOUND = CostParams(host_overhead_s=0.0, host_overhead_backward_s=0.0)  # no pass hides a copy
@@ -50,7 +50,18 @@ def test_autocast_path_still_casts_in_every_pass() -> None:
 def test_a_launch_bound_first_forward_hides_the_copy_in_idle_gpu_time() -> None:
     """Only issuing the copies (one launch per layer and the head) adds to a host-bound forward."""
     host_bound = dataclasses.replace(GPU_BOUND, host_overhead_s=1e-3, host_overhead_backward_s=1e-3)
-    assert cast_term(4, host_bound) == pytest.approx((LAYERS + 1) * 1e-3, rel=1e-9)
+    prof = ProfileSet(CATALOG, host_bound).get("fast")
+    st = stage_time(MODEL, layers=LAYERS, first=True, last=True, micro_batch=1, tp=1, devices=[(prof, 1.0)],
+                    tp_link=None, params=host_bound)
+    assert st.copy_s == pytest.approx((LAYERS + 1) * 1e-3, rel=1e-9)
+
+
+def test_cast_once_linears_keep_the_host_cost_of_the_casts_they_replace() -> None:
+    """A launch-bound pass issues as many calls either way (a cast kernel or a ``CastOnceLinear``)."""
+    host_bound = dataclasses.replace(GPU_BOUND, host_overhead_s=1e-3, host_overhead_backward_s=1e-3)
+    now = ProfileSet(CATALOG, host_bound).get("fast").layer_time(MODEL, 1)
+    before = ProfileSet(CATALOG, dataclasses.replace(host_bound, cast_once=False)).get("fast").layer_time(MODEL, 1)
+    assert now.forward_s == pytest.approx(before.forward_s) and now.backward_s == pytest.approx(before.backward_s)
 
 
 def _measured(cast_once: bool) -> Catalog:
