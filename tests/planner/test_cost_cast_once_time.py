@@ -83,3 +83,17 @@ def test_tables_timed_with_the_copies_made_before_add_them_once_per_step() -> No
 def test_tables_timed_on_autocasts_path_hold_their_casts() -> None:
     """Their rows were timed with a cast in every pass: nothing is added on top."""
     assert cast_term(2, GPU_BOUND, _measured(False)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_packed_path_prices_the_copies_once_per_step() -> None:
+    """The varlen/packed pipeline cost (planner.varlen.seq_cost) adds them once, however many
+    micro-batches (lists of document lengths) the step runs."""
+    from planner.varlen.seq_cost import pipeline_costs
+
+    c = cluster([("a", "fast", 1, 100.0)])
+    p = plan([(4, 4, [(["a:0"], LAYERS)])])
+    with_copies = pipeline_costs(p, c, profiles=ProfileSet(c.catalog, GPU_BOUND))[0]
+    without = pipeline_costs(p, c, profiles=ProfileSet(c.catalog, dataclasses.replace(
+        GPU_BOUND, autocast_weight_copies=False)))[0]
+    for mbs in ([[MODEL.seq_len]], [[MODEL.seq_len]] * 4, [[64, 128], [256]] * 3):
+        assert with_copies.time(mbs) - without.time(mbs) == pytest.approx(ONE_COPY, rel=1e-6)
