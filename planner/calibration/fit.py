@@ -142,7 +142,9 @@ def layer_observations(device: DeviceType) -> list[tuple[str, ModelSpec, dict[st
 
 def predict_compute(device: DeviceType, params: CostParams,
                     obs: list[tuple[str, ModelSpec, dict[str, Any], str, float]], dtype: str) -> list[float]:
-    prof = SpecProfile(device, params)
+    # the roofline measured tables are carried with (planner.cost.measured.MeasuredProfile: a weight cast
+    # in every pass, as every calibration so far was fitted)
+    prof = SpecProfile(device, replace(params, cast_once=False))
     out = []
     for table, model, row, phase, _ in obs:
         mm = replace(model, seq_len=max(model.seq_len, int(row["seq_len"])))

@@ -57,6 +57,14 @@ shard-only + ~0.2 ms of all-reduce modelled), so where they exist they answer fo
    modes stay ordered. TP degrees without live rows, and profiles without any (every profile
    from before, all packaged ones), read the shard-only rows exactly as before.
 
+Weight casts: rows marked ``cast_once`` (the profiler made the engine's copies before the timed
+passes) price no cast; the profile adds the step's copies once per step (``weight_copy``, added to
+each stage's first forward by :mod:`planner.cost.stage`). Unmarked tables were timed on autocast's
+path, a cast in every pass, and get nothing more. The roofline that carries either kind (rules 3-4)
+is the one the host's compute terms were fitted with (:mod:`planner.calibration.fit`): a cast in
+every pass. (Carrying cast-once rows by the cast-once roofline instead moved the 4x H100 64K plans
+of tests/planner/test_fidelity_long_context_cp.py by up to +5 points with their recorded terms.)
+
 Activation bytes (``activation_bytes`` column) are first brought to what the memory model counts
 per layer (:func:`_stage_bytes`: the input in, the weight casts out, the ``chain`` undone), then
 follow the same rules, scaled by the memory formula of :mod:`planner.cost.memory`. The optimizer rows fit
@@ -204,6 +212,17 @@ def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
                           _fit_optimizer(opt_rows, f"{path}.optimizer"))
 
 
+def timed_cast_once(data: Mapping[str, Any]) -> bool:
+    """Whether a ``measured`` section's layer and head rows were timed on the engine's cast-once path
+    (every row marked ``cast_once``: the profiler made the step's copies before the timed passes,
+    executor/profiler/compute.py). Rows from before (the packaged tables, 2026-11-27 01:15 UTC and
+    earlier) ran autocast's cast in every pass. Live TP rows carry no mark (they are timed by the same
+    profiler as the shard-only rows beside them) and embedding rows cast nothing; no rows: True."""
+    rows = [r for kind in ("layer", "head") for r in data.get(kind) or []
+            if isinstance(r, Mapping) and not r.get("collectives")]
+    return all(r.get("cast_once") is True for r in rows)
+
+
 def _live_flag(kind: str, row: Mapping[str, Any], path: str) -> bool:
     """A row's ``collectives`` flag (absent: False), checked: live rows are layer rows at TP > 1 and
     recompute ``none`` (what the profiler measures; rule 6 of the module docstring)."""
@@ -317,7 +336,12 @@ class MeasuredProfile(DeviceProfile):
         # scales their activation rows to other shapes must count them too
         tables = parse_measured(device.measured or {}, f"devices.{device.key}.measured")
         meta = (device.measured or {}).get("meta") or {}
-        super().__init__(device, replace(params, fused_rms_norm=meta.get("fused_rms_norm") is True))
+        # The roofline that carries the tables (and stands in where they have no row) is the one the
+        # host's compute terms were fitted with (planner.calibration.fit): a weight cast in every pass.
+        # Tables timed with the step's copies made beforehand (timed_cast_once) price those copies
+        # nowhere: weight_copy adds them once per step; tables timed on autocast's path hold the casts.
+        super().__init__(device, replace(params, fused_rms_norm=meta.get("fused_rms_norm") is True, cast_once=False))
+        self.copies_per_step = params.cast_once and timed_cast_once(device.measured or {})
         self.tables = tables
         self.live_tps = frozenset(c.tp for c in self.tables.curves["layer"] if c.collectives)
 

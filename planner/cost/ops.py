@@ -12,7 +12,7 @@ every TP rank; q/k/v, gate/up are column-parallel (N/t), wo and w_down row-paral
 Forward ops of one layer, as the executor runs them in eager PyTorch (GEMM shapes are
 ``[M, K] x [K, N]``; bytes are each kernel's reads + writes)::
 
-    weight_cast  mem   [autocast] fp32 weights -> compute dtype: (4 + e) per matmul parameter
+    weight_cast  mem   [autocast, no cast-once] fp32 weights -> compute dtype: (4 + e) per matmul parameter
     attn_norm    mem   unfused fp32 RMSNorm (pow, mean, +eps, rsqrt, mul, mul): 28·T·h
     input_cast   mem   [r != e] the 3 (q/k/v) + 2 (gate/up) casts of the norm outputs: 5·T·h·(r+e)
     wq, wk, wv   gemm  [T, h] x [h, h/t], [h, kv/t], [h, kv/t]
@@ -31,6 +31,13 @@ the weight gradients are cast to fp32 and accumulated into ``.grad`` (12 B per p
 attention's backward runs ``attention_backward_flops_ratio`` times its forward FLOPs and moves twice
 its bytes; RMSNorm's autograd backward ~84·T·h; RoPE's ~10·e·T·(h + kv)/t; SwiGLU's 9·e·T·f/t;
 the gradients of the norm outputs' 3 + 2 consumers are summed (9·r·T·h); casts cast back.
+
+Cast-once (``Numerics.cast_once``, the engine's default since 2026-11-27 01:25 UTC,
+executor/model/cast_once.py): no pass casts a weight; each projection is a ``CastOnceLinear`` call,
+host work in place of the cast's launch (``cast_once_linear``, a ``HOST`` op). Each layer (and the LM head) makes its
+compute-dtype copy once per step, just before its first forward after the optimizer step (under
+ZeRO-1 after its parameter gate): :func:`weight_copy_op`, (4 + e) bytes per matmul parameter in one
+``_foreach_copy_``; the weight gradient leaves its GEMM in fp32 (no cast back).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from typing import Any
 from planner.layout import layer_numel, stage_tensors
 from planner.model import ModelSpec
 
-GEMM, ATTN, MEM = "gemm", "attn", "mem"
+GEMM, ATTN, MEM, HOST = "gemm", "attn", "mem", "host"  # HOST: host work that launches no kernel
 # Forward ops full recompute does not repeat: the non-reentrant checkpoint stops once the last
 # tensor the backward needs (w_down's input) is rebuilt.
 NOT_RECOMPUTED = frozenset({"w_down", "residual_mlp"})
@@ -54,7 +61,8 @@ class Op:
     """One kernel (or a few fused ones): FLOPs, bytes moved, and its shape for efficiency curves.
 
     ``dim`` is the smallest GEMM dimension (GEMM) or the sequence length (attention); 0 for
-    memory-bound ops. ``kernels`` is how many launches it takes."""
+    memory-bound ops. ``kernels`` is how many launches it takes (a ``HOST`` op: how many calls of
+    issue cost on the host, and no GPU time)."""
 
     name: str
     kind: str
@@ -70,23 +78,30 @@ class Numerics:
 
     e: int  # compute dtype bytes
     r: int  # residual-stream bytes at a stage's ends (embedding output, stage-boundary activations)
-    weight_casts: bool  # autocast casts the fp32 weights every forward
+    weight_casts: bool  # the matmuls run on compute-dtype copies of the fp32 weights
     expand_kv: bool  # GQA K/V expanded to the query heads
     rl: int  # residual-stream bytes inside the layers (RMSNorm inputs, residual adds)
+    cast_once: bool = False  # those copies are made once per step (weight_copy_op), not in every pass
+
+    @property
+    def casts_per_pass(self) -> bool:
+        """Autocast's path: every forward casts the weights and every backward casts their gradients back."""
+        return self.weight_casts and not self.cast_once
 
     @staticmethod
     def of(dtype: str, fp32_residual: bool = False, autocast_weight_copies: bool = False,
-           expand_kv_heads: bool = False, residual_in_compute_dtype: bool = False) -> Numerics:
+           expand_kv_heads: bool = False, residual_in_compute_dtype: bool = False, cast_once: bool = False) -> Numerics:
         e = DTYPE_BYTES[dtype]
         mixed = e != 4
         r = 4 if fp32_residual else e
-        return Numerics(e, r, autocast_weight_copies and mixed, expand_kv_heads, e if residual_in_compute_dtype else r)
+        return Numerics(e, r, autocast_weight_copies and mixed, expand_kv_heads, e if residual_in_compute_dtype else r,
+                        cast_once)
 
     @staticmethod
     def from_params(dtype: str, params: Any) -> Numerics:
         """The numerics ``params`` (a ``CostParams``) describe for compute dtype ``dtype``."""
         return Numerics.of(dtype, params.fp32_residual, params.autocast_weight_copies, params.expand_kv_heads,
-                           params.residual_in_compute_dtype)
+                           params.residual_in_compute_dtype, params.cast_once)
 
 
 def _gemm(name: str, m: float, k: float, n: float, e: int) -> Op:
@@ -117,6 +132,17 @@ def _matmul_params(model: ModelSpec, tp: int) -> float:
     return layer_numel(model)[0] / tp
 
 
+def _weight_casts(name: str, nbytes: float, linears: int, num: Numerics) -> Op:
+    """The weights' side of ``linears`` projections in one pass: autocast casts them (and casts
+    their gradients back), one kernel each; cast-once multiplies with the step's copies through
+    ``CastOnceLinear``, a Python autograd function per projection and pass: host calls, no GPU work
+    (the profiler found the layer's host time short by those calls when timed without them,
+    executor/profiler/compute.py ``engine_copies``)."""
+    if num.casts_per_pass:
+        return Op(name, MEM, 0.0, nbytes, kernels=linears)
+    return Op(name.replace("weight_cast", "cast_once_linear"), HOST, 0.0, 0.0, kernels=linears)
+
+
 def _norm(name: str, tokens: float, h: int, r: int) -> tuple[Op, Op]:
     """The executor's RMSNorm, unfused in fp32 (pow, mean, +eps, rsqrt, mul, mul: 28 B per element
     forward); its autograd backward reads and writes about 84 B per element in ~12 kernels. A
@@ -133,7 +159,7 @@ def layer_forward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int,
     gemms = {name: _gemm(name, m, k, n, e) for name, m, k, n in layer_gemms(model, t, tp)}
     ops: list[Op] = []
     if num.weight_casts:
-        ops.append(Op("weight_cast", MEM, 0.0, (4 + e) * _matmul_params(model, tp), kernels=7))
+        ops.append(_weight_casts("weight_cast", (4 + e) * _matmul_params(model, tp), 7, num))
     ops.append(_norm("attn_norm", t, h, r)[0])
     if r != e:
         ops.append(Op("input_cast", MEM, 0.0, 5 * t * h * (r + e), kernels=5))
@@ -166,7 +192,7 @@ def layer_backward_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int
     ops.append(Op("attention.backward", ATTN, attn.flops * attention_backward_flops_ratio, 2 * attn.bytes,
                   seq_len, kernels=2))
     if num.weight_casts:
-        ops.append(Op("weight_cast.backward", MEM, 0.0, (4 + e) * _matmul_params(model, tp), kernels=7))
+        ops.append(_weight_casts("weight_cast.backward", (4 + e) * _matmul_params(model, tp), 7, num))
     ops.append(Op("grad_accumulate", MEM, 0.0, 3 * GRAD_BYTES * (_matmul_params(model, tp) + layer_numel(model)[1]),
                   kernels=stage_tensors(model, 1, False, False)))
     if r != e:
@@ -208,12 +234,22 @@ def head_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, num: Num
            *_gemm_backward("lm_head", t, h, vt, e),
            Op("grad_accumulate", MEM, 0.0, 3 * GRAD_BYTES * (vt * h + h), kernels=2), norm_b]
     if num.weight_casts:
-        fwd.insert(0, Op("weight_cast", MEM, 0.0, (4 + e) * h * vt))
-        bwd.append(Op("weight_cast.backward", MEM, 0.0, (4 + e) * h * vt))
+        fwd.insert(0, _weight_casts("weight_cast", (4 + e) * h * vt, 1, num))
+        bwd.append(_weight_casts("weight_cast.backward", (4 + e) * h * vt, 1, num))
     if r != e:
         fwd.insert(2, Op("input_cast", MEM, 0.0, t * h * (r + e)))
         bwd.append(Op("input_cast.backward", MEM, 0.0, t * h * (r + e)))
     return fwd, bwd
+
+
+def weight_copy_op(kind: str, model: ModelSpec, tp: int, num: Numerics) -> Op | None:
+    """The cast-once copy of one ``kind`` ('layer', 'head'; the embedding has none) per step: fp32
+    weights read, compute-dtype copy written, one ``_foreach_copy_`` (executor/model/cast_once.py).
+    None where no copy is made once per step (fp32, or autocast's cast per pass)."""
+    if not (num.weight_casts and num.cast_once) or kind == "embedding":
+        return None
+    params = _matmul_params(model, tp) if kind == "layer" else model.hidden_size * model.vocab_size / tp
+    return Op(f"{kind}.weight_copy", MEM, 0.0, (4 + num.e) * params)
 
 
 ADAM_BYTES_PER_PARAM = 7 * 4  # AdamW: read parameter, gradient, m, v; write parameter, m, v (fp32)

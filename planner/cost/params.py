@@ -95,11 +95,12 @@ class CostParams:
     # fitted term: :meth:`planner.cost.profile_set.ProfileSet.for_options` sets it from the plan.
     residual_in_compute_dtype: bool = False
     # Under autocast the stage keeps compute-dtype copies of its matmul weights: the engine's cast-once
-    # copies, one per stage (planner.cost.memory.weight_copy_bytes); the time terms still price a cast
-    # per micro-batch (planner.cost.ops).
+    # copies, one per stage (planner.cost.memory.weight_copy_bytes), made once per step (cast_once).
     autocast_weight_copies: bool = True
     # The engine's cast-once weights (executor/model/cast_once.py, since 2026-11-27 01:25 UTC): the
-    # copies are held once per stage. False prices the autocast path that ran before: each
+    # copies are held once per stage and made once per step, in each stage's first forward
+    # (planner.cost.ops.weight_copy_op, planner.cost.stage). False prices the autocast path that ran
+    # before: every pass casts the weights (forward) and their gradients back (backward), each
     # micro-batch in flight saves its own casts, and a fully recomputed forward leaves autocast's
     # cast cache (what fidelity runs recorded before then measured; benchmarks/fidelity/repredict.py).
     cast_once: bool = True

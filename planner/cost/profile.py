@@ -15,6 +15,7 @@ step) takes on one device type. Two sources behind one interface (:class:`Device
       GEMM:       eff = gemm_efficiency · d / (d + gemm_half_dim)          d = smallest GEMM dim
       attention:  eff = attention_efficiency · s / (s + attention_half_seq) s = sequence length
       memory op:  no FLOP term (pure bandwidth)
+      host op:    no GPU time; its ``kernels`` count on the host side only (cast-once's linears)
 
   Recompute adds to the backward what it repeats: ``full`` the layer forward up to the last
   tensor the backward needs (all but the w_down GEMM and the final residual add: the
@@ -34,13 +35,14 @@ says so, and the stage model then adds the layers' all-reduces no second time.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.catalog import DeviceType
 from planner.cost.ops import (
     ATTN,
     DTYPE_BYTES,
     GEMM,
+    HOST,
     NOT_RECOMPUTED,
     Numerics,
     Op,
@@ -50,6 +52,7 @@ from planner.cost.ops import (
     layer_backward_ops,
     layer_forward_ops,
     optimizer_bytes_per_param,
+    weight_copy_op,
 )
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.errors import SpecError
@@ -92,6 +95,8 @@ class DeviceProfile(ABC):
         self._cache: dict[tuple[object, ...], PassTime] = {}
         self._split_cache: dict[tuple[object, ...], tuple[PassTime, PassTime]] = {}
         self._share_cache: dict[tuple[object, ...], float] = {}
+        self._copy_cache: dict[tuple[object, ...], tuple[float, float]] = {}
+        self.copies_per_step = params.cast_once  # weight_copy: the engine's cast-once copies are priced
 
     @property
     def key(self) -> str:
@@ -213,6 +218,19 @@ class DeviceProfile(ABC):
         w = sum(self.op_time(op, dtype) for op in bwd if op.name.endswith(".wgrad") or op.name == "grad_accumulate")
         return w / sum(self.op_time(op, dtype) for op in bwd + again)
 
+    def weight_copy(self, kind: str, model: ModelSpec, tp: int = 1, dtype: str = "bf16") -> tuple[float, float]:
+        """(GPU, host) seconds of one ``kind``'s ('layer', 'head') cast-once weight copy, made once per
+        step in that part's first forward (:func:`planner.cost.ops.weight_copy_op`); (0, 0) where the
+        passes price the casts themselves (autocast's path: ``CostParams.cast_once`` off, or tables
+        timed on it, :class:`planner.cost.measured.MeasuredProfile`) or there is none (fp32)."""
+        key = ("copy", kind, model, tp, dtype)
+        hit = self._copy_cache.get(key)
+        if hit is None:
+            op = weight_copy_op(kind, model, tp, replace(self.numerics(dtype), cast_once=self.copies_per_step))
+            hit = (0.0, 0.0) if op is None else (self.op_time(op, dtype), op.kernels * self.params.host_overhead_s)
+            self._copy_cache[key] = hit
+        return hit
+
     def optimizer_time(self, num_params: float, num_tensors: int, dtype: str = "bf16") -> float:
         """AdamW step over ``num_params`` parameters in ``num_tensors`` tensors (memory-bound)."""
         p = self.params
@@ -248,6 +266,8 @@ class DeviceProfile(ABC):
         p = self.params
         bw = self.device.memory_bandwidth_GBps * 1e9 * p.memory_efficiency
         t_mem = op.bytes / bw
+        if op.kind == HOST:
+            return 0.0
         if op.kind == GEMM:
             eff = p.gemm_efficiency * op.dim / (op.dim + p.gemm_half_dim)
         elif op.kind == ATTN:

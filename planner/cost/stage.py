@@ -52,6 +52,15 @@ sends to the receiving stage's leader, which broadcasts it inside its TP group::
 
     boundary = p2p(link between the leaders) + broadcast(receiving TP group)
 
+Cast-once weight copies (executor/model/cast_once.py): each layer, and the head, makes its
+compute-dtype copy once per step, in the first forward that uses it (``DeviceProfile.weight_copy``:
+GPU ``c`` and host ``k`` seconds per part). That forward is the step's first micro-batch's, priced
+as the pass above with ``max(slowdown · (G_part + c_part), H_part + k_part)`` per part;
+``StageTime.copy_s`` is what it adds to ``forward_s`` (:mod:`planner.cost.step` adds it to that one
+micro-batch), so a launch-bound forward hides the copy in its idle GPU time and a GPU-bound one pays
+it whole. Under autocast's path (``CostParams.cast_once`` off, or tables timed on it) every pass
+casts instead, and ``copy_s`` is 0.
+
 Context parallelism (``cp > 1``, :mod:`planner.cost.context`): every term above at ``seq_len / cp``
 tokens, plus the balanced chunks' extra attention (GPU work) and the CP collectives of K,V, added
 after the TP collectives and overlapped with nothing; a boundary's activation is split over the
@@ -84,6 +93,7 @@ class StageTime:
     slowest: int = 0
     forward_cp_s: float = 0.0  # the CP all-gathers of K,V (planner.cost.context), exposed
     backward_cp_s: float = 0.0  # the CP reduce-scatters of dK,dV
+    copy_s: float = 0.0  # what the step's first forward adds: the cast-once weight copies (module docstring)
 
     @property
     def forward_s(self) -> float:
@@ -166,7 +176,7 @@ def stage_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_
         return comm[in_layer_time]
 
     best = (-1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    slowest = 0
+    slowest, first_forward = 0, 0.0
     cache: dict[int, list[tuple[int, PassTime, PassTime]]] = {}
     for i, (prof, slow) in enumerate(devices):
         gf, gb, hf, hb = collectives(tp > 1 and prof.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len))
@@ -186,7 +196,15 @@ def stage_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_
         qf, qb = max(cf + gf + cgf, host_f + hf + chf), max(cb + gb + cgb, host_b + hb + chb)  # with CP's
         if qf + qb > best[0]:
             best, slowest = (qf + qb, cf, cb, pf - cf, pb - cb, qf - pf, qb - pb), i
-    return StageTime(best[1], best[2], best[3], best[4], slowest, best[5], best[6])
+        copies = device_copies(model, prof, layers=layers, first=first, last=last, tp=tp, dtype=dtype)
+        copies += [(0.0, 0.0)] * (len(parts) - len(copies))  # (CP's extra attention copies nothing)
+        if any(g for g, _ in copies):  # the forward of the step's first micro-batch, copies made in it
+            cf1 = sum(n * max(slow * (g.forward_s + cg), h.forward_s + ch)
+                      for (n, g, h), (cg, ch) in zip(parts, copies))
+            host1 = host_f + sum(n * ch for (n, _, _), (_, ch) in zip(parts, copies))
+            first_forward = max(first_forward, max(cf1 + gf + cgf, host1 + hf + chf))
+    fwd = best[1] + best[3] + best[5]
+    return StageTime(best[1], best[2], best[3], best[4], slowest, best[5], best[6], max(0.0, first_forward - fwd))
 
 
 def tp_collective_time(model: ModelSpec, *, layers: int, first: bool, last: bool, micro_batch: int, tp: int,
@@ -224,6 +242,20 @@ def device_split(model: ModelSpec, profile: DeviceProfile, *, layers: int, first
         out.append((1, *profile.pass_split("embedding", model, micro_batch, tp, dtype, "none", seq_len)))
     if last:  # the head is not checkpointed, even under full recompute
         out.append((1, *profile.pass_split("head", model, micro_batch, tp, dtype, "none", seq_len)))
+    return out
+
+
+def device_copies(model: ModelSpec, profile: DeviceProfile, *, layers: int, first: bool, last: bool, tp: int,
+                  dtype: str) -> list[tuple[float, float]]:
+    """(GPU, host) seconds of the cast-once weight copy of each of :func:`device_split`'s parts, in its
+    order (per layer, none for the embedding, the head's): made in the step's first forward."""
+    out = []
+    if layers:
+        out.append(profile.weight_copy("layer", model, tp, dtype))
+    if first:
+        out.append((0.0, 0.0))
+    if last:
+        out.append(profile.weight_copy("head", model, tp, dtype))
     return out
 
 

@@ -9,6 +9,9 @@ Model of one training step (every term named; parameters in ``CostParams``):
 2. The pipeline's schedule (any of :mod:`planner.schedules`) is evaluated by :func:`planner.cost.simulate.simulate`
    (exact for the model; the closed forms of :mod:`planner.cost.schedule` agree within their
    documented conditions): makespan ``T_p`` and when each stage ends its last backward, ``E_{p,i}``.
+   The first micro-batch's forward ``f[i][0]`` also makes the stage's cast-once weight copies, once
+   per step (``StageTime.copy_s``; executor/model/cast_once.py), so they delay the warm-up of every
+   later stage as the engine's do.
 3. Gradient sync across pipelines over the finest-common-slice groups
    (:mod:`planner.cost.gradsync`), in the executor's order: every device walks the groups in one
    global order (sorted by rank tuple); device ``d`` is free from ``E_{p,i} - dp_overlap·b[i][last]``
@@ -209,11 +212,14 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
                                 if prv is not None else 0.0)
     sends = ([[send_fwd[si, mb] for mb in sizes] for si in range(n_st)],
              [[send_bwd[si, mb] for mb in sizes] for si in range(n_st)])
+    # the step's first forward on each stage makes its cast-once weight copies (planner.cost.stage)
+    fc = [[times[si, mb].forward_s + (times[si, mb].copy_s if j == 0 else 0.0) for j, mb in enumerate(sizes)]
+          for si in range(n_st)]
     if chunks > 1:  # every op that sends carries one whole send (planner.cost.simulate)
-        f = [[times[si, mb].forward_s for mb in sizes] for si in range(n_st)]
+        f = fc
         b = [[times[si, mb].backward_s for mb in sizes] for si in range(n_st)]
     else:
-        f = [[times[si, mb].forward_s + send_fwd[si, mb] for mb in sizes] for si in range(n_st)]
+        f = [[fc[si][j] + send_fwd[si, mb] for j, mb in enumerate(sizes)] for si in range(n_st)]
         b = [[times[si, mb].backward_s + send_bwd[si, mb] for mb in sizes] for si in range(n_st)]
     # A split backward's W: the weight-gradient GEMMs (dW = X^T dY) and their accumulation, the
     # roofline's share of the backward (:meth:`DeviceProfile.weight_grad_share`, ~0.28 for llama-1.3b
@@ -239,7 +245,7 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
     # sends per micro-batch of each stage: one per virtual-stage boundary it feeds (v - 1 at the ends)
     n_fwd = [chunks - (chunks > 1 and si == n_st - 1) for si in range(n_st)]
     n_bwd = [chunks - (chunks > 1 and si == 0) for si in range(n_st)]
-    lanes = [stage_lane(pi, si, sim.ops[si], [times[si, mb].forward_s for mb in sizes],
+    lanes = [stage_lane(pi, si, sim.ops[si], fc[si],
                         [times[si, mb].backward_s for mb in sizes], w[si], chunks,
                         shares[si] if shares is not None else None, sim.op_chunks[si])
              for si in range(n_st)] if record else []
@@ -249,7 +255,8 @@ def _pipeline(plan: Plan, pi: int, cluster: ClusterSpec, profiles: ProfileSet, r
         big = times[si, max(sizes)]
         stages.append(StageEstimate(
             devices=st.devices, slowest_device=st.devices[big.slowest], forward_s=big.forward_s,
-            backward_s=big.backward_s, compute_s=sum(t.forward_compute_s + t.backward_compute_s for t in ts),
+            backward_s=big.backward_s,
+            compute_s=sum(t.forward_compute_s + t.backward_compute_s for t in ts) + ts[0].copy_s,
             tp_comm_s=sum(t.forward_tp_s + t.backward_tp_s for t in ts),
             cp_comm_s=sum(t.forward_cp_s + t.backward_cp_s for t in ts),
             pp_comm_s=sum(n_fwd[si] * send_fwd[si, mb] + n_bwd[si] * send_bwd[si, mb] for mb in sizes),

@@ -6,7 +6,7 @@
 
 ``a`` is attention's score and value work (quadratic in each document's length: packed documents
 never attend across boundaries), ``b`` everything per token (GEMMs, norms, all-reduce and p2p
-bytes), ``c`` what a micro-batch costs whatever its size (launch latencies, weight casts, the
+bytes), ``c`` what a micro-batch costs whatever its size (launch latencies, autocast's weight casts, the
 link's latency). :func:`stage_cost` fits ``(a, b, c)`` by non-negative least squares on relative
 errors to the cost model's own figures for one sequence of ``s`` tokens (``s`` on a geometric
 grid up to the context): the spec roofline, or the measured profile of a GPU type where
@@ -24,7 +24,8 @@ schedule's closed form, generalised to unequal micro-batches::
     T = Σ_j max_i t_i(j)  +  Σ_i t_i(ĵ) − max_i t_i(ĵ)        ĵ = the largest micro-batch
 
 (the steady state paced by the bottleneck stage, plus one fill and drain of the pipeline; with
-equal micro-batches it is :func:`planner.cost.schedule.one_f_one_b_time`).
+equal micro-batches it is :func:`planner.cost.schedule.one_f_one_b_time`), plus the stages'
+cast-once weight copies, made once per step in each stage's first forward (:func:`stage_copies`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,22 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, 
     return fit_seq_cost(grid, times, measured is not None)
 
 
+def stage_copies(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, *, context: int, dtype: str,
+                 recompute: str, profiles: ProfileSet) -> float:
+    """What the step's cast-once weight copies add to ``pipe`` (``StageTime.copy_s``, at one
+    ``context``-token sequence): each stage makes them in its first forward, which the next stage
+    waits for, so they add up along the pipeline's fill (as :func:`planner.cost.estimate` simulates)."""
+    n = len(pipe.stages)
+    total = 0.0
+    for si, st in enumerate(pipe.stages):
+        devs = [cluster.device(d) for d in st.devices]
+        total += stage_time(model, layers=st.num_layers, first=si == 0, last=si == n - 1, micro_batch=1, tp=st.tp,
+                            devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
+                            tp_link=cluster.slowest_link(st.devices), dtype=dtype, recompute=recompute,
+                            params=profiles.params, seq_len=context).copy_s
+    return total
+
+
 def _packed_layers(model: ModelSpec, devs: Sequence[Device], profiles: ProfileSet, *, tp: int, dtype: str,
                    recompute: str) -> Callable[[int], float] | None:
     """Where the stage's slowest GPU type has measured packed rows for ``model``'s layer
@@ -167,6 +184,7 @@ class PipelineCost:
     token_cap: int  # tokens per micro-batch (memory)
     share_cap: float  # tokens of one step (GPipe holds every micro-batch; 1F1B: unbounded)
     schedule: str = "1f1b"
+    copies_s: float = 0.0  # the stages' cast-once weight copies, once per step (:func:`stage_copies`)
 
     def stage_times(self, lengths: Sequence[int]) -> list[float]:
         return [c.micro_batch_s(lengths) for c in self.stages]
@@ -182,7 +200,7 @@ class PipelineCost:
             return 0.0
         per = [self.stage_times(m) for m in mbs]
         big = max(range(len(mbs)), key=lambda j: sum(mbs[j]))
-        return sum(max(t) for t in per) + sum(per[big]) - max(per[big])
+        return sum(max(t) for t in per) + sum(per[big]) - max(per[big]) + self.copies_s
 
 
 def resident_bytes(plan: Plan, profiles: ProfileSet) -> dict[str, float]:
@@ -221,5 +239,7 @@ def pipeline_costs(plan: Plan, cluster: ClusterSpec, *, context: int | None = No
                                 recompute=o.recompute, zero_shards=zero_shards, profiles=profiles, resident=resident)
                 for si in range(n)]
         cap = min(caps)
-        out.append(PipelineCost(costs, cap, cap if gpipe else math.inf, pipe.schedule))
+        copies = stage_copies(plan.model, cluster, pipe, context=ctx, dtype=o.dtype, recompute=o.recompute,
+                              profiles=profiles)
+        out.append(PipelineCost(costs, cap, cap if gpipe else math.inf, pipe.schedule, copies))
     return out

@@ -42,7 +42,9 @@ def test_two_stage_pipeline_by_hand(schedule: str) -> None:
     f = [s0.forward_s + x, s1.forward_s]
     b = [s0.backward_s, s1.backward_s + x]
     assert f[1] + b[1] > f[0] + b[0]  # the LM head makes the last stage the bottleneck: 1F1B closed form exact
-    t_pipe = (one_f_one_b_time if schedule == "1f1b" else gpipe_time)(f, b, 4)
+    # each stage's first forward makes its cast-once weight copies, on the warm-up's critical path
+    assert s0.copy_s > 0 and s1.copy_s > 0
+    t_pipe = (one_f_one_b_time if schedule == "1f1b" else gpipe_time)(f, b, 4) + s0.copy_s + s1.copy_s
     est = estimate(p, c, profiles)
     assert est.pipelines[0].time_s == pytest.approx(t_pipe)
     norm = allreduce_time(4.0, 2, link)
@@ -50,7 +52,7 @@ def test_two_stage_pipeline_by_hand(schedule: str) -> None:
     assert est.step_time_s == pytest.approx(t_pipe + norm + opt)
     assert sum(est.breakdown[k] for k in BREAKDOWN_TERMS) == pytest.approx(est.step_time_s)
     assert est.bottleneck["stage"] == 1 and est.bottleneck["device"] == "a:1"
-    assert est.breakdown["compute"] == pytest.approx(4 * (s1.forward_compute_s + s1.backward_compute_s))
+    assert est.breakdown["compute"] == pytest.approx(4 * (s1.forward_compute_s + s1.backward_compute_s) + s1.copy_s)
     assert est.breakdown["pp_comm"] == pytest.approx(4 * x)
     assert est.breakdown["tp_comm"] == 0.0
     assert est.pipelines[0].idle_s == 0.0
@@ -69,7 +71,7 @@ def test_uneven_batch_dp_pair_by_hand(zero: int) -> None:
                     devices=[(profiles.get("fast"), 1.0)], tp_link=None)
     sb = stage_time(MODEL, layers=8, first=True, last=True, micro_batch=1, tp=1,
                     devices=[(profiles.get("slow"), 1.0)], tp_link=None)
-    t0, t1 = 5 * (sa.forward_s + sa.backward_s), 3 * (sb.forward_s + sb.backward_s)
+    t0, t1 = 5 * (sa.forward_s + sa.backward_s) + sa.copy_s, 3 * (sb.forward_s + sb.backward_s) + sb.copy_s
     groups = sync_groups(p)
     assert groups == {("a:0", "b:0"): pytest.approx(MODEL.param_count() * 4)}
     link = c.link("a:0", "b:0")
@@ -132,11 +134,16 @@ def test_slowdown_override_and_missing_device() -> None:
     e0, e1 = estimate(p, base), estimate(p, slowed)
     assert e1.step_time_s > e0.step_time_s
     # the slowed device's GPU share of each pass doubles; its host share (issuing kernels) does not
-    from planner.cost.stage import device_split
+    from planner.cost.stage import device_copies, device_split
 
-    parts = device_split(MODEL, ProfileSet(base.catalog).get("fast"), layers=4, first=False, last=True,
-                         micro_batch=2, tp=1, dtype="bf16", recompute="none")
+    prof = ProfileSet(base.catalog).get("fast")
+    parts = device_split(MODEL, prof, layers=4, first=False, last=True, micro_batch=2, tp=1, dtype="bf16",
+                         recompute="none")
     want = 4 * sum(n * (max(2 * g.forward_s, h.forward_s) + max(2 * g.backward_s, h.backward_s)) for n, g, h in parts)
+    # the first forward also makes the weight copies (GPU side slowed too, host side not)
+    copies = device_copies(MODEL, prof, layers=4, first=False, last=True, tp=1, dtype="bf16")
+    want += sum(n * (max(2 * (g.forward_s + cg), h.forward_s + ch) - max(2 * g.forward_s, h.forward_s))
+                for (n, g, h), (cg, ch) in zip(parts, copies))
     assert e1.bottleneck["device"] == "a:1" and e1.breakdown["compute"] == pytest.approx(want)
     assert e0.breakdown["compute"] < e1.breakdown["compute"] <= 2 * e0.breakdown["compute"]
     with pytest.raises(SpecError, match="not in cluster"):
