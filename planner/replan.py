@@ -31,7 +31,7 @@ from planner.chunks import intersect
 from planner.cluster import ClusterSpec, DeviceOverride, Node
 from planner.errors import SpecError
 from planner.plan import Pipeline, Plan, Stage
-from planner.search.config import SWITCHABLE, PlannerConfig
+from planner.search.config import PlannerConfig, elastic_config
 from planner.search.graph import Unit, _unit
 from planner.search.planner import search
 from planner.search.stages import tp_choices
@@ -129,8 +129,7 @@ def replan(cluster: ClusterSpec, devices: Sequence[str], current: Plan, *,
     cfg = config or PlannerConfig(time_limit_s=REPLAN_TIME_LIMIT_S, dtype=current.options.dtype,
                                   compile=current.options.compile, residual_dtype=current.options.residual_dtype)
     cfg = replace(cfg, context_parallel=cfg.context_parallel and context_parallel)
-    # the plan replaces a running layout: one layer range per stage (planner.schedules.trained.check_no_chunks)
-    cfg = replace(cfg, schedules=tuple(sc for sc in cfg.schedules if sc in SWITCHABLE))
+    cfg = elastic_config(cfg)  # the plan replaces a running layout: one layer range per stage
     result = search(sub.cluster, current.model, current.global_batch_size, config=cfg,
                     start=warm_start(current, sub, cfg.context_parallel))
     plan = _rename(result.plan, sub.real)

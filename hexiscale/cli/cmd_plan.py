@@ -66,8 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "like Megatron (less norm traffic and activation memory; stage boundaries stay fp32)")
     p.add_argument("--elastic", action="store_true",
                    help="a plan for an elastic job (hexiscale launch --elastic): only schedules whose layout can "
-                   "switch while training (1f1b, gpipe, zb-h1: one layer range per stage) and no context "
-                   "parallelism, as the job's own re-plans")
+                   "switch while training (1f1b, gpipe, zb-h1: one layer range per stage), as the job's own "
+                   "re-plans")
     p.set_defaults(func=run)
 
 

@@ -59,8 +59,8 @@ class PlannerConfig:
 
 
 def elastic_config(config: PlannerConfig) -> PlannerConfig:
-    """``config`` for a plan that an elastic job starts from (``hexiscale plan --elastic``), searched as
-    the job's own re-plans are (:func:`planner.replan.replan`): SWITCHABLE schedules only, no context
-    parallelism — else the launcher refuses the plan, or the first re-plan leaves its layout family."""
-    return replace(config, schedules=tuple(sc for sc in config.schedules if sc in SWITCHABLE),
-                   context_parallel=False)
+    """``config`` for a plan whose layout switches while training: an elastic job's first plan
+    (``hexiscale plan --elastic``) and its re-plans (:func:`planner.replan.replan`). SWITCHABLE
+    schedules only (one layer range per stage), else the launcher refuses the plan; context
+    parallelism stays (an elastic switch moves the state into and out of CP layouts)."""
+    return replace(config, schedules=tuple(sc for sc in config.schedules if sc in SWITCHABLE))
