@@ -16,12 +16,15 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 @contextmanager
-def calibration_home(stem: str, home: Path, key: str = "h100-sxm-measured") -> Iterator[Path]:
+def calibration_home(stem: str | dict[str, str], home: Path, key: str = "h100-sxm-measured") -> Iterator[Path]:
     """``HEXISCALE_HOME`` = ``home`` holding the calibration ``stem`` (``.json`` and ``.device.json``)
-    as ``key``, for the duration; the catalog cache cleared on entry and exit."""
+    as ``key`` — or each ``{key: stem}`` of several (a run priced with an MPS share's entry beside the
+    whole GPU's) — for the duration; the catalog cache cleared on entry and exit."""
+    stems = stem if isinstance(stem, dict) else {key: stem}
     for suffix, sub in ((".json", "calibration"), (".device.json", "devices")):
         (home / sub).mkdir(parents=True)
-        shutil.copy(RESULTS / "calibrations" / f"{stem}{suffix}", home / sub / f"{key}.json")
+        for k, st in stems.items():
+            shutil.copy(RESULTS / "calibrations" / f"{st}{suffix}", home / sub / f"{k}.json")
     mp = pytest.MonkeyPatch()
     mp.setenv("HEXISCALE_HOME", str(home))
     _cached.cache_clear()
