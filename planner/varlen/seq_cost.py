@@ -2,15 +2,16 @@
 
 **Per stage, per micro-batch** (forward + backward, TP all-reduces and the p2p sends included)::
 
-    t(mb) = a·Σ s_d²  +  b·Σ s_d  +  c          documents of lengths s_d packed into one micro-batch
+    t(mb) = a·Σ s_d²  +  b·Σ s_d  +  c  +  d·n      n documents of lengths s_d packed into one micro-batch
 
 ``a`` is attention's score and value work (quadratic in each document's length: packed documents
 never attend across boundaries), ``b`` everything per token (GEMMs, norms, all-reduce and p2p
 bytes), ``c`` what a micro-batch costs whatever its size (launch latencies, autocast's weight casts, the
-link's latency). :func:`stage_cost` fits ``(a, b, c)`` by non-negative least squares on relative
-errors to the cost model's own figures for one sequence of ``s`` tokens (``s`` on a geometric
-grid up to the context): the spec roofline, or the measured profile of a GPU type where
-``planner/profiles/devices/<type>-measured.json`` exists (timed by ``hexiscale profile``, which
+link's latency), ``d`` what each document costs the packed attention (measured only: this host's
+packed rows, :mod:`planner.calibration.packed`; 0 without them). :func:`stage_cost` fits ``(a, b, c)``
+by non-negative least squares on relative errors to the cost model's own figures for one sequence of
+``s`` tokens (``s`` on a geometric grid up to the context): the spec roofline, or the measured profile of a GPU type
+where ``planner/profiles/devices/<type>-measured.json`` exists (timed by ``hexiscale profile``, which
 runs the executor's layers). The worst relative error of the fit is kept with it.
 
 **Memory**: a stage's peak grows linearly with the tokens of the micro-batches it holds (flash and
@@ -46,26 +47,31 @@ MIN_FIT_TOKENS = 128
 
 @dataclass(frozen=True)
 class SeqCost:
-    """``t = a·Σs² + b·Σs + c`` seconds per micro-batch; ``fit_error``: worst relative error."""
+    """``t = a·Σs² + b·Σs + c + d·n`` seconds per micro-batch of ``n`` documents; ``fit_error``: worst
+    relative error."""
 
     a: float
     b: float
     c: float
     fit_error: float = 0.0
     packed_measured: bool = False  # the layers priced from this host's packed rows (planner.calibration.packed)
+    d: float = 0.0  # per document packed into the micro-batch
 
     def sequence_s(self, s: float) -> float:
-        """One sequence of ``s`` tokens, without the per-micro-batch constant."""
-        return self.a * s * s + self.b * s
+        """One sequence of ``s`` tokens (its per-document cost included), without the per-micro-batch
+        constant."""
+        return self.a * s * s + self.b * s + self.d
 
     def micro_batch_s(self, lengths: Sequence[int]) -> float:
-        return self.a * sum(x * x for x in lengths) + self.b * sum(lengths) + self.c
+        return self.a * sum(x * x for x in lengths) + self.b * sum(lengths) + self.c + self.d * len(lengths)
 
 
-def fit_seq_cost(lengths: Sequence[int], seconds: Sequence[float], measured: bool = False) -> SeqCost:
-    """Non-negative ``(a, b, c)`` minimising the relative squared error over the samples."""
-    a, b, c, err = fit_abc([x * x for x in lengths], list(lengths), seconds)
-    return SeqCost(a, b, c, err, measured)
+def fit_seq_cost(lengths: Sequence[int], seconds: Sequence[float], measured: bool = False,
+                 per_document: float = 0.0) -> SeqCost:
+    """Non-negative ``(a, b, c)`` minimising the relative squared error over the samples (one document
+    of ``lengths[i]`` tokens each, its ``per_document`` cost taken out first and kept as ``d``)."""
+    a, b, c, err = fit_abc([x * x for x in lengths], list(lengths), [t - per_document for t in seconds])
+    return SeqCost(a, b, c, err, measured, per_document)
 
 
 def fit_grid(context: int, points: int = 12) -> list[int]:
@@ -81,7 +87,7 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, 
     devs = [cluster.device(d) for d in st.devices]
     times = []
     grid = fit_grid(context)
-    measured = _packed_layers(model, devs, profiles, tp=st.tp, dtype=dtype, recompute=recompute)
+    measured = _packed_layers(model, devs, profiles, tp=st.tp, dtype=dtype, recompute=recompute, context=context)
     for s in grid:
         tt = stage_time(model, layers=st.num_layers, first=si == 0, last=si == n - 1, micro_batch=1, tp=st.tp,
                         devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
@@ -93,9 +99,11 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, 
             p2p += boundary_time(nbytes, st.devices, pipe.stages[si + 1].devices, cluster, profiles.params)
         if si > 0:
             p2p += boundary_time(nbytes, st.devices, pipe.stages[si - 1].devices, cluster, profiles.params)
-        extra = st.num_layers * measured(s) if measured is not None else 0.0
+        extra = st.num_layers * measured.extra(s) if measured is not None else 0.0
         times.append(tt.forward_s + tt.backward_s + p2p + extra)
-    return fit_seq_cost(grid, times, measured is not None)
+    if measured is None:
+        return fit_seq_cost(grid, times)
+    return fit_seq_cost(grid, times, True, st.num_layers * measured.per_document)
 
 
 def stage_copies(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, *, context: int, dtype: str,
@@ -114,25 +122,42 @@ def stage_copies(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, *, cont
     return total
 
 
+@dataclass(frozen=True)
+class PackedLayers:
+    """One layer of a stage priced from this host's packed rows (:func:`_packed_layers`)."""
+
+    extra: Callable[[int], float]  # s -> beyond the profile's figure, one s-token document, per_document included
+    per_document: float  # seconds each document adds
+
+
 def _packed_layers(model: ModelSpec, devs: Sequence[Device], profiles: ProfileSet, *, tp: int, dtype: str,
-                   recompute: str) -> Callable[[int], float] | None:
+                   recompute: str, context: int) -> PackedLayers | None:
     """Where the stage's slowest GPU type has measured packed rows for ``model``'s layer
-    (:func:`planner.calibration.packed.packed_fit`): ``s`` -> what one layer of one ``s``-token
-    document costs beyond the profile's figure, ``(F(s) · L_tp(s) / L_1(s) - L_tp(s)) · slowdown``
-    (``F`` the packed fit at TP 1, ``L`` the profile's layer at this TP degree and recompute mode
-    and at TP 1 without: the measurement sets the level, the roofline carries it). None otherwise."""
+    (:func:`planner.calibration.packed.packed_fit`): what one layer of one ``s``-token document costs
+    beyond the profile's figure, ``(F(s) · L_tp(s) / L_1(s) - L_tp(s)) · slowdown`` (``L`` the
+    profile's layer at this TP degree and recompute mode and at TP 1 without: the measurement sets
+    the level, the roofline carries it), and what each further document adds, ``d`` of the fit carried
+    the same way (at ``context``). ``F(s)`` is the fit, but never below the profile's host time for the
+    layer at TP 1 (eager PyTorch issues a packed layer's kernels as a dense one's: rows timed above the
+    launch floor say nothing of it). None where the GPU type has no such rows."""
     slowest = max(devs, key=lambda d: d.slowdown / profiles.get(d.gpu).device.peak(dtype))
     prof = profiles.get(slowest.gpu)
-    fit = packed_fit(prof.device, model, dtype)
+    fit = packed_fit(prof, model, dtype)
     if fit is None:
         return None
 
-    def extra(s: int) -> float:
+    def ratio(s: int) -> tuple[float, float]:
         here = prof.layer_time(model, 1, tp, dtype, recompute, s).total_s
-        base = prof.layer_time(model, 1, 1, dtype, "none", s).total_s
-        return (fit.seconds([s]) * here / base - here) * slowest.slowdown
+        return here, here / prof.layer_time(model, 1, 1, dtype, "none", s).total_s
 
-    return extra
+    per_doc = fit.d * ratio(context)[1] * slowest.slowdown
+
+    def extra(s: int) -> float:
+        here, r = ratio(s)
+        host = prof.pass_split("layer", model, 1, 1, dtype, "none", s)[1].total_s
+        return (max(fit.seconds([s]), host) * r - here) * slowest.slowdown
+
+    return PackedLayers(extra, per_doc)
 
 
 def stage_token_cap(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, *, in_flight: int, dtype: str,

@@ -1,6 +1,6 @@
 """The varlen/packed path priced from its own measurements (issue 32): ``hexiscale calibrate`` records a
 layer's time on packed rows (``measured.packed``); :func:`planner.calibration.packed.packed_fit` fits
-``a·Σs² + b·Σs + c`` to them and :func:`planner.varlen.seq_cost.stage_cost` prices the stage's layers
+``a·Σs² + b·Σs + c + d·n`` to them and :func:`planner.varlen.seq_cost.stage_cost` prices the stage's layers
 from that fit where the GPU type has it, instead of the full-length rows' figures (which left packed
 steps under-predicted 1.4-2.1x)."""
 
@@ -53,9 +53,9 @@ def test_stage_cost_follows_the_measured_packed_layer() -> None:
         return prof.layer_time(model, 1, 1, dtype, "none", s).total_s
 
     section = {"tp": 1, "recompute": "none", "rows": rows_from(layer, 3.0, model)}
-    fit = packed_fit(with_packed(section).get(KEY), model, dtype)
+    fit = packed_fit(ProfileSet(with_packed(section)).get(KEY), model, dtype)
     assert fit is not None and fit.rows == len(section["rows"])
-    assert fit.fit_error < 0.1  # the rows follow a·Σs² + b·Σs + c closely
+    assert fit.fit_error < 0.1  # the rows follow a·Σs² + b·Σs + c + d·n closely
     for r in section["rows"]:
         assert fit.seconds(r["lengths"]) == pytest.approx(r["forward_s"] + r["backward_s"], rel=fit.fit_error + 1e-9)
     cluster = cluster_for((100,) * 4, KEY, cpu=False)
@@ -77,11 +77,11 @@ def test_no_fit_for_another_layer_shape_or_dtype_and_bad_rows_named() -> None:
     model = model_from_dict(prof.device.measured["model"])
     dtype = prof.device.measured["dtype"]
     rows = [{"lengths": [model.seq_len // k] * k, "forward_s": 1e-3 * k, "backward_s": 2e-3 * k} for k in (1, 2, 4)]
-    entry = with_packed({"tp": 1, "rows": rows}).get(KEY)
+    entry = ProfileSet(with_packed({"tp": 1, "rows": rows})).get(KEY)
     assert packed_fit(entry, model, dtype) is not None
     assert packed_fit(entry, replace(model, hidden_size=model.hidden_size * 2), dtype) is None
     assert packed_fit(entry, model, "fp32" if dtype != "fp32" else "bf16") is None
-    assert packed_fit(prof.device, model, dtype) is None  # the packaged entry has no packed rows
-    bad = with_packed({"tp": 1, "rows": [{"lengths": [0], "forward_s": 1.0, "backward_s": 1.0}]}).get(KEY)
+    assert packed_fit(prof, model, dtype) is None  # the packaged entry has no packed rows
+    bad = ProfileSet(with_packed({"tp": 1, "rows": [{"lengths": [0], "forward_s": 1.0, "backward_s": 1.0}]})).get(KEY)
     with pytest.raises(SpecError, match=r"measured\.packed\.rows\[0\]\.lengths"):
         packed_fit(bad, model, dtype)
