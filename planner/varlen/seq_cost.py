@@ -137,9 +137,10 @@ def _packed_layers(model: ModelSpec, devs: Sequence[Device], profiles: ProfileSe
     beyond the profile's figure, ``(F(s) · L_tp(s) / L_1(s) - L_tp(s)) · slowdown`` (``L`` the
     profile's layer at this TP degree and recompute mode and at TP 1 without: the measurement sets
     the level, the roofline carries it), and what each further document adds, ``d`` of the fit carried
-    the same way (at ``context``). ``F(s)`` is the fit, but never below the profile's host time for the
-    layer at TP 1 (eager PyTorch issues a packed layer's kernels as a dense one's: rows timed above the
-    launch floor say nothing of it). None where the GPU type has no such rows."""
+    the same way (at ``context``). No host floor here: a document's share of a packed micro-batch is
+    additive, and a floor on each one-document figure bent the stage's fit (``b = 0``, the rest on
+    ``a·s²``) and under-priced micro-batches of several documents by ~30 %. None where the GPU type
+    has no such rows."""
     slowest = max(devs, key=lambda d: d.slowdown / profiles.get(d.gpu).device.peak(dtype))
     prof = profiles.get(slowest.gpu)
     fit = packed_fit(prof, model, dtype)
@@ -154,8 +155,7 @@ def _packed_layers(model: ModelSpec, devs: Sequence[Device], profiles: ProfileSe
 
     def extra(s: int) -> float:
         here, r = ratio(s)
-        host = prof.pass_split("layer", model, 1, 1, dtype, "none", s)[1].total_s
-        return (max(fit.seconds([s]), host) * r - here) * slowest.slowdown
+        return (fit.seconds([s]) * r - here) * slowest.slowdown
 
     return PackedLayers(extra, per_doc)
 

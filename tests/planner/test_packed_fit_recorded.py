@@ -84,12 +84,12 @@ def test_the_planner_prices_a_packed_micro_batch_per_document() -> None:
     prof = profiles.get("h100-sxm-measured")
     fit = packed_fit(prof, model, "bf16")
     assert fit is not None
-    layers = model.num_layers // 2
-    pipe = Pipeline(8, 8, (Stage(("g0:0",), 1, (0, layers)), Stage(("g1:0",), 1, (layers, model.num_layers))))
+    layers = model.num_layers // 3  # the middle stage: no embedding or head, whose host floors bend its fit
+    pipe = Pipeline(8, 8, tuple(Stage((f"g{k}:0",), 1, (k * layers, (k + 1) * layers)) for k in range(3)))
     cost = stage_cost(model, cluster_for((100,) * 4, "h100-sxm-measured", cpu=False), pipe, 1, context=model.seq_len,
                       dtype="bf16", recompute="none", profiles=profiles)
     assert cost.packed_measured and cost.d == pytest.approx(layers * fit.d)  # TP 1, no recompute: the fit's own d
     # 16 documents of 256 tokens cost more than 2 of 2048 (the rows say +0.97 ms a layer), not less
     many, few = cost.micro_batch_s([256] * 16), cost.micro_batch_s([2048] * 2)
-    assert many - few == pytest.approx(layers * (fit.seconds([256] * 16) - fit.seconds([2048] * 2)), rel=0.05)
+    assert many - few == pytest.approx(layers * (fit.seconds([256] * 16) - fit.seconds([2048] * 2)), rel=0.01)
     assert many > few
