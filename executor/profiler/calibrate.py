@@ -53,18 +53,19 @@ from executor.model import allocator
 from executor.profiler import compute
 from executor.profiler.compiled import compiled_ratio
 from executor.profiler.cp_attention import measure_cp_attention
-from executor.profiler.packed import measure_packed_layer, packed_rows
+from executor.profiler.packed import measure_packed_layer, packed_kernel, packed_rows, row_totals
 from executor.profiler.runner import ProfileConfig, detect_base, machine_meta, run_profile
 from planner.calibration.collective import fit_collective_host
 from planner.calibration.cp_attention import fit_cp_attention
 from planner.calibration.fit import fit_compute, fit_link_efficiency
 from planner.calibration.holdout import DEFAULT_MAX_MEAN, gate, held_out_compute
 from planner.calibration.local import calibrations
-from planner.calibration.packed import packed_fit
+from planner.calibration.packed import MIN_ROW_TOKENS, packed_fit
 from planner.calibration.store import load_params, save_calibration
 from planner.catalog import DeviceType, default_catalog, parse_device_entry
 from planner.cluster import Link
 from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.cost.profile import SpecProfile
 from planner.model import PRESETS, ModelSpec
 
 WIDTHS = ("llama2-7b", "llama2-13b")  # besides the model: layers timed for the shape terms only
@@ -186,17 +187,18 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     out = staging / "devices" / f"{key}.json"
     pf = run_profile(cfg, out, key=key, base=base.key if base else None, resume=False, progress=progress)
     pf.set("widths", _widths(cfg, device, cpu))
-    rows = packed_rows(model.seq_len, (model.seq_len, 2 * model.seq_len))
-    pf.set("packed", {"tp": 1, "recompute": "none", "rows": measure_packed_layer(
-        model, rows, dtype=cfg.dtype, device=device, warmup=cfg.warmup, repeats=cfg.repeats, chain=cfg.layer_chain)})
+    rows = packed_rows(model.seq_len, row_totals(model.seq_len, model.seq_len if cpu else MIN_ROW_TOKENS))
+    pf.set("packed", {"tp": 1, "recompute": "none", "kernel": packed_kernel(cfg.dtype, device),
+                      "rows": measure_packed_layer(model, rows, dtype=cfg.dtype, device=device, warmup=cfg.warmup,
+                                                   repeats=cfg.repeats, chain=cfg.layer_chain)})
     entry = parse_device_entry(json.loads(out.read_text()), str(out))
     applies = _applies_to(key, base, None if cpu else meta["sm_percent"])
     start, started_from = _start_params(applies)
     res = fit_compute(entry, start)
-    packed = packed_fit(entry, model, cfg.dtype)
     held = held_out_compute(entry, start)
     refused = gate(held, max_held_out)
     params = res.params
+    packed = packed_fit(SpecProfile(entry, params), model, cfg.dtype)
     gated = {**held.to_dict(), "limit_mean_abs_rel": max_held_out, "forced": force and refused is not None}
     fits: dict[str, Any] = {"compute": {**res.to_dict(), "held_out": gated, "device": key,
                                         "widths": [w["model"]["name"] for w in pf.measured["widths"]]}}

@@ -75,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
               f"of {link['nominal_GBps']:.0f} GB/s nominal")
     if "packed" in summary["fits"]:
         pk = summary["fits"]["packed"]
-        print(f"packed rows: {pk['rows']} timed; the varlen cost a*sum(s^2) + b*sum(s) + c fits them within "
-              f"{pk['fit_error'] * 100:.1f} %")
+        print(f"packed rows: {pk['rows']} timed; the varlen cost a*sum(s^2) + b*sum(s) + c + d*documents fits them "
+              f"within {pk['fit_error'] * 100:.1f} % (held out: worst {pk.get('held_out', 0.0) * 100:.1f} %), "
+              f"{pk.get('d', 0.0) * 1e6:.0f} us a document per layer")
     if "compile" in summary["fits"]:
         print(f"compiled layers: {summary['fits']['compile']['ratio']:.3f} x their eager time (priced for plans "
               "with options.compile)")
