@@ -148,7 +148,8 @@ def run(args: argparse.Namespace) -> Path:
     shares = sorted({s for launch in launches(args.quick) if any(c.name in wanted for c in launch.cases)
                      for s in launch.sm if s < 100}) if mps else []
     expected = budget(launches(args.quick), wanted, shares=shares, calibrating=not args.calibration)
-    print(expected.line(), flush=True)
+    if not args.quick:  # the GPU run's budget (a CPU smoke takes seconds whatever it says)
+        print(expected.line(), flush=True)
     if args.calibration:
         install_calibration(Path(args.calibration), home)
         cal_run: dict[str, Any] = {"wall_s": 0.0, "reused": args.calibration}

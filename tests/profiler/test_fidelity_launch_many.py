@@ -36,7 +36,9 @@ def test_each_plan_of_a_launch_reports_what_its_own_launch_does() -> None:
              ("other-pp2", _pp2(OTHER, G1, G0, 1, 4, 2))]  # another model: the cache starts again
     entries = [{"name": n, "plan": plan_to_json(p)} for n, p in plans]
     kw = {"cpu": True, "warmup": 1, "steps": 2}
-    together = _losses(run_launch(entries, [100, 100], **kw))  # type: ignore[arg-type]
+    res = run_launch(entries, [100, 100], **kw)  # type: ignore[arg-type]
+    together = _losses(res)
+    assert all("weights" in p["phases_s"] for p in res["plans"])  # drawn before each plan's memory window
     for entry in entries[1:]:
         alone = _losses(run_launch([entry], [100, 100], **kw))  # type: ignore[arg-type]
         assert together[entry["name"]] == pytest.approx(alone[entry["name"]], rel=1e-6), entry["name"]
