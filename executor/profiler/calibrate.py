@@ -60,7 +60,7 @@ from planner.calibration.cp_attention import fit_cp_attention
 from planner.calibration.fit import fit_compute, fit_link_efficiency
 from planner.calibration.holdout import DEFAULT_MAX_MEAN, gate, held_out_compute
 from planner.calibration.local import calibrations
-from planner.calibration.packed import MIN_ROW_TOKENS, packed_fit
+from planner.calibration.packed import LEFT_OUT, MIN_ROW_TOKENS, packed_fit, packed_gate
 from planner.calibration.store import load_params, save_calibration
 from planner.catalog import DeviceType, default_catalog, parse_device_entry
 from planner.cluster import Link
@@ -155,7 +155,9 @@ def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, p
     """Measure, fit and write ``home/devices/<key>.json`` and ``home/calibration/<key>.json``; returns a
     summary. Both are measured into a staging folder and installed only when the compute fit's held-out
     error (:mod:`planner.calibration.holdout`) is within ``max_held_out`` or ``force`` is set; otherwise
-    ``summary["refused"]`` says why and ``home`` is left as it was."""
+    ``summary["refused"]`` says why and ``home`` is left as it was. The packed fit is gated on its own
+    (:func:`planner.calibration.packed.packed_gate`, same limit): above it, the rest installs and the
+    packed rows are marked left out (``summary["packed_left_out"]`` and ``fits.packed.left_out`` say why)."""
     staging = Path(tempfile.mkdtemp(prefix=".calibrate-", dir=_made(home)))
     try:
         return _measure_and_fit(model, home, staging, cpu=cpu, comm_world=comm_world, progress=progress,
@@ -202,8 +204,13 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     gated = {**held.to_dict(), "limit_mean_abs_rel": max_held_out, "forced": force and refused is not None}
     fits: dict[str, Any] = {"compute": {**res.to_dict(), "held_out": gated, "device": key,
                                         "widths": [w["model"]["name"] for w in pf.measured["widths"]]}}
-    if packed is not None:  # what the varlen cost will be priced from (planner.varlen.seq_cost)
-        fits["packed"] = asdict(packed)
+    packed_refused = packed_gate(packed, max_held_out) if packed is not None else None
+    left_out = None if force else packed_refused
+    if packed is not None:  # what the varlen cost will be priced from (planner.varlen.seq_cost), gated
+        fits["packed"] = {**asdict(packed), "limit_mean_abs_rel": max_held_out,
+                          "forced": force and packed_refused is not None, "left_out": left_out}
+    if left_out is not None:  # the rows stay for inspection; marked, they price nothing (packed_fit: None)
+        pf.set("packed", {**pf.measured["packed"], LEFT_OUT: left_out})
     comm = pf.measured.get("comm")
     if comm and comm.get("fit"):
         link = fit_link_efficiency(comm, NVLINK_NOMINAL_GBPS)
@@ -253,7 +260,7 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     summary = {"key": key, "profile": str(home / "devices" / out.name),
                "calibration": str(home / "calibration" / cal_path.name), "seconds": elapsed, "fits": fits,
                "provenance": provenance, "live_tps": live, "refused": None if force else refused,
-               "forced": gated["forced"]}
+               "forced": gated["forced"], "packed_left_out": left_out}
     if summary["refused"] is None:  # install: the measured entry and its calibration, each replaced whole
         for staged in (out, cal_path):
             target = _made(home / staged.parent.name) / staged.name

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hexiscale.cli.calibrate_shares import check_shares, env_share, run_shares
 from hexiscale.cli.cmd_profile import MAX_COMM_RANKS
+from hexiscale.cli.output import print_warning
 from planner.calibration.holdout import DEFAULT_MAX_MEAN
 from planner.errors import SpecError
 from planner.hf_config import resolve_model
@@ -94,5 +95,12 @@ def run(args: argparse.Namespace) -> int:
                         "pass --force to install this fit anyway, or calibrate with another --model")
     if summary["forced"]:
         print(f"installed despite the held-out error (--force; limit {args.max_held_out:g} %)")
+    packed = summary["fits"].get("packed", {})
+    if packed.get("forced"):
+        print(f"packed terms installed despite their held-out error (--force; limit {args.max_held_out:g} %)")
+    if summary["packed_left_out"]:  # the rest installs: one line, on stderr (planner.calibration.packed)
+        print_warning(f"--max-held-out-error: {summary['packed_left_out']}: packed terms left out, mixed-length "
+                      "steps priced from the layer table as without packed rows; pass --force to install them, "
+                      "or re-run calibrate on an idle host")
     print(f"wrote {summary['profile']} and {summary['calibration']}; plan, estimate and whatif use them from now on")
     return 0

@@ -26,7 +26,12 @@ error was no better). ``b``, ``c`` and ``d`` are non-negative least squares on r
 plan's model has the profiled layer's shape (other TP degrees and recompute modes carried by the
 roofline's ratio), instead of the full-length rows' figures: packed rows were under-predicted
 1.4-2.1x that way (issue 32). Calibrations written before ``d`` existed keep their rows, and the fit
-is made from the rows when they load, so they are priced with ``d`` too."""
+is made from the rows when they load, so they are priced with ``d`` too.
+
+``hexiscale calibrate`` gates the fit on its mean leave-one-out error (:func:`packed_gate`, the limit
+of ``--max-held-out-error``): a fit above it keeps its rows in the entry, marked :data:`LEFT_OUT` with
+the reason, and :func:`packed_fit` then answers None, so the packed path is priced as on a GPU type
+without packed rows (the full-length table's figures); ``--force`` installs it."""
 
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ from planner.model import ModelSpec, model_from_dict
 
 SHAPE = ("hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads")
 SPLITS = (1, 2, 4, 8)  # documents of seq_len / k tokens, each row holding the same tokens
+LEFT_OUT = "left_out"  # measured.packed: why calibrate left the rows' terms out (then they price nothing)
 MIN_ROW_TOKENS = 4096  # 2K-token rows of llama-1.3b on H100 were launch-bound: 2.7-4.6 ms for the same row
 
 
@@ -135,6 +141,16 @@ def fit_packed(rows: Sequence[Sequence[int]], seconds: Sequence[float], attentio
                      sum(held) / len(held) if held else 0.0)
 
 
+def packed_gate(fit: PackedFit, max_mean: float) -> str | None:
+    """Why ``fit`` must not price packed steps silently: its mean leave-one-out error is above
+    ``max_mean`` (None when it may)."""
+    if fit.held_out_mean <= max_mean:
+        return None
+    return (f"the packed (varlen) fit predicts rows it was not fitted to with {fit.held_out_mean * 100:.1f} % mean "
+            f"error (worst {fit.held_out * 100:.1f} %, leave-one-out over {fit.rows} rows), above the "
+            f"{max_mean * 100:g} % limit")
+
+
 def attention_per_square(profile: DeviceProfile, model: ModelSpec, dtype: str) -> float:
     """Seconds per ``s²`` of one layer's attention core, forward and backward, at TP 1 (the profile's
     roofline at the model's ``seq_len``): the ``a`` of :class:`PackedFit`."""
@@ -162,11 +178,12 @@ def _rows(section: Any, path: str) -> list[tuple[list[int], float]]:
 def packed_fit(profile: DeviceProfile, model: ModelSpec, dtype: str) -> PackedFit | None:
     """The fit of the packed rows of ``profile``'s GPU type for ``model``'s layer in ``dtype`` (``a`` from
     the profile's roofline: :func:`attention_per_square`); None where the entry has none, was measured
-    in another dtype or on another layer shape, or has too few rows (3: ``b``, ``c``, ``d``)."""
+    in another dtype or on another layer shape, has too few rows (3: ``b``, ``c``, ``d``), or was left out
+    by calibrate's gate (:data:`LEFT_OUT`)."""
     device = profile.device
     m = device.measured or {}
     section = m.get("packed")
-    if section is None or m.get("dtype") != dtype:
+    if section is None or m.get("dtype") != dtype or (isinstance(section, Mapping) and section.get(LEFT_OUT)):
         return None
     path = f"devices.{device.key}.measured.packed"
     rows = _rows(section, path)

@@ -27,14 +27,14 @@ from typing import Any
 import pytest
 
 from benchmarks.fidelity.host4 import cluster_for
-from planner.calibration.packed import fit_abc, packed_fit
+from planner.calibration.packed import LEFT_OUT, fit_abc, packed_fit, packed_gate
 from planner.calibration.store import load_params
 from planner.catalog import Catalog, DeviceType, default_catalog, parse_device_entry
 from planner.cost import ProfileSet
 from planner.cost.profile import SpecProfile
 from planner.model import ModelSpec, model_from_dict
 from planner.plan import Pipeline, Stage
-from planner.varlen.seq_cost import stage_cost
+from planner.varlen.seq_cost import SeqCost, stage_cost
 
 HERE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "calibrations"
 # table -> the bound its held-out worst error is held to (today's form: 0.278, 0.338, 0.203)
@@ -93,3 +93,30 @@ def test_the_planner_prices_a_packed_micro_batch_per_document() -> None:
     many, few = cost.micro_batch_s([256] * 16), cost.micro_batch_s([2048] * 2)
     assert many - few == pytest.approx(layers * (fit.seconds([256] * 16) - fit.seconds([2048] * 2)), rel=0.01)
     assert many > few
+
+
+def test_rows_that_calibrate_left_out_price_the_packed_path_as_without_packed_rows() -> None:
+    """``calibrate``'s gate (planner.calibration.packed.packed_gate): the 06:45 table's fit misses its rows by
+    ~13 % mean held out, above the default 10 % limit; its rows, marked left out, price nothing."""
+    dev, _, model = recorded("h100-sxm-measured_20261127T0645Z")
+    fit = packed_fit(ProfileSet(with_packed(dev.measured["packed"])).get("h100-sxm-measured"), model, "bf16")
+    assert fit is not None
+    reason = packed_gate(fit, 0.10)
+    assert reason is not None and f"{fit.held_out_mean * 100:.1f} % mean" in reason and "10 % limit" in reason
+    assert packed_gate(fit, 0.15) is None
+    layers = model.num_layers // 3
+    pipe = Pipeline(8, 8, tuple(Stage((f"g{k}:0",), 1, (k * layers, (k + 1) * layers)) for k in range(3)))
+    cluster = cluster_for((100,) * 4, "h100-sxm-measured", cpu=False)
+
+    def cost(section: dict[str, Any] | None) -> SeqCost:
+        entries = default_catalog().entries
+        entry = next(e for e in entries if e.key == "h100-sxm-measured")
+        measured = {k: v for k, v in entry.measured.items() if k != "packed"}
+        catalog = Catalog([*(e for e in entries if e.key != entry.key),
+                           replace(entry, measured=measured if section is None else {**measured, "packed": section})])
+        return stage_cost(model, cluster, pipe, 1, context=model.seq_len, dtype="bf16", recompute="none",
+                          profiles=ProfileSet(catalog))
+
+    left_out = cost({**dev.measured["packed"], LEFT_OUT: reason})
+    assert not left_out.packed_measured and left_out == cost(None)
+    assert cost(dev.measured["packed"]).packed_measured
