@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     if "packed" in summary["fits"]:
         pk = summary["fits"]["packed"]
         print(f"packed rows: {pk['rows']} timed; the varlen cost a*sum(s^2) + b*sum(s) + c + d*documents fits them "
-              f"within {pk['fit_error'] * 100:.1f} % (held out: worst {pk.get('held_out', 0.0) * 100:.1f} %), "
+              f"within {pk['fit_error'] * 100:.1f} % (held out: mean {pk.get('held_out_mean', 0.0) * 100:.1f} %, worst "
+              f"{pk.get('held_out', 0.0) * 100:.1f} %), "
               f"{pk.get('d', 0.0) * 1e6:.0f} us a document per layer")
     if "compile" in summary["fits"]:
         print(f"compiled layers: {summary['fits']['compile']['ratio']:.3f} x their eager time (priced for plans "
