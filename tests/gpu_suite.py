@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
         for fut in as_completed([pool.submit(run_file, p, logs, a.timeout) for p in pieces]):
             results.append(done(fut.result()))
-    results += [done(run_file((str(f.relative_to(ROOT)), [str(f.relative_to(ROOT))]), logs, a.timeout))
-                for f in solo]
+    results += [done(run_file(p, logs, a.timeout)) for f in solo for p in shards(f, 0)]
     width = max((len(n) for n, _, _ in results), default=10)
     print("---")
     for name, outcome, dt in sorted(results):

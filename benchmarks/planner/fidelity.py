@@ -142,12 +142,13 @@ def run(args: argparse.Namespace) -> Path:
     from benchmarks.planner.fidelity_budget import budget
     from benchmarks.planner.fidelity_plans import launches
 
-    wanted = [c.name for launch in launches(args.quick) for c in launch.cases if not args.plans or c.name in args.plans]
+    todo = launches(args.quick)
+    wanted = [c.name for launch in todo for c in launch.cases if not args.plans or c.name in args.plans]
     mps = not args.quick and shutil.which("nvidia-cuda-mps-control") is not None
     # the MPS shares the plans run under, calibrated here too (fidelity_calibrate's docstring)
-    shares = sorted({s for launch in launches(args.quick) if any(c.name in wanted for c in launch.cases)
+    shares = sorted({s for launch in todo if any(c.name in wanted for c in launch.cases)
                      for s in launch.sm if s < 100}) if mps else []
-    expected = budget(launches(args.quick), wanted, shares=shares, calibrating=not args.calibration)
+    expected = budget(todo, wanted, shares=shares, calibrating=not args.calibration)
     if not args.quick:  # the GPU run's budget (a CPU smoke takes seconds whatever it says)
         print(expected.line(), flush=True)
     if args.calibration:
@@ -181,7 +182,7 @@ def run(args: argparse.Namespace) -> Path:
     meta["planning_s"] = time.perf_counter() - t_plan
     print(f"planner: {len(searched)} searches in {meta['planning_s']:.0f} s", flush=True)
     try:
-        for launch in launches(args.quick):
+        for launch in todo:
             sm = list(launch.sm)
             cluster = cluster_for(launch.sm, key, args.quick, latency)
             resolved = resolve_profiles(cluster)

@@ -114,14 +114,6 @@ def fit_terms(columns: Sequence[Sequence[float]], seconds: Sequence[float],
     return [float(x) for x in k], err
 
 
-def fit_abc(squares: Sequence[float], sums: Sequence[float], seconds: Sequence[float]) -> tuple[float, float, float,
-                                                                                               float]:
-    """Non-negative ``(a, b, c)`` of ``t = a·squares + b·sums + c`` minimising the relative squared
-    error; with the worst relative error."""
-    (a, b, c), err = fit_terms([squares, sums, [1.0] * len(sums)], seconds)
-    return a, b, c, err
-
-
 def fit_packed(rows: Sequence[Sequence[int]], seconds: Sequence[float], attention_a: float) -> PackedFit:
     """The module's fit of ``seconds[i]`` (one layer on the row of documents ``rows[i]``), ``a`` fixed at
     ``attention_a`` (:func:`attention_per_square`), with its leave-one-out error."""

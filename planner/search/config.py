@@ -10,7 +10,7 @@ from planner.schedules import TRAINED_SCHEDULES, schedule_named
 
 # the schedules of plans whose layout switches while training (an elastic job, a strategy pool): one
 # layer range per stage (planner.schedules.trained.check_no_chunks)
-SWITCHABLE: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1")
+SWITCHABLE: tuple[str, ...] = tuple(n for n in TRAINED_SCHEDULES if schedule_named(n).chunks == 1)
 
 
 @dataclass(frozen=True)

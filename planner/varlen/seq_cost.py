@@ -42,6 +42,7 @@ from planner.calibration.packed import fit_terms, packed_fit
 from planner.cluster import ClusterSpec, Device
 from planner.cost import ProfileSet, activation_bytes, boundary_time, stage_memory, stage_time
 from planner.cost.memory import GIB
+from planner.cost.stage import StageTime
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan
 
@@ -125,10 +126,7 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, 
     points = fit_points(context)
     measured = _packed_layers(model, devs, profiles, tp=st.tp, dtype=dtype, recompute=recompute, context=context)
     for m, s in points:
-        tt = stage_time(model, layers=st.num_layers, first=si == 0, last=si == n - 1, micro_batch=m, tp=st.tp,
-                        devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
-                        tp_link=cluster.slowest_link(st.devices), dtype=dtype, recompute=recompute,
-                        params=profiles.params, seq_len=s)
+        tt = _stage_time(model, cluster, pipe, si, m, s, dtype=dtype, recompute=recompute, profiles=profiles)
         nbytes = activation_bytes(model, m, dtype, seq_len=s, params=profiles.params)
         p2p = 0.0
         if si < n - 1:
@@ -147,15 +145,19 @@ def stage_copies(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, *, cont
     """What the step's cast-once weight copies add to ``pipe`` (``StageTime.copy_s``, at one
     ``context``-token sequence): each stage makes them in its first forward, which the next stage
     waits for, so they add up along the pipeline's fill (as :func:`planner.cost.estimate` simulates)."""
-    n = len(pipe.stages)
-    total = 0.0
-    for si, st in enumerate(pipe.stages):
-        devs = [cluster.device(d) for d in st.devices]
-        total += stage_time(model, layers=st.num_layers, first=si == 0, last=si == n - 1, micro_batch=1, tp=st.tp,
-                            devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
-                            tp_link=cluster.slowest_link(st.devices), dtype=dtype, recompute=recompute,
-                            params=profiles.params, seq_len=context).copy_s
-    return total
+    return sum(_stage_time(model, cluster, pipe, si, 1, context, dtype=dtype, recompute=recompute,
+                           profiles=profiles).copy_s for si in range(len(pipe.stages)))
+
+
+def _stage_time(model: ModelSpec, cluster: ClusterSpec, pipe: Pipeline, si: int, m: int, s: int, *, dtype: str,
+                recompute: str, profiles: ProfileSet) -> StageTime:
+    """The cost model's time of stage ``si`` of ``pipe`` for a micro-batch of ``m`` documents of ``s`` tokens."""
+    st = pipe.stages[si]
+    devs = [cluster.device(d) for d in st.devices]
+    return stage_time(model, layers=st.num_layers, first=si == 0, last=si == len(pipe.stages) - 1, micro_batch=m,
+                      tp=st.tp, devices=[(profiles.get(d.gpu), d.slowdown) for d in devs],
+                      tp_link=cluster.slowest_link(st.devices), dtype=dtype, recompute=recompute,
+                      params=profiles.params, seq_len=s)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from benchmarks.fidelity.host4 import cluster_for
-from planner.calibration.packed import LEFT_OUT, fit_abc, packed_fit, packed_gate
+from planner.calibration.packed import LEFT_OUT, fit_terms, packed_fit, packed_gate
 from planner.calibration.store import load_params
 from planner.catalog import Catalog, DeviceType, default_catalog, parse_device_entry
 from planner.cost import ProfileSet
@@ -53,8 +53,8 @@ def abc_held_out(rows: list[tuple[list[int], float]]) -> tuple[float, float]:
     errs = []
     for i, (lengths, t) in enumerate(rows):
         rest = rows[:i] + rows[i + 1:]
-        a, b, c, _ = fit_abc([sum(x * x for x in ls) for ls, _ in rest], [sum(ls) for ls, _ in rest],
-                             [s for _, s in rest])
+        (a, b, c), _ = fit_terms([[sum(x * x for x in ls) for ls, _ in rest], [sum(ls) for ls, _ in rest],
+                                  [1.0] * len(rest)], [s for _, s in rest])
         errs.append(abs((a * sum(x * x for x in lengths) + b * sum(lengths) + c) / t - 1))
     return max(errs), sum(errs) / len(errs)
 
