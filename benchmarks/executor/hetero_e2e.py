@@ -38,10 +38,19 @@ def _run(cmd: list[str], log: Path, env: dict[str, str] | None = None, timeout: 
     full = {k: v for k, v in os.environ.items() if not k.startswith("HEXISCALE_")}
     full.update(env or {})
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    log.write_text(f"$ {' '.join(cmd)}\n# {time.perf_counter() - t0:.1f} s, exit {proc.returncode}\n{out}")
-    return proc.returncode, out
+    body = log.with_suffix(log.suffix + ".part")  # written as the command runs: a run cut short keeps it
+    with body.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full, stdout=f, stderr=subprocess.STDOUT, text=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    out = body.read_text()
+    log.write_text(f"$ {' '.join(cmd)}\n# {time.perf_counter() - t0:.1f} s, exit {code}\n{out}")
+    body.unlink()
+    return code, out
 
 
 def _tp_change(plan: dict[str, Any]) -> bool:

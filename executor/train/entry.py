@@ -12,7 +12,9 @@ plan's runner (:mod:`executor.train.plan_runner`) or a pool's (:mod:`executor.tr
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
 from dataclasses import replace
 from functools import partial
@@ -56,6 +58,8 @@ from planner.varlen.pool import StrategyPool
 def run_training(args: TrainConfig) -> int:
     """Train per ``args`` on this rank; returns the exit code (never hangs; see module docstring)."""
     allocator.use_default()  # before this rank's first CUDA allocation
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>` prints every thread's Python stack: where a rank waits
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     if os.environ.get("HEXISCALE_ELASTIC") == "1":  # started by an elastic supervisor
         from executor.switch.elastic import run_elastic
 
