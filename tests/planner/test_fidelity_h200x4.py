@@ -5,8 +5,10 @@ calibrations (:mod:`benchmarks.planner.fidelity_repredict`).
 
 ``RECORDED`` is each plan's predicted/measured - 1 with the model of this test's commit; a change
 that moves a plan more than ``MARGIN`` further from its measurement fails here. Known misses (issue
-32): the packed row under-predicted by 18 % (backward and an exposed gradient sync), TP 2 x DP 2
-under MPS by 15 % (its forward), the 7B four-stage pipeline over-predicted by 11 %."""
+32): the packed row under-predicted by 18 % (its bottleneck GPU's forward and backward: 282.7 ms traced
+for 215 predicted; GPU 3, with the same documents, 243.7; its gradient sync 5.6 ms), TP 2 x DP 2
+under MPS by 15 % (its forward, on both TP pairs), the 7B four-stage pipeline over-predicted by 11 %
+(its layer priced by the fitted roofline 9-11 % over this host's own timing of the 7B layer)."""
 
 from __future__ import annotations
 
