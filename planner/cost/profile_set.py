@@ -137,8 +137,9 @@ class ProfileSet:
             if measured is not None:
                 twin = self.memory_twin(measured)
                 whole = self.full_sm_twin(measured)
+                full = self.get(whole.key) if whole is not None else None
                 prof = MeasuredProfile(measured, params, MeasuredProfile(twin, params) if twin else None,
-                                       MeasuredProfile(whole, self.params_for(whole.key)) if whole else None)
+                                       full if isinstance(full, MeasuredProfile) else None)
             else:
                 prof = SpecProfile(device, params)
             self._profiles[gpu] = self._profiles[device.key] = prof
