@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from planner.catalog import Catalog, DeviceType, default_catalog
-from planner.cost.measured import MeasuredProfile
+from planner.cost.measured import MeasuredProfile, timed_cast_once
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, SpecProfile
 from planner.plan import PlanOptions
@@ -118,14 +118,15 @@ class ProfileSet:
                        and e.sm_percent in (None, 100.0) and _fused(e))
 
     def full_sm_twin(self, device: DeviceType) -> DeviceType | None:
-        """For an MPS share: the newest full-SM measured entry of the same ``base`` timed on the same
-        GPU model (``meta.gpu_name``), whose layer times bound the share's from below
-        (:mod:`planner.cost.measured` rule 7). None for a whole GPU or without such an entry."""
-        if device.sm_percent in (None, 100.0) or device.base is None:
+        """For an MPS share: the newest full-SM measured entry of the same ``base`` timed beside it —
+        the same GPU model, driver and torch, the same executor path (fused RMSNorm, cast-once
+        weights) — whose layer times bound the share's from below (:mod:`planner.cost.measured`
+        rule 7). None for a whole GPU or without such an entry."""
+        if device.sm_percent in (None, 100.0) or device.base is None or _meta(device).get("gpu_name") is None:
             return None
-        gpu = _meta(device).get("gpu_name")
+        kind = _timed_alike(device)
         return _newest(e for e in self.catalog.entries if e.measured and e.base == device.base
-                       and e.sm_percent in (None, 100.0) and gpu is not None and _meta(e).get("gpu_name") == gpu)
+                       and e.sm_percent in (None, 100.0) and _timed_alike(e) == kind)
 
     def get(self, gpu: str) -> DeviceProfile:
         """Profile of a device type (catalog key or alias)."""
@@ -153,6 +154,13 @@ def _share(device: DeviceType) -> float:
 
 def _meta(device: DeviceType) -> Mapping[str, Any]:
     return (device.measured or {}).get("meta") or {}
+
+
+def _timed_alike(device: DeviceType) -> tuple[Any, ...]:
+    """What two measured entries share when timed by the same software on the same GPU model."""
+    meta = _meta(device)
+    return (meta.get("gpu_name"), meta.get("driver"), meta.get("torch"), _fused(device),
+            timed_cast_once(device.measured or {}))
 
 
 def _newest(entries: Iterable[DeviceType]) -> DeviceType | None:

@@ -48,10 +48,13 @@ def test_a_share_layer_is_not_priced_under_its_full_gpu(files: dict, tmp_path: P
     assert got.forward_s == pytest.approx(own["forward_s"]) and got.backward_s == pytest.approx(own["backward_s"])
 
 
-def test_a_share_of_another_gpu_model_keeps_its_own_rows(files: dict, tmp_path: Path) -> None:  # type: ignore[type-arg]
-    """The twin is the same GPU model measured beside it: a full H200 says nothing of another GPU's share."""
+@pytest.mark.parametrize("field,value", [("gpu_name", "NVIDIA H100 80GB HBM3"), ("torch", "2.9.0+cu128")])
+def test_a_share_timed_apart_from_the_full_gpu_keeps_its_own_rows(files: dict, tmp_path: Path,  # type: ignore[type-arg]
+                                                                   field: str, value: str) -> None:
+    """The twin is the same GPU model timed by the same software beside it: a full H200 says nothing
+    of another GPU's share, nor of a share timed by another torch."""
     files = json.loads(json.dumps(files))
-    files[f"devices/{SHARE}.json"]["measured"]["meta"]["gpu_name"] = "NVIDIA H100 80GB HBM3 (no full-SM entry)"
+    files[f"devices/{SHARE}.json"]["measured"]["meta"][field] = value
     profiles = _profiles(files, (FULL, SHARE), tmp_path)
     assert profiles.full_sm_twin(profiles.catalog.get(SHARE)) is None
     model = model_from_dict(files[f"devices/{FULL}.json"]["measured"]["model"])
