@@ -250,8 +250,8 @@ def run_launch(plans: list[dict[str, Any]], sm: list[int], *, cpu: bool, warmup:
         if ranks:
             rec["phases_s"] = phases.slowest([r["phases_s"] for r in ranks])
         traced = [r["traced_s"] for r in ranks if r.get("traced_s")]
-        if traced:  # the rank whose traced step took longest (the others wait for it)
-            rec["traced_s"] = max(traced, key=lambda t: t.get("step_s", 0.0))
+        if traced:  # the bottleneck rank's (the others wait for it)
+            rec["traced_s"] = traced_step.bottleneck(traced)
         if errors:
             rec["error"] = errors[0]
         else:

@@ -62,6 +62,7 @@ def measure_row(case: Any, entry: dict[str, Any], result: dict[str, Any], cluste
                 sm: list[int], context_gib: float | None) -> dict[str, Any]:
     """Predicted beside measured for one plan (step time; memory per GPU, per process)."""
     from benchmarks.fidelity.accuracy import device_memory
+    from benchmarks.fidelity.traced_step import bottleneck
     from benchmarks.planner.fidelity_packed import predict_packed
     from planner.cost import estimate
     from planner.plan import plan_from_dict
@@ -75,7 +76,8 @@ def measure_row(case: Any, entry: dict[str, Any], result: dict[str, Any], cluste
     if "phases_s" in result:  # where the plan's wall time went on the device (benchmarks.fidelity.phases)
         row["phases_s"] = result["phases_s"]
     if "traced_s" in result:  # one more step span by span, beside the estimate's same terms
-        row["traced_s"] = result["traced_s"]
+        ranks = [r["traced_s"] for r in result.get("ranks", []) if r.get("traced_s")]
+        row["traced_s"] = bottleneck(ranks) if ranks else result["traced_s"]
         row["model_spans_s"] = model_spans(est, plan)
     if "error" in result:
         row["error"] = result["error"].strip().splitlines()[-1][:200]

@@ -57,6 +57,13 @@ shard-only + ~0.2 ms of all-reduce modelled), so where they exist they answer fo
    modes stay ordered. TP degrees without live rows, and profiles without any (every profile
    from before, all packaged ones), read the shard-only rows exactly as before.
 
+7. An MPS share's layer is never faster than the same layer on the whole GPU measured beside it
+   (``full_sm``, same tables kind: live rows against live rows): fewer SMs run the same kernels,
+   issued by the same host. Where its launch-bound rows say otherwise that is timing noise, and
+   it inverted plans: on 4x H200 (2026-11-27) the 50 % share's live TP 2 forward (1.57 ms at
+   micro-batch 2) was timed under the full GPU's (1.96 ms), so TP 2 x DP 2 priced the share's pair
+   faster in forward than the full pair (324 vs 393 ms), where both ran ~500 ms; -15.1 % -> -7.9 %.
+
 Weight casts: rows marked ``cast_once`` (the profiler made the engine's copies before the timed
 passes) price no cast; the profile adds the step's copies once per step (``weight_copy``, added to
 each stage's first forward by :mod:`planner.cost.stage`). Unmarked tables were timed on autocast's
@@ -327,10 +334,14 @@ class MeasuredProfile(DeviceProfile):
 
     source = "measured"
 
-    def __init__(self, device: DeviceType, params: CostParams = DEFAULT_PARAMS, memory: MeasuredProfile | None = None):
+    def __init__(self, device: DeviceType, params: CostParams = DEFAULT_PARAMS, memory: MeasuredProfile | None = None,
+                 full_sm: MeasuredProfile | None = None):
         """``memory``: the profile whose activation bytes this one reports (an MPS share's full-SM
-        twin measured by a newer executor: :meth:`planner.cost.profile_set.ProfileSet.memory_twin`)."""
+        twin measured by a newer executor: :meth:`planner.cost.profile_set.ProfileSet.memory_twin`);
+        ``full_sm``: an MPS share's full GPU measured on the same host, whose layer times bound this
+        one's from below (rule 7, :meth:`planner.cost.profile_set.ProfileSet.full_sm_twin`)."""
         self.memory = memory
+        self.full_sm = full_sm
         # the tables describe the executor that measured them: profiles from before the fused
         # RMSNorm (no meta.fused_rms_norm) saved the norms' fp32 outputs, and the formula that
         # scales their activation rows to other shapes must count them too
@@ -408,6 +419,18 @@ class MeasuredProfile(DeviceProfile):
 
     def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                seq_len: int) -> PassTime:
+        """The layer from this share's tables, never below its full-SM twin's (rule 7)."""
+        own = self._own_layer(model, micro_batch, tp, dtype, recompute, seq_len)
+        whole = self.full_sm
+        if whole is None or not (self.covers("layer", model, dtype) and whole.covers("layer", model, dtype)) \
+                or whole.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len) != \
+                self.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len):
+            return own
+        full = whole._layer(model, micro_batch, tp, dtype, recompute, seq_len)
+        return PassTime(max(own.forward_s, full.forward_s), max(own.backward_s, full.backward_s))
+
+    def _own_layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
+                   seq_len: int) -> PassTime:
         shard = self._shard_layer(model, micro_batch, tp, dtype, recompute, seq_len)
         if not self.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len):
             return shard

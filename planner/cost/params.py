@@ -80,7 +80,8 @@ class CostParams:
     # ------------------------------------------------------------------ overlap (step.py)
     # Fraction of the cross-pipeline gradient sync that can run during the last micro-batch's
     # backward of the same stage (bucketed all-reduce started as buckets fill). 0..1. The
-    # executor (executor/train/engine.py) syncs after the whole schedule, hence 0.
+    # executor starts the buckets during the last backward, but on 4x H200 that backward slowed by
+    # about what they take exposed (traced, planner/cost/step.py step 3), hence 0.
     dp_overlap: float = 0.0
 
     # ------------------------------------------------------------------ the executor's numerics

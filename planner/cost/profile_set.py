@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from planner.catalog import Catalog, DeviceType, default_catalog
-from planner.cost.measured import MeasuredProfile
+from planner.cost.measured import MeasuredProfile, timed_cast_once
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, SpecProfile
 from planner.plan import PlanOptions
@@ -113,9 +114,19 @@ class ProfileSet:
         of the same plans were within 1 %), which refused micro-batches that fit. None otherwise."""
         if device.sm_percent in (None, 100.0) or device.base is None or _fused(device):
             return None
-        twins = [e for e in self.catalog.entries if e.measured and e.base == device.base
-                 and e.sm_percent in (None, 100.0) and _fused(e)]
-        return max(twins, key=lambda e: str(((e.measured or {}).get("meta") or {}).get("date", "")), default=None)
+        return _newest(e for e in self.catalog.entries if e.measured and e.base == device.base
+                       and e.sm_percent in (None, 100.0) and _fused(e))
+
+    def full_sm_twin(self, device: DeviceType) -> DeviceType | None:
+        """For an MPS share: the newest full-SM measured entry of the same ``base`` timed beside it —
+        the same GPU model, driver and torch, the same executor path (fused RMSNorm, cast-once
+        weights) — whose layer times bound the share's from below (:mod:`planner.cost.measured`
+        rule 7). None for a whole GPU or without such an entry."""
+        if device.sm_percent in (None, 100.0) or device.base is None or _meta(device).get("gpu_name") is None:
+            return None
+        kind = _timed_alike(device)
+        return _newest(e for e in self.catalog.entries if e.measured and e.base == device.base
+                       and e.sm_percent in (None, 100.0) and _timed_alike(e) == kind)
 
     def get(self, gpu: str) -> DeviceProfile:
         """Profile of a device type (catalog key or alias)."""
@@ -126,7 +137,10 @@ class ProfileSet:
             params = self.params_for(gpu)
             if measured is not None:
                 twin = self.memory_twin(measured)
-                prof = MeasuredProfile(measured, params, MeasuredProfile(twin, params) if twin else None)
+                whole = self.full_sm_twin(measured)
+                full = self.get(whole.key) if whole is not None else None
+                prof = MeasuredProfile(measured, params, MeasuredProfile(twin, params) if twin else None,
+                                       full if isinstance(full, MeasuredProfile) else None)
             else:
                 prof = SpecProfile(device, params)
             self._profiles[gpu] = self._profiles[device.key] = prof
@@ -138,6 +152,22 @@ def _share(device: DeviceType) -> float:
     return 100.0 if device.sm_percent is None else device.sm_percent
 
 
+def _meta(device: DeviceType) -> Mapping[str, Any]:
+    return (device.measured or {}).get("meta") or {}
+
+
+def _timed_alike(device: DeviceType) -> tuple[Any, ...]:
+    """What two measured entries share when timed by the same software on the same GPU model."""
+    meta = _meta(device)
+    return (meta.get("gpu_name"), meta.get("driver"), meta.get("torch"), _fused(device),
+            timed_cast_once(device.measured or {}))
+
+
+def _newest(entries: Iterable[DeviceType]) -> DeviceType | None:
+    """The entry measured last (``meta.date``), or None."""
+    return max(entries, key=lambda e: str(_meta(e).get("date", "")), default=None)
+
+
 def _fused(device: DeviceType) -> bool:
     """Whether ``device``'s tables were measured with the fused RMSNorm (its ``meta`` says so)."""
-    return ((device.measured or {}).get("meta") or {}).get("fused_rms_norm") is True
+    return _meta(device).get("fused_rms_norm") is True

@@ -3,6 +3,8 @@ no span covers (the device waiting on the host between and around the spans)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks.fidelity.traced_step import span_totals
@@ -19,3 +21,17 @@ def test_spans_summed_by_kind_with_the_uncovered_time() -> None:
     # gaps 0.010-0.012, 0.042-0.043 and 0.065-0.070: 8 ms no span covers (the p2p overlap counted once)
     assert t["uncovered_s"] == pytest.approx(0.008)
     assert span_totals([]) == {"micro_batches": 0.0, "step_s": 0.0, "uncovered_s": 0.0}
+
+
+def test_a_row_traces_its_bottleneck_rank_not_the_last_to_finish() -> None:
+    """Every rank of a step ends at its last collective together, so the largest ``step_s`` picked any
+    rank: on 4x H200 (2026-11-27) the packed DP 4 row showed GPU 3, whose 49.8 ms of gradient sync was
+    its wait for GPU 0, as if the sync were exposed; GPU 0 did 282.7 ms of forward and backward and
+    synced in 5.6 ms."""
+    from benchmarks.planner.fidelity_repredict import repredict
+
+    run = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "fidelity_h200x4_20261127T124458Z.json"
+    [row] = [r for r in repredict(run) if r["plan"] == "packed-1.3b-dp4"]
+    t = row["traced_s"]
+    assert t["forward"] + t["backward"] == pytest.approx(0.2827, abs=5e-4)
+    assert t["grad_sync"] == pytest.approx(0.0056, abs=5e-4)
