@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from benchmarks.fidelity import engine_start, phases, steady, traced_step
 from benchmarks.fidelity.phases import PhaseClock
+from benchmarks.fidelity.traced_bottleneck import bottleneck
 from executor.job.spawn import spawn
 from planner.plan import plan_from_dict
 
@@ -251,7 +252,7 @@ def run_launch(plans: list[dict[str, Any]], sm: list[int], *, cpu: bool, warmup:
             rec["phases_s"] = phases.slowest([r["phases_s"] for r in ranks])
         traced = [r["traced_s"] for r in ranks if r.get("traced_s")]
         if traced:  # the bottleneck rank's (the others wait for it)
-            rec["traced_s"] = traced_step.bottleneck(traced)
+            rec["traced_s"] = bottleneck(traced)
         if errors:
             rec["error"] = errors[0]
         else:

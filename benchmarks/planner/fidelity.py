@@ -62,7 +62,7 @@ def measure_row(case: Any, entry: dict[str, Any], result: dict[str, Any], cluste
                 sm: list[int], context_gib: float | None) -> dict[str, Any]:
     """Predicted beside measured for one plan (step time; memory per GPU, per process)."""
     from benchmarks.fidelity.accuracy import device_memory
-    from benchmarks.fidelity.traced_step import bottleneck
+    from benchmarks.fidelity.traced_bottleneck import bottleneck
     from benchmarks.planner.fidelity_packed import predict_packed
     from planner.cost import estimate
     from planner.plan import plan_from_dict

@@ -13,6 +13,7 @@ plan's runner (:mod:`executor.train.plan_runner`) or a pool's (:mod:`executor.tr
 from __future__ import annotations
 
 import faulthandler
+import io
 import os
 import signal
 import sys
@@ -55,11 +56,21 @@ from planner.plan import Plan
 from planner.varlen.pool import StrategyPool
 
 
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` prints every thread's Python stack to stderr: where a hung rank waits.
+    Not where stderr is no file (a caller that captures it, as tests do)."""
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return
+
+
 def run_training(args: TrainConfig) -> int:
     """Train per ``args`` on this rank; returns the exit code (never hangs; see module docstring)."""
     allocator.use_default()  # before this rank's first CUDA allocation
-    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>` prints every thread's Python stack: where a rank waits
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _stacks_on_sigusr1()
     if os.environ.get("HEXISCALE_ELASTIC") == "1":  # started by an elastic supervisor
         from executor.switch.elastic import run_elastic
 
