@@ -89,7 +89,8 @@ from planner.cost.links import (
     ring_allreduce_time,
     tree_allreduce_time,
 )
-from planner.cost.measured import MEASURED_FORMAT, MeasuredProfile, parse_measured
+from planner.cost.measured import MeasuredProfile
+from planner.cost.measured_tables import MEASURED_FORMAT, parse_measured
 from planner.cost.memory import (
     GIB,
     MemoryBreakdown,

@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 from planner.catalog import Catalog, DeviceType, default_catalog
-from planner.cost.measured import MeasuredProfile, timed_cast_once
+from planner.cost.measured import MeasuredProfile
+from planner.cost.measured_tables import timed_cast_once
 from planner.cost.params import DEFAULT_PARAMS, CostParams
 from planner.cost.profile import DeviceProfile, SpecProfile
 from planner.plan import PlanOptions

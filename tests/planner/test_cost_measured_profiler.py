@@ -11,7 +11,7 @@ import pytest
 from planner.catalog import Catalog, parse_device_entry
 from planner.cluster import parse_cluster
 from planner.cost import MeasuredProfile, ProfileSet, estimate
-from planner.cost.measured import LIGHTER, isotonic
+from planner.cost.measured_tables import LIGHTER, isotonic
 from planner.model import PRESETS
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
 

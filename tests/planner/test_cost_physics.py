@@ -10,7 +10,7 @@ import pytest
 
 from planner.catalog import Catalog, default_catalog, parse_device_entry
 from planner.cost import MeasuredProfile, ProfileSet
-from planner.cost.measured import isotonic
+from planner.cost.measured_tables import isotonic
 from planner.model import PRESETS
 
 MODEL = PRESETS["llama-1.3b"]

@@ -10,7 +10,7 @@ import torch
 
 from executor.model.llama import Block, rope_tables
 from executor.profiler import compute
-from planner.cost.measured import _stage_bytes
+from planner.cost.measured_tables import _stage_bytes
 from planner.layout import layer_numel
 from planner.model import PRESETS
 
