@@ -5,6 +5,10 @@ keeps of its host (``host4`` embeds it; ``repredict`` writes it back to estimate
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,3 +29,24 @@ def write_home(files: dict[str, Any], folder: Path) -> Path:
         (folder / kind).mkdir(parents=True, exist_ok=True)
         (folder / kind / name).write_text(json.dumps(data))
     return folder
+
+
+@contextmanager
+def installed(files: dict[str, Any]) -> Iterator[Path]:
+    """``files`` written to a temporary folder that is ``HEXISCALE_HOME`` (and the planner's catalog
+    read afresh) while the block runs; the caller's home and catalog after."""
+    from planner.catalog import _cached
+
+    before = os.environ.get("HEXISCALE_HOME")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_home(files, Path(tmp))
+        os.environ["HEXISCALE_HOME"] = str(folder)
+        _cached.cache_clear()
+        try:
+            yield folder
+        finally:
+            _cached.cache_clear()
+            if before is None:
+                os.environ.pop("HEXISCALE_HOME", None)
+            else:
+                os.environ["HEXISCALE_HOME"] = before

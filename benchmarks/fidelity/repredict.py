@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fidelity.host_home import read_home, write_home
+from benchmarks.fidelity.host_home import installed, read_home
 
 # When the engine began multiplying with one cast-once weight copy per stage (executor.model.cast_once):
 # runs recorded before it ran autocast's casts, per micro-batch in flight (CostParams.cast_once off)
@@ -59,16 +57,8 @@ def repredict(results: dict[str, Any], files: dict[str, Any]) -> list[dict[str, 
     fits = meta.get("fits") or {}
     latency = (fits.get("link") or {}).get("latency_us") or 10.0
     context = (fits.get("framework_gib") or {}).get("measured_context_gib")
-    before = os.environ.get("HEXISCALE_HOME")
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ["HEXISCALE_HOME"] = str(write_home(as_run(files, meta.get("date")), Path(tmp)))
-        try:
-            return predict_rows(results["runs"], key, cpu, latency, context)
-        finally:
-            if before is None:
-                os.environ.pop("HEXISCALE_HOME", None)
-            else:
-                os.environ["HEXISCALE_HOME"] = before
+    with installed(as_run(files, meta.get("date"))):
+        return predict_rows(results["runs"], key, cpu, latency, context)
 
 
 def compare(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str:

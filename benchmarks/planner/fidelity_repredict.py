@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fidelity.host_home import write_home
+from benchmarks.fidelity.host_home import installed
 
 
 def repredict(path: Path, home: Path | None = None) -> list[dict[str, Any]]:
@@ -31,7 +29,6 @@ def repredict(path: Path, home: Path | None = None) -> list[dict[str, Any]]:
     from benchmarks.planner.fidelity_packed import packed_micro_batches
     from benchmarks.planner.fidelity_plans import launches
     from planner.calibration.local import resolve_profiles
-    from planner.catalog import _cached
     from planner.plan import plan_from_dict
 
     results = json.loads(path.read_text())
@@ -41,33 +38,22 @@ def repredict(path: Path, home: Path | None = None) -> list[dict[str, Any]]:
     files = json.loads(home.read_text())
     quick = bool(results["meta"].get("quick"))
     cases = {c.name: c for launch in launches(quick) for c in launch.cases}
-    before = os.environ.get("HEXISCALE_HOME")
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = write_home(files, Path(tmp))
-        os.environ["HEXISCALE_HOME"] = str(folder)
-        _cached.cache_clear()  # the catalog read under another home
-        try:
-            cal = read_calibration(folder)
-            key = cal["applies_to"][0]
-            fits = cal.get("fits", {})
-            context = (fits.get("framework_gib") or {}).get("measured_context_gib")
-            latency = (fits.get("link") or {}).get("latency_us") or 10.0
-            for run in results["runs"]:
-                cluster = cluster_for(tuple(run["sm"]), key, quick, latency)
-                profiles = resolve_profiles(cluster).profiles
-                for res in run["plans"]:
-                    case = cases[res["name"]]
-                    entry: dict[str, Any] = {"name": res["name"], "plan": res["plan"]}
-                    if case.packed:
-                        entry["packed"] = packed_micro_batches(plan_from_dict(res["plan"]))
-                    rows.append(measure_row(case, entry, res, cluster, profiles, list(run["sm"]), context))
-        finally:
-            _cached.cache_clear()
-            if before is None:
-                os.environ.pop("HEXISCALE_HOME", None)
-            else:
-                os.environ["HEXISCALE_HOME"] = before
+    with installed(files) as folder:
+        cal = read_calibration(folder)
+        key = cal["applies_to"][0]
+        fits = cal.get("fits", {})
+        context = (fits.get("framework_gib") or {}).get("measured_context_gib")
+        latency = (fits.get("link") or {}).get("latency_us") or 10.0
+        for run in results["runs"]:
+            cluster = cluster_for(tuple(run["sm"]), key, quick, latency)
+            profiles = resolve_profiles(cluster).profiles
+            for res in run["plans"]:
+                case = cases[res["name"]]
+                entry: dict[str, Any] = {"name": res["name"], "plan": res["plan"]}
+                if case.packed:
+                    entry["packed"] = packed_micro_batches(plan_from_dict(res["plan"]))
+                rows.append(measure_row(case, entry, res, cluster, profiles, list(run["sm"]), context))
     return rows
 
 
