@@ -65,7 +65,7 @@ from executor.parallel.host_sync import HostRead
 from executor.parallel.p2p import StageComm
 from executor.parallel.schedules import MicroBatch, check_plan_schedules, run_schedule
 from executor.parallel.zero import ZeroOptimizer
-from executor.train.nonfinite import found_nonfinite, should_skip
+from executor.train.nonfinite import should_skip
 from executor.train.optim import OptimConfig, build_optimizer, clip_coefficient, for_device, lr_at, set_lr
 from executor.train.trace import NO_TRACE, NullTrace, StepTrace
 from planner.errors import SpecError
@@ -87,6 +87,12 @@ def compute_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
         raise SpecError("options.dtype", f"{dtype} compute needs loss scaling, which the executor does not do",
                         "use bf16 (same speed, no loss scaling) or fp32")
     return _AUTOCAST[dtype]
+
+
+def _found_nonfinite(stats: torch.Tensor) -> torch.Tensor:
+    """1.0 where any of ``stats`` (``[loss, ‖g‖²]``) is NaN or infinite, else 0.0: a 0-dim float on
+    ``stats``' device, what a fused optimizer's ``found_inf`` takes (no host synchronisation)."""
+    return torch.isfinite(stats).all().logical_not().float()
 
 
 def _gates_on_device(opt: torch.optim.Optimizer) -> bool:
@@ -348,7 +354,7 @@ class Engine:
         lr = lr_at(self.step, self.optim_cfg)
         gated = self.zero is None and _gates_on_device(self.optimizer)
         if gated:
-            self._update(stats, lr, found_inf=found_nonfinite(stats))
+            self._update(stats, lr, found_inf=_found_nonfinite(stats))
         host = self._host_read.wait()
         if should_skip(host[0], host[1], step=self.step + 1, policy=self.on_nonfinite,
                        skipped_in_a_row=self.skipped_in_a_row):

@@ -12,16 +12,14 @@ job saves nothing afterwards (``latest`` keeps pointing at the last good checkpo
   consecutive skipped steps the job stops as under ``stop`` (a run that only skips trains nothing).
 
 With a fused AdamW the engine does not wait for the host's decision to launch the update: the
-optimizer gets :func:`found_nonfinite` of the same values and skips the update on the device
-(torch's ``found_inf``, GradScaler's hook: weights, moments and step count stay as they were), so
-the step's kernels run back to back and the host decides afterwards, at the same step, as above.
+optimizer gets a flag made on the device from the same values and skips the update there (torch's
+``found_inf``, GradScaler's hook: weights, moments and step count stay as they were), so the
+step's kernels run back to back and the host decides afterwards, at the same step, as above.
 """
 
 from __future__ import annotations
 
 import math
-
-import torch
 
 POLICIES = ("stop", "skip")
 MAX_SKIPS_IN_A_ROW = 10
@@ -44,9 +42,3 @@ def should_skip(loss: float, grad_sq: float, *, step: int, policy: str, skipped_
                             "them was applied) - lower --lr or check the data")
     raise NonFiniteStep(f"{what}: stopped before the optimizer step, nothing of it was applied or saved - "
                         "lower --lr or check the data (--on-nonfinite skip skips such steps)")
-
-
-def found_nonfinite(stats: torch.Tensor) -> torch.Tensor:
-    """1.0 where any of ``stats`` (``[loss, ‖g‖²]``) is NaN or infinite, else 0.0: a 0-dim float on
-    ``stats``' device, what a fused optimizer's ``found_inf`` takes (no host synchronisation)."""
-    return torch.isfinite(stats).all().logical_not().float()
