@@ -17,11 +17,13 @@ at +0.6 % (micro-batch 4) to +1.8 % (micro-batch 2) on 1x H100):
   one to run and a weight's ``.grad`` holds the earlier micro-batches' sum (a plain tensor, not a
   view of a gradient bucket), the stage hands that sum to the layer's forward (``grad_acc``) and
   clears ``.grad``; the backward returns ``grad_acc + dyᵀ·x`` from one GEMM
-  (``torch.addmm(..., out_dtype=float32)``, beta 1) and autograd takes that tensor as ``.grad``
-  (nothing to add to) — the same sums in the same order, without the separate ``add_`` over every
-  weight per micro-batch. An input of the autograd function, not a side effect, so compiled blocks
-  trace it (one more graph: with and without ``grad_acc``). Not under full recompute (the
-  recomputed forward would not see the handed-over sum) or zero-bubble ``W`` ops (their own GEMM).
+  (:func:`executor.model.fp32_addmm.addmm_fp32`: ``torch.addmm(..., out_dtype=float32)``, beta 1,
+  through a custom op inside compiled regions, which torch 2.11 cannot trace otherwise) and
+  autograd takes that tensor as ``.grad`` (nothing to add to) — the same sums in the same order,
+  without the separate ``add_`` over every weight per micro-batch. An input of the autograd
+  function, not a side effect, so compiled blocks trace it (one more graph: with and without
+  ``grad_acc``). Not under full recompute (the recomputed forward would not see the handed-over
+  sum) or zero-bubble ``W`` ops (their own GEMM).
 
 When is a copy stale? The stamp of a layer's copies is the stage's *epoch* and each weight's
 ``(_version, data_ptr)``. In-place writes through autograd-visible ops (``copy_`` of a checkpoint
@@ -40,6 +42,8 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+
+from executor.model.fp32_addmm import addmm_fp32
 
 
 @functools.cache
@@ -75,7 +79,7 @@ class CastOnceLinear(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dy2, x2 = dy.reshape(-1, dy.shape[-1]), x_lp.reshape(-1, x_lp.shape[-1])
             if ctx.fp32_wgrad and acc is not None:
-                dw = torch.addmm(acc, dy2.t(), x2, out_dtype=torch.float32)
+                dw = addmm_fp32(acc, dy2.t(), x2)
             elif ctx.fp32_wgrad:
                 dw = torch.mm(dy2.t(), x2, out_dtype=torch.float32)
             elif acc is not None:

@@ -7,10 +7,14 @@ under CPU bf16 autocast (the GPU path's numerics), through the schedule interpre
   the plain path (``.grad`` accumulated by autograd) bit for bit;
 * a schedule that keeps micro-batches in flight (GPipe) leaves accumulation to autograd;
 * compiled blocks (``aot_eager``) trace the handed-over sums without a graph break and train
-  exactly like eager."""
+  exactly like eager: with the bf16 product, and with the fp32 GEMM (CUDA's ``out_dtype`` kernels
+  registered for CPU here, so Dynamo traces the very calls it traces on a GPU; on torch 2.11 a
+  bare ``torch.addmm(..., out_dtype=...)`` fails in fake-tensor tracing, see
+  executor.model.fp32_addmm)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -50,6 +54,34 @@ class Fp32Gemm(TorchDispatchMode):
         if func is aten.add_.Tensor:
             self.adds.append(args[0].data_ptr())
         return func(*args, **kwargs)
+
+
+@pytest.fixture
+def cuda_gemms_on_cpu() -> Iterator[list[int]]:
+    """CUDA's ``mm.dtype`` and ``addmm.dtype`` kernels emulated on CPU (fp32 products of the bf16
+    operands, as in :class:`Fp32Gemm`), below the dispatcher where compiled graphs reach them too;
+    yields a list that grows by one per ``addmm.dtype`` call (a sum added inside a GEMM)."""
+    fused: list[int] = []
+
+    def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):  # a kernel: autocast is above it
+            return torch.mm(a.to(out_dtype), b.to(out_dtype))
+
+    def addmm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *,
+              beta: float = 1, alpha: float = 1) -> torch.Tensor:
+        assert beta == 1 and alpha == 1
+        fused.append(1)
+        return acc + mm(a, b, out_dtype)
+
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("mm.dtype", mm, "CPU")
+    lib.impl("addmm.dtype", addmm, "CPU")
+    cast_once.fp32_wgrad_supported.cache_clear()
+    try:
+        yield fused
+    finally:
+        lib._destroy()
+        cast_once.fp32_wgrad_supported.cache_clear()
 
 
 def _stage() -> StageModule:
@@ -124,6 +156,23 @@ def test_compiled_blocks_take_the_sums_without_graph_break() -> None:
     ge, gc = _run(eager, "1f1b"), _run(compiled, "1f1b")
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 4  # block and head, each without and with the sums
+    assert ge.keys() == gc.keys()
+    for name in ge:
+        assert torch.equal(gc[name], ge[name]), name
+
+
+def test_compiled_blocks_add_the_sums_inside_the_fp32_gemm(cuda_gemms_on_cpu: list[int]) -> None:
+    torch._dynamo.reset()
+    counters.clear()
+    eager, compiled = _stage(), _stage()
+    fast_path.compile_blocks(compiled, force=True, backend="aot_eager")
+    ge = _run(eager, "1f1b")
+    assert all(m.fp32_wgrad for m in eager.modules() if hasattr(m, "fp32_wgrad"))
+    n_fused = len(cuda_gemms_on_cpu)
+    assert n_fused == (MICRO - 1) * len(_linear_weights(eager))
+    gc = _run(compiled, "1f1b")
+    assert dict(counters["graph_break"]) == {}
+    assert len(cuda_gemms_on_cpu) == 2 * n_fused
     assert ge.keys() == gc.keys()
     for name in ge:
         assert torch.equal(gc[name], ge[name]), name
