@@ -35,7 +35,7 @@ from torch.utils.checkpoint import checkpoint
 
 from executor.data.packed_docs import DocSpans, packed_attention
 from executor.model import fast_path
-from executor.model.cast_once import WeightCopies
+from executor.model.cast_once import WeightCopies, drop_grad_acc, hand_over_grads
 from executor.model.chunked_loss import chunked_vocab_cross_entropy
 from executor.model.recompute_core import recomputed_core
 from executor.parallel.context_parallel import CPContext, cp_attention, cp_packed_attention, local_positions
@@ -225,6 +225,9 @@ class StageModule(nn.Module):
                          for key, mod in [*(("layers." + k, b) for k, b in self.layers.items()),
                                           *([("head", self.lm_head)] if self.lm_head is not None else [])]}
         self._cast_once = False  # the owner turns it on with a way to know when weights change (Engine)
+        # set by the schedule's runner for one forward whose backward runs next: the linears take the
+        # accumulated weight gradients into their GEMMs (executor.model.cast_once.hand_over_grads)
+        self.accumulate_in_gemm = False
         cos, sin = rope_tables(m.seq_len, m.head_dim, m.rope_theta, device, m.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -260,8 +263,14 @@ class StageModule(nn.Module):
         self.weight_copies.invalidate()
 
     def _fresh_copies(self, key: str, dev: str) -> None:
+        """Make ``key``'s cast-once copies current; under :attr:`accumulate_in_gemm` hand its linears'
+        accumulated gradients to their GEMMs (not in a fully recomputed block, whose recomputed
+        forward would not see them)."""
         if self._cast_once and torch.is_autocast_enabled(dev):
             self.weight_copies.refresh(key, self._linears[key], torch.get_autocast_dtype(dev))
+            block = self.layers[key.removeprefix("layers.")] if key != "head" else None
+            if self.accumulate_in_gemm and not getattr(block, "full_recompute", False):
+                hand_over_grads(self._linears[key])
 
     def forward(self, x: torch.Tensor, docs: DocSpans | None = None, chunk: int | None = None) -> torch.Tensor:
         """``docs``: the documents packed into the one row of ``x`` (positions restart in each, and
@@ -294,13 +303,17 @@ class StageModule(nn.Module):
                 gate("layers." + key)
             self._fresh_copies("layers." + key, dev)
             x = self.layers[key](x, cos, sin, docs)
+            drop_grad_acc(self._linears["layers." + key])
         if gate is not None and heads:  # loss() follows on the last stage
             gate("head")
         return x.float() if low else x
 
     def loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self._fresh_copies("head", hidden.device.type)
-        return self.head_loss(hidden, labels)
+        try:
+            return self.head_loss(hidden, labels)
+        finally:
+            drop_grad_acc(self._linears["head"])
 
     def head_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Final norm, LM head and cross-entropy (what :func:`executor.model.fast_path.compile_blocks`

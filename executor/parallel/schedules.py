@@ -102,10 +102,16 @@ class _Runner:
             inp = x.requires_grad_(True)
             src = inp
         kw = {"chunk": chunk} if self.chunks > 1 else {}
-        with self.trace.span("forward", j), self._path(j, chunk), self.autocast():
-            out = self.module(src, mb.docs, **kw) if mb.docs is not None else self.module(src, **kw)
-            if last:
-                out = self.module.loss(out, mb.labels).sum() * self.loss_scale
+        # nothing in flight: this micro-batch's backward is the next, so the linears may add the
+        # gradients accumulated so far inside their weight-gradient GEMMs (executor.model.cast_once)
+        self.module.accumulate_in_gemm = self.wgrad is None and self.chunks == 1 and not self.saved
+        try:
+            with self.trace.span("forward", j), self._path(j, chunk), self.autocast():
+                out = self.module(src, mb.docs, **kw) if mb.docs is not None else self.module(src, **kw)
+                if last:
+                    out = self.module.loss(out, mb.labels).sum() * self.loss_scale
+        finally:
+            self.module.accumulate_in_gemm = False
         self.saved[j, chunk] = (inp, out)
         if last:
             d = out.detach()

@@ -93,10 +93,12 @@ class _Projection(nn.Module):
 
     weight: nn.Parameter
     weight_lp: torch.Tensor | None
+    grad_acc: torch.Tensor | None  # the earlier micro-batches' weight gradient for this one's GEMM
     fp32_wgrad: bool
 
     def _lowp_slot(self) -> None:
         self.register_buffer("weight_lp", None, persistent=False)
+        self.register_buffer("grad_acc", None, persistent=False)
         self.fp32_wgrad = False
 
 

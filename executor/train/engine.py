@@ -28,9 +28,14 @@ Both reductions run per flat bucket and start during the last micro-batch's back
 bucket's gradients are final (:mod:`executor.parallel.grad_sync`, which argues why the order of these
 collectives cannot deadlock on NCCL).
 
-The only host synchronisation is :func:`executor.parallel.host_sync.to_host` of step 3's values, before the
-update: a non-finite loss or gradient norm is caught there and never reaches the weights
+The only host synchronisation is :class:`executor.parallel.host_sync.HostRead` of step 3's values: a
+non-finite loss or gradient norm is caught there and never reaches the weights
 (:mod:`executor.train.nonfinite`); on NCCL the watchdog looks there for ranks waiting on peers.
+With a fused AdamW (the default on GPUs) and no ZeRO-1, step 4 is queued *before* the host waits,
+the optimizer gated on the device by the same values (``found_inf``), so the device runs from the
+last backward through clipping and AdamW without waiting for the host; the host waits only for the
+copy of step 3's values, queued before step 4. Elsewhere (CPU's AdamW, ZeRO-1) the host decides
+first and then launches step 4.
 
 Precision: parameters, gradients, reduction and optimizer state are fp32 (the parameters *are* the
 fp32 master weights). ``plan.options.dtype == "bf16"`` runs the forward/backward under
@@ -56,7 +61,7 @@ from executor.parallel.cp_p2p import CPStageComm
 from executor.parallel.gather import gather_logical
 from executor.parallel.grad_sync import DEFAULT_BUCKET_NUMEL, GradSync
 from executor.parallel.groups import ProcessGroups
-from executor.parallel.host_sync import to_host
+from executor.parallel.host_sync import HostRead
 from executor.parallel.p2p import StageComm
 from executor.parallel.schedules import MicroBatch, check_plan_schedules, run_schedule
 from executor.parallel.zero import ZeroOptimizer
@@ -82,6 +87,17 @@ def compute_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
         raise SpecError("options.dtype", f"{dtype} compute needs loss scaling, which the executor does not do",
                         "use bf16 (same speed, no loss scaling) or fp32")
     return _AUTOCAST[dtype]
+
+
+def _found_nonfinite(stats: torch.Tensor) -> torch.Tensor:
+    """1.0 where any of ``stats`` (``[loss, ‖g‖²]``) is NaN or infinite, else 0.0: a 0-dim float on
+    ``stats``' device, what a fused optimizer's ``found_inf`` takes (no host synchronisation)."""
+    return torch.isfinite(stats).all().logical_not().float()
+
+
+def _gates_on_device(opt: torch.optim.Optimizer) -> bool:
+    """Whether ``opt`` skips its update on the device given ``found_inf`` (torch's fused AdamW)."""
+    return bool(opt.param_groups) and all(g.get("fused") for g in opt.param_groups)
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,7 @@ class Engine:
         self.seed = seed
         self.on_nonfinite = on_nonfinite
         self.skipped_in_a_row = 0
+        self._host_read = HostRead()  # step 3's values on their way to the host (one pinned buffer)
         self.rank = rank
         self.stage = topology.stage_of(self.rank)
         self.tp_rank = self.stage.ranks.index(self.rank)
@@ -330,10 +347,15 @@ class Engine:
                 p.grad = torch.zeros_like(p)
         with self.trace.span("grad_sync"):
             stats = self._sync_grads(loss, count_loss)
-        # the step's one device synchronisation, before the update: the NaN/Inf guard needs the values
-        # (executor.train.nonfinite; every rank holds the same all-reduced values, so all decide alike)
-        host = to_host(stats)
+        # the step's one device synchronisation: the NaN/Inf guard needs the values (executor.train.nonfinite;
+        # every rank holds the same all-reduced values, so all decide alike). A fused AdamW is queued
+        # first, gated on the device by the same values, so the device never waits for the host here.
+        self._host_read.start(stats)
         lr = lr_at(self.step, self.optim_cfg)
+        gated = self.zero is None and _gates_on_device(self.optimizer)
+        if gated:
+            self._update(stats, lr, found_inf=_found_nonfinite(stats))
+        host = self._host_read.wait()
         if should_skip(host[0], host[1], step=self.step + 1, policy=self.on_nonfinite,
                        skipped_in_a_row=self.skipped_in_a_row):
             self.zero_grads()
@@ -341,15 +363,27 @@ class Engine:
             self.step += 1
             return StepStats(loss=host[0], grad_norm=float("nan"), lr=lr, tokens=global_tokens, skipped=True)
         self.skipped_in_a_row = 0
+        if not gated:
+            self._update(stats, lr)
+        self.step += 1
+        return StepStats(loss=host[0], grad_norm=host[1] ** 0.5, lr=lr, tokens=global_tokens)
+
+    def _update(self, stats: torch.Tensor, lr: float, found_inf: torch.Tensor | None = None) -> None:
+        """Step 4: clip by the global norm ``sqrt(stats[1])``, set ``lr``, AdamW. ``found_inf``
+        (a fused AdamW only): 1.0 makes the optimizer leave weights, moments and step as they were."""
         with self.trace.span("optimizer"):
-            norm = stats[1].sqrt()
-            coef = clip_coefficient(norm, self.optim_cfg.grad_clip)
+            coef = clip_coefficient(stats[1].sqrt(), self.optim_cfg.grad_clip)
             grads = self.zero.grads() if self.zero is not None else [p.grad for p in self.params.values()]
             torch._foreach_mul_(grads, coef)  # type: ignore[arg-type]
             set_lr(self.optimizer, lr)
-            (self.zero or self.optimizer).step()
-        self.step += 1
-        return StepStats(loss=host[0], grad_norm=host[1] ** 0.5, lr=lr, tokens=global_tokens)
+            if found_inf is None:
+                (self.zero or self.optimizer).step()
+                return
+            self.optimizer.found_inf = found_inf  # type: ignore[attr-defined]  # read by torch's fused step
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf  # type: ignore[attr-defined]
 
     def _sync_grads(self, loss: torch.Tensor | None, count_loss: bool | None = None) -> torch.Tensor:
         """Steps 2-3 of the module docstring: gradients reduced across pipelines, then

@@ -10,6 +10,11 @@ job saves nothing afterwards (``latest`` keeps pointing at the last good checkpo
 * ``skip``: drop the step's gradients and leave weights and optimizer state as they were (the data
   position and the step counter move on, as for any step); after ``MAX_SKIPS_IN_A_ROW``
   consecutive skipped steps the job stops as under ``stop`` (a run that only skips trains nothing).
+
+With a fused AdamW the engine does not wait for the host's decision to launch the update: the
+optimizer gets a flag made on the device from the same values and skips the update there (torch's
+``found_inf``, GradScaler's hook: weights, moments and step count stay as they were), so the
+step's kernels run back to back and the host decides afterwards, at the same step, as above.
 """
 
 from __future__ import annotations
