@@ -12,7 +12,8 @@ two steps is :class:`executor.switch.elastic_switch.ElasticJob`: after each step
 switch moves the state and hands the loop the next epoch's runner (module docstring there).
 
 A joining rank (``HEXISCALE_ELASTIC_JOIN=e``, started by the supervisor with epoch ``e``'s layout)
-runs the local checks, pays its one-off first-use costs (:mod:`executor.switch.warm_up`), builds
+runs the local checks, pays its one-off first-use costs (:mod:`executor.switch.warm_up`; NCCL's,
+:mod:`executor.switch.nccl_warm`), plans its state move (from ``plan/<e>``), builds
 the engine its state will move into (:func:`executor.switch.elastic_switch.build_early`), reports
 ``ready``, waits for epoch ``e`` and the data position, receives its state in the same switch and
 trains from there.
@@ -36,6 +37,7 @@ from executor.state.resume import choose_checkpoint
 from executor.switch.elastic_channel import Channel
 from executor.switch.elastic_switch import ElasticJob, build_early, plan_joined
 from executor.switch.epoch_world import World
+from executor.switch.nccl_warm import warm_nccl
 from executor.switch.warm_up import warm_up
 from executor.train import plan_runner, pool_runner
 from executor.train.config import TrainConfig
@@ -75,6 +77,9 @@ def run_elastic(args: TrainConfig) -> int:
                 warm_s = warm_up(plan, me, prep.device, opt)
                 if warm_s is not None:
                     print(f"[{me}] warmed up in {warm_s:.2f} s (one block's training step)", flush=True)
+                nccl_s = warm_nccl(prep.device)  # NCCL's one-off start-up, not in the new world's set-up
+                if nccl_s is not None:
+                    print(f"[{me}] NCCL warmed up in {nccl_s:.2f} s (a one-rank communicator)", flush=True)
                 if error is None:  # the move and the engine the state moves into, while the job trains
                     move, planned = plan_joined(channel, joining, layout, cluster=cluster, me=me)
                     state = move.states[1] if move is not None else rank_states(plan)[plan.devices.index(me)]
