@@ -1,7 +1,8 @@
 """Where a fidelity plan's wall time goes on one rank, phase by phase.
 
 The fidelity program took ~55 s per plan on 4x H100 (2026-11-27) against ~20 s expected; the worker
-now records, per plan and rank, ``groups`` (process group and communicators), ``gemm_check``
+now records, per plan and rank, ``groups`` (process group and communicators), ``weights`` (the
+initial weights the plan's engine loads, drawn before its memory is measured), ``gemm_check``
 (:mod:`executor.model.gemm_check`, inside the engine's construction), ``build`` (the rest of the
 engine: model, initial weights, optimizer, compile set-up), ``warmup`` and ``steps`` (the untimed and
 timed steps), ``traced`` (one more step, span by span: :mod:`benchmarks.fidelity.traced_step`) and
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-PHASES = ("groups", "gemm_check", "build", "warmup", "steps", "traced", "teardown")
+PHASES = ("groups", "weights", "gemm_check", "build", "warmup", "steps", "traced", "teardown")
 
 
 @dataclass

@@ -6,6 +6,12 @@ last ``window`` step times (the slowest rank's) lie within ``tolerance`` of thei
 worker then stops at ``min_steps`` or later instead of ``max_steps``. The figure is still the
 median of every timed step, all of them after the warm-up; a plan whose steps keep moving runs
 all ``max_steps``.
+
+Why 5 %: in the recorded runs with 5 timed steps per plan (``fidelity_runs_h100.json``, 2x H100, 28
+plan-ranks), the median of the first 3 lies within 0.12 % of the median of all 5 for 9 plans in 10
+and 2.0 % at worst, while the steps' spread ((max - min) / median) is 1.9 % for the median plan and
+15 % at the 90th percentile (one slow step, which the median ignores); 2 % (the earlier tolerance)
+sent about half of the plans to ``max_steps`` for no change of their figure.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import statistics
 from collections.abc import Sequence
 
 WINDOW = 3
-TOLERANCE = 0.02  # (max - min) / median of the window
+TOLERANCE = 0.05  # (max - min) / median of the window
 
 
 def steady(times: Sequence[float], *, window: int = WINDOW, tolerance: float = TOLERANCE) -> bool:

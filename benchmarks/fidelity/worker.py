@@ -6,9 +6,10 @@ form a fresh process group (a ``FileStore`` per plan; the plan rank of a process
 device ``g<k>:0`` in the plan), build the :class:`executor.train.engine.Engine`, run ``warmup`` steps and
 ``steps`` timed steps on synthetic tokens, and record:
 
-* where the plan's wall time goes (``phases_s``: groups, GEMM check, engine build, warm-up, timed
-  steps, teardown; :mod:`benchmarks.fidelity.phases`), printed with the step time; a rank reuses
-  the initial weights between plans of one model (:mod:`benchmarks.fidelity.engine_start`);
+* where the plan's wall time goes (``phases_s``: groups, initial weights, GEMM check, engine build,
+  warm-up, timed steps, teardown; :mod:`benchmarks.fidelity.phases`), printed with the step time; a
+  rank draws the initial weights on its GPU, once per model, before the plan's peak-memory window
+  (:mod:`benchmarks.fidelity.engine_start`);
 * step time: every step starts after a barrier; each rank times it (device synchronised), the step's
   time is the slowest rank's (one scalar all-reduce after the step, outside its clock), and the
   plan's figure is the median over the timed steps: ``steps`` of them, or from ``min_steps`` on as
@@ -49,6 +50,7 @@ from executor.job.spawn import spawn
 from planner.plan import plan_from_dict
 
 GIB = float(1 << 30)
+SEED = 0  # of every plan's initial weights
 
 
 def _device_in_use(device: torch.device) -> float:
@@ -84,11 +86,11 @@ def _packed_inputs(engine: Any, plan: Any, packed: list[list[list[int]]], gen: t
 def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_dir: str, index: int,
               warmup: int, steps: int, clock: PhaseClock,
               packed: list[list[list[int]]] | None = None, min_steps: int = 0,
-              trace: bool = False) -> dict[str, Any] | None:
+              trace: bool = False, weights: engine_start.InitCache | None = None) -> dict[str, Any] | None:
     from executor.parallel.groups import ProcessGroups
     from executor.train.engine import Engine
     from executor.train.optim import OptimConfig
-    from planner.layout import build_topology
+    from planner.layout import build_topology, stage_params
 
     plan = plan_from_dict(plan_dict)
     mine = f"g{gpu}:0"
@@ -103,13 +105,18 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
     rec: dict[str, Any] = {"rank": rank, "device": mine, "phases_s": clock.seconds}
     teardown = contextlib.ExitStack()
     try:
+        topo = build_topology(plan)
+        if weights is not None:  # the initial weights drawn before the peak window opens (engine_start)
+            st = topo.stage_of(rank)
+            with clock.phase("weights"):
+                weights.fill(plan.model, SEED, [p.name for p in stage_params(plan.model, st.layers, st.is_first,
+                                                                            st.is_last, st.chunks)])
         if device.type == "cuda":
             gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
             rec["in_use_before_gib"] = _device_in_use(device)
             rec["allocated_before_gib"] = torch.cuda.memory_allocated(device) / GIB
-        topo = build_topology(plan)
         reserved0 = _reserved(device)
         with clock.phase("groups"):
             groups = ProcessGroups.create(topo)
@@ -120,7 +127,7 @@ def _run_plan(plan_dict: dict[str, Any], gpu: int, device: torch.device, store_d
         checked = clock.seconds.get("gemm_check", 0.0)
         with clock.phase("build"):
             engine = Engine(plan, topo, groups, device=device,
-                            optim=OptimConfig(warmup_steps=1, total_steps=1000), seed=0)
+                            optim=OptimConfig(warmup_steps=1, total_steps=1000), seed=SEED)
             if plan.options.compile:  # as training does (executor.switch.elastic); a CPU run stays eager
                 from executor.model.fast_path import compile_blocks
 
@@ -203,11 +210,11 @@ def _worker(gpu: int, sm: list[int], plans: list[dict[str, Any]], cpu: bool, sto
     results = []
     context_gib = _device_in_use(device)
     current: list[PhaseClock] = []
-    with engine_start.installed(lambda: current[0] if current else None):
+    with engine_start.installed(lambda: current[0] if current else None, device) as weights:
         for i, entry in enumerate(plans):
             current[:] = [PhaseClock(device)]
             rec = _run_plan(entry["plan"], gpu, device, store_dir, i, warmup, steps, current[0], entry.get("packed"),
-                            min_steps, trace)
+                            min_steps, trace, weights)
             if rec is not None:
                 rec["name"] = entry["name"]
                 results.append(rec)

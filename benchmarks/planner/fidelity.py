@@ -1,32 +1,36 @@
-"""Cost-model fidelity on the user's own host, in one command (issue 32): calibrate, then 18 plans —
-the planner's and uniform DP / PP / TP, llama-1.3b to llama2-13b, MPS shares, compiled, packed — each
-estimated as ``hexiscale estimate`` would on this host, then measured (median of 3-6 timed steps after 2
-warm-up steps), and the table of predicted against measured with the errors, mean and worst.
+"""Cost-model fidelity on the user's own host, in one command (issue 32): calibrate (the whole GPU and
+the MPS share the plans run under), then 18 plans — the planner's and uniform DP / PP / TP, llama-1.3b
+to llama2-13b, MPS shares, compiled, packed — each estimated as ``hexiscale estimate`` would on this
+host, then measured (median of 3-5 timed steps after 2 warm-up steps), and the table of predicted
+against measured with the errors, mean and worst.
 
-    python -m benchmarks.planner.fidelity                         # 4 GPUs: about 9 min on 4x H100
-    python -m benchmarks.planner.fidelity --calibration FILE      # reuse a calibration (saves 1-1.5 min)
+    python -m benchmarks.planner.fidelity                         # 4 GPUs: about 8.5 min on 4x H100
+    python -m benchmarks.planner.fidelity --calibration FILE      # reuse a calibration (saves ~2 min)
     python -m benchmarks.planner.fidelity --quick                 # CPU smoke: tiny models, gloo, seconds
-    python -m benchmarks.planner.fidelity --part 1/2               # in two device calls: calibrate + half,
+    python -m benchmarks.planner.fidelity --part 1/2               # a shorter device call: calibrate + half,
     python -m benchmarks.planner.fidelity --part 2/2 --calibration OUT/hexiscale-home/calibration/KEY.json
     python -m benchmarks.planner.fidelity --merge OUT/fidelity_A.json OUT/fidelity_B.json   # one table
 
-Expected time on 4x H100: ``hexiscale calibrate`` 1-1.5 min (with its compiled layer), the planner's 4
-searches <= 40 s, 11 plans at full SMs ~4.5 min (the compiled one ~1 min: its warm-up compiles), 7 under
-MPS ~3 min (13B plans ~40 s each; the rest ~20 s). Over 10 min: split with ``--part K/N`` (parts balanced
-by expected time, :mod:`benchmarks.planner.fidelity_split`) and ``--merge`` the parts' JSONs. Time cuts:
-the planner's searches run at once, one process each (~10 s instead of ~40 s), and a plan's timing stops
-after 3 steps once their spread is within 2 % (:mod:`benchmarks.fidelity.steady`; at most ``--steps``).
-The table is followed by the device time per phase over all plans (``phases_s``), so a run shows where
-its minutes went. Each plan also runs one untimed traced step (``traced_s``: forward, backward, p2p,
-gradient sync, optimizer, uncovered time) recorded beside the estimate's same terms (``model_spans_s``),
-which puts a plan's error on a term. The plans and why:
-:mod:`benchmarks.planner.fidelity_plans`; packed rows: :mod:`benchmarks.planner.fidelity_packed`.
-The run itself comes from ``benchmarks/fidelity/worker.py`` (one process per GPU, SM share set before
-its CUDA context); memory is compared per process as in ``benchmarks.fidelity.host4``.
+The expected time per phase is printed when the run starts (:mod:`benchmarks.planner.fidelity_budget`
+says where each figure comes from): ``hexiscale calibrate --sm-percent 100,50`` ~2.3 min, the
+planner's searches ~10 s (at once, one process each), then two launches of one process per GPU (full
+SMs; GPUs 2-3 at 50 % under MPS), each training its plans one after the other (each plan's process
+group and communicators made and destroyed, its memory peak reset): ~3.5 and ~2.5 min. The MPS rows
+are priced from this host's measured share (:mod:`benchmarks.planner.fidelity_calibrate`); a node
+that is not is named in a warning. Time cuts: the initial weights drawn on the GPU once per model
+(:mod:`benchmarks.fidelity.engine_start`), and a plan's timing stops after 3 steps once their spread
+is within 5 % (:mod:`benchmarks.fidelity.steady`; at most ``--steps``). The table is followed by the
+device time per phase over all plans (``phases_s``), so a run shows where its minutes went. Each plan
+also runs one untimed traced step (``traced_s``: forward, backward, p2p, gradient sync, optimizer,
+uncovered time) recorded beside the estimate's same terms (``model_spans_s``), which puts a plan's
+error on a term. The plans and why: :mod:`benchmarks.planner.fidelity_plans`; packed rows:
+:mod:`benchmarks.planner.fidelity_packed`. The run itself comes from ``benchmarks/fidelity/worker.py``
+(one process per GPU, SM share set before its CUDA context); memory is compared per process as in
+``benchmarks.fidelity.host4``.
 
 Prints a markdown table and writes ``OUT/fidelity_<device>_<date>.json`` (device, versions, date,
-the calibration used, every row, the summary). ``--quick`` measures nothing worth reading: it
-checks that the program runs end to end.
+the calibrations used, which calibration priced each node, every row, the summary). ``--quick``
+measures nothing worth reading: it checks that the program runs end to end.
 """
 
 from __future__ import annotations
@@ -44,47 +48,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.planner.fidelity_calibrate import calibrate, install_calibration, read_calibration, unpriced_here
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-
-
-def install_calibration(path: Path, home: Path) -> None:
-    """Copy a calibration written by ``hexiscale calibrate`` (``HOME/calibration/<key>.json``) into
-    ``home``, with its measured device entry (``HOME/devices/<key>.json``) when that exists."""
-    try:
-        data = json.loads(path.read_text())
-        key = str(data["applies_to"][0])
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise SystemExit(f"--calibration: {path} is not a calibration written by 'hexiscale calibrate' ({exc}); "
-                         "pass HOME/calibration/<key>.json") from None
-    (home / "calibration").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(path, home / "calibration" / path.name)
-    entry = path.parent.parent / "devices" / f"{key}.json"
-    if entry.is_file():
-        (home / "devices").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(entry, home / "devices" / entry.name)
-
-
-def calibrate(home: Path, quick: bool, force: bool = False) -> dict[str, Any]:
-    """``hexiscale calibrate`` into ``home`` (``--quick``: the CPU rehearsal, forced past its gate)."""
-    cmd = [sys.executable, "-m", "hexiscale", "calibrate", "--quiet", "--home", str(home)]
-    cmd += ["--cpu", "--force", "--comm-ranks", "0"] if quick else ["--model", "llama-1.3b", "--seq-len", "2048"]
-    if force and not quick:
-        cmd.append("--force")
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HEXISCALE_HOME": str(home)}, capture_output=True,
-                          text=True, timeout=900)
-    print(proc.stdout + proc.stderr, flush=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"calibrate failed ({proc.returncode})")
-    return {"wall_s": time.perf_counter() - t0}
-
-
-def read_calibration(home: Path) -> dict[str, Any]:
-    files = sorted((home / "calibration").glob("*.json"))
-    if not files:
-        raise SystemExit(f"no calibration under {home}/calibration")
-    return {"file": str(files[0]), **json.loads(files[0].read_text())}
 
 
 def error_row(name: str, sm: list[int], error: str) -> dict[str, Any]:
@@ -172,11 +139,22 @@ def run(args: argparse.Namespace) -> Path:
         shutil.rmtree(home)
     os.environ["HEXISCALE_HOME"] = str(home)  # before the planner reads its catalog
     t_start = time.perf_counter()
+    from benchmarks.planner.fidelity_budget import budget
+    from benchmarks.planner.fidelity_plans import launches
+
+    wanted = [c.name for launch in launches(args.quick) for c in launch.cases if not args.plans or c.name in args.plans]
+    mps = not args.quick and shutil.which("nvidia-cuda-mps-control") is not None
+    # the MPS shares the plans run under, calibrated here too (fidelity_calibrate's docstring)
+    shares = sorted({s for launch in launches(args.quick) if any(c.name in wanted for c in launch.cases)
+                     for s in launch.sm if s < 100}) if mps else []
+    expected = budget(launches(args.quick), wanted, shares=shares, calibrating=not args.calibration)
+    if not args.quick:  # the GPU run's budget (a CPU smoke takes seconds whatever it says)
+        print(expected.line(), flush=True)
     if args.calibration:
         install_calibration(Path(args.calibration), home)
         cal_run: dict[str, Any] = {"wall_s": 0.0, "reused": args.calibration}
     else:
-        cal_run = calibrate(home, args.quick, args.force_calibration)
+        cal_run = calibrate(home, args.quick, args.force_calibration, shares)
     cal = read_calibration(home)
     key = cal["applies_to"][0]
     context = (cal.get("fits", {}).get("framework_gib") or {}).get("measured_context_gib")
@@ -185,19 +163,17 @@ def run(args: argparse.Namespace) -> Path:
     from benchmarks.fidelity.host4 import cluster_for, leaks
     from benchmarks.fidelity.worker import run_launch
     from benchmarks.planner.fidelity_packed import packed_micro_batches
-    from benchmarks.planner.fidelity_plans import launches
     from benchmarks.planner.fidelity_search import search_all
     from planner.calibration.local import resolve_profiles
     from planner.plan import plan_from_dict, plan_to_dict
 
-    wanted = [c.name for launch in launches(args.quick) for c in launch.cases if not args.plans or c.name in args.plans]
     meta: dict[str, Any] = {**record(args.quick), "quick": args.quick, "calibration": cal_run,
-                            "calibration_file": cal["file"], "measured_key": key,
-                            "calibration_provenance": cal.get("provenance"), "warmup": args.warmup,
-                            "steps": args.steps, "min_steps": args.min_steps, "plans": wanted}
+                            "calibration_file": cal["file"], "share_calibrations": cal["shares"],
+                            "measured_key": key, "calibration_provenance": cal.get("provenance"),
+                            "warmup": args.warmup, "steps": args.steps, "min_steps": args.min_steps, "plans": wanted,
+                            "expected": dict(expected.phases)}
     rows: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
-    mps = not args.quick and shutil.which("nvidia-cuda-mps-control") is not None
     if mps:
         subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
     t_plan = time.perf_counter()  # the planner's searches: device idle, inside the 10 minutes too
@@ -209,7 +185,11 @@ def run(args: argparse.Namespace) -> Path:
             sm = list(launch.sm)
             cluster = cluster_for(launch.sm, key, args.quick, latency)
             resolved = resolve_profiles(cluster)
-            print(resolved.line, flush=True)
+            resolved.say(sys.stdout)
+            elsewhere = [] if args.quick else unpriced_here(resolved.priced_by)
+            if elsewhere:  # e.g. no MPS daemon here: a share priced from a shipped profile of another host
+                print(f"warning: launch {launch.name}: not priced by this host's calibration: {', '.join(elsewhere)}",
+                      flush=True)
             entries, cases = [], []
             t_plan = time.perf_counter()
             for case in (c for c in launch.cases if c.name in wanted):
@@ -229,7 +209,8 @@ def run(args: argparse.Namespace) -> Path:
             t0 = time.perf_counter()
             res = run_launch(entries, [100] * len(sm) if args.quick else sm, cpu=args.quick, warmup=args.warmup,
                              steps=args.steps, min_steps=args.min_steps, trace=not args.no_trace)
-            res.update(name=launch.name, seconds=time.perf_counter() - t0, planning_s=t0 - t_plan)
+            res.update(name=launch.name, seconds=time.perf_counter() - t0, planning_s=t0 - t_plan,
+                       priced_by=resolved.priced_by)
             runs.append(res)
             print(f"launch {launch.name}: {len(entries)} plans in {res['seconds']:.0f} s (planned in "
                   f"{res['planning_s']:.0f} s)", flush=True)
@@ -317,9 +298,10 @@ def _pct(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Expected time: about 9 minutes "
-                                 "on 4x H100 (calibration 1-1.5 min, 18 plans ~7.5 min); --quick: a few minutes on "
-                                 "CPU, its test runs two plans.")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Expected time: about 8.5 minutes "
+                                 "on 4x H100 (calibration of the whole GPU and its 50 %% MPS share ~2.3 min, 18 plans "
+                                 "~6 min; printed per phase when it starts); --quick: a few minutes on CPU, its test "
+                                 "runs two plans.")
     ap.add_argument("--out", default=str(RESULTS), help="folder for the JSON (default benchmarks/results)")
     ap.add_argument("--calibration", help="a calibration file written by 'hexiscale calibrate' "
                     "(HOME/calibration/<key>.json; its HOME/devices entry comes with it): skip calibrating")
@@ -327,9 +309,10 @@ def main(argv: list[str] | None = None) -> int:
                     "held-out error is above calibrate's gate (the table then shows what that fit predicts)")
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: tiny models on gloo ranks")
     ap.add_argument("--warmup", type=int, help="untimed steps per plan (default 2; --quick: 1)")
-    ap.add_argument("--steps", type=int, help="timed steps per plan, median taken (default 6: steps 3-8; --quick: 1)")
+    ap.add_argument("--steps", type=int, help="timed steps per plan at most, median taken (default 5: steps 3-7; "
+                    "--quick: 1)")
     ap.add_argument("--min-steps", type=int, help="stop timing a plan after this many steps once its last 3 agree "
-                    "within 2 %% (default 3; --quick: 1; = --steps: always --steps)")
+                    "within 5 %% (default 3; --quick: 1; = --steps: always --steps)")
     ap.add_argument("--no-trace", action="store_true", help="skip the one traced step per plan (forward, backward, "
                     "grad sync, optimizer and uncovered time beside the estimate's, in traced_s / model_spans_s)")
     ap.add_argument("--plans", default="", help="comma list of plan names to run (default: all)")
@@ -342,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         merge([Path(p) for p in args.merge], Path(args.out))
         return 0
     args.warmup = (1 if args.quick else 2) if args.warmup is None else args.warmup
-    args.steps = (1 if args.quick else 6) if args.steps is None else args.steps
+    args.steps = (1 if args.quick else 5) if args.steps is None else args.steps
     args.min_steps = (1 if args.quick else min(3, args.steps)) if args.min_steps is None else args.min_steps
     if args.warmup < 0 or args.steps < 1 or not 1 <= args.min_steps <= args.steps:
         ap.error(f"--warmup must be >= 0, --steps >= 1 and --min-steps in 1..--steps, got {args.warmup}, "

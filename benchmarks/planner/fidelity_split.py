@@ -1,10 +1,11 @@
 """The fidelity program in several calls: which plans each part runs, and one table from the parts.
 
-A device call may be shorter than the whole program (10 minutes on 4x H100 for calibration and 18
-plans). ``--part K/N`` runs the K-th of N parts, balanced by each plan's expected device seconds
-(:func:`expected_s`, longest first onto the lightest part), with the calibration of the first part
-passed to the others (``--calibration``); ``--merge A.json B.json`` then makes one result file and
-one table of them (:func:`merge_results`), refusing parts measured with different calibrations.
+The program fits one device call of 10 minutes on 4x H100 (:mod:`benchmarks.planner.fidelity_budget`);
+a shorter call can run it in parts. ``--part K/N`` runs the K-th of N parts, balanced by each plan's
+expected device seconds (:func:`expected_s`, longest first onto the lightest part), with the
+calibration of the first part passed to the others (``--calibration``); ``--merge A.json B.json``
+then makes one result file and one table of them (:func:`merge_results`), refusing parts measured
+with different calibrations.
 """
 
 from __future__ import annotations
@@ -14,22 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.planner.fidelity_budget import CALIBRATE_S, SEARCH_S, plan_s
 from benchmarks.planner.fidelity_plans import Case, Launch
-
-# rough device seconds of one plan on 4x H100 (fidelity_plans' docstring): a 1.3B plan ~20 s, a 7B
-# ~30 s, a 13B ~40 s; a compiled plan's warm-up compiles (~40 s more); the planner's search ~10 s
-BY_MODEL_S = {"llama-1.3b": 20.0, "llama2-7b": 30.0, "llama2-13b": 40.0}
-COMPILE_S = 40.0
-SEARCH_S = 10.0
-CALIBRATE_S = 75.0  # part 1 calibrates (1-1.5 min); the other parts reuse its file (--calibration)
 
 
 def expected_s(case: Case) -> float:
-    """The rough device seconds of ``case`` (module constants; an unknown model counts as a 1.3B)."""
-    s = BY_MODEL_S.get(case.model.name, BY_MODEL_S["llama-1.3b"])
-    if case.plan is not None and case.plan.options.compile:
-        s += COMPILE_S
-    return s + (SEARCH_S if case.planner else 0.0)
+    """The expected device seconds of ``case`` (:func:`benchmarks.planner.fidelity_budget.plan_s`), its
+    search included for a planner's case."""
+    return plan_s(case) + (SEARCH_S if case.planner else 0.0)
 
 
 def parse_part(text: str) -> tuple[int, int]:

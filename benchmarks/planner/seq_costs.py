@@ -46,16 +46,18 @@ def main() -> None:
             plan = Plan(replace(model), 1, (Pipeline(1, 1, stages),), PlanOptions(recompute=args.recompute))
             [cost] = pipeline_costs(plan, cluster, profiles=profiles)
             k = cost.bottleneck()
-            rows.append({"tp": tp, "pp": pp, "a": k.a, "b": k.b, "c": k.c, "fit_error": k.fit_error,
+            rows.append({"tp": tp, "pp": pp, "a": k.a, "b": k.b, "c": k.c, "d": k.d, "fit_error": k.fit_error,
                          "token_cap": cost.token_cap, "s_at_4k": k.micro_batch_s([4096]),
                          "s_at_context": k.micro_batch_s([args.context])})
     table = Table(title=f"{args.model} on {args.gpu}, context {args.context:,}, recompute {args.recompute}: "
-                        "bottleneck stage, t = a·s² + b·s + c")
-    for col in ("TP", "PP", "a (s/token²)", "b (s/token)", "c (s)", "fit error", "token cap", "t(4K)", "t(context)"):
+                        "bottleneck stage, t = a·Σs² + b·Σs + c + d·documents")
+    for col in ("TP", "PP", "a (s/token²)", "b (s/token)", "c (s)", "d (s/doc)", "fit error", "token cap", "t(4K)",
+                "t(context)"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["tp"]), str(r["pp"]), f"{r['a']:.3e}", f"{r['b']:.3e}", f"{r['c']:.3e}",
-                      f"{r['fit_error']:.1%}", f"{r['token_cap']:,}", f"{r['s_at_4k']:.4f}", f"{r['s_at_context']:.4f}")
+                      f"{r['d']:.3e}", f"{r['fit_error']:.1%}", f"{r['token_cap']:,}", f"{r['s_at_4k']:.4f}",
+                      f"{r['s_at_context']:.4f}")
     Console(width=140).print(table)
     path = write_result("seq_costs", {"model": args.model, "gpu": args.gpu, "context": args.context,
                                       "recompute": args.recompute, "rows": rows})

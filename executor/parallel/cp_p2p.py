@@ -140,7 +140,7 @@ class CPStageComm:
         (tensor, peer stage) and ``recvs`` (this rank's shape, peer stage) together, piece-wise with
         each peer stage's slot leaders (``StageTopo.stage_leaders``; :meth:`_transfer`), and wait; then
         broadcast each received tensor inside the TP group, in order. The messages each slot leader
-        posts, and why no two wait on each other, are :func:`planner.schedules.comm.slot_exchanges`."""
+        posts, and why no two wait on each other, are :func:`planner.schedules.slot_comm.slot_exchanges`."""
         if not sends and not recvs:
             return []
         ring = self.stage.stage_leaders

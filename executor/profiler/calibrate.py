@@ -53,18 +53,19 @@ from executor.model import allocator
 from executor.profiler import compute
 from executor.profiler.compiled import compiled_ratio
 from executor.profiler.cp_attention import measure_cp_attention
-from executor.profiler.packed import measure_packed_layer, packed_rows
+from executor.profiler.packed import measure_packed_layer, packed_kernel, packed_rows, row_totals
 from executor.profiler.runner import ProfileConfig, detect_base, machine_meta, run_profile
 from planner.calibration.collective import fit_collective_host
 from planner.calibration.cp_attention import fit_cp_attention
 from planner.calibration.fit import fit_compute, fit_link_efficiency
 from planner.calibration.holdout import DEFAULT_MAX_MEAN, gate, held_out_compute
 from planner.calibration.local import calibrations
-from planner.calibration.packed import packed_fit
+from planner.calibration.packed import LEFT_OUT, MIN_ROW_TOKENS, packed_fit, packed_gate
 from planner.calibration.store import load_params, save_calibration
 from planner.catalog import DeviceType, default_catalog, parse_device_entry
 from planner.cluster import Link
 from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.cost.profile import SpecProfile
 from planner.model import PRESETS, ModelSpec
 
 WIDTHS = ("llama2-7b", "llama2-13b")  # besides the model: layers timed for the shape terms only
@@ -154,7 +155,9 @@ def run_calibrate(model: ModelSpec, home: Path, *, cpu: bool, comm_world: int, p
     """Measure, fit and write ``home/devices/<key>.json`` and ``home/calibration/<key>.json``; returns a
     summary. Both are measured into a staging folder and installed only when the compute fit's held-out
     error (:mod:`planner.calibration.holdout`) is within ``max_held_out`` or ``force`` is set; otherwise
-    ``summary["refused"]`` says why and ``home`` is left as it was."""
+    ``summary["refused"]`` says why and ``home`` is left as it was. The packed fit is gated on its own
+    (:func:`planner.calibration.packed.packed_gate`, same limit): above it, the rest installs and the
+    packed rows are marked left out (``summary["packed_left_out"]`` and ``fits.packed.left_out`` say why)."""
     staging = Path(tempfile.mkdtemp(prefix=".calibrate-", dir=_made(home)))
     try:
         return _measure_and_fit(model, home, staging, cpu=cpu, comm_world=comm_world, progress=progress,
@@ -186,22 +189,28 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     out = staging / "devices" / f"{key}.json"
     pf = run_profile(cfg, out, key=key, base=base.key if base else None, resume=False, progress=progress)
     pf.set("widths", _widths(cfg, device, cpu))
-    rows = packed_rows(model.seq_len, (model.seq_len, 2 * model.seq_len))
-    pf.set("packed", {"tp": 1, "recompute": "none", "rows": measure_packed_layer(
-        model, rows, dtype=cfg.dtype, device=device, warmup=cfg.warmup, repeats=cfg.repeats, chain=cfg.layer_chain)})
+    rows = packed_rows(model.seq_len, row_totals(model.seq_len, model.seq_len if cpu else MIN_ROW_TOKENS))
+    pf.set("packed", {"tp": 1, "recompute": "none", "kernel": packed_kernel(cfg.dtype, device),
+                      "rows": measure_packed_layer(model, rows, dtype=cfg.dtype, device=device, warmup=cfg.warmup,
+                                                   repeats=cfg.repeats, chain=cfg.layer_chain)})
     entry = parse_device_entry(json.loads(out.read_text()), str(out))
     applies = _applies_to(key, base, None if cpu else meta["sm_percent"])
     start, started_from = _start_params(applies)
     res = fit_compute(entry, start)
-    packed = packed_fit(entry, model, cfg.dtype)
     held = held_out_compute(entry, start)
     refused = gate(held, max_held_out)
     params = res.params
+    packed = packed_fit(SpecProfile(entry, params), model, cfg.dtype)
     gated = {**held.to_dict(), "limit_mean_abs_rel": max_held_out, "forced": force and refused is not None}
     fits: dict[str, Any] = {"compute": {**res.to_dict(), "held_out": gated, "device": key,
                                         "widths": [w["model"]["name"] for w in pf.measured["widths"]]}}
-    if packed is not None:  # what the varlen cost will be priced from (planner.varlen.seq_cost)
-        fits["packed"] = asdict(packed)
+    packed_refused = packed_gate(packed, max_held_out) if packed is not None else None
+    left_out = None if force else packed_refused
+    if packed is not None:  # what the varlen cost will be priced from (planner.varlen.seq_cost), gated
+        fits["packed"] = {**asdict(packed), "limit_mean_abs_rel": max_held_out,
+                          "forced": force and packed_refused is not None, "left_out": left_out}
+    if left_out is not None:  # the rows stay for inspection; marked, they price nothing (packed_fit: None)
+        pf.set("packed", {**pf.measured["packed"], LEFT_OUT: left_out})
     comm = pf.measured.get("comm")
     if comm and comm.get("fit"):
         link = fit_link_efficiency(comm, NVLINK_NOMINAL_GBPS)
@@ -251,7 +260,7 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     summary = {"key": key, "profile": str(home / "devices" / out.name),
                "calibration": str(home / "calibration" / cal_path.name), "seconds": elapsed, "fits": fits,
                "provenance": provenance, "live_tps": live, "refused": None if force else refused,
-               "forced": gated["forced"]}
+               "forced": gated["forced"], "packed_left_out": left_out}
     if summary["refused"] is None:  # install: the measured entry and its calibration, each replaced whole
         for staged in (out, cal_path):
             target = _made(home / staged.parent.name) / staged.name

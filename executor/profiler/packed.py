@@ -1,12 +1,14 @@
 """Packed micro-batches timed on this host (``hexiscale calibrate``): one transformer layer on one row
 of documents of mixed length — the executor's packed attention (:mod:`executor.data.packed_docs`: positions
-restart and attention stays inside each document) — so the varlen cost ``a·Σs² + b·Σs + c`` is fitted
-to the path it prices (:mod:`planner.calibration.packed`), not carried from full-length rows.
+restart and attention stays inside each document) — so the varlen cost ``a·Σs² + b·Σs + c + d·n`` is
+fitted to the path it prices (:mod:`planner.calibration.packed`), not carried from full-length rows.
 
 Rows (``measured.packed`` of the device entry): ``{"lengths": [s_d...], "forward_s", "backward_s",
 "peak_bytes"?}`` per layer (chained as inside a stage, divided by the chain), for the profiled model
-at TP 1, no recompute. :func:`packed_rows` picks the documents: per total token count, from full-length
-documents to many short ones, so ``a``, ``b`` and ``c`` are all identifiable.
+at TP 1, no recompute. :func:`packed_rows` picks the documents: per total token count
+(:func:`row_totals`: above the host's launch floor on a GPU), from full-length documents to many short
+ones, so ``b``, ``c`` and ``d`` are all identifiable; :func:`packed_kernel` names the attention kernel
+the rows ran (a per-document loop or one varlen kernel), which the calibration records with them.
 """
 
 from __future__ import annotations
@@ -16,12 +18,18 @@ from typing import Any
 
 import torch
 
-from executor.data.packed_docs import DocSpans
+from executor.data.packed_docs import DocSpans, varlen_kernel_name
 from executor.profiler import compute
-from planner.calibration.packed import SPLITS, packed_rows
+from planner.calibration.packed import SPLITS, packed_rows, row_totals
 from planner.model import ModelSpec
 
-__all__ = ["SPLITS", "measure_packed_layer", "packed_rows"]
+__all__ = ["SPLITS", "measure_packed_layer", "packed_kernel", "packed_rows", "row_totals"]
+
+
+def packed_kernel(dtype: str, device: torch.device) -> str:
+    """The packed-attention kernel a row of several documents runs on ``device`` in ``dtype``."""
+    return varlen_kernel_name(torch.empty(1, device=device, dtype=compute.TORCH_DTYPES[dtype]))
+
 
 def measure_packed_layer(model: ModelSpec, rows: list[list[int]], *, dtype: str, device: torch.device, warmup: int,
                          repeats: int, chain: int = 1) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hexiscale.cli.calibrate_shares import check_shares, env_share, run_shares
 from hexiscale.cli.cmd_profile import MAX_COMM_RANKS
+from hexiscale.cli.output import print_warning
 from planner.calibration.holdout import DEFAULT_MAX_MEAN
 from planner.errors import SpecError
 from planner.hf_config import resolve_model
@@ -75,8 +76,10 @@ def run(args: argparse.Namespace) -> int:
               f"of {link['nominal_GBps']:.0f} GB/s nominal")
     if "packed" in summary["fits"]:
         pk = summary["fits"]["packed"]
-        print(f"packed rows: {pk['rows']} timed; the varlen cost a*sum(s^2) + b*sum(s) + c fits them within "
-              f"{pk['fit_error'] * 100:.1f} %")
+        print(f"packed rows: {pk['rows']} timed; the varlen cost a*sum(s^2) + b*sum(s) + c + d*documents fits them "
+              f"within {pk['fit_error'] * 100:.1f} % (held out: mean {pk.get('held_out_mean', 0.0) * 100:.1f} %, worst "
+              f"{pk.get('held_out', 0.0) * 100:.1f} %), "
+              f"{pk.get('d', 0.0) * 1e6:.0f} us a document per layer")
     if "compile" in summary["fits"]:
         print(f"compiled layers: {summary['fits']['compile']['ratio']:.3f} x their eager time (priced for plans "
               "with options.compile)")
@@ -93,5 +96,12 @@ def run(args: argparse.Namespace) -> int:
                         "pass --force to install this fit anyway, or calibrate with another --model")
     if summary["forced"]:
         print(f"installed despite the held-out error (--force; limit {args.max_held_out:g} %)")
+    packed = summary["fits"].get("packed", {})
+    if packed.get("forced"):
+        print(f"packed terms installed despite their held-out error (--force; limit {args.max_held_out:g} %)")
+    if summary["packed_left_out"]:  # the rest installs: one line, on stderr (planner.calibration.packed)
+        print_warning(f"--max-held-out-error: {summary['packed_left_out']}: packed terms left out, mixed-length "
+                      "steps priced from the layer table as without packed rows; pass --force to install them, "
+                      "or re-run calibrate on an idle host")
     print(f"wrote {summary['profile']} and {summary['calibration']}; plan, estimate and whatif use them from now on")
     return 0

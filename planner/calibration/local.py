@@ -44,6 +44,7 @@ class Calibration:
     fingerprint: str
     held_out: dict[str, float] | None = None  # fits.compute.held_out: the fit's cross-validated error
     forced: bool = False  # installed above the held-out limit (calibrate --force)
+    packed_left_out: str | None = None  # fits.packed.left_out: why calibrate left the packed terms out
 
     def quality(self) -> str:
         """`` (held-out error M % mean, W % worst)``, or nothing for a calibration without the figure."""
@@ -65,7 +66,15 @@ def _read(path: Path, host: bool) -> Calibration | None:
     if not isinstance(prov, dict):
         prov = {}
     return Calibration(path, tuple(str(k) for k in data["applies_to"]), host, str(prov.get("date", "")),
-                       str(prov.get("host_fingerprint", "")), *_held_out(data))
+                       str(prov.get("host_fingerprint", "")), *_held_out(data), _packed_left_out(data))
+
+
+def _packed_left_out(data: dict[str, Any]) -> str | None:
+    """``fits.packed.left_out``: why the packed rows price nothing (None: installed, or none measured)."""
+    fits = data.get("fits")
+    packed = fits.get("packed") if isinstance(fits, dict) else None
+    reason = packed.get("left_out") if isinstance(packed, dict) else None
+    return reason if isinstance(reason, str) and reason else None
 
 
 def _held_out(data: dict[str, Any]) -> tuple[dict[str, float] | None, bool]:

@@ -1,7 +1,7 @@
 """Dispatch: one step's sequences to the pipelines of one plan, then packing on each pipeline.
 
 Pipelines may differ (an asymmetric plan: one high-TP pipeline for long sequences next to
-low-TP replicas): each has its own per-sequence cost ``w_j(s) = a·s² + b·s`` on its bottleneck
+low-TP replicas): each has its own per-sequence cost ``w_j(s) = a·s² + b·s + d`` on its bottleneck
 stage, its token cap (no sequence longer than the cap may go there) and, for GPipe, a cap on its
 tokens per step (:mod:`planner.varlen.seq_cost`). The pipelines run in parallel, so the step
 takes as long as the slowest one.
@@ -73,15 +73,16 @@ class _Pipe:
     b: float
     c: float
     phi: float
+    d: float = 0.0  # per document (SeqCost.d)
 
     @classmethod
     def of(cls, cost: PipelineCost) -> _Pipe:
         k = cost.bottleneck()
         phi = sum(st.b for st in cost.stages) / k.b - 1 if k.b > 0 else len(cost.stages) - 1.0
-        return cls(cost, k.a, k.b, k.c, phi)
+        return cls(cost, k.a, k.b, k.c, phi, k.d)
 
     def w(self, s: float) -> float:
-        return self.a * s * s + self.b * s
+        return self.a * s * s + self.b * s + self.d
 
     def micro_batches(self, work: float, tokens: int, n: int) -> int:
         lo = max(1, math.ceil(tokens / self.cost.token_cap))

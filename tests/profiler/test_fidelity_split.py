@@ -107,5 +107,6 @@ def test_a_later_part_reuses_the_first_parts_calibration_in_the_same_folder(tmp_
     monkeypatch.setattr(fidelity, "read_calibration", stop)
     monkeypatch.setenv("HEXISCALE_HOME", str(tmp_path / "elsewhere"))
     with pytest.raises(SystemExit):
-        fidelity.run(argparse.Namespace(out=str(tmp_path), calibration=str(cal), quick=True, force_calibration=False))
+        fidelity.run(argparse.Namespace(out=str(tmp_path), calibration=str(cal), quick=True, force_calibration=False,
+                                           plans=[]))
     assert seen and "h100-sxm-measured" in seen[0]

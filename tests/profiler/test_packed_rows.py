@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from executor.profiler.packed import SPLITS, measure_packed_layer, packed_rows
+from executor.profiler.packed import SPLITS, measure_packed_layer, packed_kernel, packed_rows, row_totals
 from planner.model import PRESETS
 
 
@@ -20,7 +20,18 @@ def test_rows_keep_each_total_and_vary_the_documents() -> None:
     assert packed_rows(24, (30,)) == [[24, 6], [12, 12, 6], [6] * 5, [3] * 10]
 
 
+def test_row_totals_leave_the_launch_floor() -> None:
+    """2K-token rows of llama-1.3b were launch-bound on H100 (the same row: 2.7 ms, then 4.6 ms):
+    rows hold at least 4K tokens, and twice that, so the per-token term is told from the constants."""
+    assert row_totals(2048) == (4096, 8192)
+    assert row_totals(8192) == (8192, 16384)
+    assert row_totals(64, min_tokens=64) == (64, 128)  # a CPU calibration keeps its rows small
+    rows = packed_rows(2048, row_totals(2048))
+    assert sorted({len(r) for r in rows}) == [2, 4, 8, 16, 32]  # documents per row: d is identifiable
+
+
 def test_a_packed_layer_is_timed_on_cpu() -> None:
+    assert packed_kernel("fp32", torch.device("cpu")) == "sdpa + document mask"
     model = PRESETS["tiny"]
     rows = packed_rows(model.seq_len, (model.seq_len,))[:2]
     out = measure_packed_layer(model, rows, dtype="fp32", device=torch.device("cpu"), warmup=1, repeats=1, chain=2)
