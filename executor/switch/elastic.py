@@ -12,7 +12,8 @@ two steps is :class:`executor.switch.elastic_switch.ElasticJob`: after each step
 switch moves the state and hands the loop the next epoch's runner (module docstring there).
 
 A joining rank (``HEXISCALE_ELASTIC_JOIN=e``, started by the supervisor with epoch ``e``'s layout)
-runs the local checks, pays its one-off first-use costs (:mod:`executor.switch.warm_up`), builds
+runs the local checks, pays its one-off first-use costs (:mod:`executor.switch.warm_up`; NCCL's,
+:mod:`executor.switch.nccl_warm`), plans its state move (from ``plan/<e>``), builds
 the engine its state will move into (:func:`executor.switch.elastic_switch.build_early`), reports
 ``ready``, waits for epoch ``e`` and the data position, receives its state in the same switch and
 trains from there.
@@ -34,8 +35,9 @@ from executor.job.faults import parse_fault
 from executor.job.watchdog import EXIT_INTERRUPTED, EXIT_USER_ERROR, Watchdog, log_error
 from executor.state.resume import choose_checkpoint
 from executor.switch.elastic_channel import Channel
-from executor.switch.elastic_switch import ElasticJob, build_early
+from executor.switch.elastic_switch import ElasticJob, build_early, plan_joined
 from executor.switch.epoch_world import World
+from executor.switch.nccl_warm import warm_nccl
 from executor.switch.warm_up import warm_up
 from executor.train import plan_runner, pool_runner
 from executor.train.config import TrainConfig
@@ -69,15 +71,20 @@ def run_elastic(args: TrainConfig) -> int:
         store = connect_store(renv, args.faults.startup_timeout)
         channel = Channel(store, renv.prefix)
         prep, docs, error = rank_checks(plan, renv, args, pool)
-        early = None
+        early, move, planned = None, None, None
         if joining:
             if prep is not None:
                 warm_s = warm_up(plan, me, prep.device, opt)
                 if warm_s is not None:
                     print(f"[{me}] warmed up in {warm_s:.2f} s (one block's training step)", flush=True)
-                if error is None:  # the engine the state moves into, built while the job trains
-                    early = build_early(joining, layout, rank_states(plan)[plan.devices.index(me)], args=args,
-                                        device=prep.device, optim=opt, ahead=True)
+                nccl_s = warm_nccl(prep.device)  # NCCL's one-off start-up, not in the new world's set-up
+                if nccl_s is not None:
+                    print(f"[{me}] NCCL warmed up in {nccl_s:.2f} s (a one-rank communicator)", flush=True)
+                if error is None:  # the move and the engine the state moves into, while the job trains
+                    move, planned = plan_joined(channel, joining, layout, cluster=cluster, me=me)
+                    state = move.states[1] if move is not None else rank_states(plan)[plan.devices.index(me)]
+                    assert state is not None, f"{me} is not in its own layout"
+                    early = build_early(joining, layout, state, args=args, device=prep.device, optim=opt, ahead=True)
             channel.ready(joining, me, None if error is None else str(error))
             if error is not None:
                 raise error
@@ -98,7 +105,7 @@ def run_elastic(args: TrainConfig) -> int:
                   hang_after=args.faults.hang_after)
     job = ElasticJob(args, me, renv, store, channel, World(store, f"{renv.prefix}/elastic/pg", prep.device, me,
                                                            timeout_s=timeout_s), prep, opt, cluster, fault, wd, docs,
-                     early=early)
+                     early=early, move=move, planned=planned)
     try:
         flight.enable()
         if not joining:

@@ -7,8 +7,10 @@ of the job's TCPStore (the supervisor hosts it, so it outlives every rank).
 
 **Epochs** (``<attempt prefix>/elastic/``; epoch 0 is the launch plan, each switch starts the next):
 
-* ``plan/<e>`` — the layout of epoch ``e`` (JSON: a plan, or a strategy pool by its ``format``),
-  written before its joining processes start;
+* ``plan/<e>`` — ``{"old_plan", "plan"}``: the running layout and epoch ``e``'s (JSON: a plan, or a
+  strategy pool by its ``format``), written before its joining processes start; every rank (a
+  joiner too) plans its state move from it while the joiners start, ahead of the go
+  (:meth:`Channel.planned`; the go's layouts are compared with it);
 * ``ready/<e>/<device>`` — a joining process passed its local checks (``ok``) or not (its error);
 * ``epoch/<e>`` — the go: ``{"old_plan", "plan", "leave", "join"}``, once every joiner is ready;
 * ``at/<e>`` — the step after which epoch ``e`` starts, written once (``compare_set``): by the
@@ -58,8 +60,9 @@ class Channel:
         self.store.wait([self._k(name)], timedelta(seconds=timeout_s))
 
     # ------------------------------------------------------------------ supervisor
-    def publish_plan(self, e: int, plan: Layout) -> None:
-        self.store.set(self._k(f"plan/{e}"), json.dumps(layout_to_dict(plan)))
+    def publish_plan(self, e: int, old: Layout, new: Layout) -> None:
+        """Epoch ``e``'s layout ``new`` and the running one, ``old`` (before the joiners start)."""
+        self.store.set(self._k(f"plan/{e}"), json.dumps({"old_plan": layout_to_dict(old), "plan": layout_to_dict(new)}))
 
     def publish_epoch(self, e: int, old: Layout, new: Layout) -> None:
         """The go of epoch ``e``; ``old`` and ``new`` are plans or strategy pools (their ``format``)."""
@@ -103,6 +106,20 @@ class Channel:
         """Has the go of epoch ``e`` been given (its plans can be read without waiting)?"""
         return bool(self.store.check([self._k(f"epoch/{e}")]))
 
+    def planned(self, e: int) -> str | None:
+        """Epoch ``e``'s ``plan/<e>`` as written (parse it with :func:`layouts`), None if not
+        (yet) planned: the change may still fail before its go (its joiners not ready)."""
+        key = self._k(f"plan/{e}")
+        return self.store.get(key).decode() if self.store.check([key]) else None
+
+    def wait_planned(self, e: int, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for ``plan/<e>`` (written before the go, which needs it)."""
+        try:
+            self._wait(f"plan/{e}", timeout_s)
+        except Exception:
+            raise SpecError("elastic", f"epoch {e} was not planned within {timeout_s:.0f} s",
+                            "the supervisor could not re-plan for the new devices") from None
+
     def epoch(self, e: int, timeout_s: float) -> tuple[Layout, Layout]:
         """(old layout, new layout) of epoch ``e`` (plans or pools), waiting up to ``timeout_s`` for the go."""
         try:
@@ -127,6 +144,12 @@ class Channel:
 
     def report(self, e: int, report: dict[str, Any]) -> None:
         self.store.set(self._k(f"done/{e}"), json.dumps(report))
+
+
+def layouts(text: str) -> tuple[Layout, Layout]:
+    """(old layout, new layout) of a ``plan/<e>`` record (:meth:`Channel.planned`)."""
+    rec = json.loads(text)
+    return layout_from_dict(rec["old_plan"]), layout_from_dict(rec["plan"])
 
 
 def wait_for(predicate: Any, timeout_s: float, poll_s: float = 0.05) -> Any:

@@ -2,8 +2,16 @@
 after each step the loop asks whether the next epoch is due; if so the state moves into the new
 layout, which may be a plan or a strategy pool (:mod:`executor.train.loop` runs either).
 
-Once the next epoch is published, each rank plans its state move between two steps (the reshard
-plan of a 1.3B model takes ~0.1 s of Python), so the switch itself does not pay for it. A rank of
+Once the next epoch is *planned* (``plan/<e>``: its layout and the running one, written before
+its joining processes start, :meth:`Channel.planned`), each rank plans its state move between two
+steps (the reshard plan of a 1.3B model takes ~0.1 s of Python), so the switch itself does not pay
+for it; a joiner plans it before it reports ready. A rank that reaches the switch before the go
+(a trace's boundary while the joiners still start) plans the move and builds its engine while it
+waits (:meth:`ElasticJob.while_waiting`); each counts as ahead only if the go was still not given
+when it was done, else it is charged to the switch (``plan_late_s``, ``engine_late_s``). The go's
+layouts are compared with the planned ones: a change that failed before its go and was planned
+again under the same epoch number is planned anew (4x H100, 2026-11-27 09:31: the join's old ranks
+planned in the switch, 56-105 ms, and waited 104 ms for the joiner, which planned after the go). A rank of
 the new layout also builds its engine there, when the old one still has a step to train before the
 switch (a joiner: before it waits for the switch): modules, parameters and optimizer on the device,
 without initial values and without process groups, which the new layout's world does not have yet
@@ -42,7 +50,7 @@ from executor.job.env import RankEnv
 from executor.job.watchdog import Watchdog
 from executor.parallel.group_retire import Retired
 from executor.state.state_pieces import NewState
-from executor.switch.elastic_channel import Channel
+from executor.switch.elastic_channel import Channel, layouts
 from executor.switch.epoch_world import World
 from executor.switch.state_move import SWITCH_PARTS, holdings, switch
 from executor.train import plan_runner, pool_runner
@@ -74,6 +82,19 @@ class Move:
     rp: ReshardPlan
     plan_s: float
     states: tuple[RankState | None, RankState | None]  # this device's holdings in the old and the new plan
+    ahead: bool = False  # planned off the switch's path: between two steps, or before the go (module docstring)
+
+    def of(self, e: int, old: Layout, new: Layout) -> bool:
+        """Whether this is epoch ``e``'s move from ``old`` to ``new``."""
+        return (self.e, self.old, self.new) == (e, old, new)
+
+
+def new_move(e: int, old: Layout, new: Layout, *, cluster: ClusterSpec | None, me: str, ahead: bool) -> Move:
+    """Epoch ``e``'s :class:`Move` from ``old`` to ``new`` (their home plans), timed."""
+    t0 = time.perf_counter()
+    rp = reshard_plan(home_plan(old), home_plan(new), cluster)
+    states = holdings(rp, me)
+    return Move(e, old, new, rp, time.perf_counter() - t0, states, ahead)
 
 
 # communicator set-up, reported apart from the switch: default groups created, the exchanging pairs
@@ -94,10 +115,12 @@ class Early:
     and the state's tensors in it (:class:`~executor.state.state_pieces.NewState`)."""
 
     e: int
+    layout: Layout  # the layout it was built for (an epoch planned again gets another)
     engine: Engine
     into: NewState
     build_s: float  # seconds to build both (device synchronised)
     ahead: bool  # built between two steps (or before a joiner's wait for the switch), not in the switch
+    in_wait: bool = False  # built at the switch point while waiting for the go, not between two steps
 
 
 def build_early(e: int, layout: Layout, state: RankState, *, args: TrainConfig, device: torch.device,
@@ -112,7 +135,21 @@ def build_early(e: int, layout: Layout, state: RankState, *, args: TrainConfig, 
     into = NewState(state, engine)
     if engine.device.type == "cuda":  # the build's own kernels; not the old engine's weight all-gathers in flight
         torch.cuda.current_stream(engine.device).synchronize()
-    return Early(e, engine, into, time.perf_counter() - t0, ahead)
+    return Early(e, layout, engine, into, time.perf_counter() - t0, ahead)
+
+
+def plan_joined(channel: Channel, e: int, layout: Layout, *, cluster: ClusterSpec | None, me: str
+                ) -> tuple[Move | None, str | None]:
+    """A joiner's move into epoch ``e`` (started with its ``layout``), planned from ``plan/<e>``
+    before it reports ready, and that record (None, None where there is none or it is another
+    layout's: the joiner then plans after the go, as :meth:`ElasticJob.join` checks)."""
+    text = channel.planned(e)
+    if text is None:
+        return None, None
+    old, new = layouts(text)
+    if new != layout:
+        return None, None
+    return new_move(e, old, new, cluster=cluster, me=me, ahead=True), text
 
 
 def fits_beside(device: torch.device, nbytes: int) -> bool:
@@ -154,7 +191,8 @@ class ElasticJob:
     wd: Watchdog
     docs: DocSource | None = None  # a pool's sequences (executor.data.pool_source)
     index: int = 0  # the running epoch
-    move: Move | None = None  # the next epoch's move, planned as soon as it was published
+    move: Move | None = None  # the next epoch's move, planned as soon as it was planned (plan/<e>)
+    planned: str | None = None  # the plan/<e> record the move was planned from (read again each step)
     tensorboard: TensorBoardSink | None = None  # made once this process is an epoch's rank 0 (--tensorboard)
     report: _Report | None = None  # the switch into the running epoch, until its retire point
     early: Early | None = None  # the next epoch's engine, built before its switch
@@ -166,11 +204,11 @@ class ElasticJob:
             self._retire(runner, step)
 
     def due(self, runner: StepRunner, step: int) -> bool:
-        if self.channel.published(self.index + 1):
-            self.plan_move(self.index + 1, 0.0)
-        now = self.channel.switch_due(self.index + 1, step, rank0=runner.rank == 0)
+        e = self.index + 1
+        self.plan_ahead(e, between_steps=True)
+        now = self.channel.switch_due(e, step, rank0=runner.rank == 0)
         move = self.move
-        if not now and move is not None and move.e == self.index + 1 and move.states[1] is not None \
+        if not now and move is not None and move.e == e and move.states[1] is not None \
                 and fits_beside(self.prep.device, move.states[1].numel * 4):
             self.build_early(move, ahead=True)  # the old engine trains another step before the switch
         return now
@@ -179,26 +217,60 @@ class ElasticJob:
         """Switch to the next epoch after the current step; None if this device leaves."""
         self.wd.finish()
         e = self.index + 1
-        ahead = self.move is not None and self.move.e == e
         t0 = time.perf_counter()
+        self.while_waiting(e)
         move = self.plan_move(e, self.args.faults.hang_after)
-        wait_s = time.perf_counter() - t0 - (0.0 if ahead else move.plan_s)
+        late_s = self.late_s(move)
+        wait_s = time.perf_counter() - t0 - late_s
         old = home_plan(move.old)
         if (old.pipelines, old.options) != (runner.plan.pipelines, runner.plan.options):
             raise RuntimeError(f"epoch {e} switches from another layout than the running one")
         step, offset = runner.position()
         if runner.rank == 0:
             self.channel.set_state(e, step, offset)
-        return self.switch_into(move, ahead, runner, (step, offset), wait_s)
+        return self.switch_into(move, runner, (step, offset), wait_s)
 
     # ------------------------------------------------------------------ epochs
+    def plan_ahead(self, e: int, *, between_steps: bool) -> Move | None:
+        """Epoch ``e``'s :class:`Move` from ``plan/<e>`` before its go (None while not planned):
+        ahead if ``between_steps``, else if the go was still not given once it was computed."""
+        text = self.channel.planned(e)
+        if text is None:
+            if self.planned is not None:  # the change failed before its go: drop what was made for it
+                self.move = self.early = self.planned = None
+            return None
+        if self.move is None or self.move.e != e or text != self.planned:
+            old, new = layouts(text)
+            move = new_move(e, old, new, cluster=self.cluster, me=self.me, ahead=True)
+            self.move, self.planned = replace(move, ahead=between_steps or not self.channel.published(e)), text
+        return self.move
+
+    def while_waiting(self, e: int) -> None:
+        """At the switch point before epoch ``e``'s go (the joiners still start): plan the move and
+        build this device's engine of the new layout now, off the switch's path (module docstring)."""
+        if self.channel.published(e):
+            return
+        self.channel.wait_planned(e, self.args.faults.hang_after)  # a trace's boundary may come before that
+        move = self.plan_ahead(e, between_steps=False)
+        if move is not None and move.states[1] is not None and not self.channel.published(e):
+            before = self.early
+            early = self.build_early(move, ahead=True)
+            if early is not before:  # built just now: ahead only if the go is still not given
+                early.ahead, early.in_wait = not self.channel.published(e), True
+
+    def late_s(self, move: Move) -> float:
+        """What of ``move``'s planning and its engine's build, both done before the switch proper,
+        falls on the switch's path (:meth:`switch_into` charges it to the switch)."""
+        early = self.early if self.early is not None and self.early.e == move.e and self.early.layout == move.new \
+            else None
+        return (0.0 if move.ahead else move.plan_s) + (early.build_s if early is not None and not early.ahead else 0.0)
+
     def plan_move(self, e: int, timeout_s: float) -> Move:
-        """Epoch ``e``'s :class:`Move` (computed once; waits up to ``timeout_s`` for the go)."""
-        if self.move is None or self.move.e != e:
-            old, new = self.channel.epoch(e, timeout_s)
-            t0 = time.perf_counter()
-            rp = reshard_plan(home_plan(old), home_plan(new), self.cluster)
-            self.move = Move(e, old, new, rp, time.perf_counter() - t0, holdings(rp, self.me))
+        """Epoch ``e``'s :class:`Move` from its go (waits up to ``timeout_s`` for it); the one
+        planned ahead if its layouts are the go's."""
+        old, new = self.channel.epoch(e, timeout_s)
+        if self.move is None or not self.move.of(e, old, new):
+            self.move = new_move(e, old, new, cluster=self.cluster, me=self.me, ahead=False)
         return self.move
 
     def build(self, layout: Layout, *, init: bool, engine: Engine | None = None) -> tuple[Any, Engine, int]:
@@ -215,7 +287,7 @@ class ElasticJob:
 
     def build_early(self, move: Move, *, ahead: bool) -> Early:
         """This device's engine of ``move``'s new layout, built once per epoch (:func:`build_early`)."""
-        if self.early is None or self.early.e != move.e:
+        if self.early is None or self.early.e != move.e or self.early.layout != move.new:
             assert move.states[1] is not None, f"{self.me} is not in epoch {move.e}'s layout"
             self.early = build_early(move.e, move.new, move.states[1], args=self.args, device=self.prep.device,
                                      optim=self.opt, ahead=ahead)
@@ -241,14 +313,14 @@ class ElasticJob:
         return PlanRunner(built, self.args, source=self.prep.source, position=DataPosition(*position),
                           cluster=self.cluster, tensorboard=sink)
 
-    def switch_into(self, move: Move, ahead: bool, runner: StepRunner | None, position: tuple[int, int],
+    def switch_into(self, move: Move, runner: StepRunner | None, position: tuple[int, int],
                     wait_s: float) -> StepRunner | None:
         """The switch proper, timed from here (``wait_s``: how long this rank waited for the epoch to be
         published, reported apart: a trace boundary reached before the joiners were ready; the move's
-        planning counts in the switch unless it was done ``ahead``, between two steps)."""
-        t0 = time.perf_counter() - (0.0 if ahead else move.plan_s)
-        e, rp, plan_s = move.e, move.rp, move.plan_s
-        self.move = None
+        planning and the engine's build count in the switch unless they were done ahead, :meth:`late_s`)."""
+        t0 = time.perf_counter() - self.late_s(move)
+        e, rp, plan_s, ahead = move.e, move.rp, move.plan_s, move.ahead
+        self.move = self.planned = None
         early = self.build_early(move, ahead=False) if move.states[1] is not None else None
         self.early = None
         engine_late_s = early.build_s if early is not None and not early.ahead else 0.0
@@ -274,7 +346,7 @@ class ElasticJob:
                            engine_late_s=engine_late_s, groups_wait_s=t2 - t1, attach_total_s=t3 - t2,
                            groups_s=engine.groups.setup_s, install_s=t4 - t3)
         # a staying rank's build ahead ran between two steps of the old engine: the job waited for it there
-        between = early.build_s if early.ahead and staying else 0.0
+        between = early.build_s if early.ahead and staying and not early.in_wait else 0.0
         stats.update(device=self.me, plan_s=plan_s, wait_s=wait_s, planned_ahead=ahead, engine_s=early.build_s,
                      engine_ahead=early.ahead, engine_between_steps_s=between)
         new_runner = self.start(e, move.new, built, position)
@@ -287,9 +359,12 @@ class ElasticJob:
         if move.new != layout:
             raise SpecError("--plan", f"the joining process was started with another layout than epoch {e}'s",
                             "let the supervisor start joining devices")
-        self.build_early(move, ahead=True)  # unless built before it said it was ready (executor.switch.elastic)
+        # planned and built before it said it was ready (executor.switch.elastic); a joiner's time before
+        # it arrives at the switch world is no staying rank's switch: ahead either way
+        move = replace(move, ahead=True)
+        self.build_early(move, ahead=True)
         step, offset = self.channel.state(e, self.args.faults.hang_after)
-        return self.switch_into(move, True, None, (step, offset), 0.0)
+        return self.switch_into(move, None, (step, offset), 0.0)
 
     def _retire(self, runner: StepRunner, step: int) -> None:
         """The retire point, after the new layout's first step (every rank of it, in step): the groups

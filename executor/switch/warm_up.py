@@ -14,12 +14,13 @@ backward; 0.19-0.25 s on the staying ranks, whose process had trained already):
   (``_foreach_norm``), the clipping (``_foreach_mul_``) and the AdamW step (fused on CUDA);
 * the library handles (cuBLAS, cuDNN), and the caching allocator's first large segments: the
   engine built before the switch holds the rank's new state (:class:`executor.state.state_pieces.NewState`),
-  and the switch's receive buffers hold it once more while it arrives; a fresh process gets them
-  from the device.
+  and the switch's receive buffers held it once more while it arrived (now only its strided
+  pieces: the rest is received straight into the engine, :mod:`executor.switch.state_move`); a
+  fresh process gets them from the device.
 
 :func:`warm_up` runs each of these once: it allocates (and frees) one buffer of twice the rank's
-state in the plan (:func:`planner.state_layout.rank_states`; the engine's state and a joiner's
-receive buffers, which hold all of it, live together), then builds this device's stage of the plan it joins with
+state in the plan (:func:`planner.state_layout.rank_states`; the engine's state and, at most, a
+joiner's receive buffers holding all of it live together), then builds this device's stage of the plan it joins with
 one transformer block (the stage's own first/last role, TP shard shapes and recompute mode; a
 stage's blocks all have the same shapes), fills the parameters with a constant, runs one forward
 and backward of a micro-batch of the plan's largest shape under the plan's autocast, then the

@@ -239,7 +239,7 @@ class Supervisor:
         plan = home_plan(layout)
         joining = [d for d in plan.devices if d not in self.plan.devices]
         idle = [d for d in devices if d not in plan.devices]
-        self.channel.publish_plan(e, layout)
+        self.channel.publish_plan(e, self.layout, layout)
         path = self._save(layout, e)
         say(f"epoch {e}: {self.plan.world_size} -> {plan.world_size} ranks (planned in {replan_s:.2f} s)"
             + (f"; starting {', '.join(joining)}" if joining else "")

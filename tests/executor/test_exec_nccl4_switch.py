@@ -20,9 +20,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from test_exec_switch import CASES, _plan, check_retired, check_switch
+from test_exec_switch import CASES, _plan, check_retired, check_switch, staged_bytes
 
 from planner.plan import Plan
+from planner.state_move_plan import reshard_plan
 from tests.support.dist_testing import DistPool
 from tests.support.random_plans import TINY, TINY8, UNIVERSE, plan_pairs
 
@@ -69,6 +70,10 @@ def test_nccl4_switch_oracle(nccl4: DistPool, tmp_path, name: str) -> None:  # t
     res = check_switch(nccl4, old, new, tmp_path, ref_rtol=REF_RTOL, restart_rtol=RESTART_RTOL)
     stats = [r["stats"] for r in res if "stats" in r]
     assert sum(s["bytes_sent"] for s in stats) == sum(s["bytes_received"] for s in stats) > 0
+    # pieces sent from and received into the engines' own tensors on NCCL; only strided ones staged
+    rp = reshard_plan(old, new)
+    assert {r["device"]: r["stats"]["packed_bytes"] for r in res if "stats" in r} == {
+        d: staged_bytes(rp, d) for d in set(old.devices) | set(new.devices)}
     check_retired(res, old, new)  # the old communicators and worlds: alive through the first step, then destroyed
 
 

@@ -23,12 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from switch_jobs import detach_world_job, retire_job, switch_oracle_job, worlds_left
 from torch.testing import assert_close
 
+from executor.state.state_pieces import narrow
 from executor.switch.state_move import SWITCH_PARTS, SwitchStats
 from planner.layout import logical_params
 from planner.model import ModelSpec
 from planner.plan import Plan, uses_cp
-from planner.state_layout import MOMENTS, state_tensor, zero_sharded
-from planner.state_move_plan import reshard_plan
+from planner.state_layout import MOMENTS, rank_states, state_tensor, zero_sharded
+from planner.state_move_plan import ReshardPlan, reshard_plan
 from tests.support.random_plans import TINY, TINY8, named_plan, plan_pairs
 from tests.support.reference import ReferenceRun, reference_train
 
@@ -135,6 +136,8 @@ def test_switch_oracle(dist_pool, tmp_path, name: str) -> None:
         assert (s["bytes_sent"], s["bytes_received"], s["local_bytes"]) == (
             rp.bytes_out(d), rp.bytes_in(d), sum(p.nbytes for p in rp.local(d))), d
         assert s["peers"] == [b if a == d else a for a, b in rp.pairs() if d in (a, b)], d
+        # a piece is sent from and received into the engines' own tensors; only strided views are staged
+        assert s["packed_bytes"] == staged_bytes(rp, d), d
         # connecting the pairs is communicator set-up, apart from the transfer
         sw = SwitchStats(**s)
         assert sw.comm_s == s["world_setup_s"] + s["connect_s"] and (s["connect_s"] > 0 or not s["peers"]), d
@@ -144,6 +147,20 @@ def test_switch_oracle(dist_pool, tmp_path, name: str) -> None:
         assert s["total_s"] > 0 and min(s[k] for k in SWITCH_PARTS) >= 0, d
     assert any(r["old_groups"] for r in res)  # each case has groups to retire
     check_retired(res, old, new)
+
+
+def staged_bytes(rp: ReshardPlan, device: str) -> int:
+    """Bytes of ``device``'s pieces that the exchange stages through a buffer (pure: the views on the
+    meta device): those whose view in the sender's old or the receiver's new holdings is strided."""
+    old, new = (next((s for s in rank_states(p) if s.device == device), None) for p in (rp.old, rp.new))
+
+    def strided(held: Any, slot: int, piece: Any) -> bool:
+        h = held.holdings[slot]
+        return not narrow(torch.empty(h.chunk.sizes, device="meta"), h.chunk, piece.chunk).is_contiguous()
+
+    out = sum(p.nbytes for (a, _), ps in rp.messages.items() if a == device for p in ps if strided(old, p.src_slot, p))
+    return out + sum(p.nbytes for (_, b), ps in rp.messages.items() if b == device for p in ps
+                     if strided(new, p.dst_slot, p))
 
 
 def check_retired(res: list[dict], old: Plan, new: Plan) -> None:
@@ -191,6 +208,9 @@ def test_cases_cover_the_matrix() -> None:
     assert any(set(b.devices) < set(a.devices) for a, b in pairs)  # pure leave
     assert any(set(a.devices) < set(b.devices) for a, b in pairs)  # pure join
     assert any(not set(a.devices) & set(b.devices) for a, b in pairs)
+    # pieces sent as they are, and strided ones staged through a buffer (a TP shard's columns)
+    staged = [staged_bytes(reshard_plan(a, b), d) for a, b in pairs for d in set(a.devices) | set(b.devices)]
+    assert 0 in staged and any(staged)
     # context parallelism: out of CP, into CP, CP to another CP mesh; ZeRO-1 over a lone pipeline's CP slots
     assert {(uses_cp(a), uses_cp(b)) for a, b in pairs} >= {(True, False), (False, True), (True, True)}
     lone_cp = [p for a, b in pairs for p in (a, b) if uses_cp(p) and len(p.pipelines) == 1]

@@ -50,6 +50,12 @@ def test_smoke_trace_4_to_3_to_4_switches_in_process_and_equals_the_reference(tm
         assert e["connect_ahead_s"] > 0, e
     # the leave is published while phase 0 trains: every rank built its next engine between two steps
     assert res["events"][0]["engine_built_ahead"], res["events"][0]
+    # the join's boundary comes while the joiner still starts (seconds): the staying ranks plan the move
+    # and build their engines while they wait for its go (from plan/<e>), the joiner before it says it
+    # is ready: neither is a part of the switch
+    join = res["events"][1]
+    assert join["wait_for_joiners_s"] > 0 and join["move_planned_ahead"] and join["engine_built_ahead"], join
+    assert join["parts_s"]["plan_late_s"] == join["parts_s"]["engine_late_s"] == 0.0, join
     assert [s["plain_step_s"] is not None and s["elastic_step_s"] is not None for s in res["steady"]] == [True] * 3
     ref = reference_losses(6, 6)
     elastic = {int(k): v for k, v in res["elastic_losses"].items()}
