@@ -1,9 +1,15 @@
 """Bytes of tensor storages alive on CPU while code runs, and their peak: a dispatch mode that
 counts every storage an operator returns until that storage is freed (a weakref finalizer). CPU
-has no allocator statistics; this is what tests measure working sets with."""
+has no allocator statistics; this is what tests measure working sets with.
+
+A storage a gloo collective used can outlive the call: the worker thread marks the work done, the
+caller goes on, and the worker drops its reference a little later, so its free lands after the
+caller's next allocations and a peak holds it. Such frees run on that thread: ``foreign_frees``
+counts them, so a test can tell a measurement the race touched from a clean one."""
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -30,6 +36,8 @@ class LiveStorage(TorchDispatchMode):
         self.live = 0
         self.peak = 0
         self._seen: set[int] = set()
+        self.foreign_frees = 0
+        self._thread = threading.get_ident()
 
     def __enter__(self) -> LiveStorage:
         _bias.causal_lower_right = _plain_causal_lower_right
@@ -42,6 +50,7 @@ class LiveStorage(TorchDispatchMode):
     def _free(self, key: int, size: int) -> None:
         self._seen.discard(key)
         self.live -= size
+        self.foreign_frees += threading.get_ident() != self._thread
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))

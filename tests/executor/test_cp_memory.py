@@ -69,7 +69,7 @@ def test_cp_layer_saves_the_plain_layer_plus_the_gathered_kv(model: ModelSpec, c
     assert got == [pytest.approx(want, rel=1e-9)] * cp
 
 
-def _backward_job(m: ModelSpec, cp: int) -> tuple[int, int]:
+def _backward_job(m: ModelSpec, cp: int) -> tuple[int, int, int]:
     from executor.parallel.context_parallel import CPContext, cp_attention
 
     ctx = CPContext(cp, dist.get_rank(), dist.group.WORLD)
@@ -81,7 +81,18 @@ def _backward_job(m: ModelSpec, cp: int) -> tuple[int, int]:
         out = cp_attention(q, k, v, ctx)
         live.peak = after_forward = live.live
         out.backward(grad)
-    return after_forward, live.peak - after_forward
+    return after_forward, live.peak - after_forward, live.foreign_frees
+
+
+def _clean_backward_runs(model: ModelSpec, cp: int, attempts: int = 8) -> list[tuple[int, int, int]]:
+    """The job's results from a run where no rank freed a storage off its main thread (a gloo worker
+    letting go of a collective's buffers late: :mod:`tests.executor.live_storage`); about one run in four on a busy
+    2-core machine has one, and its peak holds those buffers."""
+    for _ in range(attempts):
+        results = run_distributed(_backward_job, cp, model, cp, timeout=120)
+        if not any(foreign for *_, foreign in results):
+            return results
+    raise AssertionError(f"every one of {attempts} runs had a gloo buffer freed late: no clean measurement")
 
 
 @pytest.mark.parametrize(("model", "cp"), [(GQA, 2), (MHA, 4), (MHA, 2)])
@@ -89,14 +100,14 @@ def test_cp_attention_backward_peak_matches_the_model(model: ModelSpec, cp: int)
     model = replace(model, seq_len=1024)
     kv_e = gathered_kv_bytes(model, 1, 1, "fp32")
     out_e = model.seq_len // cp * model.hidden_size * 4  # the output, dQ and q: one rank's queries
-    results = run_distributed(_backward_job, cp, model, cp, timeout=120)
+    results = _clean_backward_runs(model, cp)
     # after the forward: the output and its log-sum-exp, and q's storage, which the mode first sees
     # when the node slices it (made before the mode, so not new memory: taken off below)
     lse = model.seq_len // cp * model.num_heads * 4
-    assert [after for after, _ in results] == [out_e + out_e + lse] * cp  # not the gathered K,V
+    assert [after for after, _, _ in results] == [out_e + out_e + lse] * cp  # not the gathered K,V
     # the worst rank (rank 0: its second chunk's earlier keys are all but one chunk) is the
     # stage's figure
-    peak = max(p for _, p in results) - out_e
+    peak = max(p for _, p, _ in results) - out_e
     want = cp_attention_memory(model, micro_batch=1, tp=1, cp=cp, dtype="fp32", recompute="none",
                                params=CPU_EXECUTOR).transient
     assert peak == pytest.approx(want, rel=0.02), (peak / kv_e, want / kv_e)
