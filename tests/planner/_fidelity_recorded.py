@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from benchmarks.planner.fidelity_repredict import repredict
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -36,3 +38,30 @@ def meets_issue_32_bar(rows: dict[str, dict[str, Any]]) -> bool:
     errs = [abs(r["time_err"]) for r in rows.values()]
     packed = [abs(r["time_err"]) for r in rows.values() if r["packed"]] or [0.0]
     return sum(errs) / len(errs) <= 0.05 and max(errs) <= 0.10 and max(packed) <= 0.10
+
+
+def recorded_tests(run: str, recorded: dict[str, float], margin: float, gpu_figures: int) -> tuple[Any, ...]:
+    """The tests every recorded run gets, to bind at module level of its test file::
+
+        rows, test_every_recorded_plan_is_priced, test_plan_error_within_recorded, \\
+            test_memory_is_never_under_predicted_by_more_than_5_percent = recorded_tests(RUN, RECORDED, MARGIN, 32)
+
+    (``rows``: the module's fixture of the run priced again; ``gpu_figures``: plans x GPUs with memory.)"""
+
+    @pytest.fixture(scope="module")
+    def rows() -> dict[str, dict[str, Any]]:
+        return repriced(run)
+
+    def test_every_recorded_plan_is_priced(rows: dict[str, dict[str, Any]]) -> None:
+        assert sorted(rows) == sorted(recorded) and all("time_err" in r for r in rows.values())
+
+    @pytest.mark.parametrize("name", sorted(recorded))
+    def test_plan_error_within_recorded(rows: dict[str, dict[str, Any]], name: str) -> None:
+        assert_within_recorded(rows, name, recorded, margin)
+
+    def test_memory_is_never_under_predicted_by_more_than_5_percent(rows: dict[str, dict[str, Any]]) -> None:
+        errs = memory_errors(rows)
+        assert len(errs) == gpu_figures and min(errs) >= MEMORY_UNDER
+
+    return (rows, test_every_recorded_plan_is_priced, test_plan_error_within_recorded,
+            test_memory_is_never_under_predicted_by_more_than_5_percent)
