@@ -11,6 +11,8 @@ The layout (``hexiscale.measured/1``, written by the profiler; times in seconds)
       "embedding": [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", ...}, ...],
       "head":      [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", "activation_bytes"?}, ...],
       "optimizer": [{"layers", "tp", "seconds", "num_params", "num_tensors"}, ...],
+      "widths":    [{"model": {...}, "layer": [rows as above]}, ...],   # other model widths (rule 8)
+      "retimed":   [layer rows timed again, e.g. by calibrate's compile check],   # bounds (rule 7)
       "ceilings": {...}, "comm": {...}        # not read here (calibration reads them)
     }
 
@@ -66,6 +68,14 @@ shard-only + ~0.2 ms of all-reduce modelled), so where they exist they answer fo
    were timed 30-70 % over what its steps traced (2.07 ms forward at micro-batch 1, the share 1.21,
    the step 1.2): every whole-GPU plan was over-predicted by 9-24 %. (The rule first went the other way,
    the share floored by the whole GPU: that carried the whole GPU's added time into the share.)
+
+8. Other widths (``measured.widths``: ``hexiscale calibrate`` times the layer of llama2-7b and 13b at
+   TP 1, micro-batches 1 and 2, for the roofline fit's shape terms) time their own model's layer as
+   the tables do the profiled model's (rules 2-5, 7; carried to other TP degrees, micro-batches and
+   recompute modes by the roofline): a host's own timing of a 7B layer before the roofline fitted to
+   every width at once. On 4x H100 (2026-11-27) the 7B layer's forward was timed at 3.72 ms at
+   micro-batch 2, the step traced 3.66, the fitted roofline priced ~4.2 (+12 %; its 13B +10 %). They
+   time, never size: activation bytes stay the memory formula's for those models.
 
 Weight casts: rows marked ``cast_once`` (the profiler made the engine's copies before the timed
 passes) price no cast; the profile adds the step's copies once per step (``weight_copy``, added to
@@ -158,20 +168,26 @@ class MeasuredProfile(DeviceProfile):
 
     def covers(self, kind: str, model: ModelSpec, dtype: str) -> bool:
         """Whether the tables apply to ``model`` in ``dtype`` for ``kind`` ('layer', 'embedding', 'head')."""
-        t = self.tables
-        return dtype == t.dtype and all(getattr(model, k) == t.shape[k] for k in SHAPE_KEYS[kind]) and bool(
-            t.curves[kind])
+        return self._tables_for(kind, model, dtype) is not None
+
+    def _tables_for(self, kind: str, model: ModelSpec, dtype: str, widths: bool = True) -> MeasuredTables | None:
+        """The tables that time ``kind`` of ``model``: the profiled model's, else (layers, ``widths``) those
+        of another width the calibration timed on this GPU (rule 8), else None."""
+        for t in (self.tables, *(self.tables.widths if widths and kind == "layer" else ())):
+            if dtype == t.dtype and all(getattr(model, k) == t.shape[k] for k in SHAPE_KEYS[kind]) and t.curves[kind]:
+                return t
+        return None
 
     def layer_holds_collectives(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
                                 seq_len: int | None = None) -> bool:
         """True where the tables hold live rows of ``tp`` for ``model`` (rule 6): then the layer time
         includes the layer's own TP all-reduces."""
-        return tp in self.live_tps and self.covers("layer", model, dtype)
+        return tp in self.live_tps and self._tables_for("layer", model, dtype, widths=False) is not None
 
-    def _lookup(self, kind: str, recompute: str, mb: int, tp: int, seq: int, spec: Spec,
+    def _lookup(self, tables: MeasuredTables, kind: str, recompute: str, mb: int, tp: int, seq: int, spec: Spec,
                 value: Callable[[Curve], tuple[tuple[float, ...], tuple[float, ...]] | None], live: bool = False,
                 fixed: Spec | None = None) -> tuple[float, float] | None:
-        cands = [(c, v) for c in self.tables.curves[kind] if c.recompute == recompute and c.collectives == live
+        cands = [(c, v) for c in tables.curves[kind] if c.recompute == recompute and c.collectives == live
                  and (not live or c.tp == tp) for v in [value(c)] if v is not None]
         if not cands:
             return None
@@ -213,7 +229,10 @@ class MeasuredProfile(DeviceProfile):
         def attention(b: int, t: int, s: int) -> tuple[float, float]:
             return self.attention_core_time(model, b, t, dtype, recompute, s)
 
-        got = self._lookup(kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd), live,
+        tables = self._tables_for(kind, model, dtype)
+        if tables is None:
+            return None
+        got = self._lookup(tables, kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd), live,
                            attention if kind == "layer" else None)
         return PassTime(*got) if got is not None else None
 
@@ -281,7 +300,8 @@ class MeasuredProfile(DeviceProfile):
         if self.memory is not None:  # the SM share changes time, not what a layer keeps
             return self.memory.activation_bytes(kind, model, micro_batch, tp, dtype, recompute, seq_len)
         seq = seq_len or model.seq_len
-        if kind not in ("layer", "head") or not self.covers(kind, model, dtype):
+        tables = self._tables_for(kind, model, dtype, widths=False)  # the widths' rows time, not size
+        if kind not in ("layer", "head") or tables is None:
             return None
         p = self.params
 
@@ -290,7 +310,7 @@ class MeasuredProfile(DeviceProfile):
                  else head_activation_bytes(model, b, t, dtype, s, p))
             return v, v
 
-        got = self._lookup(kind, recompute if kind == "layer" else "none", micro_batch, tp, seq, spec,
+        got = self._lookup(tables, kind, recompute if kind == "layer" else "none", micro_batch, tp, seq, spec,
                            lambda c: (c.act, c.act) if c.act is not None else None)
         return got[0] if got is not None else None
 

@@ -45,6 +45,7 @@ class MeasuredTables:
     shape: dict[str, int]
     curves: dict[str, list[Curve]]
     optimizer_fit: tuple[float, float] | None  # (fixed seconds per step, seconds per parameter)
+    widths: tuple[MeasuredTables, ...] = ()  # layer tables of other model widths (``measured.widths``)
 
 
 def _num(x: Any, low_ok: bool = False) -> bool:
@@ -111,7 +112,24 @@ def parse_measured(data: Mapping[str, Any], path: str, bounds: Sequence[Measured
     if not isinstance(opt_rows, list):
         raise SpecError(f"{path}.optimizer", "expected a list of rows", "re-run the profiler")
     return MeasuredTables(str(dtype), {k: int(model[k]) for k in keys}, curves,
-                          _fit_optimizer(opt_rows, f"{path}.optimizer"))
+                          _fit_optimizer(opt_rows, f"{path}.optimizer"),
+                          _widths(data, path, [w for b in bounds for w in b.widths]))
+
+
+def _widths(data: Mapping[str, Any], path: str, bounds: Sequence[MeasuredTables]) -> tuple[MeasuredTables, ...]:
+    """``measured.widths`` (``hexiscale calibrate``: the layer of other model widths, timed on the same
+    GPU by the same profiler) as layer tables of their own (``bounds``: the bounding tables' widths)."""
+    widths = data.get("widths") or []
+    if not isinstance(widths, list):
+        raise SpecError(f"{path}.widths", "expected a list of {model, layer} entries", "re-run hexiscale calibrate")
+    out = []
+    for i, w in enumerate(widths):
+        if not isinstance(w, Mapping):
+            raise SpecError(f"{path}.widths[{i}]", "expected a {model, layer} mapping", "re-run hexiscale calibrate")
+        section = {"format": MEASURED_FORMAT, "dtype": data.get("dtype"), "model": w.get("model"),
+                   "layer": w.get("layer", [])}
+        out.append(parse_measured(section, f"{path}.widths[{i}]", bounds))
+    return tuple(out)
 
 
 def _curves(kind: str, rows: Any, path: str, measured_model: ModelSpec, dtype: str) -> list[Curve]:
