@@ -62,12 +62,15 @@ shard-only + ~0.2 ms of all-reduce modelled), so where they exist they answer fo
 7. A whole GPU's layer is never slower than the same layer on an MPS share of it timed beside it
    (``shares``, same tables kind: live rows against live rows): fewer SMs run the same kernels, issued
    by the same host. A timing's error is added time (a host stall, a one-off cost), so where the pair
-   disagrees the whole GPU's figure is the one to lower: its rows are bounded by the share's point by
-   point before its curves are made monotone (:func:`planner.cost.measured_tables.bounded`), and its
-   priced times by the share's wherever both price. On 4x H100 (2026-11-27) the whole GPU's first rows
-   were timed 30-70 % over what its steps traced (2.07 ms forward at micro-batch 1, the share 1.21,
-   the step 1.2): every whole-GPU plan was over-predicted by 9-24 %. (The rule first went the other way,
-   the share floored by the whole GPU: that carried the whole GPU's added time into the share.)
+   disagrees the whole GPU's figure is the one to lower: its rows (layer, embedding, head) are bounded
+   by the share's point by point before its curves are made monotone
+   (:func:`planner.cost.measured_tables.bounded`), and its priced layer times by the share's wherever
+   both price. A point timed twice (``retimed``: calibrate's compile check times the layer again at
+   the end of its run) is bounded the same way. On 4x H100 (2026-11-27) the whole GPU's first rows
+   held 30-70 % of added forward time (2.07 / 1.76 ms at micro-batch 1 / 2; the share 1.21, the
+   compile check's re-timing of micro-batch 2 1.34, the steps ~1.2 / 1.26): every whole-GPU plan was
+   over-predicted by 9-24 %. (The rule first went the other way, the share floored by the whole GPU:
+   that carried the whole GPU's added time into the share.)
 
 8. Other widths (``measured.widths``: ``hexiscale calibrate`` times the layer of llama2-7b and 13b at
    TP 1, micro-batches 1 and 2, for the roofline fit's shape terms) time their own model's layer as
