@@ -11,6 +11,8 @@ The layout (``hexiscale.measured/1``, written by the profiler; times in seconds)
       "embedding": [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", ...}, ...],
       "head":      [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", "activation_bytes"?}, ...],
       "optimizer": [{"layers", "tp", "seconds", "num_params", "num_tensors"}, ...],
+      "widths":    [{"model": {...}, "layer": [rows as above]}, ...],   # other model widths (rule 8)
+      "retimed":   [layer rows timed again, e.g. by calibrate's compile check],   # bounds (rule 7)
       "ceilings": {...}, "comm": {...}        # not read here (calibration reads them)
     }
 
@@ -57,12 +59,26 @@ shard-only + ~0.2 ms of all-reduce modelled), so where they exist they answer fo
    modes stay ordered. TP degrees without live rows, and profiles without any (every profile
    from before, all packaged ones), read the shard-only rows exactly as before.
 
-7. An MPS share's layer is never faster than the same layer on the whole GPU measured beside it
-   (``full_sm``, same tables kind: live rows against live rows): fewer SMs run the same kernels,
-   issued by the same host. Where its launch-bound rows say otherwise that is timing noise, and
-   it inverted plans: on 4x H200 (2026-11-27) the 50 % share's live TP 2 forward (1.57 ms at
-   micro-batch 2) was timed under the full GPU's (1.96 ms), so TP 2 x DP 2 priced the share's pair
-   faster in forward than the full pair (324 vs 393 ms), where both ran ~500 ms; -15.1 % -> -7.9 %.
+7. A whole GPU's layer is never slower than the same layer on an MPS share of it timed beside it
+   (``shares``, same tables kind: live rows against live rows): fewer SMs run the same kernels, issued
+   by the same host. A timing's error is added time (a host stall, a one-off cost), so where the pair
+   disagrees the whole GPU's figure is the one to lower: its rows (layer, embedding, head) are bounded
+   by the share's point by point before its curves are made monotone
+   (:func:`planner.cost.measured_tables.bounded`), and its priced layer times by the share's wherever
+   both price. A point timed twice (``retimed``: calibrate's compile check times the layer again at
+   the end of its run) is bounded the same way. On 4x H100 (2026-11-27) the whole GPU's first rows
+   held 30-70 % of added forward time (2.07 / 1.76 ms at micro-batch 1 / 2; the share 1.21, the
+   compile check's re-timing of micro-batch 2 1.34, the steps ~1.2 / 1.26): every whole-GPU plan was
+   over-predicted by 9-24 %. (The rule first went the other way, the share floored by the whole GPU:
+   that carried the whole GPU's added time into the share.)
+
+8. Other widths (``measured.widths``: ``hexiscale calibrate`` times the layer of llama2-7b and 13b at
+   TP 1, micro-batches 1 and 2, for the roofline fit's shape terms) time their own model's layer as
+   the tables do the profiled model's (rules 2-5, 7; carried to other TP degrees, micro-batches and
+   recompute modes by the roofline): a host's own timing of a 7B layer before the roofline fitted to
+   every width at once. On 4x H100 (2026-11-27) the 7B layer's forward was timed at 3.72 ms at
+   micro-batch 2, the step traced 3.66, the fitted roofline priced ~4.2 (+12 %; its 13B +10 %). They
+   time, never size: activation bytes stay the memory formula's for those models.
 
 Weight casts: rows marked ``cast_once`` (the profiler made the engine's copies before the timed
 passes) price no cast; the profile adds the step's copies once per step (``weight_copy``, added to
@@ -83,11 +99,19 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from planner.catalog import DeviceType
-from planner.cost.measured_tables import LIGHTER, SHAPE_KEYS, Curve, isotonic, parse_measured, timed_cast_once
+from planner.cost.measured_tables import (
+    LIGHTER,
+    SHAPE_KEYS,
+    Curve,
+    MeasuredTables,
+    isotonic,
+    parse_measured,
+    timed_cast_once,
+)
 from planner.cost.memory import head_activation_bytes, layer_activation_bytes
 from planner.cost.ops import CLIP_BYTES_PER_PARAM, DTYPE_BYTES, attention_core_forward
 from planner.cost.params import DEFAULT_PARAMS, CostParams
@@ -123,17 +147,18 @@ class MeasuredProfile(DeviceProfile):
     source = "measured"
 
     def __init__(self, device: DeviceType, params: CostParams = DEFAULT_PARAMS, memory: MeasuredProfile | None = None,
-                 full_sm: MeasuredProfile | None = None):
+                 shares: Sequence[MeasuredProfile] = ()):
         """``memory``: the profile whose activation bytes this one reports (an MPS share's full-SM
         twin measured by a newer executor: :meth:`planner.cost.profile_set.ProfileSet.memory_twin`);
-        ``full_sm``: an MPS share's full GPU measured on the same host, whose layer times bound this
-        one's from below (rule 7, :meth:`planner.cost.profile_set.ProfileSet.full_sm_twin`)."""
+        ``shares``: MPS shares of this whole GPU timed beside it, whose times bound this one's from
+        above (rule 7, :meth:`planner.cost.profile_set.ProfileSet.share_twins`)."""
         self.memory = memory
-        self.full_sm = full_sm
+        self.shares = tuple(shares)
         # the tables describe the executor that measured them: profiles from before the fused
         # RMSNorm (no meta.fused_rms_norm) saved the norms' fp32 outputs, and the formula that
         # scales their activation rows to other shapes must count them too
-        tables = parse_measured(device.measured or {}, f"devices.{device.key}.measured")
+        tables = parse_measured(device.measured or {}, f"devices.{device.key}.measured",
+                                [share.tables for share in self.shares])
         meta = (device.measured or {}).get("meta") or {}
         # The roofline that carries the tables (and stands in where they have no row) is the one the
         # host's compute terms were fitted with (planner.calibration.fit): a weight cast in every pass.
@@ -141,25 +166,31 @@ class MeasuredProfile(DeviceProfile):
         # nowhere: weight_copy adds them once per step; tables timed on autocast's path hold the casts.
         super().__init__(device, replace(params, fused_rms_norm=meta.get("fused_rms_norm") is True, cast_once=False))
         self.copies_per_step = params.cast_once and timed_cast_once(device.measured or {})
-        self.tables = tables
+        self.tables: MeasuredTables = tables
         self.live_tps = frozenset(c.tp for c in self.tables.curves["layer"] if c.collectives)
 
     def covers(self, kind: str, model: ModelSpec, dtype: str) -> bool:
         """Whether the tables apply to ``model`` in ``dtype`` for ``kind`` ('layer', 'embedding', 'head')."""
-        t = self.tables
-        return dtype == t.dtype and all(getattr(model, k) == t.shape[k] for k in SHAPE_KEYS[kind]) and bool(
-            t.curves[kind])
+        return self._tables_for(kind, model, dtype) is not None
+
+    def _tables_for(self, kind: str, model: ModelSpec, dtype: str, widths: bool = True) -> MeasuredTables | None:
+        """The tables that time ``kind`` of ``model``: the profiled model's, else (layers, ``widths``) those
+        of another width the calibration timed on this GPU (rule 8), else None."""
+        for t in (self.tables, *(self.tables.widths if widths and kind == "layer" else ())):
+            if dtype == t.dtype and all(getattr(model, k) == t.shape[k] for k in SHAPE_KEYS[kind]) and t.curves[kind]:
+                return t
+        return None
 
     def layer_holds_collectives(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
                                 seq_len: int | None = None) -> bool:
         """True where the tables hold live rows of ``tp`` for ``model`` (rule 6): then the layer time
         includes the layer's own TP all-reduces."""
-        return tp in self.live_tps and self.covers("layer", model, dtype)
+        return tp in self.live_tps and self._tables_for("layer", model, dtype, widths=False) is not None
 
-    def _lookup(self, kind: str, recompute: str, mb: int, tp: int, seq: int, spec: Spec,
+    def _lookup(self, tables: MeasuredTables, kind: str, recompute: str, mb: int, tp: int, seq: int, spec: Spec,
                 value: Callable[[Curve], tuple[tuple[float, ...], tuple[float, ...]] | None], live: bool = False,
                 fixed: Spec | None = None) -> tuple[float, float] | None:
-        cands = [(c, v) for c in self.tables.curves[kind] if c.recompute == recompute and c.collectives == live
+        cands = [(c, v) for c in tables.curves[kind] if c.recompute == recompute and c.collectives == live
                  and (not live or c.tp == tp) for v in [value(c)] if v is not None]
         if not cands:
             return None
@@ -201,21 +232,24 @@ class MeasuredProfile(DeviceProfile):
         def attention(b: int, t: int, s: int) -> tuple[float, float]:
             return self.attention_core_time(model, b, t, dtype, recompute, s)
 
-        got = self._lookup(kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd), live,
+        tables = self._tables_for(kind, model, dtype)
+        if tables is None:
+            return None
+        got = self._lookup(tables, kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd), live,
                            attention if kind == "layer" else None)
         return PassTime(*got) if got is not None else None
 
     def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                seq_len: int) -> PassTime:
-        """The layer from this share's tables, never below its full-SM twin's (rule 7)."""
+        """The layer from this GPU's tables, never above an MPS share's of it (rule 7)."""
         own = self._own_layer(model, micro_batch, tp, dtype, recompute, seq_len)
-        whole = self.full_sm
-        if whole is None or not (self.covers("layer", model, dtype) and whole.covers("layer", model, dtype)) \
-                or whole.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len) != \
-                self.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len):
-            return own
-        full = whole._layer(model, micro_batch, tp, dtype, recompute, seq_len)
-        return PassTime(max(own.forward_s, full.forward_s), max(own.backward_s, full.backward_s))
+        live = self.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len)
+        for share in self.shares:
+            if self.covers("layer", model, dtype) and share.covers("layer", model, dtype) and \
+                    share.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len) == live:
+                less = share._own_layer(model, micro_batch, tp, dtype, recompute, seq_len)
+                own = PassTime(min(own.forward_s, less.forward_s), min(own.backward_s, less.backward_s))
+        return own
 
     def _own_layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                    seq_len: int) -> PassTime:
@@ -269,7 +303,8 @@ class MeasuredProfile(DeviceProfile):
         if self.memory is not None:  # the SM share changes time, not what a layer keeps
             return self.memory.activation_bytes(kind, model, micro_batch, tp, dtype, recompute, seq_len)
         seq = seq_len or model.seq_len
-        if kind not in ("layer", "head") or not self.covers(kind, model, dtype):
+        tables = self._tables_for(kind, model, dtype, widths=False)  # the widths' rows time, not size
+        if kind not in ("layer", "head") or tables is None:
             return None
         p = self.params
 
@@ -278,7 +313,7 @@ class MeasuredProfile(DeviceProfile):
                  else head_activation_bytes(model, b, t, dtype, s, p))
             return v, v
 
-        got = self._lookup(kind, recompute if kind == "layer" else "none", micro_batch, tp, seq, spec,
+        got = self._lookup(tables, kind, recompute if kind == "layer" else "none", micro_batch, tp, seq, spec,
                            lambda c: (c.act, c.act) if c.act is not None else None)
         return got[0] if got is not None else None
 

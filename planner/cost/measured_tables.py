@@ -6,8 +6,8 @@ noise broke the physics (:func:`isotonic`). How a profile prices from them:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.cost.ops import DTYPE_BYTES
@@ -45,6 +45,7 @@ class MeasuredTables:
     shape: dict[str, int]
     curves: dict[str, list[Curve]]
     optimizer_fit: tuple[float, float] | None  # (fixed seconds per step, seconds per parameter)
+    widths: tuple[MeasuredTables, ...] = ()  # layer tables of other model widths (``measured.widths``)
 
 
 def _num(x: Any, low_ok: bool = False) -> bool:
@@ -80,8 +81,10 @@ def _fit_optimizer(rows: list[Mapping[str, Any]], path: str) -> tuple[float, flo
     return 0.0, my / mx  # one point, or a fit with a negative part: everything per parameter
 
 
-def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
-    """Validate a ``measured`` section (see the module docstring)."""
+def parse_measured(data: Mapping[str, Any], path: str, bounds: Sequence[MeasuredTables] = ()) -> MeasuredTables:
+    """Validate a ``measured`` section (see the module docstring). ``bounds``: tables of the same model
+    and dtype whose times bound these from above, point by point, before the curves are made
+    monotone (an MPS share of this GPU timed beside it: :func:`bounded`)."""
     if not isinstance(data, Mapping):
         raise SpecError(path, f"expected a mapping, got {type(data).__name__}", "re-run the profiler")
     if data.get("format") != MEASURED_FORMAT:
@@ -99,43 +102,69 @@ def parse_measured(data: Mapping[str, Any], path: str) -> MeasuredTables:
     measured_model = model_from_dict(model, f"{path}.model")
     curves: dict[str, list[Curve]] = {}
     for kind in KINDS:
-        rows = data.get(kind, [])
-        if not isinstance(rows, list):
-            raise SpecError(f"{path}.{kind}", "expected a list of rows", "re-run the profiler")
-        groups: dict[tuple[int, int, str, bool], list[Mapping[str, Any]]] = {}
-        for i, r in enumerate(rows):
-            p = f"{path}.{kind}[{i}]"
-            if not isinstance(r, Mapping) or not (_num(r.get("forward_s")) and _num(r.get("backward_s"))):
-                raise SpecError(p, "needs integer micro_batch, seq_len, tp and positive forward_s, backward_s",
-                                "re-run the profiler")
-            for key, high in ROW_LIMITS.items():
-                check_int(f"{p}.{key}", r.get(key), 1, high, "re-run the profiler")
-            chain = r.get("chain", 1)
-            if chain is not None and (isinstance(chain, bool) or not isinstance(chain, int) or not 1 <= chain <= 1000):
-                raise SpecError(f"{p}.chain", f"expected an integer in [1, 1000], got {chain!r}", "re-run the profiler")
-            rc = r.get("recompute", "none")
-            if rc not in RECOMPUTE_MODES:
-                raise SpecError(f"{p}.recompute", f"{rc!r} is not one of {', '.join(RECOMPUTE_MODES)}",
-                                "re-run the profiler")
-            live = _live_flag(kind, r, p)
-            groups.setdefault((r["tp"], r["seq_len"], rc, live), []).append(r)
-        out = []
-        for (tp, seq, rc, live), rs in sorted(groups.items()):
-            rs = sorted(rs, key=lambda r: r["micro_batch"])
-            if len({r["micro_batch"] for r in rs}) != len(rs):
-                raise SpecError(f"{path}.{kind}", f"two rows for micro_batch of tp={tp} seq_len={seq} {rc}"
-                                + (" with collectives" if live else ""), "keep one row per point")
-            acts = tuple(_stage_bytes(kind, r, measured_model, str(dtype)) for r in rs) if not live and all(
-                _num(r.get("activation_bytes"), low_ok=True) for r in rs) else None
-            out.append(Curve(tp, seq, rc, tuple(r["micro_batch"] for r in rs),
-                             tuple(float(r["forward_s"]) for r in rs), tuple(float(r["backward_s"]) for r in rs), acts,
-                             live))
-        curves[kind] = monotone_in_tokens(out)
+        out = _curves(kind, data.get(kind, []), f"{path}.{kind}", measured_model, str(dtype))
+        caps = [c for b in bounds if b.dtype == dtype and all(b.shape.get(k) == model[k] for k in SHAPE_KEYS[kind])
+                for c in b.curves[kind]]
+        if kind == "layer":  # the same points timed again (rule 7's twin in time: the lower figure holds)
+            caps += _curves(kind, data.get("retimed", []), f"{path}.retimed", measured_model, str(dtype))
+        curves[kind] = monotone_in_tokens([bounded(c, caps) for c in out])
     opt_rows = data.get("optimizer", [])
     if not isinstance(opt_rows, list):
         raise SpecError(f"{path}.optimizer", "expected a list of rows", "re-run the profiler")
     return MeasuredTables(str(dtype), {k: int(model[k]) for k in keys}, curves,
-                          _fit_optimizer(opt_rows, f"{path}.optimizer"))
+                          _fit_optimizer(opt_rows, f"{path}.optimizer"),
+                          _widths(data, path, [w for b in bounds for w in b.widths]))
+
+
+def _widths(data: Mapping[str, Any], path: str, bounds: Sequence[MeasuredTables]) -> tuple[MeasuredTables, ...]:
+    """``measured.widths`` (``hexiscale calibrate``: the layer of other model widths, timed on the same
+    GPU by the same profiler) as layer tables of their own (``bounds``: the bounding tables' widths)."""
+    widths = data.get("widths") or []
+    if not isinstance(widths, list):
+        raise SpecError(f"{path}.widths", "expected a list of {model, layer} entries", "re-run hexiscale calibrate")
+    out = []
+    for i, w in enumerate(widths):
+        if not isinstance(w, Mapping):
+            raise SpecError(f"{path}.widths[{i}]", "expected a {model, layer} mapping", "re-run hexiscale calibrate")
+        section = {"format": MEASURED_FORMAT, "dtype": data.get("dtype"), "model": w.get("model"),
+                   "layer": w.get("layer", [])}
+        out.append(parse_measured(section, f"{path}.widths[{i}]", bounds))
+    return tuple(out)
+
+
+def _curves(kind: str, rows: Any, path: str, measured_model: ModelSpec, dtype: str) -> list[Curve]:
+    """``rows`` of one table, checked, as curves over micro-batch sizes (not yet monotone)."""
+    if not isinstance(rows, list):
+        raise SpecError(path, "expected a list of rows", "re-run the profiler")
+    groups: dict[tuple[int, int, str, bool], list[Mapping[str, Any]]] = {}
+    for i, r in enumerate(rows):
+        p = f"{path}[{i}]"
+        if not isinstance(r, Mapping) or not (_num(r.get("forward_s")) and _num(r.get("backward_s"))):
+            raise SpecError(p, "needs integer micro_batch, seq_len, tp and positive forward_s, backward_s",
+                            "re-run the profiler")
+        for key, high in ROW_LIMITS.items():
+            check_int(f"{p}.{key}", r.get(key), 1, high, "re-run the profiler")
+        chain = r.get("chain", 1)
+        if chain is not None and (isinstance(chain, bool) or not isinstance(chain, int) or not 1 <= chain <= 1000):
+            raise SpecError(f"{p}.chain", f"expected an integer in [1, 1000], got {chain!r}", "re-run the profiler")
+        rc = r.get("recompute", "none")
+        if rc not in RECOMPUTE_MODES:
+            raise SpecError(f"{p}.recompute", f"{rc!r} is not one of {', '.join(RECOMPUTE_MODES)}",
+                            "re-run the profiler")
+        live = _live_flag(kind, r, p)
+        groups.setdefault((r["tp"], r["seq_len"], rc, live), []).append(r)
+    out = []
+    for (tp, seq, rc, live), rs in sorted(groups.items()):
+        rs = sorted(rs, key=lambda r: r["micro_batch"])
+        if len({r["micro_batch"] for r in rs}) != len(rs):
+            raise SpecError(path, f"two rows for micro_batch of tp={tp} seq_len={seq} {rc}"
+                            + (" with collectives" if live else ""), "keep one row per point")
+        acts = tuple(_stage_bytes(kind, r, measured_model, dtype) for r in rs) if not live and all(
+            _num(r.get("activation_bytes"), low_ok=True) for r in rs) else None
+        out.append(Curve(tp, seq, rc, tuple(r["micro_batch"] for r in rs),
+                         tuple(float(r["forward_s"]) for r in rs), tuple(float(r["backward_s"]) for r in rs), acts,
+                         live))
+    return out
 
 
 def timed_cast_once(data: Mapping[str, Any]) -> bool:
@@ -144,9 +173,15 @@ def timed_cast_once(data: Mapping[str, Any]) -> bool:
     executor/profiler/compute.py). Rows from before (the packaged tables, 2026-11-27 01:15 UTC and
     earlier) ran autocast's cast in every pass. Live TP rows carry no mark (they are timed by the same
     profiler as the shard-only rows beside them) and embedding rows cast nothing; no rows: True."""
-    rows = [r for kind in ("layer", "head") for r in data.get(kind) or []
+    rows = [r for kind in ("layer", "head") for r in _rows(data, kind)
             if isinstance(r, Mapping) and not r.get("collectives")]
     return all(r.get("cast_once") is True for r in rows)
+
+
+def _rows(data: Mapping[str, Any], kind: str) -> list[Any]:
+    """A table's rows, none where it is not a list (:func:`parse_measured` says what is wrong)."""
+    rows = data.get(kind)
+    return rows if isinstance(rows, list) else []
 
 
 def _live_flag(kind: str, row: Mapping[str, Any], path: str) -> bool:
@@ -160,6 +195,28 @@ def _live_flag(kind: str, row: Mapping[str, Any], path: str) -> bool:
                         f"{kind} row at tp={row['tp']} recompute={row.get('recompute', 'none')}",
                         "drop the flag or the row")
     return live
+
+
+def bounded(curve: Curve, others: Sequence[Curve]) -> Curve:
+    """``curve`` with each point's times no higher than those of the same point (TP degree, sequence
+    length, recompute mode, live or shard-only, micro-batch) in ``others``.
+
+    Why: a timing's error is added time, never removed time (a host stall, a one-off cost, the device
+    waiting for the host at the start of the timed region), so where two timings of what must be the
+    faster and the slower pass disagree, the faster one's figure is the one that holds the added time.
+    On 4x H100 (2026-11-27, ``calibrate --sm-percent 100,50``) the whole GPU's first rows were timed at
+    2.07 ms forward at micro-batch 1 where its 50 % share took 1.21 ms (the step traced 1.2 ms), and its
+    live TP 2 forward at 2.68-2.82 ms where the share took 1.83-1.92 ms."""
+    fwd, bwd = list(curve.fwd), list(curve.bwd)
+    for o in others:
+        if (o.tp, o.seq_len, o.recompute, o.collectives) != (curve.tp, curve.seq_len, curve.recompute,
+                                                             curve.collectives):
+            continue
+        for j, mb in enumerate(curve.mbs):
+            if mb in o.mbs:
+                k = o.mbs.index(mb)
+                fwd[j], bwd[j] = min(fwd[j], o.fwd[k]), min(bwd[j], o.bwd[k])
+    return replace(curve, fwd=tuple(fwd), bwd=tuple(bwd))
 
 
 def isotonic(values: list[float]) -> list[float]:

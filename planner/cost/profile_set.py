@@ -118,16 +118,21 @@ class ProfileSet:
         return _newest(e for e in self.catalog.entries if e.measured and e.base == device.base
                        and e.sm_percent in (None, 100.0) and _fused(e))
 
-    def full_sm_twin(self, device: DeviceType) -> DeviceType | None:
-        """For an MPS share: the newest full-SM measured entry of the same ``base`` timed beside it —
-        the same GPU model, driver and torch, the same executor path (fused RMSNorm, cast-once
-        weights) — whose layer times bound the share's from below (:mod:`planner.cost.measured`
-        rule 7). None for a whole GPU or without such an entry."""
-        if device.sm_percent in (None, 100.0) or device.base is None or _meta(device).get("gpu_name") is None:
-            return None
+    def share_twins(self, device: DeviceType) -> list[DeviceType]:
+        """For a whole GPU: the MPS shares of it timed beside it — the newest measured entry of each
+        share (``sm_percent`` < 100) of the same ``base``, the same GPU model, driver and torch, the
+        same executor path (fused RMSNorm, cast-once weights) — whose times bound the whole GPU's
+        from above (:mod:`planner.cost.measured` rule 7). Empty for a share or without such entries."""
+        if device.sm_percent not in (None, 100.0) or device.base is None or _meta(device).get("gpu_name") is None:
+            return []
         kind = _timed_alike(device)
-        return _newest(e for e in self.catalog.entries if e.measured and e.base == device.base
-                       and e.sm_percent in (None, 100.0) and _timed_alike(e) == kind)
+        newest: dict[float, DeviceType] = {}
+        for e in self.catalog.entries:
+            if e.measured and e.base == device.base and _share(e) < 100.0 and _timed_alike(e) == kind:
+                have = newest.get(_share(e))
+                if have is None or str(_meta(e).get("date", "")) > str(_meta(have).get("date", "")):
+                    newest[_share(e)] = e
+        return [newest[k] for k in sorted(newest)]
 
     def get(self, gpu: str) -> DeviceProfile:
         """Profile of a device type (catalog key or alias)."""
@@ -138,10 +143,11 @@ class ProfileSet:
             params = self.params_for(gpu)
             if measured is not None:
                 twin = self.memory_twin(measured)
-                whole = self.full_sm_twin(measured)
-                full = self.get(whole.key) if whole is not None else None
-                prof = MeasuredProfile(measured, params, MeasuredProfile(twin, params) if twin else None,
-                                       full if isinstance(full, MeasuredProfile) else None)
+                memory = MeasuredProfile(twin, params) if twin else None
+                prof = MeasuredProfile(measured, params, memory)  # its tables checked before its twins are sought
+                shares = [MeasuredProfile(s, params) for s in self.share_twins(measured)]
+                if shares:
+                    prof = MeasuredProfile(measured, params, memory, shares)
             else:
                 prof = SpecProfile(device, params)
             self._profiles[gpu] = self._profiles[device.key] = prof
@@ -154,7 +160,9 @@ def _share(device: DeviceType) -> float:
 
 
 def _meta(device: DeviceType) -> Mapping[str, Any]:
-    return (device.measured or {}).get("meta") or {}
+    """The measured section's ``meta`` (empty where it is not a mapping: parsing the tables says so)."""
+    meta = (device.measured or {}).get("meta")
+    return meta if isinstance(meta, Mapping) else {}
 
 
 def _timed_alike(device: DeviceType) -> tuple[Any, ...]:

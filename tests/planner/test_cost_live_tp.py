@@ -48,7 +48,9 @@ def _stage(prof: MeasuredProfile, *, layers: int = 12, first: bool = False, last
 
 # Computed with the code before live rows existed (commit 4f1c0c7), DEFAULT_PARAMS, the packaged
 # h200-measured profile: (layers, first, last, micro_batch, recompute, tp) -> StageTime's four terms,
-# and host4 plans' step times on its cluster (the packaged calibration). The selective and full rows at
+# and host4 plans' step times on its cluster (the packaged calibration; updated when the whole GPU's
+# rows came to be bounded by its MPS shares' timed beside it, planner/cost/measured.py rule 7: the packaged
+# h200-measured rows above its packaged shares' at TP 2 moved three of them by 3-8 %). The selective and full rows at
 # another TP degree or micro-batch were updated when a recompute mode's curve came to be carried by
 # that mode's roofline, not none's (planner/cost/measured.py rule 3).
 OLD_STAGES: dict[tuple[int, bool, bool, int, str, int], tuple[float, ...]] = {
@@ -78,12 +80,12 @@ OLD_STAGES: dict[tuple[int, bool, bool, int, str, int], tuple[float, ...]] = {
         (0.013323064208030701, 0.018144410855117643, 0.0023520768, 0.00332474729411765),
 }
 OLD_STEPS: dict[str, float] = {
-    "sm100x4/1.3b-tp2-1-1": 0.5725601780947429,
-    "sm100x4/1.3b-tp2xdp2": 0.40299869124352583,
-    "sm100x4/1.3b-tp1-2|single": 0.4819444310036358,
-    "sm100x4/1.3b-tp4-m4": 0.5399440600518388,
+    "sm100x4/1.3b-tp2-1-1": 0.5287257133063061,
+    "sm100x4/1.3b-tp2xdp2": 0.38936905482172623,
+    "sm100x4/1.3b-tp1-2|single": 0.44540284654915896,
+    "sm100x4/1.3b-tp4-m4": 0.5399111640546721,
     "sm100x4/7b-tp2xpp2-m8": 0.736537708802855,
-    "sm100-100-50-50/mps-1.3b-tp2-fast|tp2-slow": 0.7518429971616784,
+    "sm100-100-50-50/mps-1.3b-tp2-fast|tp2-slow": 0.7518018771652201,
 }
 
 

@@ -4,8 +4,7 @@ between stages of one layer range); the elastic benchmark ran into that refusal 
 (2026-11-27). With ``--elastic`` the plan is searched as the job's re-plans are: switchable
 schedules (context parallelism stays: an elastic switch moves state into CP layouts).
 
-The case is shown on the H200 MPS cluster: on the H100 one, since an MPS share's layer is priced
-no faster than its full GPU's (:mod:`planner.cost.measured` rule 7), the search finds DP 4 at
+The case is shown on the H200 MPS cluster: on the H100 one the search finds DP 4 at
 llama-1.3b, batch 16 (0.396 s, which the estimate already put under the interleaved plan's 0.398 s)."""
 
 from __future__ import annotations
