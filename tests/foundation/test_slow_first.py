@@ -20,7 +20,7 @@ class FakeItem:
 
 
 def test_slow_modules_come_first_whole_and_in_path_order() -> None:
-    a, b, c, d = (Path(f"tests/{x}.py") for x in "abcd")
+    a, b, c, d = (Path(f"{x}.py") for x in "abcd")
     items = [FakeItem(a, "a1"), FakeItem(b, "b1"), FakeItem(b, "b2", slow=True), FakeItem(c, "c1"),
              FakeItem(d, "d1", slow=True), FakeItem(d, "d2")]
     assert [i.name for i in slow_modules_first(items)] == ["b1", "b2", "d1", "d2", "a1", "c1"]
@@ -28,7 +28,7 @@ def test_slow_modules_come_first_whole_and_in_path_order() -> None:
 
 def test_the_suite_hook_reorders_what_pytest_collected() -> None:
     """tests/conftest.py applies the order to the collected items in place (pytest runs that list)."""
-    fast, slow = FakeItem(Path("tests/a.py"), "fast"), FakeItem(Path("tests/b.py"), "slow", slow=True)
+    fast, slow = FakeItem(Path("a.py"), "fast"), FakeItem(Path("b.py"), "slow", slow=True)
     items = [fast, slow]
     suite_conftest.pytest_collection_modifyitems(items)  # type: ignore[arg-type]
     assert items == [slow, fast]
