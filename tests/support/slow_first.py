@@ -15,7 +15,8 @@ from typing import Protocol, TypeVar
 
 
 class _Item(Protocol):
-    path: Path
+    @property
+    def path(self) -> Path: ...
 
     def get_closest_marker(self, name: str) -> object | None: ...
 
