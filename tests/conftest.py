@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.slow_first import slow_modules_first
+
 os.environ["HEXISCALE_HOME"] = tempfile.mkdtemp(prefix="hexiscale-home-")
 EMPTY_HOME = os.environ["HEXISCALE_HOME"]
 
@@ -20,3 +22,8 @@ EMPTY_HOME = os.environ["HEXISCALE_HOME"]
 def _empty_calibration_home() -> Iterator[None]:
     yield
     os.environ["HEXISCALE_HOME"] = EMPTY_HOME
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with multi-process tests run first (:mod:`tests.support.slow_first` says why)."""
+    items[:] = slow_modules_first(items)

@@ -14,9 +14,10 @@ _POOL = pytest.StashKey[DistPool]()
 @pytest.fixture(scope="session")
 def dist_pool(request: pytest.FixtureRequest) -> Iterator[DistPool]:
     """Eight gloo ranks shared by the multi-process executor tests of this pytest (xdist worker)
-    process. The tests carry ``xdist_group("executor-pool")`` so that ``--dist loadgroup`` could
-    send them all to one worker; with pytest 9.2 + xdist 3.8 the grouping has no effect (checked),
-    so each of the two CI workers may start its own pool — correct either way, one start more."""
+    process. The tests carry ``xdist_group("executor-pool")``, inert under CI's ``--dist worksteal``
+    (and under loadgroup with pytest 9.2 + xdist 3.8): the modules run first and whole on one worker
+    (tests/conftest.py), and the other worker starts its own pool only if it takes some of them over
+    at the end — correct either way, one start more."""
     pool = DistPool(POOL_RANKS, timeout=240, preload=("executor.train.engine", "tests.support.reference", "exec_jobs"))
     request.config.stash[_POOL] = pool
     yield pool

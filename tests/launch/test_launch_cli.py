@@ -149,7 +149,10 @@ def _seed_line_store(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 
     _no_processes(monkeypatch)
     for key in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)
+        # set, then deleted: the undo removes what the CLI sets for its ranks (a bare delenv of an
+        # absent key records nothing, and MASTER_ADDR leaked into the worker's later trainer jobs)
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     asked: list[tuple[str, int]] = []
 
     def busy(addr: str, port: int) -> None:
@@ -158,6 +161,16 @@ def _seed_line_store(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 
     monkeypatch.setattr(launch_env, "serve_store", busy)
     return asked
+
+
+def test_a_seed_line_leaves_no_rendezvous_variables_behind() -> None:
+    """What the seed line sets for its ranks stays in its test: a trainer this worker starts later
+    inherits os.environ, and a leaked MASTER_ADDR made it serve its store there (port in use)."""
+    before = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
+    with pytest.MonkeyPatch.context() as mp:
+        _seed_line_store(mp)
+        assert cli([*SEED_LINE, "--master_addr", "127.0.0.2", "--master_port", "29612"]) == 1
+    assert {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")} == before
 
 
 def test_a_seed_line_starting_its_ranks_listens_on_its_master_addr(monkeypatch: pytest.MonkeyPatch) -> None:

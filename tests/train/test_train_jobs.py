@@ -19,7 +19,8 @@ PLAN4 = ROOT / "examples" / "plans" / "demo-cpu-4-tiny.json"
 CLUSTER = ROOT / "examples" / "clusters" / "demo-cpu-6.yaml"
 JOB_TIMEOUT = 240  # a job that runs past this is hung: the test fails instead of waiting forever
 
-# serialised on one xdist worker: several multi-process jobs at once would oversubscribe 2 CPU cores
+# the group mark is inert: CI runs --dist worksteal (Makefile), and xdist 3.8's loadgroup ignores groups
+# under pytest 9.2; these jobs run beside each other on CI's two workers, started first (tests/conftest.py)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs")]
 
 
