@@ -17,7 +17,8 @@ import os
 import torch
 
 from planner.cost.gradsync import stage_owners
-from planner.cost.memory import GIB, partial_params, stage_memory
+from planner.cost.memory import GIB, stage_memory
+from planner.cost.partial_params import partial_params
 from planner.cost.schedule import held_with_grads, in_flight, split_backward_held
 from planner.errors import SpecError
 from planner.plan import Plan

@@ -53,7 +53,7 @@ compile=False, held=None) -> MemoryBreakdown`` (``compile``: the plan's blocks a
 ``split_backward_held(schedule, stages, stage_index, m)``, charged by wgrad_memory.py)
     with ``held_with_grads(schedule, stages, stage_index, m)`` for the exact peak and
     ``partial_params(plan, pipeline, stage)`` for shards cut into several sync slices (module
-    memory.py) (bytes per term; ``.total_gib``: the device's peak, ``.required_gib`` the same, for
+    partial_params.py) (bytes per term; ``.total_gib``: the device's peak, ``.required_gib`` the same, for
     out-of-memory checks); ``state_bytes(params, pipelines, zero_shards, partial)``: the
     parameters, gradients and optimizer state alone; ``stage_params(model, layers, tp, first, last)``.
 ``sync_groups(plan)``: cross-pipeline gradient groups (finest common slices) and their bytes.
@@ -97,14 +97,13 @@ from planner.cost.memory import (
     StateBytes,
     compiled_layer_activation_bytes,
     layer_activation_bytes,
-    partial_params,
-    partial_params_table,
     stage_memory,
     stage_params,
     state_bytes,
     weight_copy_bytes,
 )
 from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.cost.partial_params import partial_params, partial_params_table
 from planner.cost.profile import DeviceProfile, PassTime, SpecProfile
 from planner.cost.profile_set import ProfileSet
 from planner.cost.schedule import (

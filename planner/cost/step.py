@@ -79,10 +79,10 @@ from planner.cost.memory import (
     GIB,
     ZERO_BUCKET_NUMEL,
     MemoryBreakdown,
-    partial_params_table,
     stage_memory,
     stage_params,
 )
+from planner.cost.partial_params import partial_params_table
 from planner.cost.profile_set import ProfileSet
 from planner.cost.schedule import held_with_grads, in_flight, split_backward_held
 from planner.cost.sim_timeline import simulated_timeline, stage_lane

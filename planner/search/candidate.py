@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner.cluster import Link
-from planner.cost.memory import GIB, partial_params_by_shape
+from planner.cost.memory import GIB
+from planner.cost.partial_params import partial_params_by_shape
 from planner.cost.schedule import in_flight, split_backward_held
 from planner.interleave import interleaved
 from planner.layout import embed_param, finest_slices, head_params, layer_numel

@@ -164,7 +164,7 @@ class Oracle:
 
     def copy_bytes(self, elements: float, s: Setting, pipelines: int, gpu: str) -> float:
         """Bytes a device holds for ``elements`` of its shards cut into several sync slices
-        (:func:`planner.cost.memory.partial_params`): their own gradients, and under ZeRO-1 their own
+        (:func:`planner.cost.partial_params.partial_params`): their own gradients, and under ZeRO-1 their own
         weights, beside their slots in the flat buffers (fragmentation included)."""
         if pipelines <= 1 or elements <= 0:
             return 0.0

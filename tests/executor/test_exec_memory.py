@@ -29,7 +29,8 @@ from exec_jobs import TINY, global_batches, make_plan, pipeline_rows, pool_engin
 from torch import nn
 
 from executor.train.engine import Engine
-from planner.cost.memory import partial_params, stage_params, state_bytes
+from planner.cost.memory import stage_params, state_bytes
+from planner.cost.partial_params import partial_params
 from planner.plan import Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor-pool")]

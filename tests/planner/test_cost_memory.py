@@ -300,7 +300,7 @@ def test_zero1_state_in_the_estimate() -> None:
 
 @pytest.mark.parametrize("tps", [(1, 2), (2, 4), (4, 2, 1), (3, 1), (2, 2)])
 def test_partial_params_match_the_layout(tps: tuple[int, ...]) -> None:
-    """:func:`planner.cost.memory.partial_params` (arithmetic on the plan) equals the elements of a
+    """:func:`planner.cost.partial_params.partial_params` (arithmetic on the plan) equals the elements of a
     rank's local views that are not whole in :func:`planner.flat_buckets.flat_parts`, the buckets the
     executor allocates."""
     from planner.cost import partial_params
