@@ -126,13 +126,11 @@ class ProfileSet:
         if device.sm_percent not in (None, 100.0) or device.base is None or _meta(device).get("gpu_name") is None:
             return []
         kind = _timed_alike(device)
-        newest: dict[float, DeviceType] = {}
-        for e in self.catalog.entries:
-            if e.measured and e.base == device.base and _share(e) < 100.0 and _timed_alike(e) == kind:
-                have = newest.get(_share(e))
-                if have is None or str(_meta(e).get("date", "")) > str(_meta(have).get("date", "")):
-                    newest[_share(e)] = e
-        return [newest[k] for k in sorted(newest)]
+        shares: dict[float, list[DeviceType]] = {}
+        for entry in self.catalog.entries:
+            if entry.measured and entry.base == device.base and _share(entry) < 100.0 and _timed_alike(entry) == kind:
+                shares.setdefault(_share(entry), []).append(entry)
+        return [e for k in sorted(shares) if (e := _newest(shares[k])) is not None]
 
     def get(self, gpu: str) -> DeviceProfile:
         """Profile of a device type (catalog key or alias)."""
