@@ -37,7 +37,7 @@ def narrow(t: torch.Tensor, base: Chunk, part: Chunk) -> torch.Tensor:
     return t.as_strided(part.sizes, strides, t.storage_offset() + sum(a * s for a, s in zip(starts, strides)))
 
 
-def _key_name(tensor: str) -> tuple[str, str]:
+def key_name(tensor: str) -> tuple[str, str]:
     """``optim/exp_avg/layers.0.x`` -> ``("exp_avg", "layers.0.x")``."""
     key, _, name = tensor[len(OPTIM):].partition("/")
     return key, name
@@ -67,7 +67,7 @@ def held_tensors(engine: Engine, state: RankState) -> list[torch.Tensor]:
         if not h.tensor.startswith(OPTIM):
             out.append(engine.params[h.chunk.name].detach())
             continue
-        key, name = _key_name(h.tensor)
+        key, name = key_name(h.tensor)
         if h.part is None:
             out.append(shard_moments[key][name])
         else:
@@ -105,10 +105,10 @@ class NewState:
                     raise RuntimeError(f"rank {engine.rank}: {h.chunk.name} is {tuple(t.shape)} in the engine, "
                                        f"{tuple(h.chunk.sizes)} in the plan's state (planner.state_layout)")
             elif h.part is None:
-                key, name = _key_name(h.tensor)
+                key, name = key_name(h.tensor)
                 t = moments[key][name] = torch.empty(h.chunk.sizes, dtype=torch.float32, device=device)
             else:
-                key, _ = _key_name(h.tensor)
+                key, _ = key_name(h.tensor)
                 t = self.parts[h.part][key][h.at:h.at + h.numel].view(h.chunk.sizes)
             self.tensors.append(t)
         if engine.zero is not None:
