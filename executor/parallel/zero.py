@@ -85,8 +85,9 @@ from planner.layout import Topology
 MOMENTS = ("exp_avg", "exp_avg_sq")
 # elements allocated beyond each weight buffer's padded size: another plan's engine whose ``k'``
 # owners pad the same bucket to ``k'·ceil(N/k') <= N + k' - 1`` elements can adopt the allocation
-# (ZeroOptimizer.adopt_weights) for any k' up to ADOPT_SLACK + 1; 4 KiB a bucket
-ADOPT_SLACK = 1024
+# (ZeroOptimizer.adopt_weights) for any k' up to ADOPT_SLACK + 1 (beyond that the elastic switch
+# copies); 512 bytes a bucket, under 0.5 % of the tiny test models' weights (tests/executor/test_exec_memory.py)
+ADOPT_SLACK = 128
 
 
 @dataclass
