@@ -341,6 +341,18 @@ class ZeroOptimizer:
             out[key] = full
         return out
 
+    def moment_view(self, part: int, at: int, numel: int, key: str) -> torch.Tensor:
+        """Elements ``[at, at + numel)`` of moment ``key`` of part ``part`` (as :meth:`part_moments`
+        concatenates it), a view of the live state, no copy: the range must lie in one bucket's
+        owned range, as every rectangle of :func:`planner.state_layout.part_rects` does."""
+        off = 0
+        for m in self.parts[part].masters:
+            if off <= at and at + numel <= off + m.numel():
+                return self._moment(m, key).view(-1)[at - off:at - off + numel]
+            off += m.numel()
+        raise RuntimeError(f"ZeRO-1 part {part}: elements [{at}, {at + numel}) span two buckets' owned ranges "
+                           "(planner.state_layout and executor.parallel.zero disagree)")
+
     def part_moments(self) -> list[dict[str, torch.Tensor]]:
         """This rank's Adam moments, one flat fp32 tensor per part and moment (zeros before the first
         step); part ``i`` is the concatenation of its owned ranges, bucket by bucket
