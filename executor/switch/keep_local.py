@@ -80,7 +80,7 @@ def _adopt_tensors(whole: dict[int, int], held: list[torch.Tensor], new: NewStat
     params = engine.params
     for d, s in whole.items():
         h, t = dst[d], held[s]
-        if not _adoptable(t, h) or t.device != engine.device:
+        if not _adoptable(t, h) or t.device != new.tensors[d].device:  # (an engine's device may have no index)
             continue
         if not h.tensor.startswith(OPTIM):
             p = params[h.chunk.name]
@@ -114,7 +114,7 @@ def _adopt_buckets(whole: dict[int, int], old: Engine, new: NewState) -> set[int
         if q_old is None or any(d is None or not v.whole for d, v in zip(slots, b.spec.views)):
             continue
         storage = old_zero.storage[q_old]
-        if storage.numel() < b.spec.padded or storage.device != new.engine.device or any(
+        if storage.numel() < b.spec.padded or storage.device != zero.storage[q].device or any(
                 old_params[v.name].data_ptr() != old_zero.weights[q_old][off:].data_ptr()
                 for v, off in zip(b.spec.views, b.spec.offsets)):
             continue
