@@ -12,18 +12,22 @@ are) and lets go of the one it built ahead. What is adopted, by the new engine's
   whole buffer is adopted (:meth:`ZeroOptimizer.adopt_weights`) where the old engine, also under
   ZeRO-1, has a bucket of the same views at the same offsets, every one of them whole and kept
   whole. The padding may differ (``k`` owners pad to ``k·ceil(N/k)``); the allocations carry slack
-  for it (:data:`executor.parallel.zero.ADOPT_SLACK`). ZeRO-1's moments are flat parts whose ranges
-  change with the owner count: they are copied (a part's pieces are not its whole holdings).
+  for it (:data:`executor.parallel.zero.ADOPT_SLACK`). ZeRO-1's moments live per master (a
+  bucket's owned range): where this process's new owned range of a bucket lies inside its old one
+  (more owners than before: a join), the master takes a view of the old master's moments; where
+  it grows (fewer owners: a leave) they are copied, the rest arriving from the peers.
 
-On 4x H100 (2026-11-27 15:00, a 4 -> 3 leave of llama-1.3b under ZeRO-1) the slowest rank spent 12-14
-ms copying the state it kept, 5.4 GB of it its own weights, which stay where they are now.
+On 4x H100 (2026-11-27 15:00, llama-1.3b under ZeRO-1) the slowest rank spent 12-14 ms copying the
+state it kept, 8.19 GB: 5.46 GB of it its weights, which stay where they are now in every event,
+the rest its moments, adopted too in the 3 -> 4 join.
 
 Why adopting is safe: every new holding adopted is covered by that one piece, so no other piece
 (local or received) writes into it, and the old engine never writes again — after the switch it is
 dropped (its groups alone live on, retired, :mod:`executor.parallel.group_retire`, which frees and
 zeroes no tensor); it may still be read meanwhile (the same values sent to a peer). A kept piece
 that is part of a holding, or of another dtype or shape, or a bucket not laid out alike, is copied
-as before (``copied_bytes``).
+as before (``copied_bytes``). A ZeRO-1 master's moments are adopted only where every holding in its
+range is covered by kept pieces alone, so nothing received lands in the old engine's tensors.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import torch
 
 from executor.state.state_pieces import OPTIM, NewState, key_name, narrow
 from executor.train.engine import Engine
-from planner.state_layout import Holding
+from planner.state_layout import MOMENTS, Holding
 from planner.state_move_plan import Piece
 
 
@@ -61,7 +65,10 @@ def keep(local: list[Piece], *, old: Engine, held: list[torch.Tensor], src: tupl
     ``src``) in one torch call (one copy kernel per strided piece)."""
     dst = new.state.holdings
     whole = whole_pieces(local, src, dst)
-    adopted = _adopt_buckets(whole, old, new) if new.engine.zero is not None else _adopt_tensors(whole, held, new)
+    if new.engine.zero is not None:
+        adopted = _adopt_buckets(whole, old, new) | _adopt_moments(local, old, new)
+    else:
+        adopted = _adopt_tensors(whole, held, new)
     rest = [p for p in local if p.dst_slot not in adopted]
     if rest:
         torch._foreach_copy_([narrow(new.tensors[p.dst_slot], dst[p.dst_slot].chunk, p.chunk) for p in rest],
@@ -123,4 +130,41 @@ def _adopt_buckets(whole: dict[int, int], old: Engine, new: NewState) -> set[int
             assert d is not None
             new.tensors[d] = params[v.name].detach()
             out.add(d)
+    return out
+
+
+def _adopt_moments(local: list[Piece], old: Engine, new: NewState) -> set[int]:
+    """A new engine under ZeRO-1: a master (one bucket's owned range) whose range lies inside this
+    process's owned range of the old engine's bucket of the same layout, every one of its holdings
+    kept (covered by kept pieces alone), takes a view of the old master's moments as its own."""
+    zero, old_zero = new.engine.zero, old.zero
+    if zero is None or old_zero is None:
+        return set()
+    dst = new.state.holdings
+    covered: dict[int, int] = {}
+    for p in local:
+        covered[p.dst_slot] = covered.get(p.dst_slot, 0) + p.numel
+    old_at = {(b.spec.views, b.spec.offsets): q for q, b in enumerate(old_zero.sync.order)}
+    out: set[int] = set()
+    for b in zero.sync.order:
+        q_old = old_at.get((b.spec.views, b.spec.offsets))
+        if q_old is None:
+            continue
+        ob = old_zero.sync.order[q_old]
+        lo, hi = b.spec.owned(zero.sync.parts[b.part].index)
+        old_lo, old_hi = ob.spec.owned(old_zero.sync.parts[ob.part].index)
+        start = sum(m.numel() for m in zero.parts[b.part].masters[:b.index])  # the master's first element in its part
+        slots = [d for d, h in enumerate(dst) if h.part == b.part and start <= h.at < start + hi - lo]
+        if not slots or not old_lo <= lo <= hi <= old_hi or any(covered.get(d) != dst[d].numel for d in slots):
+            continue
+        state = zero.optimizer.state[zero.parts[b.part].masters[b.index]]
+        old_start = sum(m.numel() for m in old_zero.parts[ob.part].masters[:ob.index]) + lo - old_lo
+        kept = {key: old_zero.moment_view(ob.part, old_start, hi - lo, key) for key in MOMENTS}
+        if any(t.device != state[key].device for key, t in kept.items()):
+            continue
+        state.update(kept)
+        for d in slots:
+            key, _ = key_name(dst[d].tensor)
+            new.tensors[d] = zero.moment_view(b.part, dst[d].at, dst[d].numel, key).view(dst[d].chunk.sizes)
+        out.update(slots)
     return out

@@ -39,12 +39,20 @@ def _trained_state(engine: Engine) -> None:
                                 for k in MOMENTS}, 3)
 
 
-@pytest.mark.parametrize("zero", [0, 1])
-def test_a_dp_leave_copies_none_of_what_stays_in_place(zero: int) -> None:
-    """a:2 leaves a 3-pipeline plan: a:0 keeps every weight where it was (TP 1, the same layers),
-    and without ZeRO-1 every moment too; under ZeRO-1 its moments' part changes range (3 owners ->
-    2) and is copied. The new engine holds the kept values, its weights in the old storage."""
-    old, new = _dp(["a:0", "a:1", "a:2"], zero), _dp(["a:0", "a:1"], zero)
+THREE, TWO = ["a:0", "a:1", "a:2"], ["a:0", "a:1"]
+
+
+@pytest.mark.parametrize("before,after,zero,moments_in_place", [
+    (THREE, TWO, 0, True),  # a:2 leaves; without ZeRO-1 every moment is whole too
+    (THREE, TWO, 1, False),  # ZeRO-1: a:0's owned ranges grow (3 owners -> 2): its moments are copied
+    (TWO, THREE, 1, True),  # a:2 joins: a:0's new owned ranges lie inside its old ones
+])
+def test_a_dp_change_copies_none_of_what_stays_in_place(before: list[str], after: list[str], zero: int,
+                                                        moments_in_place: bool) -> None:
+    """a:0 keeps every weight where it was (TP 1, the same layers): adopted, not copied, and so are
+    the moments that stay in place. The new engine holds the kept values, its weights in the old
+    storage."""
+    old, new = _dp(before, zero), _dp(after, zero)
     me = "a:0"
     rp = reshard_plan(old, new)
     old_state, new_state = holdings(rp, me)
@@ -60,7 +68,9 @@ def test_a_dp_leave_copies_none_of_what_stays_in_place(zero: int) -> None:
     weights = sum(p.nbytes for p in local if p.tensor.startswith("model/"))
     assert weights == sum(p.numel() for p in engine.params.values()) * 4 > 0
     moments = sum(p.nbytes for p in local) - weights
-    assert (kept.adopted_bytes, kept.copied_bytes) == ((weights + moments, 0) if zero == 0 else (weights, moments))
+    assert moments > 0
+    want = (weights + moments, 0) if moments_in_place else (weights, moments)
+    assert (kept.adopted_bytes, kept.copied_bytes) == want
     after = held_tensors(into.engine, new_state)
     for p in local:
         src, dst = old_state.holdings[p.src_slot].chunk, new_state.holdings[p.dst_slot].chunk
