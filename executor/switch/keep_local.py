@@ -17,6 +17,11 @@ are) and lets go of the one it built ahead. What is adopted, by the new engine's
   (more owners than before: a join), the master takes a view of the old master's moments; where
   it grows (fewer owners: a leave) they are copied, the rest arriving from the peers.
 
+Memory: an adopted tensor replaces the one the new engine built ahead, which is freed — except a
+ZeRO-1 moment: the adopting master holds a view of the old master's whole moment (the old owned
+range, larger than the new one: +1/3 of this rank's moments in a 3 -> 4 join) and the flat part the
+new engine built stays allocated while any master of it still uses it.
+
 On 4x H100 (2026-11-27 15:00, llama-1.3b under ZeRO-1) the slowest rank spent 12-14 ms copying the
 state it kept, 8.19 GB: 5.46 GB of it its weights, which stay where they are now in every event,
 the rest its moments, adopted too in the 3 -> 4 join.
