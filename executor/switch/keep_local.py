@@ -13,18 +13,18 @@ are) and lets go of the one it built ahead. What is adopted, by the new engine's
   ZeRO-1, has a bucket of the same views at the same offsets, every one of them whole and kept
   whole. The padding may differ (``k`` owners pad to ``k·ceil(N/k)``); the allocations carry slack
   for it (:data:`executor.parallel.zero.ADOPT_SLACK`). ZeRO-1's moments live per master (a
-  bucket's owned range): where this process's new owned range of a bucket lies inside its old one
-  (more owners than before: a join), the master takes a view of the old master's moments; where
-  it grows (fewer owners: a leave) they are copied, the rest arriving from the peers.
+  bucket's owned range): where this process owns the same range of a bucket laid out alike as
+  before (the owner count and its position unchanged), the master takes the old master's moments.
+  Where the range changes they are copied, the rest arriving from the peers — also where it
+  shrinks (a join): a view of the old, larger moment would keep more memory than the new plan was
+  priced with (+1/3 of the rank's moments in a 3 -> 4 join), for 4 ms of copying on the 4x H100 join.
 
-Memory: an adopted tensor replaces the one the new engine built ahead, which is freed — except a
-ZeRO-1 moment: the adopting master holds a view of the old master's whole moment (the old owned
-range, larger than the new one: +1/3 of this rank's moments in a 3 -> 4 join) and the flat part the
-new engine built stays allocated while any master of it still uses it.
+Memory: an adopted tensor replaces the one the new engine built ahead, which is freed — but for
+ZeRO-1's moments, whose flat part (built ahead) stays allocated while any master of it still uses it.
 
 On 4x H100 (2026-11-27 15:00, llama-1.3b under ZeRO-1) the slowest rank spent 12-14 ms copying the
-state it kept, 8.19 GB: 5.46 GB of it its weights, which stay where they are now in every event,
-the rest its moments, adopted too in the 3 -> 4 join.
+state it kept, 8.19 GB: 5.46 GB of it its weights, which stay where they are now in every event;
+the rest, its moments, changes range in each (2.73 GB still copied).
 
 Why adopting is safe: every new holding adopted is covered by that one piece, so no other piece
 (local or received) writes into it, and the old engine never writes again — after the switch it is
@@ -139,9 +139,9 @@ def _adopt_buckets(whole: dict[int, int], old: Engine, new: NewState) -> set[int
 
 
 def _adopt_moments(local: list[Piece], old: Engine, new: NewState) -> set[int]:
-    """A new engine under ZeRO-1: a master (one bucket's owned range) whose range lies inside this
-    process's owned range of the old engine's bucket of the same layout, every one of its holdings
-    kept (covered by kept pieces alone), takes a view of the old master's moments as its own."""
+    """A new engine under ZeRO-1: a master (one bucket's owned range) whose range is this process's
+    owned range of the old engine's bucket of the same layout, every one of its holdings kept
+    (covered by kept pieces alone), takes the old master's moments as its own."""
     zero, old_zero = new.engine.zero, old.zero
     if zero is None or old_zero is None:
         return set()
@@ -160,10 +160,10 @@ def _adopt_moments(local: list[Piece], old: Engine, new: NewState) -> set[int]:
         old_lo, old_hi = ob.spec.owned(old_zero.sync.parts[ob.part].index)
         start = sum(m.numel() for m in zero.parts[b.part].masters[:b.index])  # the master's first element in its part
         slots = [d for d, h in enumerate(dst) if h.part == b.part and start <= h.at < start + hi - lo]
-        if not slots or not old_lo <= lo <= hi <= old_hi or any(covered.get(d) != dst[d].numel for d in slots):
+        if not slots or (lo, hi) != (old_lo, old_hi) or any(covered.get(d) != dst[d].numel for d in slots):
             continue
         state = zero.optimizer.state[zero.parts[b.part].masters[b.index]]
-        old_start = sum(m.numel() for m in old_zero.parts[ob.part].masters[:ob.index]) + lo - old_lo
+        old_start = sum(m.numel() for m in old_zero.parts[ob.part].masters[:ob.index])
         kept = {key: old_zero.moment_view(ob.part, old_start, hi - lo, key) for key in MOMENTS}
         if any(t.device != state[key].device for key, t in kept.items()):
             continue

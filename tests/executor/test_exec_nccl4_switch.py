@@ -52,7 +52,7 @@ CASES4: dict[str, tuple[Plan, Plan]] = {
     # ranks' weight buckets are adopted by the new engines, not copied (executor.switch.keep_local)
     "leave-dp4-to-dp3-zero1": (_plan(TINY, [(3, [([d], 4)]) for d in FOUR], zero=1),
                                _plan(TINY, [(4, [([d], 4)]) for d in FOUR[:3]], zero=1)),
-    # and its join: three -> four; a:0's new ZeRO-1 ranges lie inside its old ones (moments adopted too)
+    # and its join: three -> four (the staying ranks' weights adopted, their moments change range)
     "join-dp3-to-dp4-zero1": (_plan(TINY, [(4, [([d], 4)]) for d in FOUR[:3]], zero=1),
                               _plan(TINY, [(3, [([d], 4)]) for d in FOUR], zero=1)),
 }

@@ -45,7 +45,8 @@ THREE, TWO = ["a:0", "a:1", "a:2"], ["a:0", "a:1"]
 @pytest.mark.parametrize("before,after,zero,moments_in_place", [
     (THREE, TWO, 0, True),  # a:2 leaves; without ZeRO-1 every moment is whole too
     (THREE, TWO, 1, False),  # ZeRO-1: a:0's owned ranges grow (3 owners -> 2): its moments are copied
-    (TWO, THREE, 1, True),  # a:2 joins: a:0's new owned ranges lie inside its old ones
+    (TWO, THREE, 1, False),  # a:2 joins: a:0's owned ranges shrink, copied (no larger old moment kept)
+    (TWO, ["a:0", "a:2"], 1, True),  # a:1 hands over to a:2: a:0 owns the same ranges as before
 ])
 def test_a_dp_change_copies_none_of_what_stays_in_place(before: list[str], after: list[str], zero: int,
                                                         moments_in_place: bool) -> None:
