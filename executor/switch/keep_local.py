@@ -46,6 +46,8 @@ from executor.train.engine import Engine
 from planner.state_layout import MOMENTS, Holding
 from planner.state_move_plan import Piece
 
+UNUSED_MAX = 4096  # bytes of an allocation its adopted tensors may leave unused (_fills_storage)
+
 
 @dataclass(frozen=True)
 class Kept:
@@ -87,25 +89,38 @@ def _adoptable(t: torch.Tensor, h: Holding) -> bool:
 
 
 def _adopt_tensors(whole: dict[int, int], held: list[torch.Tensor], new: NewState) -> set[int]:
-    """A new engine without ZeRO-1: each whole weight or moment becomes the old tensor."""
-    engine, dst, out = new.engine, new.state.holdings, set()
+    """A new engine without ZeRO-1: each whole weight or moment becomes the old tensor, where the
+    tensors adopted from one allocation use all of it (:func:`_fills_storage`)."""
+    engine, dst = new.engine, new.state.holdings
     params = engine.params
-    for d, s in whole.items():
-        h, t = dst[d], held[s]
-        if not _adoptable(t, h) or t.device != new.tensors[d].device:  # (an engine's device may have no index)
-            continue
+    # (an engine's device may carry no index: the tensors' own devices are compared)
+    wanted = {d: held[s] for d, s in whole.items() if (dst[d].part is None or not dst[d].tensor.startswith(OPTIM))
+              and _adoptable(held[s], dst[d]) and held[s].device == new.tensors[d].device}
+    out = _fills_storage(wanted)
+    for d in out:
+        h, t = dst[d], wanted[d]
         if not h.tensor.startswith(OPTIM):
             p = params[h.chunk.name]
             p.data = t
             new.tensors[d] = p.detach()
-        elif h.part is None:
+        else:
             key, name = key_name(h.tensor)
             engine.optimizer.state[params[name]][key] = t
             new.tensors[d] = t
-        else:
-            continue
-        out.add(d)
     return out
+
+
+def _fills_storage(tensors: dict[int, torch.Tensor]) -> set[int]:
+    """The keys of ``tensors`` whose allocation they (with the others of it here) use all of but
+    :data:`UNUSED_MAX` bytes or 1 % (a ZeRO-1 bucket's padding and slack): adopting a view keeps its
+    whole allocation alive, and an old ZeRO-1 bucket of which only a norm scale is kept must not
+    outlive the old engine."""
+    used: dict[int, int] = {}
+    for t in tensors.values():
+        ptr = t.untyped_storage().data_ptr()
+        used[ptr] = used.get(ptr, 0) + t.numel() * t.element_size()
+    return {d for d, t in tensors.items() if t.untyped_storage().nbytes() - used[t.untyped_storage().data_ptr()]
+            <= max(UNUSED_MAX, t.untyped_storage().nbytes() // 100)}
 
 
 def _adopt_buckets(whole: dict[int, int], old: Engine, new: NewState) -> set[int]:

@@ -43,13 +43,16 @@ THREE, TWO = ["a:0", "a:1", "a:2"], ["a:0", "a:1"]
 
 
 @pytest.mark.parametrize("before,after,zero,moments_in_place", [
-    (THREE, TWO, 0, True),  # a:2 leaves; without ZeRO-1 every moment is whole too
-    (THREE, TWO, 1, False),  # ZeRO-1: a:0's owned ranges grow (3 owners -> 2): its moments are copied
-    (TWO, THREE, 1, False),  # a:2 joins: a:0's owned ranges shrink, copied (no larger old moment kept)
-    (TWO, ["a:0", "a:2"], 1, True),  # a:1 hands over to a:2: a:0 owns the same ranges as before
+    (THREE, TWO, 0, "all"),  # a:2 leaves; without ZeRO-1 every moment is whole too
+    (THREE, TWO, 1, "none"),  # ZeRO-1: a:0's owned ranges grow (3 owners -> 2): its moments are copied
+    (TWO, THREE, 1, "none"),  # a:2 joins: a:0's owned ranges shrink, copied (no larger old moment kept)
+    (TWO, ["a:0", "a:2"], 1, "all"),  # a:1 hands over to a:2: a:0 owns the same ranges as before
+    # a lone pipeline, no ZeRO-1: the weights' views of the old buckets adopted, and the moments of
+    # the parameters whose every element a:0 owned (whole in its old part)
+    (TWO, ["a:0"], 1, "some"),
 ])
 def test_a_dp_change_copies_none_of_what_stays_in_place(before: list[str], after: list[str], zero: int,
-                                                        moments_in_place: bool) -> None:
+                                                        moments_in_place: str) -> None:
     """a:0 keeps every weight where it was (TP 1, the same layers): adopted, not copied, and so are
     the moments that stay in place. The new engine holds the kept values, its weights in the old
     storage."""
@@ -70,8 +73,9 @@ def test_a_dp_change_copies_none_of_what_stays_in_place(before: list[str], after
     assert weights == sum(p.numel() for p in engine.params.values()) * 4 > 0
     moments = sum(p.nbytes for p in local) - weights
     assert moments > 0
-    want = (weights + moments, 0) if moments_in_place else (weights, moments)
-    assert (kept.adopted_bytes, kept.copied_bytes) == want
+    assert kept.adopted_bytes + kept.copied_bytes == weights + moments
+    adopted = {"all": weights + moments, "none": weights}.get(moments_in_place)
+    assert kept.adopted_bytes == adopted if adopted is not None else weights < kept.adopted_bytes < weights + moments
     after = held_tensors(into.engine, new_state)
     for p in local:
         src, dst = old_state.holdings[p.src_slot].chunk, new_state.holdings[p.dst_slot].chunk
