@@ -7,7 +7,8 @@ new engine takes the old engine's tensor as its own (the old tensor's storage, i
 are) and lets go of the one it built ahead. What is adopted, by the new engine's kind:
 
 * without ZeRO-1: a weight becomes the parameter's data (``param.data``), an AdamW moment the
-  optimizer's state tensor, one holding at a time;
+  optimizer's state tensor, one holding at a time — where the tensors adopted from one allocation
+  use all of it (an old ZeRO-1 bucket's weight views only together, a view keeps its allocation);
 * under ZeRO-1 the weights live in flat bucket buffers (:mod:`executor.parallel.zero`): a bucket's
   whole buffer is adopted (:meth:`ZeroOptimizer.adopt_weights`) where the old engine, also under
   ZeRO-1, has a bucket of the same views at the same offsets, every one of them whole and kept
