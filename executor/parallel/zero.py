@@ -83,6 +83,11 @@ from planner.flat_buckets import FlatPart
 from planner.layout import Topology
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
+# elements allocated beyond each weight buffer's padded size: another plan's engine whose ``k'``
+# owners pad the same bucket to ``k'·ceil(N/k') <= N + k' - 1`` elements can adopt the allocation
+# (ZeroOptimizer.adopt_weights) for any k' up to ADOPT_SLACK + 1 (beyond that the elastic switch
+# copies); 512 bytes a bucket, under 0.5 % of the tiny test models' weights (tests/executor/test_exec_memory.py)
+ADOPT_SLACK = 128
 
 
 @dataclass
@@ -134,12 +139,16 @@ class ZeroOptimizer:
         self.sync = GradSync(topology, rank, params, bucket_numel=bucket_numel, scatter=True)
         if not self.sync.parts:
             raise RuntimeError(f"ZeRO-1: rank {rank} owns no slice of any sync group (single pipeline?)")
-        # one weight buffer per bucket (in the issue order); whole local shards live in it
+        # one weight buffer per bucket (in the issue order); whole local shards live in it. Each is
+        # the head of an allocation ADOPT_SLACK elements longer (``storage``), so that another plan's
+        # engine can take it over as its own buffer of that bucket (adopt_weights)
         self.weights: list[torch.Tensor] = []
+        self.storage: list[torch.Tensor] = []
         with torch.no_grad():
             for b in self.sync.order:
                 dev = params[b.spec.views[0].name].device
-                self.weights.append(torch.zeros(b.spec.padded, dtype=torch.float32, device=dev))
+                self.storage.append(torch.zeros(b.spec.padded + ADOPT_SLACK, dtype=torch.float32, device=dev))
+                self.weights.append(self.storage[-1][:b.spec.padded])
             self._bind()
         # (part, bucket of the part) -> position in the issue order
         self._where = {(b.part, b.index): q for q, b in enumerate(self.sync.order)}
@@ -194,6 +203,26 @@ class ZeroOptimizer:
                 dst.copy_(narrow(p.detach(), v))
                 if v.whole:
                     p.data = dst
+
+    def adopt_weights(self, q: int, storage: torch.Tensor) -> None:
+        """Make ``storage`` (another engine's :attr:`storage` of a bucket laid out as bucket ``q``:
+        the same views at the same offsets) bucket ``q``'s weight buffer, its values as they are:
+        the whole views' parameters and this rank's master become views of it, nothing is copied
+        (the elastic switch, :mod:`executor.switch.keep_local`). Only the padding, whose values
+        nobody reads, may differ in length: ``storage`` must hold this bucket's padded size."""
+        b = self.sync.order[q]
+        if storage.numel() < b.spec.padded or storage.dtype != torch.float32 or storage.dim() != 1:
+            raise ValueError(f"bucket {q}: a buffer of {storage.numel()} elements cannot hold its {b.spec.padded}")
+        buf = storage[:b.spec.padded]
+        self.storage[q], self.weights[q] = storage, buf
+        with torch.no_grad():
+            for v, off in zip(b.spec.views, b.spec.offsets):
+                if not v.whole:
+                    raise ValueError(f"bucket {q}: {v.name} is not a whole view; its parameter is not the buffer's")
+                p = self.params[v.name]
+                p.data = slot(buf, v, off, p.shape)
+            lo, hi = b.spec.owned(self.sync.parts[b.part].index)
+            self.parts[b.part].masters[b.index].data = buf.narrow(0, lo, hi - lo)
 
     # ------------------------------------------------------------------------------ training
     def reduce_grads(self) -> None:
@@ -311,6 +340,18 @@ class ZeroOptimizer:
                     narrow(full[v.name], v).copy_(slot(buf, v, off, full[v.name].shape))
             out[key] = full
         return out
+
+    def moment_view(self, part: int, at: int, numel: int, key: str) -> torch.Tensor:
+        """Elements ``[at, at + numel)`` of moment ``key`` of part ``part`` (as :meth:`part_moments`
+        concatenates it), a view of the live state, no copy: the range must lie in one bucket's
+        owned range, as every rectangle of :func:`planner.state_layout.part_rects` does."""
+        off = 0
+        for m in self.parts[part].masters:
+            if off <= at and at + numel <= off + m.numel():
+                return self._moment(m, key).view(-1)[at - off:at - off + numel]
+            off += m.numel()
+        raise RuntimeError(f"ZeRO-1 part {part}: elements [{at}, {at + numel}) span two buckets' owned ranges "
+                           "(planner.state_layout and executor.parallel.zero disagree)")
 
     def part_moments(self) -> list[dict[str, torch.Tensor]]:
         """This rank's Adam moments, one flat fp32 tensor per part and moment (zeros before the first

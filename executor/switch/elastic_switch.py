@@ -415,7 +415,8 @@ def switch_report(rp: Any, every: list[Any], step: int, cluster: ClusterSpec | N
     waited for it there (a joiner builds while the job trains). ``critical``: the parts of
     the rank whose ``switch_excl_comm_s`` is the largest (:data:`PARTS`, adding up to it;
     ``device`` names the rank) — the per-part maxima
-    above may come from different ranks."""
+    above may come from different ranks. ``adopted_bytes``: of ``local_bytes`` (kept), what the new
+    engines took over in place, not copied (:mod:`executor.switch.keep_local`)."""
     keys = ("switch_s", "transfer_s", "engine_s", "plan_s", "wait_s", "comm_s", "switch_excl_comm_s", *COMM_PARTS,
             *PARTS, "retire_s", "connect_ahead_s", "engine_between_steps_s")
     worst: dict[str, Any] = {k: max(s[k] for s in every) for k in keys}
@@ -425,6 +426,7 @@ def switch_report(rp: Any, every: list[Any], step: int, cluster: ClusterSpec | N
     worst["planned_ahead"] = all(s["planned_ahead"] for s in every)
     worst["retire_blocks_training"] = True
     out = dict(worst, step=step, moved_bytes=rp.moved_bytes, local_bytes=rp.local_bytes,
+               adopted_bytes=sum(s["adopted_bytes"] for s in every),
                leave=list(rp.leaving), join=list(rp.joining), old_ranks=rp.old.world_size,
                new_ranks=rp.new.world_size, max_rank_bytes=max((max(rp.bytes_in(d), rp.bytes_out(d))
                                                                 for d in rp.devices), default=0))

@@ -28,7 +28,9 @@ Order of events (one :func:`switch` call on every process of the old or the new 
    which the elastic target reports apart. (Gloo connects every pair when the group is created:
    there this costs one tiny message each way; so does NCCL on a world kept as it is, whose pairs
    the elastic job connected ahead, :meth:`~executor.switch.epoch_world.World.connect_all`.)
-4. **Local copies**, packing, then **the exchange**, on the switch world itself. Before the
+4. **The kept pieces** (:mod:`executor.switch.keep_local`: a whole holding kept in place is
+   adopted by the new engine, the old tensor itself; the rest copied), packing, then **the
+   exchange**, on the switch world itself. Before the
    exchange the pairs ping again (the batch of step 3, on connected pairs: microseconds), so that
    waiting for a peer still packing is reported apart (``exchange_wait_s``) and ``exchange_s`` is
    the transfer alone. Then a process posts one
@@ -88,6 +90,7 @@ from executor.parallel.group_retire import Retired
 from executor.parallel.store_meet import meet
 from executor.state.state_pieces import NewState, held_tensors, narrow
 from executor.switch.epoch_world import World, ping
+from executor.switch.keep_local import keep
 from executor.train.engine import Engine
 from planner.state_layout import RankState, rank_states
 from planner.state_move_plan import ReshardPlan
@@ -102,7 +105,8 @@ class SwitchStats:
 
     bytes_sent: int = 0
     bytes_received: int = 0
-    local_bytes: int = 0
+    local_bytes: int = 0  # the pieces this process keeps (ReshardPlan.local)
+    adopted_bytes: int = 0  # of local_bytes, those the new engine took over in place, not copied (keep_local)
     packed_bytes: int = 0  # bytes of strided pieces staged through a buffer (sent or received); 0 if none
     world_setup_s: float = 0.0  # default groups created for the switch and the new plan
     connect_s: float = 0.0  # every exchanging pair of this process connected (step 3)
@@ -111,7 +115,7 @@ class SwitchStats:
     close_s: float = 0.0  # the old plan's groups retired (detached; destroyed later: retire_s)
     world_wait_s: float = 0.0  # waiting on the store for a new default group's last member
     connect_wait_s: float = 0.0  # waiting on the store for the switch world's last member to connect
-    local_s: float = 0.0  # pieces this process keeps, copied into the new layout
+    local_s: float = 0.0  # pieces this process keeps, adopted or copied into the new layout (keep_local)
     pack_s: float = 0.0  # outgoing pieces packed into one buffer per peer
     exchange_wait_s: float = 0.0  # waiting for the peers to have packed (one ping batch, step 4)
     exchange_s: float = 0.0  # posting every pair's batch to the last receive done
@@ -203,10 +207,10 @@ def switch(rp: ReshardPlan, *, me: str, world: World, engine: Engine | None, int
     dst = new_state.holdings if new_state is not None else ()
     local = rp.local(me)
     if local:
-        assert new is not None
-        _copy([narrow(new.tensors[p.dst_slot], dst[p.dst_slot].chunk, p.chunk) for p in local],
-              [narrow(held[p.src_slot], src[p.src_slot].chunk, p.chunk) for p in local])
-        stats.local_bytes += sum(p.nbytes for p in local)
+        assert new is not None and engine is not None
+        kept = keep(local, old=engine, held=held, src=src, new=new)
+        stats.local_bytes += kept.adopted_bytes + kept.copied_bytes
+        stats.adopted_bytes += kept.adopted_bytes
     clock.lap("local_s")
     outbox: dict[str, list[torch.Tensor]] = {}
     for a, b in mine:

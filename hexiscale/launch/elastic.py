@@ -395,7 +395,8 @@ class Supervisor:
                                        f"join {' '.join(r['join'])}" if r["join"] else "") if x) or "re-plan"
         bound = f", lower bound {r['lower_bound_s'] * 1e3:.2f} ms" if "lower_bound_s" in r else ""
         say(f"epoch {e} after step {r['step']}: {r['old_ranks']} -> {r['new_ranks']} ranks ({change}); moved "
-            f"{r['moved_bytes'] / 1e6:.2f} MB (kept {r['local_bytes'] / 1e6:.2f} MB local) in {r['switch_s']:.3f} s: "
+            f"{r['moved_bytes'] / 1e6:.2f} MB (kept {r['local_bytes'] / 1e6:.2f} MB local, "
+            f"{r.get('adopted_bytes', 0) / 1e6:.2f} MB of it in place) in {r['switch_s']:.3f} s: "
             f"transfer {r['transfer_s'] * 1e3:.1f} ms{bound}, communicators {r['comm_s'] * 1e3:.0f} ms; "
             f"re-planned in {r['replan_s']:.2f} s while training"
             + (f"; waited {r['wait_s']:.1f} s for joining devices" if r["wait_s"] > 0.5 else ""))

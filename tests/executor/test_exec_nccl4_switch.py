@@ -48,7 +48,15 @@ CASES4: dict[str, tuple[Plan, Plan]] = {
     # into one: a:2 and a:3 join a 2-stage pipeline, which becomes cp 2 x tp 2 (ZeRO 0 -> 1)
     "join-2-to-lone-cp2xtp2-zero1": (_plan(TINY, [(6, [(["a:0"], 2), (["a:1"], 2)])]),
                                      _plan(TINY, [(6, [(["a:2", "a:0", "a:3", "a:1"], 4, 2)])], zero=1)),
+    # the elastic benchmark's leave: four TP-1 pipelines -> three, ZeRO-1 on both sides; the staying
+    # ranks' weight buckets are adopted by the new engines, not copied (executor.switch.keep_local)
+    "leave-dp4-to-dp3-zero1": (_plan(TINY, [(3, [([d], 4)]) for d in FOUR], zero=1),
+                               _plan(TINY, [(4, [([d], 4)]) for d in FOUR[:3]], zero=1)),
+    # and its join: three -> four (the staying ranks' weights adopted, their moments change range)
+    "join-dp3-to-dp4-zero1": (_plan(TINY, [(4, [([d], 4)]) for d in FOUR[:3]], zero=1),
+                              _plan(TINY, [(3, [([d], 4)]) for d in FOUR], zero=1)),
 }
+ADOPTS_WEIGHTS = {"leave-dp4-to-dp3-zero1", "join-dp3-to-dp4-zero1"}  # staying ranks keep every weight in place
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +82,12 @@ def test_nccl4_switch_oracle(nccl4: DistPool, tmp_path, name: str) -> None:  # t
     rp = reshard_plan(old, new)
     assert {r["device"]: r["stats"]["packed_bytes"] for r in res if "stats" in r} == {
         d: staged_bytes(rp, d) for d in set(old.devices) | set(new.devices)}
+    if name in ADOPTS_WEIGHTS:  # taken over in place by the new engine on the GPU too, not copied
+        for r in (r for r in res if "stats" in r):
+            kept = rp.local(r["device"]) if r["device"] in old.devices and r["device"] in new.devices else []
+            weights = sum(p.nbytes for p in kept if p.tensor.startswith("model/"))
+            assert weights <= r["stats"]["adopted_bytes"] <= sum(p.nbytes for p in kept), r["device"]
+            assert weights > 0 or not kept, r["device"]
     check_retired(res, old, new)  # the old communicators and worlds: alive through the first step, then destroyed
 
 
