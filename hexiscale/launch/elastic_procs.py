@@ -43,6 +43,9 @@ class Processes:
         if device_kind == "cpu":
             base["CUDA_VISIBLE_DEVICES"] = ""
             base.setdefault("OMP_NUM_THREADS", "1")
+        else:  # a switch connects new NCCL peers mid-run: legacy CUDA IPC buffers connect an NVLink pair in
+            # 23-37 ms against cuMem's 186-292 ms (p2p_connect, 4x H100, 2026-11-27); a user's setting wins
+            base.setdefault("NCCL_CUMEM_ENABLE", "0")
         base.update(extra_env or {})
         self.base = base
         self.device_kind = device_kind
