@@ -38,7 +38,9 @@ def pack_documents(docs: Sequence[Doc], device: torch.device | None = None) -> M
     ts = [_as_tensor(d) for d in docs]
     inputs = torch.cat([t[:-1] for t in ts])[None]
     labels = torch.cat([t[1:] for t in ts])[None]
-    if device is not None:
+    if device is not None:  # from pinned memory on a GPU: a copy from pageable memory waits for the stream
+        if torch.device(device).type == "cuda":  # (every kernel queued), and the host lost its lead there
+            inputs, labels = inputs.pin_memory(), labels.pin_memory()
         inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
     return MicroBatch(inputs=inputs, labels=labels, docs=DocSpans(tuple(len(t) - 1 for t in ts)))
 
