@@ -10,9 +10,10 @@ all-reduces (:mod:`executor.profiler.live_tp` starts the ranks).
 Per point the profiler records:
 
 * layer: forward and backward seconds of one ``Block`` on one micro-batch ``[b, s, h]`` (parameter
-  gradients accumulate as in training), the activation bytes the forward leaves alive for the
-  backward (``allocated after forward - allocated before``), and the peak bytes above the parameters
-  during forward + backward;
+  gradients accumulate as in training), the host's seconds to issue each (``forward_host_s``,
+  ``backward_host_s``: a row whose host time reaches its time is launch-bound), the activation bytes
+  the forward leaves alive for the backward (``allocated after forward - allocated before``), and the
+  peak bytes above the parameters during forward + backward;
 * embedding: the (vocab-sharded) embedding forward and its backward;
 * head: final RMSNorm + LM head + vocab-parallel cross-entropy forward, and backward;
 * optimizer: one AdamW step (fused on CUDA) over ``n`` layers' worth of fp32 parameters;
@@ -39,12 +40,13 @@ from torch import nn
 from executor.model.cast_once import WeightCopies
 from executor.model.llama import Block, StageModule
 from executor.parallel.tp_layers import ColumnParallelLinear, RowParallelLinear
-from executor.profiler.timing import synchronize, time_call, time_phases
+from executor.profiler.timing import phase_times, synchronize, time_call
 from executor.train.optim import OptimConfig, build_optimizer
 from planner.model import ModelSpec
 
 M = TypeVar("M", bound=nn.Module)
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TIME_KEYS = ("forward_s", "backward_s", "forward_host_s", "backward_host_s")  # a row's times (device, host)
 
 
 def prepare(module: M, dtype: str, device: torch.device) -> M:
@@ -102,7 +104,9 @@ def _measure_fwd_bwd(fwd_fn: Callable[[], torch.Tensor], params: list[torch.Tens
                      dtype: str, warmup: int, repeats: int,
                      before: Callable[[], object] | None = None) -> dict[str, Any]:
     """Time ``fwd_fn()`` (under the engine's autocast) then ``out.backward(grad)``; measure activation and
-    peak memory of one pass. ``before`` runs ahead of every repetition, outside the timed region."""
+    peak memory of one pass. ``before`` runs ahead of every repetition, outside the timed region.
+    ``forward_host_s``/``backward_host_s``: the host's seconds to issue each pass
+    (:func:`executor.profiler.timing.phase_times`; near ``forward_s``/``backward_s``: launch-bound)."""
     state: dict[str, Any] = {}
 
     def forward() -> torch.Tensor:
@@ -122,8 +126,9 @@ def _measure_fwd_bwd(fwd_fn: Callable[[], torch.Tensor], params: list[torch.Tens
         out.backward(grad)
         mark(2)
 
-    fwd, bwd = time_phases(step, 2, device, warmup, repeats)
-    result: dict[str, Any] = {"forward_s": fwd, "backward_s": bwd}
+    times = phase_times(step, 2, device, warmup, repeats)
+    result: dict[str, Any] = {"forward_s": times.device_s[0], "backward_s": times.device_s[1],
+                              "forward_host_s": times.host_s[0], "backward_host_s": times.host_s[1]}
     if device.type == "cuda":
         synchronize(device)
         base = _mem(device)
@@ -177,7 +182,7 @@ def measure_layer(model: ModelSpec, *, micro_batch: int, seq_len: int, tp: int, 
         return y
 
     res = _measure_fwd_bwd(forward, [*block.parameters(), x], device, dtype, warmup, repeats, before)
-    for key in ("forward_s", "backward_s", "activation_bytes"):
+    for key in (*TIME_KEYS, "activation_bytes"):
         if key in res:
             res[key] = res[key] / chain
     res["chain"] = chain

@@ -16,9 +16,9 @@ processes on the CPU), the store hosted by the parent on a port the OS picks. Fo
 world) — the same groups in the same order on every rank, as :mod:`executor.parallel.groups` requires —
 connects it with one all-reduce, and its members time each point with ``measure_layer(...,
 group=...)``: chained layers, forward then backward, warm-up then the median of the repeats, each
-repetition started together. The row is the slowest member's median (``MAX`` over the group).
-The other ranks wait in a barrier. (A TP-2 point runs while GPUs 2 and 3 idle, as on a host
-whose other pipelines are elsewhere.)
+repetition started together. The row is the slowest member's median (``MAX`` over the group), of the
+host's issue times too. The other ranks wait in a barrier. (A TP-2 point runs while GPUs 2 and 3 idle,
+as on a host whose other pipelines are elsewhere.)
 """
 
 from __future__ import annotations
@@ -64,11 +64,10 @@ def _worker(rank: int, world: int, port: int, backend: str, model: dict[str, Any
                     res = compute.measure_layer(spec, micro_batch=p["micro_batch"], seq_len=p["seq_len"], tp=tp,
                                                 recompute=p["recompute"], dtype=dtype, device=device, warmup=warmup,
                                                 repeats=repeats, chain=chain, group=group)
-                    slowest = torch.tensor([res["forward_s"], res["backward_s"]], dtype=torch.float64, device=device)
+                    slowest = torch.tensor([res[k] for k in compute.TIME_KEYS], dtype=torch.float64, device=device)
                     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-                    f, b = (float(v) for v in slowest.cpu())
-                    rows.append({**p, "forward_s": f, "backward_s": b, "chain": chain, "ranks": tp,
-                                 "backend": backend})
+                    rows.append({**p, **dict(zip(compute.TIME_KEYS, (float(v) for v in slowest.cpu()), strict=True)),
+                                 "chain": chain, "ranks": tp, "backend": backend})
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
             dist.barrier()

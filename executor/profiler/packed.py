@@ -4,8 +4,9 @@ restart and attention stays inside each document) — so the varlen cost ``a·Σ
 fitted to the path it prices (:mod:`planner.calibration.packed`), not carried from full-length rows.
 
 Rows (``measured.packed`` of the device entry): ``{"lengths": [s_d...], "forward_s", "backward_s",
-"peak_bytes"?}`` per layer (chained as inside a stage, divided by the chain), for the profiled model
-at TP 1, no recompute. :func:`packed_rows` picks the documents: per total token count
+"forward_host_s", "backward_host_s", "peak_bytes"?}`` per layer (chained as inside a stage, divided by
+the chain; the host times: :func:`executor.profiler.timing.phase_times`), for the profiled model at
+TP 1, no recompute. :func:`packed_rows` picks the documents: per total token count
 (:func:`row_totals`: above the host's launch floor on a GPU), from full-length documents to many short
 ones, so ``b``, ``c`` and ``d`` are all identifiable; :func:`packed_kernel` names the attention kernel
 the rows ran (a per-document loop or one varlen kernel), which the calibration records with them.
@@ -58,7 +59,7 @@ def measure_packed_layer(model: ModelSpec, rows: list[list[int]], *, dtype: str,
 
         res = compute._measure_fwd_bwd(forward, [*block.parameters(), x], device, dtype, warmup, repeats)
         out.append({"lengths": list(lengths), **{k: v / chain for k, v in res.items()
-                                                 if k in ("forward_s", "backward_s")},
+                                                 if k in compute.TIME_KEYS},
                     **({"peak_bytes": res["peak_bytes"]} if "peak_bytes" in res else {})})
         del block, x
         if device.type == "cuda":

@@ -9,9 +9,11 @@ resumes where it stopped: points already in the file are skipped.
      "model": {ModelSpec fields},  "dtype": "bf16",
      "ceilings":  {"gemm_tflops", "copy_GBps", ...},
      "layer":     [{"micro_batch", "seq_len", "tp", "recompute", "forward_s", "backward_s",
+                    "forward_host_s"?, "backward_host_s"?,             # the host's issue time (timing.phase_times)
                     "activation_bytes", "peak_bytes", "chain"}, ...,    # per layer; peak_bytes of the chain
                    {"micro_batch", "seq_len", "tp", "recompute", "collectives": true, "forward_s",
-                    "backward_s", "chain", "ranks", "backend"}, ...],   # live TP rows (profiler.live_tp)
+                    "backward_s", "forward_host_s"?, "backward_host_s"?,
+                    "chain", "ranks", "backend"}, ...],   # live TP rows (profiler.live_tp)
      "embedding": [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", ...}, ...],
      "head":      [{"micro_batch", "seq_len", "tp", "forward_s", "backward_s", ...}, ...],
      "optimizer": [{"layers", "tp", "seconds", "num_params", "num_tensors"}, ...],

@@ -9,12 +9,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 
 class Marker:
-    """A point in the device's stream of work (a CUDA event, or the host clock after a CPU op)."""
+    """A point in the device's stream of work (a CUDA event, or the host clock after a CPU op), and the
+    host clock when the host reached it."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -22,15 +24,28 @@ class Marker:
         self._t = 0.0
 
     def record(self) -> None:
+        self._t = time.perf_counter()
         if self._event is not None:
             self._event.record()
-        else:
-            self._t = time.perf_counter()
 
     def seconds_until(self, other: Marker) -> float:
+        """Device seconds from this mark to ``other`` (host seconds on the CPU, where they are the same)."""
         if self._event is not None and other._event is not None:
             return self._event.elapsed_time(other._event) / 1e3
         return other._t - self._t
+
+    def host_seconds_until(self, other: Marker) -> float:
+        """Host seconds from this mark's call to ``other``'s: what the host took to issue the work between."""
+        return other._t - self._t
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    """Median seconds per phase: ``device_s`` the device's (as :func:`time_phases` returns), ``host_s``
+    the host's to issue the same phase (see :func:`phase_times`)."""
+
+    device_s: tuple[float, ...]
+    host_s: tuple[float, ...]
 
 
 def synchronize(device: torch.device) -> None:
@@ -38,9 +53,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_phases(step: Callable[[Callable[[int], None]], None], phases: int, device: torch.device,
-                warmup: int, repeats: int) -> list[float]:
-    """Median seconds of each of ``phases`` consecutive phases of ``step``.
+def phase_times(step: Callable[[Callable[[int], None]], None], phases: int, device: torch.device,
+                warmup: int, repeats: int) -> PhaseTimes:
+    """Median device and host seconds of each of ``phases`` consecutive phases of ``step``.
 
     ``step(mark)`` runs one repetition and calls ``mark(i)`` at the start of phase ``i`` and
     ``mark(phases)`` at its end, so one repetition yields every phase (e.g. forward then backward).
@@ -53,7 +68,16 @@ def time_phases(step: Callable[[Callable[[int], None]], None], phases: int, devi
     micro-batch 2 where the same point timed later took 1.34 and the step traced 1.26; the backward,
     timed behind the forward's queued kernels, agreed with the step within 7 %. Where the host is
     slower than the device the queue drains and its time is measured, as a launch-bound step pays it.
-    """
+
+    Host time (``host_s``) is the host clock between the same two ``mark`` calls: the seconds the host
+    took to issue the phase (Python, autograd, kernel launches), with no device wait added. Where it
+    is well under the device time the phase is device-bound: the device ran the work as fast as it
+    could. Where it reaches the device time (host >= device) the phase is launch-bound: the device
+    waited on the host, and the device time measures the host's issue rate, not the GPU (on 4x H100,
+    2026-11-27, the whole GPU's llama-1.3b layer took longer at micro-batch 1 and 2 than at 4). Host
+    time also holds any wait the phase makes on the device (a synchronizing op, or a launch queue
+    full of about a thousand kernels), so host ~= device alone does not prove launch-bound; host
+    well under device does prove device-bound. On the CPU the two are the same clock."""
     for _ in range(warmup):
         step(lambda i: None)
     taken: list[list[Marker]] = []
@@ -66,7 +90,16 @@ def time_phases(step: Callable[[Callable[[int], None]], None], phases: int, devi
         step(mark)
         taken.append(marks)
     synchronize(device)
-    return [statistics.median(m[i].seconds_until(m[i + 1]) for m in taken) for i in range(phases)]
+    return PhaseTimes(
+        device_s=tuple(statistics.median(m[i].seconds_until(m[i + 1]) for m in taken) for i in range(phases)),
+        host_s=tuple(statistics.median(m[i].host_seconds_until(m[i + 1]) for m in taken) for i in range(phases)))
+
+
+def time_phases(step: Callable[[Callable[[int], None]], None], phases: int, device: torch.device,
+                warmup: int, repeats: int) -> list[float]:
+    """Median device seconds of each phase of ``step`` (:func:`phase_times`, whose docstring says how
+    they are timed, without the host's)."""
+    return list(phase_times(step, phases, device, warmup, repeats).device_s)
 
 
 def time_call(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:

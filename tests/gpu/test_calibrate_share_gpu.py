@@ -1,9 +1,21 @@
 """GPU half of ``hexiscale calibrate --sm-percent`` (issue 32; the CPU half is
 tests/profiler/test_calibrate_shares.py): ``--sm-percent 50,100`` measures the GPU as a 50 % MPS share
 and whole, each in its own child process under the MPS daemon, and writes ``<type>-mps50-measured``
-beside ``<type>-measured``; the share's layer is slower than the whole GPU's at every micro-batch, and a
-cluster naming the share type is planned with the host's share entry. Starts the MPS daemon, so it runs
-alone (``gpu_alone``); about two calibrations of llama-1.3b at 1K tokens without the link sweep."""
+beside ``<type>-measured``; a cluster naming the share type is planned with the host's share entry.
+Starts the MPS daemon, so it runs alone (``gpu_alone``); about two calibrations of llama-1.3b at 1K
+tokens without the link sweep.
+
+The share must be slower where the device can show it (tests/support/share_speed.py, held to these
+figures on the CPU by tests/profiler/test_share_speed.py). On 4x H100 (2026-11-27 17:53 UTC) the layer
+(TP 1, forward + backward) took, per micro-batch 1/2/4, {2.25, 3.15, 5.73} ms as a 50 % share and
+{2.88, 3.83, 3.78} ms whole: the whole GPU slower at 1 and 2 than at 4, so those figures timed the
+host's issue rate (the profiler's repetitions run back to back), which half the SMs do not slow; an
+assertion of "1.2x slower at every micro-batch" failed there for no fault of the share. So, judged by
+each row's host issue time (``forward_host_s + backward_host_s``, executor/profiler/timing.py): where
+the whole GPU is device-bound (host under 0.8x its time) the share takes over 1.2x as long; where it is
+launch-bound the share takes at least 0.9x as long (a whole GPU slower than its own 50 % share is a
+fault of the measurement either way, as at micro-batches 1 and 2 above); and some micro-batch must be
+device-bound, or the test proves nothing and says so."""
 
 from __future__ import annotations
 
@@ -15,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.share_speed import layer_times, share_faults
+
 torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpu_alone,
@@ -24,13 +38,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.gpu_alone,
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _layer_s(entry: dict) -> dict[int, float]:
-    """Forward + backward seconds of the single-GPU layer (TP 1, no recompute) per micro-batch."""
-    return {r["micro_batch"]: r["forward_s"] + r["backward_s"] for r in entry["measured"]["layer"]
-            if r["tp"] == 1 and r["recompute"] == "none" and not r.get("collectives")}
-
-
-def test_a_50_percent_share_is_calibrated_slower_than_the_whole_gpu(tmp_path: Path) -> None:
+def test_a_50_percent_share_is_calibrated_slower_where_the_device_bounds_the_layer(tmp_path: Path) -> None:
     import json
 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0",
@@ -48,6 +56,4 @@ def test_a_50_percent_share_is_calibrated_slower_than_the_whole_gpu(tmp_path: Pa
     assert half["sm_percent"] == 50.0 and half["measured"]["meta"]["sm_percent"] == 50.0
     cal = json.loads((tmp_path / "calibration" / share[0].name).read_text())
     assert cal["applies_to"] == [half["key"], half["key"].removesuffix("-measured")]
-    slow, fast = _layer_s(half), _layer_s(whole)
-    assert slow.keys() == fast.keys() and slow
-    assert all(slow[mb] > 1.2 * fast[mb] for mb in slow), (slow, fast)
+    assert share_faults(layer_times(half), layer_times(whole)) == []

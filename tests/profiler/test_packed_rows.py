@@ -37,3 +37,4 @@ def test_a_packed_layer_is_timed_on_cpu() -> None:
     out = measure_packed_layer(model, rows, dtype="fp32", device=torch.device("cpu"), warmup=1, repeats=1, chain=2)
     assert [r["lengths"] for r in out] == rows
     assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in out)
+    assert all(r["forward_host_s"] == r["forward_s"] and r["backward_host_s"] == r["backward_s"] for r in out)

@@ -89,6 +89,7 @@ def test_live_tp_rows_are_measured_on_gloo_ranks_once_beside_the_shard_rows(tmp_
     live = [r for r in layer if r.get("collectives")]
     assert [(r["tp"], r["micro_batch"]) for r in live] == [(2, 1), (2, 2)]
     assert all(r["forward_s"] > 0 and r["backward_s"] > 0 and r["ranks"] == 2 for r in live)
+    assert all(r["forward_host_s"] > 0 and r["backward_host_s"] > 0 for r in layer)  # the slowest rank's, live
     assert {(r["tp"], r["micro_batch"]) for r in layer if not r.get("collectives")} == {(1, 1), (1, 2), (2, 1), (2, 2)}
     assert sum(1 for p in seen if p.get("collectives")) == 2
     # resume: a live row and the shard-only row of the same point are two rows; only the missing one runs
