@@ -9,13 +9,10 @@ RMSNorm kernels agree with fp64 formulas within bf16 tolerance.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from executor.job.spawn import free_port
 from executor.model import fast_path
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
@@ -26,14 +23,6 @@ SMOKE = ModelSpec("gpu-smoke", num_layers=2, hidden_size=256, ffn_hidden_size=51
                   vocab_size=512, seq_len=128)
 STEPS = 5
 
-
-@pytest.fixture(scope="module")
-def nccl_rank() -> Iterator[None]:
-    """A one-rank NCCL process group for the Engine."""
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _train(dtype: str, *, compile_blocks: bool = False, head: bool = True, steps: int = STEPS,

@@ -10,14 +10,11 @@ CPU twins: tests/executor/test_gemm_accumulation.py, tests/executor/test_engine_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from executor.job.spawn import free_port
 from executor.model import fast_path
 from planner.model import ModelSpec
 from planner.plan import Pipeline, Plan, PlanOptions, Stage
@@ -28,13 +25,6 @@ MODEL = ModelSpec("gpu-step", num_layers=2, hidden_size=256, ffn_hidden_size=512
                   vocab_size=512, seq_len=128)
 MICRO = 2
 
-
-@pytest.fixture(scope="module")
-def nccl_rank() -> Iterator[None]:
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _engine(compiled: bool, **kw: Any) -> Any:
