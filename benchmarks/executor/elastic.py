@@ -4,8 +4,12 @@
 run as one elastic job (in-process switches), and the same events as checkpoint-restart (save, exit,
 re-plan, relaunch, load) in the same run. Prints a table and writes JSON (device, versions, date).
 
-    # on the GPU machine, from the repository root (4 GPUs; ~9 minutes; starts and stops the MPS daemon):
+    # on the GPU machine, from the repository root (4 GPUs; 8-11 minutes; starts and stops the MPS daemon):
     NCCL_NVLS_ENABLE=0 python -m benchmarks.executor.elastic --out benchmarks/results
+    # the same run in two commands on one machine (where one command may not last ~10 minutes): the
+    # elastic half (~1.5 min), then the checkpoint-restart half (~6-9 min), which reads the first from --out
+    NCCL_NVLS_ENABLE=0 python -m benchmarks.executor.elastic --elastic-only --out benchmarks/results
+    NCCL_NVLS_ENABLE=0 python -m benchmarks.executor.elastic --restart-only --out benchmarks/results
     # CPU smoke (tiny model, gloo, a 4 -> 3 -> 4 trace of 2-step phases; tests/train/test_elastic_bench.py):
     python -m benchmarks.executor.elastic --smoke --out /tmp/elastic-smoke
 
@@ -312,7 +316,11 @@ def print_tables(res: dict[str, Any]) -> None:
               f"{_f(s['plain_step_s'], 1, '.3f')} | {_f(s['ratio'], 1, '.3f')} |")
 
 
-def main(argv: list[str] | None = None) -> int:
+HALF = "elastic_half.json"  # the elastic half of a run, for ``--restart-only`` (in the work folder)
+SAME = ("smoke", "model", "seq_len", "global_batch", "steps")  # what both halves of a run must share
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CPU/gloo, tiny model, a 4 -> 3 -> 4 trace of 2-step phases")
     ap.add_argument("--model", default="llama-1.3b")
@@ -321,42 +329,99 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", default="8,24,8,8", help="steps per phase (GPU trace: 4 phases)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--elastic-only", action="store_true",
-                    help="skip the checkpoint-restart half (its columns read '-'): a quick re-measure of the switch")
+                    help="skip the checkpoint-restart half (its columns read '-'): a quick re-measure of the switch; "
+                         "the half is kept in OUT/elastic_work for --restart-only")
+    ap.add_argument("--restart-only", action="store_true",
+                    help="the checkpoint-restart half of the run whose --elastic-only half is in OUT/elastic_work "
+                         "(same machine, same arguments): the whole run in two commands where one may not last "
+                         "~10 minutes")
     ap.add_argument("--plain-steady", action="store_true",
                     help="the plain launches without checkpoints: the steady-state ratio in the same run without "
                          "the restart path's saves and loads (its downtime columns read '-')")
-    args = ap.parse_args(argv)
-    out = Path(args.out).resolve()
-    work = out / "elastic_work"
-    work.mkdir(parents=True, exist_ok=True)
-    meta = run_versions(gpu=not args.smoke)
+    return ap
+
+
+def elastic_half(args: argparse.Namespace, work: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Plans, link bandwidth and the elastic job; what the restart half and the report need, also
+    written to ``work/HALF``."""
     if args.smoke:
-        device, shares, train = "cpu", {}, ["--lr", "3e-3", "--warmup", "1", "--seed", "0"]
+        shares: dict[str, float] = {}
         cluster, phases, plans, replan_s = smoke_plans(work)
-        bandwidths, bw = {}, None  # the bound from the cluster file's links (the switch report's)
-        mps_bandwidths = {}
-        kind = "cpu_smoke"
+        bandwidths: dict[str, float] = {}  # the bound from the cluster file's links (the switch report's)
+        mps_bandwidths: dict[str, float] = {}
     else:
         kind = "h200" if "H200" in meta["gpu"] else "h100"
         cluster = ROOT / "examples" / "clusters" / f"{kind}x4-mps-100-100-50-50.yaml"
-        device, shares, train = "cuda", {"slow": 50.0}, ["--lr", "1e-4", "--warmup", "2", "--seed", "0"]
+        shares = {"slow": 50.0}
         steps = [int(x) for x in args.steps.split(",")]
         phases, plans, replan_s = gpu_plans(work, cluster, args.model, args.seq_len, args.global_batch, steps)
         bandwidths = measure_bandwidth()
-        bw = max(bandwidths.values())
         print(f"pair bandwidth GB/s (one way, both ways at once): {bandwidths}", flush=True)
         subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
         mps_bandwidths = measure_bandwidth(nccl_debug=True)  # the processes are MPS clients now
         print(f"pair bandwidth GB/s under MPS: {mps_bandwidths}", flush=True)
     trace = write_trace(work, phases, plans, shares)
+    t0 = time.perf_counter()
+    code, _, switches = run_elastic(work, plans[0], cluster, trace, _device(args), _train(args))
+    half = {"meta": meta, "args": {k: getattr(args, k) for k in SAME}, "cluster": str(cluster),
+            "phases": [p.__dict__ for p in phases], "plans": [str(p) for p in plans], "replan_s": replan_s,
+            "shares": shares, "pair_bandwidth_gbps": bandwidths, "pair_bandwidth_mps_gbps": mps_bandwidths,
+            "elastic_exit": code, "elastic_wall_s": time.perf_counter() - t0}
+    print(f"elastic job: exit {code}, {len(switches)} switches, {half['elastic_wall_s']:.0f} s", flush=True)
+    (work / HALF).write_text(json.dumps(half, indent=1) + "\n")
+    return half
+
+
+def read_half(args: argparse.Namespace, work: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """The elastic half kept by ``--elastic-only`` for ``--restart-only``; a half that does not fit this
+    run (missing, other arguments, another GPU) is a :class:`SystemExit` naming it and the fix."""
+    path = work / HALF
+    if not path.exists():
+        raise SystemExit(f"--restart-only: no elastic half at {path}; run this program with --elastic-only and the "
+                         "same --out first")
+    half = json.loads(path.read_text())
+    mine = {k: getattr(args, k) for k in SAME}
+    if half["args"] != mine:
+        raise SystemExit(f"--restart-only: the elastic half at {path} ran with {half['args']}, not {mine}; "
+                         "pass the same arguments (or run both halves again)")
+    if half["meta"].get("gpu") != meta.get("gpu"):
+        raise SystemExit(f"--restart-only: the elastic half at {path} ran on {half['meta'].get('gpu')}, this machine "
+                         f"is {meta.get('gpu')}; both halves must run on the same machine")
+    return half
+
+
+def _device(args: argparse.Namespace) -> str:
+    return "cpu" if args.smoke else "cuda"
+
+
+def _train(args: argparse.Namespace) -> list[str]:
+    return ["--lr", "3e-3", "--warmup", "1", "--seed", "0"] if args.smoke else \
+        ["--lr", "1e-4", "--warmup", "2", "--seed", "0"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.elastic_only and (args.restart_only or args.plain_steady):
+        raise SystemExit("--elastic-only runs no restart half: drop --restart-only/--plain-steady, or --elastic-only")
+    out = Path(args.out).resolve()
+    work = out / "elastic_work"
+    work.mkdir(parents=True, exist_ok=True)
+    meta = run_versions(gpu=not args.smoke)
+    kind = "cpu_smoke" if args.smoke else "h200" if "H200" in meta["gpu"] else "h100"
     try:
+        if args.restart_only:
+            half = read_half(args, work, meta)
+            if not args.smoke:
+                subprocess.run(["nvidia-cuda-mps-control", "-d"], check=False)
+        else:
+            half = elastic_half(args, work, meta)
+        phases = [Phase(**p) for p in half["phases"]]
+        plans = [Path(p) for p in half["plans"]]
+        cluster = Path(half["cluster"])
         t0 = time.perf_counter()
-        code, el, switches = run_elastic(work, plans[0], cluster, trace, device, train)
-        elastic_wall = time.perf_counter() - t0
-        print(f"elastic job: exit {code}, {len(switches)} switches, {elastic_wall:.0f} s", flush=True)
-        t0 = time.perf_counter()
-        codes, rs = ([], []) if args.elastic_only else run_restarts(work, plans, phases, cluster, device, train,
-                                                                     shares, checkpoints=not args.plain_steady)
+        codes, rs = ([], []) if args.elastic_only else run_restarts(
+            work, plans, phases, cluster, _device(args), _train(args), half["shares"],
+            checkpoints=not args.plain_steady)
         restart_wall = time.perf_counter() - t0
         if not args.elastic_only:
             what = "plain launches (steady state)" if args.plain_steady else "checkpoint-restart"
@@ -364,16 +429,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.smoke:
             subprocess.run(["bash", "-c", "echo quit | nvidia-cuda-mps-control"], check=False)
+    code, el = half["elastic_exit"], _records(work / "elastic_steps.jsonl")
+    switches = [s for s in map(json.loads, (work / "elastic_switches.jsonl").read_text().splitlines())
+                if s.get("event") == "switch"] if (work / "elastic_switches.jsonl").exists() else []
+    replan_s, bandwidths = half["replan_s"], half["pair_bandwidth_gbps"]
+    mps_bandwidths = half["pair_bandwidth_mps_gbps"]
     ok = code == 0 and all(c == 0 for c in codes) and len(switches) == len(phases) - 1
+    bw = max(bandwidths.values()) if bandwidths else None
     mps_bw = max(mps_bandwidths.values()) if mps_bandwidths else None
     res = analyse(phases, replan_s, el, switches, rs, bw, mps_bw, restart_downtime=not args.plain_steady) if ok \
         else {"events": [], "steady": []}
+    halves = {"elastic": half["meta"]["date"], "restart": meta["date"]} if args.restart_only else None
     result = dict(meta, cluster=cluster.name, model="tiny" if args.smoke else args.model, seq_len=args.seq_len,
                   global_batch=args.global_batch, phases=[p.__dict__ for p in phases], replan_s=replan_s,
                   plans=[json.loads(p.read_text()) for p in plans], pair_bandwidth_gbps=bandwidths,
-                  pair_bandwidth_mps_gbps=mps_bandwidths,
+                  pair_bandwidth_mps_gbps=mps_bandwidths, halves=halves,
                   bound_bandwidth_gbps=bw, plain_steady=args.plain_steady, elastic_exit=code, restart_exits=codes,
-                  elastic_wall_s=elastic_wall,
+                  elastic_wall_s=half["elastic_wall_s"],
                   restart_wall_s=restart_wall, elastic_losses={k: r["loss"] for k, r in sorted(el.items())},
                   restart_losses=[{k: r["loss"] for k, r in sorted(x.items())} for x in rs], **res)
     path = out / f"elastic_{kind}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"

@@ -1,0 +1,48 @@
+"""The elastic benchmark in two commands (``--elastic-only``, then ``--restart-only``: one run where a
+command may not last its ~10 minutes): the restart half reads the elastic half from ``--out`` and
+refuses, in one line naming the fix, a half it cannot continue (none, other arguments, another GPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.executor.elastic import HALF, SAME, _parser, main, read_half
+
+GPU = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-27T19:04:57Z"}
+
+
+def _half(work: Path, **args: object) -> None:
+    ns = _parser().parse_args([])
+    recorded = {k: getattr(ns, k) for k in SAME} | args
+    (work / HALF).write_text(json.dumps({"meta": GPU, "args": recorded}))
+
+
+def test_restart_half_reads_the_elastic_half_of_the_same_run(tmp_path: Path) -> None:
+    _half(tmp_path)
+    assert read_half(_parser().parse_args(["--restart-only"]), tmp_path, GPU)["meta"] == GPU
+
+
+def test_restart_half_without_an_elastic_half_names_the_command_to_run_first(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no elastic half at .*; run this program with --elastic-only"):
+        read_half(_parser().parse_args(["--restart-only"]), tmp_path, GPU)
+
+
+def test_restart_half_refuses_a_half_run_with_other_arguments(tmp_path: Path) -> None:
+    _half(tmp_path, steps="8,8,8,8")
+    with pytest.raises(SystemExit, match="ran with .*'steps': '8,8,8,8'.*pass the same arguments"):
+        read_half(_parser().parse_args(["--restart-only"]), tmp_path, GPU)
+
+
+def test_restart_half_refuses_a_half_from_another_gpu(tmp_path: Path) -> None:
+    _half(tmp_path)
+    with pytest.raises(SystemExit, match="ran on NVIDIA H100 80GB HBM3, this machine is NVIDIA H200; both halves"):
+        read_half(_parser().parse_args(["--restart-only"]), tmp_path, GPU | {"gpu": "NVIDIA H200"})
+
+
+def test_elastic_only_with_a_restart_half_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--elastic-only runs no restart half"):
+        main(["--smoke", "--elastic-only", "--restart-only", "--out", str(tmp_path)])
+    assert not (tmp_path / "elastic_work").exists()
