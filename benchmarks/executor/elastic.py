@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -363,7 +364,8 @@ def elastic_half(args: argparse.Namespace, work: Path, meta: dict[str, Any]) -> 
     trace = write_trace(work, phases, plans, shares)
     t0 = time.perf_counter()
     code, _, switches = run_elastic(work, plans[0], cluster, trace, _device(args), _train(args))
-    half = {"meta": meta, "args": {k: getattr(args, k) for k in SAME}, "cluster": str(cluster),
+    half = {"meta": meta, "host": socket.gethostname(), "args": {k: getattr(args, k) for k in SAME},
+            "cluster": str(cluster),
             "phases": [p.__dict__ for p in phases], "plans": [str(p) for p in plans], "replan_s": replan_s,
             "shares": shares, "pair_bandwidth_gbps": bandwidths, "pair_bandwidth_mps_gbps": mps_bandwidths,
             "elastic_exit": code, "elastic_wall_s": time.perf_counter() - t0}
@@ -387,6 +389,9 @@ def read_half(args: argparse.Namespace, work: Path, meta: dict[str, Any]) -> dic
     if half["meta"].get("gpu") != meta.get("gpu"):
         raise SystemExit(f"--restart-only: the elastic half at {path} ran on {half['meta'].get('gpu')}, this machine "
                          f"is {meta.get('gpu')}; both halves must run on the same machine")
+    if half.get("host") != socket.gethostname():
+        raise SystemExit(f"--restart-only: the elastic half at {path} ran on host {half.get('host')}, this is "
+                         f"{socket.gethostname()}; both halves must run on the same machine (or run both again)")
     return half
 
 

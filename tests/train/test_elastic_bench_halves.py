@@ -1,10 +1,12 @@
 """The elastic benchmark in two commands (``--elastic-only``, then ``--restart-only``: one run where a
 command may not last its ~10 minutes): the restart half reads the elastic half from ``--out`` and
-refuses, in one line naming the fix, a half it cannot continue (none, other arguments, another GPU)."""
+refuses, in one line naming the fix, a half it cannot continue (none, other arguments, another GPU or
+host)."""
 
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,10 @@ from benchmarks.executor.elastic import HALF, SAME, _parser, main, read_half
 GPU = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-27T19:04:57Z"}
 
 
-def _half(work: Path, **args: object) -> None:
+def _half(work: Path, host: str | None = None, **args: object) -> None:
     ns = _parser().parse_args([])
     recorded = {k: getattr(ns, k) for k in SAME} | args
-    (work / HALF).write_text(json.dumps({"meta": GPU, "args": recorded}))
+    (work / HALF).write_text(json.dumps({"meta": GPU, "host": host or socket.gethostname(), "args": recorded}))
 
 
 def test_restart_half_reads_the_elastic_half_of_the_same_run(tmp_path: Path) -> None:
@@ -46,3 +48,9 @@ def test_elastic_only_with_a_restart_half_is_refused_before_anything_runs(tmp_pa
     with pytest.raises(SystemExit, match="--elastic-only runs no restart half"):
         main(["--smoke", "--elastic-only", "--restart-only", "--out", str(tmp_path)])
     assert not (tmp_path / "elastic_work").exists()
+
+
+def test_restart_half_refuses_a_half_from_another_host(tmp_path: Path) -> None:
+    _half(tmp_path, host="gpu-host-7")
+    with pytest.raises(SystemExit, match="ran on host gpu-host-7, this is .*; both halves must run on the same"):
+        read_half(_parser().parse_args(["--restart-only"]), tmp_path, GPU)
