@@ -376,7 +376,7 @@ def elastic_half(args: argparse.Namespace, work: Path, meta: dict[str, Any]) -> 
 
 def read_half(args: argparse.Namespace, work: Path, meta: dict[str, Any]) -> dict[str, Any]:
     """The elastic half kept by ``--elastic-only`` for ``--restart-only``; a half that does not fit this
-    run (missing, other arguments, another GPU) is a :class:`SystemExit` naming it and the fix."""
+    run (missing, other arguments, another GPU) is a ``SystemExit`` naming it and the fix."""
     path = work / HALF
     if not path.exists():
         raise SystemExit(f"--restart-only: no elastic half at {path}; run this program with --elastic-only and the "
