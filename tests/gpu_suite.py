@@ -1,9 +1,10 @@
 """The GPU half of the suite in one ~7-minute call instead of ~10: each GPU test file in its own
 pytest process, the files that share the GPUs run side by side, longest first by an earlier run's
 seconds (``tests/gpu_suite_durations.json``; each run writes its own to ``--logs``/durations.json)
-(tiny models; every rank set picks its own free port), then the ``gpu_alone`` files (they start the MPS daemon, which every CUDA
-process on the machine would join) one at a time. Per-file logs go to ``--logs``; the table names
-every file's outcome and seconds; the exit status is 1 if any file failed or ran out of time.
+(tiny models; every rank set picks its own free port), then the ``gpu_alone`` files (they start the
+MPS daemon, which every CUDA process on the machine would join) one at a time. Per-file logs go to
+``--logs``; the table names every file's outcome and seconds; the exit status is 1 if any file
+failed or ran out of time.
 
     python tests/gpu_suite.py --logs $OUT/suite            # every file (``make test-gpu-parallel``)
     python tests/gpu_suite.py --logs /tmp/s tests/executor/test_exec_nccl4.py   # some files
