@@ -317,7 +317,7 @@ class Supervisor:
             return None
         verdict = self._verdict()
         failed = first.device  # the first process to end is the one that failed (the others wait for it)
-        done = max(0, verdict.step - 1) if verdict is not None else None
+        done = verdict.step if verdict is not None else None
         survivors = [d for d in self.devices if d != failed]
         if not survivors:
             say(f"{failed} failed and no device is left")
@@ -328,7 +328,7 @@ class Supervisor:
         replan_s = time.perf_counter() - t0
         resume = self._newest_checkpoint()
         step = _resume_step(resume)
-        lost = (done - step) if done is not None else None
+        lost = lost_steps(done, step) if done is not None else None
         self.lost.append(lost if lost is not None else -1)
         say(f"{failed} failed" + (f" at step {verdict.step} ({verdict.reason})" if verdict else "")
             + f"; re-planned on {len(survivors)} devices in {replan_s:.2f} s ({self.plan.world_size} ranks); "
@@ -424,6 +424,15 @@ def _flag(args: list[str], name: str) -> str | None:
         if a.startswith(name + "="):
             return a.split("=", 1)[1]
     return None
+
+
+def lost_steps(failed_step: int, resume_step: int) -> int:
+    """Completed steps a failure at ``failed_step`` (the verdict's: the dead rank's last heartbeat)
+    loses when the job resumes from a checkpoint of ``resume_step``. The heartbeat can lag the
+    training by a step or two under load, so a kill right after a save may report a step at or
+    before the checkpoint's; the checkpoint proves its steps completed, so none is lost then (never
+    a negative count)."""
+    return max(0, failed_step - 1 - resume_step)
 
 
 def _resume_step(resume: str | None) -> int:
