@@ -80,6 +80,15 @@ shard-only + ~0.2 ms of all-reduce modelled), so where they exist they answer fo
    micro-batch 2, the step traced 3.66, the fitted roofline priced ~4.2 (+12 %; its 13B +10 %). They
    time, never size: activation bytes stay the memory formula's for those models.
 
+9. Host-free rows (``"device_times": "full-queue"`` in the meta, :mod:`planner.cost.pass_times`: the
+   profiler timed the device from a full launch queue and the host's issue time beside it): a row's
+   pass time is ``max(device, host)``, as a step where the host runs ahead pays it, and every rule
+   above applies to that figure. Its split into GPU and host shares
+   (:meth:`~planner.cost.profile.DeviceProfile.pass_split`) is the rows' own, looked up the same way,
+   instead of one inferred from the roofline's kernel counts: a launch-bound row (host above device)
+   was read as GPU time wherever its host time exceeded the roofline's host estimate. Rows without
+   host times, and every table from before, price exactly as before.
+
 Weight casts: rows marked ``cast_once`` (the profiler made the engine's copies before the timed
 passes) price no cast; the profile adds the step's copies once per step (``weight_copy``, added to
 each stage's first forward by :mod:`planner.cost.stage`). Unmarked tables were timed on autocast's
@@ -108,6 +117,7 @@ from planner.cost.measured_tables import (
     SHAPE_KEYS,
     Curve,
     MeasuredTables,
+    Pair,
     isotonic,
     parse_measured,
     timed_cast_once,
@@ -224,7 +234,8 @@ class MeasuredProfile(DeviceProfile):
         return moved0[j] * want[0] / have[0], moved1[j] * want[1] / have[1]
 
     def _times(self, kind: str, model: ModelSpec, mb: int, tp: int, dtype: str, recompute: str, seq: int,
-               spec_fn: Callable[..., PassTime], live: bool = False) -> PassTime | None:
+               spec_fn: Callable[..., PassTime], live: bool = False,
+               value: Callable[[Curve], Pair | None] = lambda c: (c.fwd, c.bwd)) -> PassTime | None:
         def spec(b: int, t: int, s: int) -> tuple[float, float]:
             pt = spec_fn(model, b, t, dtype, s) if kind != "layer" else spec_fn(model, b, t, dtype, recompute, s)
             return pt.forward_s, pt.backward_s
@@ -235,9 +246,27 @@ class MeasuredProfile(DeviceProfile):
         tables = self._tables_for(kind, model, dtype)
         if tables is None:
             return None
-        got = self._lookup(tables, kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd), live,
+        got = self._lookup(tables, kind, recompute, mb, tp, seq, spec, value, live,
                            attention if kind == "layer" else None)
         return PassTime(*got) if got is not None else None
+
+    def _measured_split(self, kind: str, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
+                        seq_len: int) -> tuple[PassTime, PassTime] | None:
+        """(device, host) seconds of the pass from host-free rows (rule 9): the curves that price it
+        (its recompute mode's own rows; the live ones where the layer holds its collectives), looked
+        up as its time is; None where they carry no host times."""
+        spec_fn: Callable[..., PassTime] = (self._spec_layer if kind == "layer" else self._spec_embedding
+                                            if kind == "embedding" else self._spec_head)
+        live = kind == "layer" and self.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len)
+        if live and recompute != "none":  # a mode added to live rows (rule 6): no row holds its split
+            return None
+        mode = recompute if kind == "layer" else "none"
+
+        def look(value: Callable[[Curve], Pair | None]) -> PassTime | None:
+            return self._times(kind, model, micro_batch, tp, dtype, mode, seq_len, spec_fn, live, value)
+
+        device, host = look(lambda c: c.device), look(lambda c: c.host)
+        return None if device is None or host is None else (device, host)
 
     def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                seq_len: int) -> PassTime:
