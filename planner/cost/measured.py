@@ -117,7 +117,6 @@ from planner.cost.measured_tables import (
     SHAPE_KEYS,
     Curve,
     MeasuredTables,
-    Pair,
     isotonic,
     parse_measured,
     timed_cast_once,
@@ -234,8 +233,7 @@ class MeasuredProfile(DeviceProfile):
         return moved0[j] * want[0] / have[0], moved1[j] * want[1] / have[1]
 
     def _times(self, kind: str, model: ModelSpec, mb: int, tp: int, dtype: str, recompute: str, seq: int,
-               spec_fn: Callable[..., PassTime], live: bool = False,
-               value: Callable[[Curve], Pair | None] = lambda c: (c.fwd, c.bwd)) -> PassTime | None:
+               spec_fn: Callable[..., PassTime], live: bool = False) -> PassTime | None:
         def spec(b: int, t: int, s: int) -> tuple[float, float]:
             pt = spec_fn(model, b, t, dtype, s) if kind != "layer" else spec_fn(model, b, t, dtype, recompute, s)
             return pt.forward_s, pt.backward_s
@@ -246,7 +244,7 @@ class MeasuredProfile(DeviceProfile):
         tables = self._tables_for(kind, model, dtype)
         if tables is None:
             return None
-        got = self._lookup(tables, kind, recompute, mb, tp, seq, spec, value, live,
+        got = self._lookup(tables, kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd), live,
                            attention if kind == "layer" else None)
         return PassTime(*got) if got is not None else None
 
@@ -254,19 +252,28 @@ class MeasuredProfile(DeviceProfile):
                         seq_len: int) -> tuple[PassTime, PassTime] | None:
         """(device, host) seconds of the pass from host-free rows (rule 9): the curves that price it
         (its recompute mode's own rows; the live ones where the layer holds its collectives), looked
-        up as its time is; None where they carry no host times."""
-        spec_fn: Callable[..., PassTime] = (self._spec_layer if kind == "layer" else self._spec_embedding
-                                            if kind == "embedding" else self._spec_head)
+        up as its time is (rules 2-3) but carried to another point by the roofline's GPU time (device)
+        and host time (host) apart: issuing a TP shard's kernels takes the host as long as the whole
+        layer's. None where the rows carry no host times."""
+        tables = self._tables_for(kind, model, dtype)
         live = kind == "layer" and self.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len)
-        if live and recompute != "none":  # a mode added to live rows (rule 6): no row holds its split
+        if tables is None or (live and recompute != "none"):  # a mode added to live rows (rule 6): no split
             return None
         mode = recompute if kind == "layer" else "none"
 
-        def look(value: Callable[[Curve], Pair | None]) -> PassTime | None:
-            return self._times(kind, model, micro_batch, tp, dtype, mode, seq_len, spec_fn, live, value)
+        def roofline(side: int) -> Spec:
+            def spec(b: int, t: int, s: int) -> tuple[float, float]:
+                pt = self.roofline_split(kind, model, b, t, dtype, mode, s)[side]
+                return max(pt.forward_s, 1e-12), max(pt.backward_s, 1e-12)  # no host terms: ratio 1
+            return spec
 
-        device, host = look(lambda c: c.device), look(lambda c: c.host)
-        return None if device is None or host is None else (device, host)
+        def attention(b: int, t: int, s: int) -> tuple[float, float]:
+            return self.attention_core_time(model, b, t, dtype, mode, s)
+
+        device = self._lookup(tables, kind, mode, micro_batch, tp, seq_len, roofline(0), lambda c: c.device, live,
+                              attention if kind == "layer" else None)
+        host = self._lookup(tables, kind, mode, micro_batch, tp, seq_len, roofline(1), lambda c: c.host, live)
+        return None if device is None or host is None else (PassTime(*device), PassTime(*host))
 
     def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                seq_len: int) -> PassTime:

@@ -63,3 +63,14 @@ def test_between_rows_the_split_stays_consistent_with_the_priced_time() -> None:
 def test_rows_without_the_mark_price_their_own_figure_as_before() -> None:
     got = MeasuredProfile(OLD).layer_time(MODEL, 1)
     assert (got.forward_s, got.backward_s) == pytest.approx((0.5 * MS, 0.8 * MS))
+
+
+def test_carried_to_another_tp_the_host_time_follows_the_rooflines_host_not_its_gpu() -> None:
+    prof = MeasuredProfile(FULL_QUEUE)
+    roof1 = prof.roofline_split("layer", MODEL, 4, 1, "bf16", "none", MODEL.seq_len)
+    roof2 = prof.roofline_split("layer", MODEL, 4, 2, "bf16", "none", MODEL.seq_len)
+    gpu, host = prof.pass_split("layer", MODEL, 4, tp=2)
+    fd, fh = ROWS[4][:2]
+    assert host.forward_s == pytest.approx(fh * MS * roof2[1].forward_s / roof1[1].forward_s)
+    assert roof2[0].forward_s < 0.7 * roof1[0].forward_s  # the GPU's share halves, the host's does not
+    assert gpu.forward_s == pytest.approx(prof.layer_time(MODEL, 4, tp=2).forward_s)
