@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"compute terms fitted to {comp['observations']} timings{basis} (model {model.name} + widths "
           f"{', '.join(comp['widths']) or '-'}): mean error {comp['error_before']['mean_abs_rel'] * 100:.1f} % -> "
           f"{comp['error_after']['mean_abs_rel'] * 100:.1f} %, worst {comp['error_after']['max_abs_rel'] * 100:.1f} %")
+    for side, err in (comp.get("by_side") or {}).items():
+        print(f"  {side} times: mean error {err['mean_abs_rel'] * 100:.1f} %, worst {err['max_abs_rel'] * 100:.1f} %")
     held = comp["held_out"]
     print(f"held out ({held['folds']}-fold: fitted without them): mean error {held['mean_abs_rel'] * 100:.1f} %, "
           f"worst {held['max_abs_rel'] * 100:.1f} %")

@@ -62,10 +62,11 @@ class FitResult:
     observations: int
     residuals: list[dict[str, Any]] = field(default_factory=list)
     basis: str = "pass"  # what each timing was matched to: the pass, or "device+host" apart (host-free rows)
+    by_side: dict[str, dict[str, float]] = field(default_factory=dict)  # "device+host": each side's error after
 
     def to_dict(self) -> dict[str, Any]:
         return {"terms": self.terms, "error_before": self.error_before, "error_after": self.error_after,
-                "observations": self.observations, "basis": self.basis}
+                "observations": self.observations, "basis": self.basis, "by_side": self.by_side}
 
 
 def _errors(log_ratios: np.ndarray) -> dict[str, float]:
@@ -195,6 +196,10 @@ def fit_compute(device: DeviceType, base: CostParams, terms: dict[str, tuple[flo
     result.residuals = [{"table": t, **{k: r[k] for k in ("micro_batch", "seq_len", "tp") if k in r},
                          "recompute": r.get("recompute"), "phase": ph, "measured_s": v, "predicted_s": p}
                         for (t, _, r, ph, v), p in zip(obs, pred)]
+    if result.basis != "pass":  # each side's own error: the GPU terms' and the host terms'
+        result.by_side = {side: _errors(np.log(np.array([p / v for (_, _, _, ph, v), p in zip(obs, pred)
+                                                          if ph.endswith("_host_s") == (side == "host")])))
+                          for side in ("device", "host")}
     return result
 
 

@@ -55,7 +55,8 @@ def test_the_fit_recovers_the_gpu_and_host_terms_from_device_and_host_times() ->
     assert res.basis == "device+host" and res.observations == 4 * len(POINTS)
     for name in TERMS:
         assert res.terms[name] == pytest.approx(getattr(TRUE, name), rel=1e-3), (name, res.terms)
-    assert res.error_after["max_abs_rel"] < 1e-3
+    assert res.error_after["max_abs_rel"] < 1e-3 and set(res.by_side) == {"device", "host"}
+    assert all(err["max_abs_rel"] < 1e-3 for err in res.by_side.values())
 
 
 def test_held_out_timings_are_predicted_on_the_same_basis() -> None:
