@@ -18,7 +18,9 @@ from executor.profiler import compute
 from executor.profiler.timing import phase_times, time_call, time_phases
 from planner.model import PRESETS
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+# alone: its timings compare intervals a few percent apart, which another process on the GPU would skew
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_alone,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def _step(mark: Callable[[int], None]) -> None:
