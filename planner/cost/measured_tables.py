@@ -182,12 +182,13 @@ Pair = tuple[tuple[float, ...], tuple[float, ...]]
 def _device_host(rows: list[Mapping[str, Any]], full_queue: bool) -> tuple[Pair | None, Pair | None]:
     """(device, host) of a curve's rows, each as (forward, backward) seconds; (None, None) unless every
     row is host-free with its host times."""
-    got = [[split_times(r, ph, full_queue) for ph in ("forward_s", "backward_s")] for r in rows]
-    if any(t is None for pair in got for t in pair):
+    f = [split_times(r, "forward_s", full_queue) for r in rows]
+    b = [split_times(r, "backward_s", full_queue) for r in rows]
+    fs, bs = [t for t in f if t is not None], [t for t in b if t is not None]
+    if len(fs) < len(rows) or len(bs) < len(rows):
         return None, None
-    f, b = [p[0] for p in got], [p[1] for p in got]
-    return ((tuple(t[0] for t in f), tuple(t[0] for t in b)),  # type: ignore[index]
-            (tuple(t[1] for t in f), tuple(t[1] for t in b)))  # type: ignore[index]
+    return ((tuple(d for d, _ in fs), tuple(d for d, _ in bs)),
+            (tuple(h for _, h in fs), tuple(h for _, h in bs)))
 
 
 def timed_cast_once(data: Mapping[str, Any]) -> bool:
