@@ -17,6 +17,7 @@ import torch
 
 SPIN_FACTOR = 1.5  # the spin before a repetition lasts this many times the host's issue time of the last one ...
 SPIN_MARGIN_S = 2e-4  # ... plus this (a host stall of a fraction of a millisecond stays hidden too)
+SPIN_MAX_S = 1.0  # and never longer (a warm-up that recompiled took the host seconds; the next repetition adapts)
 RATE_PROBE_CYCLES = 2_000_000  # ~1 ms at 2 GHz: long enough that the events' resolution does not matter
 _cycles_per_s: dict[int, float] = {}  # per CUDA device index, measured once per process
 
@@ -64,10 +65,10 @@ def spin_cycles(host_s: float, cycles_per_s: float, factor: float = SPIN_FACTOR,
                 ) -> int:
     """GPU clock cycles of the spin (``torch.cuda._sleep``) that keeps the device busy while the host
     issues a repetition it took ``host_s`` seconds to issue last time: ``factor · host_s + margin_s``
-    seconds at ``cycles_per_s`` (:func:`cycles_per_second`)."""
+    seconds at ``cycles_per_s`` (:func:`cycles_per_second`), at most :data:`SPIN_MAX_S`."""
     if host_s < 0 or cycles_per_s <= 0:
         raise ValueError(f"host_s must be >= 0 and cycles_per_s > 0, got {host_s} and {cycles_per_s}")
-    return max(1, round((factor * host_s + margin_s) * cycles_per_s))
+    return max(1, round(min(factor * host_s + margin_s, SPIN_MAX_S) * cycles_per_s))
 
 
 def cycles_per_second(device: torch.device) -> float:

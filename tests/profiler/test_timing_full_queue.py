@@ -13,13 +13,14 @@ import pytest
 import torch
 
 from executor.profiler import timing
-from executor.profiler.timing import SPIN_FACTOR, SPIN_MARGIN_S, spin_cycles
+from executor.profiler.timing import SPIN_FACTOR, SPIN_MARGIN_S, SPIN_MAX_S, spin_cycles
 
 
 def test_the_spin_lasts_the_factor_times_the_host_time_plus_the_margin_in_cycles() -> None:
     assert spin_cycles(1e-3, 2e9) == round((SPIN_FACTOR * 1e-3 + SPIN_MARGIN_S) * 2e9)
     assert spin_cycles(2e-3, 1e9, factor=2.0, margin_s=0.0) == 4_000_000
     assert spin_cycles(0.0, 1e9) == round(SPIN_MARGIN_S * 1e9) > 0
+    assert spin_cycles(30.0, 1e9) == round(SPIN_MAX_S * 1e9)  # a recompiling warm-up does not spin for a minute
     with pytest.raises(ValueError):
         spin_cycles(1e-3, 0.0)
 
