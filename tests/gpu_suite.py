@@ -1,8 +1,10 @@
 """The GPU half of the suite in one ~7-minute call instead of ~10: each GPU test file in its own
-pytest process, the files that share the GPUs run side by side (tiny models; every rank set picks
-its own free port), then the ``gpu_alone`` files (they start the MPS daemon, which every CUDA
-process on the machine would join) one at a time. Per-file logs go to ``--logs``; the table names
-every file's outcome and seconds; the exit status is 1 if any file failed or ran out of time.
+pytest process, the files that share the GPUs run side by side, longest first by an earlier run's
+seconds (``tests/gpu_suite_durations.json``; each run writes its own to ``--logs``/durations.json)
+(tiny models; every rank set picks its own free port), then the ``gpu_alone`` files (they start the
+MPS daemon, which every CUDA process on the machine would join) one at a time. Per-file logs go to
+``--logs``; the table names every file's outcome and seconds; the exit status is 1 if any file
+failed or ran out of time.
 
     python tests/gpu_suite.py --logs $OUT/suite            # every file (``make test-gpu-parallel``)
     python tests/gpu_suite.py --logs /tmp/s tests/executor/test_exec_nccl4.py   # some files
@@ -11,6 +13,7 @@ every file's outcome and seconds; the exit status is 1 if any file failed or ran
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -23,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = re.compile(r"=+ (.*) in [\d.]+s")
 MARK = re.compile(r"(?<![\"'])pytest\.mark\.gpu\b")  # a module, test or parameter marked gpu (not in quotes)
 ALONE = re.compile(r"pytest\.mark\.gpu_alone\b")
+DURATIONS = ROOT / "tests" / "gpu_suite_durations.json"  # the last whole run's seconds per file (see its "run")
 
 
 def gpu_files(paths: list[str]) -> list[Path]:
@@ -60,6 +64,22 @@ def shards(f: Path, per_shard: int) -> list[tuple[str, list[str]]]:
     return [(f"{name}[{i + 1}/{k}]", ids[i::k]) for i in range(k)]
 
 
+def load_seconds(path: Path) -> dict[str, float]:
+    """Seconds per file or shard of an earlier run (``{"seconds": {name: s}}``, as :func:`main` writes
+    to ``--logs``/durations.json); none where the file is missing."""
+    return {str(k): float(v) for k, v in json.loads(path.read_text())["seconds"].items()} if path.exists() else {}
+
+
+def longest_first(pieces: list[tuple[str, list[str]]], seconds: dict[str, float]) -> list[tuple[str, list[str]]]:
+    """``pieces`` in the order that ends the side-by-side run soonest: the longest first (a long file
+    started last is the run's long pole: on 4x H100, 2026-11-27, the train jobs started after 16 shorter
+    files and were cut at the part's 570 s), a piece with no earlier time before all (it may be long).
+    A shard without its own time takes its file's."""
+    def took(name: str) -> float:
+        return seconds.get(name, seconds.get(name.split("[")[0], float("inf")))
+    return sorted(pieces, key=lambda p: took(p[0]), reverse=True)
+
+
 def run_file(piece: tuple[str, list[str]], logs: Path, timeout: float) -> tuple[str, str, float]:
     name, targets = piece
     log = logs / (re.sub(r"[/\[\]]", "_", name) + ".log")
@@ -91,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="tests per pytest process for a long file (0: one process per file)")
     ap.add_argument("--part", choices=("all", "shared", "alone"), default="all",
                     help="only the files that share the GPUs, or only the gpu_alone ones (two calls)")
+    ap.add_argument("--durations", default=str(DURATIONS),
+                    help="an earlier run's seconds per file (its --logs/durations.json): the longest start first")
     a = ap.parse_args(argv)
     logs = Path(a.logs)
     logs.mkdir(parents=True, exist_ok=True)
@@ -99,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     solo = [f for f in files if alone(f)] if a.part != "shared" else []
     t0 = time.monotonic()
     pieces = [p for f in shared for p in shards(f, a.per_shard)]
-    pieces.sort(key=lambda p: len(p[1]) > 1, reverse=True)  # the shards of long files first: the long pole
+    pieces = longest_first(pieces, load_seconds(Path(a.durations)))
 
     def done(result: tuple[str, str, float]) -> tuple[str, str, float]:
         name, outcome, dt = result  # each file's line as it ends: a call cut short still reports those
@@ -115,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     print("---")
     for name, outcome, dt in sorted(results):
         print(f"{name:<{width}}  {dt:6.0f} s  {outcome}")
+    (logs / "durations.json").write_text(json.dumps({"seconds": {n: round(dt) for n, _, dt in sorted(results)}},
+                                                     indent=1) + "\n")
     bad = [n for n, o, _ in results if o.startswith(("FAILED", "TIMED OUT"))]
     tail = f": {', '.join(bad)}" if bad else ""
     print(f"{len(results)} files in {time.monotonic() - t0:.0f} s; {len(bad)} failed{tail}")

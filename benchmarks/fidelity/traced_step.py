@@ -11,6 +11,9 @@ stays the plain steps'.
 ``span_totals`` sums each kind's spans over the step (seconds), with ``micro_batches`` (forward
 spans), ``step_s`` (the last span's end: the step as the trace sees it) and ``uncovered_s``
 (``step_s`` less every span: host time with the device waiting, between and around the spans).
+:func:`trace_one_step` adds the host's seconds inside each kind's spans (``forward_host`` ...: the
+host's issue time; a forward whose host time reaches its device time is launch-bound, which the
+4x H100 calibration of 2026-11-27 found for almost every llama-1.3b layer row).
 """
 
 from __future__ import annotations
@@ -55,7 +58,11 @@ def trace_one_step(engine: Any, plan: Any, *, rank: int, device: torch.device, f
         trace.end_step(0)
     finally:
         engine.set_trace(NO_TRACE)
-    return span_totals(trace.steps[-1]["events"]) if trace.steps else {}
+    if not trace.steps:
+        return {}
+    last = trace.steps[-1]
+    host = {f"{k}_host": v for k, v in span_totals(last["host_events"]).items() if k in KINDS}
+    return span_totals(last["events"]) | host
 
 
 KINDS = ("forward", "backward", "p2p", "grad_sync", "optimizer")
@@ -63,13 +70,15 @@ KINDS = ("forward", "backward", "p2p", "grad_sync", "optimizer")
 
 def spans_table(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown: per plan with a traced step, each kind's measured milliseconds beside the estimate's
-    (``traced_s`` and ``model_spans_s`` of the fidelity rows) and the time no span covered."""
-    out = ["| plan | " + " | ".join(f"{k} ms (est.)" for k in KINDS) + " | uncovered ms |",
+    (``traced_s`` and ``model_spans_s`` of the fidelity rows), the host's inside them where traced
+    (``h``), and the time no span covered."""
+    out = ["| plan | " + " | ".join(f"{k} ms (est.; h host)" for k in KINDS) + " | uncovered ms |",
            "|---|" + "---:|" * (len(KINDS) + 1)]
     for r in rows:
         t, m = r.get("traced_s"), r.get("model_spans_s")
         if not t or not m:
             continue
-        cells = [f"{t.get(k, 0.0) * 1e3:.1f} ({m.get(k, 0.0) * 1e3:.1f})" for k in KINDS]
+        cells = [f"{t.get(k, 0.0) * 1e3:.1f} ({m.get(k, 0.0) * 1e3:.1f}"
+                 + (f"; h {t[k + '_host'] * 1e3:.1f})" if k + "_host" in t else ")") for k in KINDS]
         out.append(f"| {r['plan']} | " + " | ".join(cells) + f" | {t.get('uncovered_s', 0.0) * 1e3:.1f} |")
     return "\n".join(out) if len(out) > 2 else ""

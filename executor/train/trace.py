@@ -8,7 +8,10 @@ wall clock, measured once in a tight bracket), and rank 0 shifts every rank's sp
 anchor's distance to the earliest one: exact to microseconds on one host (one clock), as good as
 the hosts' clock sync across hosts, and unaffected by a rank that is descheduled after the barrier. On CUDA the
 spans are CUDA events read after the step (the host does not wait inside a step); on CPU,
-``perf_counter``. After the traced steps, rank 0 gathers every rank's
+``perf_counter``. Each span's host interval (``perf_counter`` at its start and end, from the same
+anchor) is kept beside it in memory (a step's ``host_events``, not written to the file): where the
+host's forward takes as long as the device's, the forward is launch-bound (the fidelity benchmark's
+traced step reports both). After the traced steps, rank 0 gathers every rank's
 spans, with each rank's peak memory after each traced step (:func:`executor.train.metrics.memory_gib`:
 allocated on CUDA, resident on CPU), and writes the ``hexiscale.trace/1`` file described in
 :mod:`planner.timeline`.
@@ -50,16 +53,19 @@ NO_TRACE = NullTrace()
 
 
 class _Span:
-    __slots__ = ("trace", "kind", "mb", "start")
+    __slots__ = ("trace", "kind", "mb", "start", "host")
 
     def __init__(self, trace: StepTrace, kind: str, mb: int):
         self.trace, self.kind, self.mb = trace, kind, mb
 
     def __enter__(self) -> None:
+        self.host = time.perf_counter()
         self.start = self.trace.mark()
 
     def __exit__(self, *exc: object) -> None:
         self.trace.pending.append((self.kind, self.mb, self.start, self.trace.mark()))
+        t0 = self.trace.t0
+        self.trace.host_pending.append((self.kind, self.mb, self.host - t0, time.perf_counter() - t0))
 
 
 def wall_clock_offset(samples: int = 10) -> float:
@@ -90,10 +96,16 @@ class StepTrace:
         self.cuda = device.type == "cuda"
         self.active = False
         self.pending: list[tuple[str, int, Any, Any]] = []
+        self.host_pending: list[tuple[str, int, float, float]] = []  # the same spans on the host clock
         self.steps: list[dict[str, Any]] = []
         self._anchor: Any = None
         self._t0 = 0.0
         self._offset = wall_clock_offset()
+
+    @property
+    def t0(self) -> float:
+        """The host clock (``perf_counter``) at the traced step's anchor."""
+        return self._t0
 
     def mark(self) -> Any:
         if not self.cuda:
@@ -116,7 +128,7 @@ class StepTrace:
             torch.cuda.synchronize(self.device)
         self._t0 = time.perf_counter()
         self._anchor = self.mark()
-        self.pending = []
+        self.pending, self.host_pending = [], []
 
     def end_step(self, k: int) -> None:
         """Keep step ``k``'s spans; after the window's last step, write the file (collective)."""
@@ -129,7 +141,8 @@ class StepTrace:
                       for kind, mb, a, b in self.pending]
         else:
             events = [[kind, mb, a, b] for kind, mb, a, b in self.pending]
-        self.steps.append({"step": k + 1, "wall0": self._t0 + self._offset, "events": events,
+        host = [[kind, mb, a, b] for kind, mb, a, b in self.host_pending]
+        self.steps.append({"step": k + 1, "wall0": self._t0 + self._offset, "events": events, "host_events": host,
                            "peak_memory_gib": memory_gib(self.device)})
         if k + 1 == self.window.stop:
             self.write()

@@ -35,3 +35,39 @@ def test_a_row_traces_its_bottleneck_rank_not_the_last_to_finish() -> None:
     t = row["traced_s"]
     assert t["forward"] + t["backward"] == pytest.approx(0.2827, abs=5e-4)
     assert t["grad_sync"] == pytest.approx(0.0056, abs=5e-4)
+
+
+def test_the_traced_step_reports_the_hosts_seconds_inside_each_kind(tmp_path: Path) -> None:
+    """Beside each kind's device seconds, the host's seconds inside the same spans (``forward_host``
+    ...): what tells a launch-bound forward (host as long as device) from a device-bound one on a GPU.
+    On the CPU the two are one clock, so they agree; the host's time outside every span is no part of it."""
+    import time
+
+    import torch
+
+    from benchmarks.fidelity.traced_step import trace_one_step
+    from planner.model import PRESETS
+    from planner.plan import Pipeline, Plan, PlanOptions, Stage
+
+    model = PRESETS["tiny"]
+    plan = Plan(model, 2, (Pipeline(2, 1, (Stage(("local:0",), 1, (0, model.num_layers)),)),), PlanOptions())
+
+    class Engine:
+        trace = None
+
+        def set_trace(self, trace: object) -> None:
+            self.trace = trace
+
+    engine = Engine()
+
+    def step() -> None:
+        time.sleep(0.02)  # outside every span
+        with engine.trace.span("forward", 0):
+            time.sleep(0.01)
+        with engine.trace.span("backward", 0):
+            time.sleep(0.02)
+
+    t = trace_one_step(engine, plan, rank=0, device=torch.device("cpu"), folder=str(tmp_path), index=0, step=step)
+    assert t["forward_host"] == pytest.approx(t["forward"], abs=2e-3) and t["forward_host"] >= 0.01
+    assert t["backward_host"] == pytest.approx(t["backward"], abs=2e-3) and t["backward_host"] >= 0.02
+    assert t["uncovered_s"] >= 0.02 and not {"step_s_host", "micro_batches_host"} & t.keys()
