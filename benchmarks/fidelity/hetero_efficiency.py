@@ -25,6 +25,7 @@ from benchmarks.fidelity.model import catalog_with, device_key, pair_cluster, pr
 from benchmarks.fidelity.plans import hetero_candidates
 from planner.catalog import profiles_dir
 from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.cost.pass_times import host_free, pass_seconds
 from planner.model import ModelSpec
 from planner.plan import Plan, plan_from_dict
 
@@ -92,10 +93,11 @@ def report(runs: dict[str, Any], prof_dir: Path, params: CostParams, cpu: bool) 
 def layer_speed(catalog: Any, key: str, micro_batch: int, seq_len: int) -> float | None:
     """Layers per second (forward + backward, TP 1, no recompute) of a measured device at this micro-batch:
     the measured compute of an MPS share, which is not proportional to the share."""
-    rows = (catalog.get(key).measured or {}).get("layer", [])
-    for r in rows:
+    measured = catalog.get(key).measured or {}
+    full_queue = host_free(measured)  # a pass costs max(device, host) of host-free rows
+    for r in measured.get("layer", []):
         if (r["micro_batch"], r["seq_len"], r["tp"], r["recompute"]) == (micro_batch, seq_len, 1, "none"):
-            return 1.0 / (r["forward_s"] + r["backward_s"])
+            return 1.0 / (pass_seconds(r, "forward_s", full_queue) + pass_seconds(r, "backward_s", full_queue))
     return None
 
 

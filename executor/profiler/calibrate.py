@@ -65,9 +65,11 @@ from planner.calibration.store import load_params, save_calibration
 from planner.catalog import DeviceType, default_catalog, parse_device_entry
 from planner.cluster import Link
 from planner.cost.params import DEFAULT_PARAMS, CostParams
+from planner.cost.pass_times import DEVICE_TIMES
 from planner.cost.profile import SpecProfile
 from planner.model import PRESETS, ModelSpec
 
+ROW_POINT = ("tp", "micro_batch", "seq_len", "recompute", "collectives")  # a layer row's point, as reported
 WIDTHS = ("llama2-7b", "llama2-13b")  # besides the model: layers timed for the shape terms only
 CPU_WIDTHS = (ModelSpec("cpu-w96", 1, 96, 256, 4, 2, 256, 32), ModelSpec("cpu-w128", 1, 128, 352, 4, 2, 256, 32))
 NVLINK_NOMINAL_GBPS = 450.0  # H100/H200 SXM NVLink 4 per direction: the nominal the cluster files use
@@ -260,7 +262,11 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     summary = {"key": key, "profile": str(home / "devices" / out.name),
                "calibration": str(home / "calibration" / cal_path.name), "seconds": elapsed, "fits": fits,
                "provenance": provenance, "live_tps": live, "refused": None if force else refused,
-               "forced": gated["forced"], "packed_left_out": left_out}
+               "forced": gated["forced"], "packed_left_out": left_out,
+               # what the layer rows timed: device (host-free on CUDA) and host apart, for the run's report
+               "device_times": pf.measured["meta"].get(DEVICE_TIMES),
+               "layer_rows": [{k: r[k] for k in (*ROW_POINT, *compute.TIME_KEYS) if k in r}
+                              for r in pf.measured.get("layer", [])]}
     if summary["refused"] is None:  # install: the measured entry and its calibration, each replaced whole
         for staged in (out, cal_path):
             target = _made(home / staged.parent.name) / staged.name

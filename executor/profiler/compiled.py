@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from executor.profiler import compute
+from planner.cost.pass_times import pass_seconds
 from planner.model import ModelSpec
 
 MIN_WARMUP = 2  # the first compiled call compiles, the second may still specialise
@@ -28,6 +29,12 @@ def compiled_ratio(model: ModelSpec, *, micro_batch: int, dtype: str, device: to
         if device.type == "cuda":
             torch.cuda.empty_cache()
     eager, comp = rows["eager"], rows["compiled"]
-    ratio = (comp["forward_s"] + comp["backward_s"]) / (eager["forward_s"] + eager["backward_s"])
+    ratio = _pass_s(comp) / _pass_s(eager)
     return {"ratio": ratio, "micro_batch": micro_batch, "seq_len": model.seq_len, "tp": 1, "model": model.name,
             "eager": eager, "compiled": comp}
+
+
+def _pass_s(row: dict[str, Any]) -> float:
+    """Forward + backward as a step pays them: ``max(device, host)`` per pass (the device times are
+    host-free on CUDA, executor.profiler.timing; on the CPU the two are one clock)."""
+    return pass_seconds(row, "forward_s", True) + pass_seconds(row, "backward_s", True)

@@ -16,7 +16,8 @@ Per point the profiler records:
   peak bytes above the parameters during forward + backward;
 * embedding: the (vocab-sharded) embedding forward and its backward;
 * head: final RMSNorm + LM head + vocab-parallel cross-entropy forward, and backward;
-* optimizer: one AdamW step (fused on CUDA) over ``n`` layers' worth of fp32 parameters;
+* optimizer: one AdamW step (fused on CUDA) over ``n`` layers' worth of fp32 parameters, ``seconds`` the
+  larger of its device and host times (``device_s``, ``host_s``: the device's is host-free on CUDA);
 
 Precision follows the engine: fp32 parameters (the master weights) with the forward under
 ``torch.autocast`` to the compute dtype on GPUs, fp32 on the CPU; the residual stream between layers
@@ -227,8 +228,15 @@ def measure_optimizer(model: ModelSpec, *, layers: int, tp: int, device: torch.d
     for _, p in named:
         p.grad = torch.randn_like(p) * 1e-3
     opt = build_optimizer(named, OptimConfig(fused=True if device.type == "cuda" else None))
-    seconds = time_call(opt.step, device, warmup, repeats)
-    return {"seconds": seconds, "num_params": sum(p.numel() for _, p in named), "num_tensors": len(named)}
+
+    def step(mark: Callable[[int], None]) -> None:
+        mark(0)
+        opt.step()
+        mark(1)
+
+    times = phase_times(step, 1, device, warmup, repeats)  # a step pays max(device, host), as for a pass
+    return {"seconds": max(times.device_s[0], times.host_s[0]), "device_s": times.device_s[0],
+            "host_s": times.host_s[0], "num_params": sum(p.numel() for _, p in named), "num_tensors": len(named)}
 
 
 def measure_ceilings(device: torch.device, dtype: str, *, gemm_dim: int, copy_mib: int, warmup: int,

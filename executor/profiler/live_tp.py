@@ -16,7 +16,11 @@ processes on the CPU), the store hosted by the parent on a port the OS picks. Fo
 world) — the same groups in the same order on every rank, as :mod:`executor.parallel.groups` requires —
 connects it with one all-reduce, and its members time each point with ``measure_layer(...,
 group=...)``: chained layers, forward then backward, warm-up then the median of the repeats, each
-repetition started together. The row is the slowest member's median (``MAX`` over the group), of the
+repetition started together. On CUDA each repetition is issued behind a GPU spin of this rank's own
+length (host-free device times, :func:`executor.profiler.timing.phase_times`); the leading one-element
+all-reduce, queued behind the spin, starts every member's timed region after the slowest member's spin,
+so a peer's wait stays outside the interval and every rank issues the same collectives in the same order
+as without the spin. The row is the slowest member's median (``MAX`` over the group), of the
 host's issue times too. The other ranks wait in a barrier. (A TP-2 point runs while GPUs 2 and 3 idle,
 as on a host whose other pipelines are elsewhere.)
 """

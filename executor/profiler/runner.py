@@ -30,6 +30,7 @@ from executor.profiler.comm import measure_comm
 from executor.profiler.live_tp import live_points, measure_live_layers
 from executor.profiler.store import MEASURED_FORMAT, TABLE_KEYS, ProfileFile
 from planner.catalog import Catalog, DeviceType, default_catalog
+from planner.cost.pass_times import DEVICE_TIMES, FULL_QUEUE
 from planner.errors import SpecError
 from planner.model import ModelSpec
 
@@ -112,6 +113,9 @@ def machine_meta(cfg: ProfileConfig) -> dict[str, Any]:
         # F.rms_norm (executor.model.fast_path) is one fused kernel on CUDA, which saves less for the
         # backward than the CPU composite: the activation rows say which (CostParams.fused_rms_norm)
         "fused_rms_norm": cuda,
+        # CUDA rows time the device from a full queue, host-free, beside the host's issue time
+        # (executor.profiler.timing.phase_times); the planner prices max(device, host) per pass
+        **({DEVICE_TIMES: FULL_QUEUE} if cuda else {}),
     }
 
 

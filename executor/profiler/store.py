@@ -5,7 +5,8 @@ resumes where it stopped: points already in the file are skipped.
 ``measured`` layout (``hexiscale.measured/1``)::
 
     {"format": "hexiscale.measured/1",
-     "meta": {"gpu_name", "driver", "torch", "cuda", "date", "sm_percent", "mode": "gpu"|"cpu", "device_count"},
+     "meta": {"gpu_name", "driver", "torch", "cuda", "date", "sm_percent", "mode": "gpu"|"cpu", "device_count",
+              "device_times"?: "full-queue"},   # CUDA: forward_s/backward_s host-free (planner.cost.pass_times)
      "model": {ModelSpec fields},  "dtype": "bf16",
      "ceilings":  {"gemm_tflops", "copy_GBps", ...},
      "layer":     [{"micro_batch", "seq_len", "tp", "recompute", "forward_s", "backward_s",
@@ -40,6 +41,11 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
+# rows resumed into a file must be timed alike: the SM share, and the device timing (host-free rows,
+# planner.cost.pass_times, never mixed with older ones under one meta)
+SAME_META = ("sm_percent", "device_times")
+
+
 class ProfileFile:
     """A catalog entry being filled by the profiler."""
 
@@ -66,9 +72,9 @@ class ProfileFile:
             m_old, m_new = old.get("measured") or {}, fresh_entry["measured"]
             same = (m_old.get("format") == MEASURED_FORMAT and m_old.get("model") == m_new["model"]
                     and m_old.get("dtype") == m_new["dtype"]
-                    and (m_old.get("meta") or {}).get("sm_percent") == m_new["meta"].get("sm_percent"))
+                    and all((m_old.get("meta") or {}).get(k) == m_new["meta"].get(k) for k in SAME_META))
             if not same:
-                raise SpecError("--out", f"{path} holds a profile of another model/dtype/SM share",
+                raise SpecError("--out", f"{path} holds a profile of another model/dtype/SM share/timing method",
                                 "pass another --out, or --no-resume to overwrite it")
             for table in TABLE_KEYS:
                 m_old.setdefault(table, [])

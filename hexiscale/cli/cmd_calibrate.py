@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hexiscale.cli.calibrate_rows import row_lines
 from hexiscale.cli.calibrate_shares import check_shares, env_share, run_shares
 from hexiscale.cli.cmd_profile import MAX_COMM_RANKS
 from hexiscale.cli.output import print_warning
@@ -64,9 +65,14 @@ def run(args: argparse.Namespace) -> int:
     comp = summary["fits"]["compute"]
     print(f"calibrated {summary['key']} on {summary['provenance']['gpu_name']} in {summary['seconds']:.0f} s "
           f"(host {summary['provenance']['host_fingerprint']})")
-    print(f"compute terms fitted to {comp['observations']} timings (model {model.name} + widths "
+    for line in row_lines(summary):
+        print(line)
+    basis = " (device and host times apart)" if comp.get("basis") == "device+host" else ""
+    print(f"compute terms fitted to {comp['observations']} timings{basis} (model {model.name} + widths "
           f"{', '.join(comp['widths']) or '-'}): mean error {comp['error_before']['mean_abs_rel'] * 100:.1f} % -> "
           f"{comp['error_after']['mean_abs_rel'] * 100:.1f} %, worst {comp['error_after']['max_abs_rel'] * 100:.1f} %")
+    for side, err in (comp.get("by_side") or {}).items():
+        print(f"  {side} times: mean error {err['mean_abs_rel'] * 100:.1f} %, worst {err['max_abs_rel'] * 100:.1f} %")
     held = comp["held_out"]
     print(f"held out ({held['folds']}-fold: fitted without them): mean error {held['mean_abs_rel'] * 100:.1f} %, "
           f"worst {held['max_abs_rel'] * 100:.1f} %")

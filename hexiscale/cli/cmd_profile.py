@@ -129,12 +129,13 @@ def run(args: argparse.Namespace) -> int:
         pf = run_profile(cfg, out, key=args.key, base=args.base, resume=not args.no_resume, progress=not args.quiet)
     from rich.table import Table
 
-    table = Table(title=f"{pf.entry['key']}: layer forward/backward (ms)")
-    for col in ("micro_batch", "seq_len", "tp", "recompute", "forward", "backward"):
+    table = Table(title=f"{pf.entry['key']}: layer forward/backward (ms, device and the host's issue time)")
+    for col in ("micro_batch", "seq_len", "tp", "recompute", "forward", "fwd host", "backward", "bwd host"):
         table.add_column(col, justify="right")
+    times = ("forward_s", "forward_host_s", "backward_s", "backward_host_s")
     for row in pf.measured.get("layer", []):
         table.add_row(str(row["micro_batch"]), str(row["seq_len"]), str(row["tp"]), row["recompute"],
-                      f"{row['forward_s'] * 1e3:.3f}", f"{row['backward_s'] * 1e3:.3f}")
+                      *(f"{row[k] * 1e3:.3f}" if k in row else "-" for k in times))
     console.print(table)
     console.print(f"wrote {out}")
     return 0

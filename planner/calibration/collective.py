@@ -22,6 +22,7 @@ from planner.catalog import DeviceType
 from planner.cluster import Link
 from planner.cost.measured import MeasuredProfile
 from planner.cost.params import CostParams
+from planner.cost.pass_times import host_free, pass_seconds
 from planner.cost.stage import stage_time
 from planner.model import model_from_dict
 
@@ -60,5 +61,6 @@ def fit_collective_host(device: DeviceType, base: CostParams, link: Link) -> Fit
             out += [st.forward_s, st.backward_s]
         return out
 
-    measured = [float(r[k]) for r in rows for k in ("forward_s", "backward_s")]
+    full_queue = host_free(device.measured)  # a pass costs max(device, host) of host-free rows
+    measured = [pass_seconds(r, k, full_queue) for r in rows for k in ("forward_s", "backward_s")]
     return fit_terms(base, BOUNDS, predict, measured)

@@ -12,7 +12,12 @@ data shows up as a large remaining error rather than being hidden by a global fa
   against a measured device's layer timings (its shard-only table and other widths; roofline of
   that device's catalog peaks; the live TP rows, which hold collectives, are not compute); the
   GEMM and memory efficiencies are capped by the measured ceilings (large GEMM, large copy) when
-  the profile has them.
+  the profile has them. Host-free rows (``"device_times": "full-queue"``, :mod:`planner.cost.pass_times`)
+  are two sets of observations: their device times against the roofline's GPU time alone (the
+  GPU terms), their host times against its host time alone (``host_overhead_s``,
+  ``host_overhead_backward_s``, ``checkpoint_host_s``): :meth:`planner.cost.profile.DeviceProfile.roofline_split`.
+  Older rows timed ``max(GPU, host)`` in one figure, and a launch-bound one (4x H100, 2026-11-27:
+  almost every llama-1.3b row) fitted GPU terms to the host's issue rate; they still fit as before.
 * :func:`fit_link_efficiency` — ``link_efficiency`` = measured bandwidth / nominal link bandwidth
   (the p2p and all-reduce sweeps of the profiler; the fitted latency belongs to the cluster file).
 * :func:`fit_terms` — any terms against any observations, given a function that predicts them
@@ -31,6 +36,7 @@ import numpy as np
 
 from planner.catalog import DeviceType
 from planner.cost.params import CostParams
+from planner.cost.pass_times import HOST_KEY, host_free, split_times
 from planner.cost.profile import SpecProfile
 from planner.model import ModelSpec, model_from_dict
 
@@ -55,10 +61,12 @@ class FitResult:
     error_after: dict[str, float]
     observations: int
     residuals: list[dict[str, Any]] = field(default_factory=list)
+    basis: str = "pass"  # what each timing was matched to: the pass, or "device+host" apart (host-free rows)
+    by_side: dict[str, dict[str, float]] = field(default_factory=dict)  # "device+host": each side's error after
 
     def to_dict(self) -> dict[str, Any]:
         return {"terms": self.terms, "error_before": self.error_before, "error_after": self.error_after,
-                "observations": self.observations}
+                "observations": self.observations, "basis": self.basis, "by_side": self.by_side}
 
 
 def _errors(log_ratios: np.ndarray) -> dict[str, float]:
@@ -114,13 +122,15 @@ def fit_terms(base: CostParams, bounds: dict[str, tuple[float, float]],
 
 
 def compute_observations(device: DeviceType) -> list[tuple[str, ModelSpec, dict[str, Any], str, float]]:
-    """``(table, model, row, 'forward_s'|'backward_s', seconds)`` for every measured compute time:
+    """``(table, model, row, phase, seconds)`` for every measured compute time (``phase``: 'forward_s',
+    'backward_s', and for host-free rows their host times, 'forward_host_s', 'backward_host_s'):
     the tables, plus the layer timings of other model widths (``measured.widths``, written by
     ``hexiscale calibrate``) that make the GEMM and attention shape terms identifiable — a fit to
     one width cannot tell a small-GEMM penalty from a lower peak. Live TP rows (``collectives``) are
     left out: they hold the TP all-reduces, which the roofline's compute terms do not model (the
     shard-only rows of the same points are the compute)."""
     m = device.measured or {}
+    split = host_free(m)
     sources = [(model_from_dict(m["model"]), {t: m.get(t) or [] for t in ("layer", "embedding", "head")})]
     for i, w in enumerate(m.get("widths") or []):
         sources.append((model_from_dict(w["model"], f"measured.widths[{i}].model"), {"layer": w.get("layer") or []}))
@@ -132,6 +142,8 @@ def compute_observations(device: DeviceType) -> list[tuple[str, ModelSpec, dict[
                     continue
                 for phase in ("forward_s", "backward_s"):
                     out.append((table, model, row, phase, float(row[phase])))
+                    if split_times(row, phase, split) is not None:
+                        out.append((table, model, row, HOST_KEY[phase], float(row[HOST_KEY[phase]])))
     return out
 
 
@@ -142,13 +154,22 @@ def layer_observations(device: DeviceType) -> list[tuple[str, ModelSpec, dict[st
 
 def predict_compute(device: DeviceType, params: CostParams,
                     obs: list[tuple[str, ModelSpec, dict[str, Any], str, float]], dtype: str) -> list[float]:
+    """The roofline's figure for each observation: a host-free device's timings (:func:`compute_observations`)
+    against the GPU's or the host's time alone, every other's against the pass (``max(GPU, host)``)."""
     # the roofline measured tables are carried with (planner.cost.measured.MeasuredProfile: a weight cast
     # in every pass, as every calibration so far was fitted)
     prof = SpecProfile(device, replace(params, cast_once=False))
+    split = host_free(device.measured)
     out = []
     for table, model, row, phase, _ in obs:
         mm = replace(model, seq_len=max(model.seq_len, int(row["seq_len"])))
         args = (mm, int(row["micro_batch"]), int(row["tp"]), dtype)
+        if split:
+            mode = str(row.get("recompute", "none")) if table == "layer" else "none"
+            gpu, host = prof.roofline_split(table, *args, mode, int(row["seq_len"]))
+            out.append({"forward_s": gpu.forward_s, "backward_s": gpu.backward_s, "forward_host_s": host.forward_s,
+                        "backward_host_s": host.backward_s}[phase])
+            continue
         if table == "layer":
             pt = prof.layer_time(*args, str(row.get("recompute", "none")), int(row["seq_len"]))
         elif table == "embedding":
@@ -170,10 +191,15 @@ def fit_compute(device: DeviceType, base: CostParams, terms: dict[str, tuple[flo
     dtype = str((device.measured or {}).get("dtype", "bf16"))
     bounds = compute_bounds(device, terms)
     result = fit_terms(base, bounds, lambda p: predict_compute(device, p, obs, dtype), [o[4] for o in obs])
+    result.basis = "device+host" if host_free(device.measured) else "pass"
     pred = predict_compute(device, result.params, obs, dtype)
     result.residuals = [{"table": t, **{k: r[k] for k in ("micro_batch", "seq_len", "tp") if k in r},
                          "recompute": r.get("recompute"), "phase": ph, "measured_s": v, "predicted_s": p}
                         for (t, _, r, ph, v), p in zip(obs, pred)]
+    if result.basis != "pass":  # each side's own error: the GPU terms' and the host terms'
+        result.by_side = {side: _errors(np.log(np.array([p / v for (_, _, _, ph, v), p in zip(obs, pred)
+                                                          if ph.endswith("_host_s") == (side == "host")])))
+                          for side in ("device", "host")}
     return result
 
 

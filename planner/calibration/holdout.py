@@ -3,10 +3,12 @@
 The in-sample error of :func:`planner.calibration.fit.fit_compute` flatters the fit: eight terms fitted
 to a few dozen timings can bend to them and still price a new shape badly. Here the fit is
 cross-validated over its own timings: the measured points (a layer shape; its forward and backward
-times together, since they share the shape) are dealt round-robin into ``folds`` folds; for each fold
-the terms are fitted, from the same start, to the other folds' timings and predict the fold's. The
-mean and worst ``|predicted / measured - 1|`` over every held-out timing is the figure ``hexiscale
-calibrate`` gates on (:func:`gate`) and records in the calibration file (``fits.compute.held_out``).
+times together, since they share the shape, and for host-free rows their host times too, each
+predicted on the fit's own basis: device by the roofline's GPU time, host by its host time) are
+dealt round-robin into ``folds`` folds; for each fold the terms are fitted, from the same start, to
+the other folds' timings and predict the fold's. The mean and worst ``|predicted / measured - 1|``
+over every held-out timing is the figure ``hexiscale calibrate`` gates on (:func:`gate`) and records
+in the calibration file (``fits.compute.held_out``).
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.cost.pass_times import host_free, pass_seconds
 from planner.cost.profile import DeviceProfile
 from planner.errors import SpecError
 from planner.model import ModelSpec, model_from_dict
@@ -150,7 +151,9 @@ def attention_per_square(profile: DeviceProfile, model: ModelSpec, dtype: str) -
     return (fwd + bwd) / model.seq_len ** 2
 
 
-def _rows(section: Any, path: str) -> list[tuple[list[int], float]]:
+def _rows(section: Any, path: str, full_queue: bool) -> list[tuple[list[int], float]]:
+    """``(lengths, seconds)`` per row: a layer's forward and backward, each its pass time
+    (:func:`planner.cost.pass_times.pass_seconds`: ``max(device, host)`` of host-free rows)."""
     if not isinstance(section, Mapping) or not isinstance(section.get("rows"), list):
         raise SpecError(path, "expected {\"tp\": 1, \"rows\": [...]}", "re-run 'hexiscale calibrate'")
     out = []
@@ -163,7 +166,7 @@ def _rows(section: Any, path: str) -> list[tuple[list[int], float]]:
         t = [r.get(k) for k in ("forward_s", "backward_s")]
         if any(isinstance(x, bool) or not isinstance(x, int | float) or not 0 < x < math.inf for x in t):
             raise SpecError(p, "needs positive forward_s and backward_s", "re-run 'hexiscale calibrate'")
-        out.append((lengths, float(t[0]) + float(t[1])))
+        out.append((lengths, pass_seconds(r, "forward_s", full_queue) + pass_seconds(r, "backward_s", full_queue)))
     return out
 
 
@@ -178,7 +181,7 @@ def packed_fit(profile: DeviceProfile, model: ModelSpec, dtype: str) -> PackedFi
     if section is None or m.get("dtype") != dtype or (isinstance(section, Mapping) and section.get(LEFT_OUT)):
         return None
     path = f"devices.{device.key}.measured.packed"
-    rows = _rows(section, path)
+    rows = _rows(section, path, host_free(m))
     measured = model_from_dict(m.get("model"), f"devices.{device.key}.measured.model")
     if any(getattr(measured, k) != getattr(model, k) for k in SHAPE) or len(rows) < 3:
         return None

@@ -80,6 +80,15 @@ shard-only + ~0.2 ms of all-reduce modelled), so where they exist they answer fo
    micro-batch 2, the step traced 3.66, the fitted roofline priced ~4.2 (+12 %; its 13B +10 %). They
    time, never size: activation bytes stay the memory formula's for those models.
 
+9. Host-free rows (``"device_times": "full-queue"`` in the meta, :mod:`planner.cost.pass_times`: the
+   profiler timed the device from a full launch queue and the host's issue time beside it): a row's
+   pass time is ``max(device, host)``, as a step where the host runs ahead pays it, and every rule
+   above applies to that figure. Its split into GPU and host shares
+   (:meth:`~planner.cost.profile.DeviceProfile.pass_split`) is the rows' own, looked up the same way,
+   instead of one inferred from the roofline's kernel counts: a launch-bound row (host above device)
+   was read as GPU time wherever its host time exceeded the roofline's host estimate. Rows without
+   host times, and every table from before, price exactly as before.
+
 Weight casts: rows marked ``cast_once`` (the profiler made the engine's copies before the timed
 passes) price no cast; the profile adds the step's copies once per step (``weight_copy``, added to
 each stage's first forward by :mod:`planner.cost.stage`). Unmarked tables were timed on autocast's
@@ -238,6 +247,33 @@ class MeasuredProfile(DeviceProfile):
         got = self._lookup(tables, kind, recompute, mb, tp, seq, spec, lambda c: (c.fwd, c.bwd), live,
                            attention if kind == "layer" else None)
         return PassTime(*got) if got is not None else None
+
+    def _measured_split(self, kind: str, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
+                        seq_len: int) -> tuple[PassTime, PassTime] | None:
+        """(device, host) seconds of the pass from host-free rows (rule 9): the curves that price it
+        (its recompute mode's own rows; the live ones where the layer holds its collectives), looked
+        up as its time is (rules 2-3) but carried to another point by the roofline's GPU time (device)
+        and host time (host) apart: issuing a TP shard's kernels takes the host as long as the whole
+        layer's. None where the rows carry no host times."""
+        tables = self._tables_for(kind, model, dtype)
+        live = kind == "layer" and self.layer_holds_collectives(model, micro_batch, tp, dtype, seq_len)
+        if tables is None or (live and recompute != "none"):  # a mode added to live rows (rule 6): no split
+            return None
+        mode = recompute if kind == "layer" else "none"
+
+        def roofline(side: int) -> Spec:
+            def spec(b: int, t: int, s: int) -> tuple[float, float]:
+                pt = self.roofline_split(kind, model, b, t, dtype, mode, s)[side]
+                return max(pt.forward_s, 1e-12), max(pt.backward_s, 1e-12)  # no host terms: ratio 1
+            return spec
+
+        def attention(b: int, t: int, s: int) -> tuple[float, float]:
+            return self.attention_core_time(model, b, t, dtype, mode, s)
+
+        device = self._lookup(tables, kind, mode, micro_batch, tp, seq_len, roofline(0), lambda c: c.device, live,
+                              attention if kind == "layer" else None)
+        host = self._lookup(tables, kind, mode, micro_batch, tp, seq_len, roofline(1), lambda c: c.host, live)
+        return None if device is None or host is None else (PassTime(*device), PassTime(*host))
 
     def _layer(self, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
                seq_len: int) -> PassTime:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.cost.ops import DTYPE_BYTES
+from planner.cost.pass_times import host_free, pass_seconds, split_times
 from planner.errors import SpecError
 from planner.layout import layer_numel
 from planner.model import MODEL_LIMITS, RECOMPUTE_MODES, ModelSpec, model_from_dict
@@ -37,6 +38,9 @@ class Curve:
     bwd: tuple[float, ...]
     act: tuple[float, ...] | None
     collectives: bool = False  # live TP rows: the layer's TP all-reduces are inside the times
+    # host-free rows (planner.cost.pass_times): fwd/bwd are max(device, host); these keep the two apart
+    device: tuple[tuple[float, ...], tuple[float, ...]] | None = None  # (forward, backward) device seconds
+    host: tuple[tuple[float, ...], tuple[float, ...]] | None = None  # (forward, backward) host seconds
 
 
 @dataclass(frozen=True)
@@ -100,13 +104,14 @@ def parse_measured(data: Mapping[str, Any], path: str, bounds: Sequence[Measured
     if not isinstance(model, Mapping) or any(not isinstance(model.get(k), int) for k in keys):
         raise SpecError(f"{path}.model", f"needs integer {', '.join(sorted(keys))}", "record the profiled model")
     measured_model = model_from_dict(model, f"{path}.model")
+    full_queue = host_free(data)
     curves: dict[str, list[Curve]] = {}
     for kind in KINDS:
-        out = _curves(kind, data.get(kind, []), f"{path}.{kind}", measured_model, str(dtype))
+        out = _curves(kind, data.get(kind, []), f"{path}.{kind}", measured_model, str(dtype), full_queue)
         caps = [c for b in bounds if b.dtype == dtype and all(b.shape.get(k) == model[k] for k in SHAPE_KEYS[kind])
                 for c in b.curves[kind]]
         if kind == "layer":  # the same points timed again (rule 7's twin in time: the lower figure holds)
-            caps += _curves(kind, data.get("retimed", []), f"{path}.retimed", measured_model, str(dtype))
+            caps += _curves(kind, data.get("retimed", []), f"{path}.retimed", measured_model, str(dtype), full_queue)
         curves[kind] = monotone_in_tokens([bounded(c, caps) for c in out])
     opt_rows = data.get("optimizer", [])
     if not isinstance(opt_rows, list):
@@ -127,13 +132,16 @@ def _widths(data: Mapping[str, Any], path: str, bounds: Sequence[MeasuredTables]
         if not isinstance(w, Mapping):
             raise SpecError(f"{path}.widths[{i}]", "expected a {model, layer} mapping", "re-run hexiscale calibrate")
         section = {"format": MEASURED_FORMAT, "dtype": data.get("dtype"), "model": w.get("model"),
-                   "layer": w.get("layer", [])}
+                   "layer": w.get("layer", []), "meta": data.get("meta") or {}}
         out.append(parse_measured(section, f"{path}.widths[{i}]", bounds))
     return tuple(out)
 
 
-def _curves(kind: str, rows: Any, path: str, measured_model: ModelSpec, dtype: str) -> list[Curve]:
-    """``rows`` of one table, checked, as curves over micro-batch sizes (not yet monotone)."""
+def _curves(kind: str, rows: Any, path: str, measured_model: ModelSpec, dtype: str,
+            full_queue: bool = False) -> list[Curve]:
+    """``rows`` of one table, checked, as curves over micro-batch sizes (not yet monotone). ``full_queue``
+    (host-free rows, :mod:`planner.cost.pass_times`): a curve's times are ``max(device, host)`` per
+    row, and where every row carries its host time the curve keeps device and host apart too."""
     if not isinstance(rows, list):
         raise SpecError(path, "expected a list of rows", "re-run the profiler")
     groups: dict[tuple[int, int, str, bool], list[Mapping[str, Any]]] = {}
@@ -162,9 +170,25 @@ def _curves(kind: str, rows: Any, path: str, measured_model: ModelSpec, dtype: s
         acts = tuple(_stage_bytes(kind, r, measured_model, dtype) for r in rs) if not live and all(
             _num(r.get("activation_bytes"), low_ok=True) for r in rs) else None
         out.append(Curve(tp, seq, rc, tuple(r["micro_batch"] for r in rs),
-                         tuple(float(r["forward_s"]) for r in rs), tuple(float(r["backward_s"]) for r in rs), acts,
-                         live))
+                         tuple(pass_seconds(r, "forward_s", full_queue) for r in rs),
+                         tuple(pass_seconds(r, "backward_s", full_queue) for r in rs), acts, live,
+                         *_device_host(rs, full_queue)))
     return out
+
+
+Pair = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+def _device_host(rows: list[Mapping[str, Any]], full_queue: bool) -> tuple[Pair | None, Pair | None]:
+    """(device, host) of a curve's rows, each as (forward, backward) seconds; (None, None) unless every
+    row is host-free with its host times."""
+    f = [split_times(r, "forward_s", full_queue) for r in rows]
+    b = [split_times(r, "backward_s", full_queue) for r in rows]
+    fs, bs = [t for t in f if t is not None], [t for t in b if t is not None]
+    if len(fs) < len(rows) or len(bs) < len(rows):
+        return None, None
+    return ((tuple(d for d, _ in fs), tuple(d for d, _ in bs)),
+            (tuple(h for _, h in fs), tuple(h for _, h in bs)))
 
 
 def timed_cast_once(data: Mapping[str, Any]) -> bool:
@@ -250,8 +274,8 @@ def monotone_in_tokens(curves: list[Curve]) -> list[Curve]:
         for (_, _, ci, j), f, b in zip(points, fwd, bwd):
             new[ci][0][j], new[ci][1][j] = f, b
         for ci, c in enumerate(group):
-            out[(c.tp, c.seq_len, c.recompute, c.collectives)] = Curve(
-                c.tp, c.seq_len, c.recompute, c.mbs, tuple(new[ci][0]), tuple(new[ci][1]), c.act, c.collectives)
+            out[(c.tp, c.seq_len, c.recompute, c.collectives)] = replace(
+                c, fwd=tuple(new[ci][0]), bwd=tuple(new[ci][1]))
     return [out[(c.tp, c.seq_len, c.recompute, c.collectives)] for c in curves]
 
 

@@ -156,9 +156,12 @@ class DeviceProfile(ABC):
         """(GPU, host) seconds of one ``kind`` pass ('layer', 'embedding', 'head'), consistent with the
         profile's own time ``T`` of that pass (``layer_time`` ...), which is ``max(GPU, host)``.
 
-        The host time ``H`` is what eager PyTorch takes to issue the pass's kernels (the roofline's
-        kernel counts times ``host_overhead_s`` in the forward and in recompute, which runs the
-        forward again, ``host_overhead_backward_s`` in the backward). A pass with ``T > H`` is
+        Where the profile's rows hold the pass's device and host times apart (host-free rows,
+        :mod:`planner.cost.measured` rule 9), the split is theirs: a row whose host time reaches its
+        device time is launch-bound (host = T, GPU = its device time), else GPU = T, host = its host
+        time. Otherwise it is inferred: the host time ``H`` is what eager PyTorch takes to issue the
+        pass's kernels (the roofline's kernel counts times ``host_overhead_s`` in the forward and in
+        recompute, which runs the forward again, ``host_overhead_backward_s`` in the backward). A pass with ``T > H`` is
         GPU-bound: GPU = T, host = H. Otherwise ``T`` is a launch-bound (host-bound) figure, not
         compute: host = T and the GPU's share is the roofline's GPU time, at most T. The stage model
         uses the split to add TP communication to the side it loads (:mod:`planner.cost.stage`) and to
@@ -167,17 +170,42 @@ class DeviceProfile(ABC):
         hit = self._split_cache.get(key)
         if hit is not None:
             return hit
-        s, num, p = seq_len or model.seq_len, self.numerics(dtype), self.params
         if kind == "layer":
             t = self.layer_time(model, micro_batch, tp, dtype, recompute, seq_len)
-            fwd = layer_forward_ops(model, micro_batch, s, tp, num)
-            bwd = layer_backward_ops(model, micro_batch, s, tp, num, p.attention_backward_flops_ratio)
-            again = ([op for op in fwd if op.name not in NOT_RECOMPUTED] if recompute == "full" else
-                     [attention_core_forward(model, micro_batch, s, tp, DTYPE_BYTES[dtype])]
-                     if recompute == "selective" else [])
         else:
             t = (self.embedding_time if kind == "embedding" else self.head_time)(model, micro_batch, tp, dtype, seq_len)
-            fwd, bwd = (embedding_ops if kind == "embedding" else head_ops)(model, micro_batch, s, tp, num)
+        s = seq_len or model.seq_len
+
+        def inferred(total: float, gpu: float, host: float) -> tuple[float, float]:
+            return (total, host) if total > host else (min(total, gpu), total)
+
+        def exact(total: float, gpu: float, host: float) -> tuple[float, float]:
+            return (min(gpu, total), total) if host >= gpu else (total, min(host, total))
+
+        measured = self._measured_split(kind, model, micro_batch, tp, dtype, recompute, s)
+        split = inferred if measured is None else exact  # the rows' own device and host times (host-free rows)
+        gpu, host = measured or self.roofline_split(kind, model, micro_batch, tp, dtype, recompute, s)
+        (gf, hf), (gb, hb) = split(t.forward_s, gpu.forward_s, host.forward_s), split(
+            t.backward_s, gpu.backward_s, host.backward_s)
+        hit = self._split_cache[key] = (PassTime(gf, gb), PassTime(hf, hb))
+        return hit
+
+    def roofline_split(self, kind: str, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
+                       seq_len: int) -> tuple[PassTime, PassTime]:
+        """The roofline's (GPU, host) seconds of one ``kind`` pass, apart: GPU the ops' times (recompute
+        repeats the forward's in the backward), host their kernels times ``host_overhead_s`` (forward,
+        recompute) or ``host_overhead_backward_s`` (backward), plus ``checkpoint_host_s`` in both passes
+        of a fully recomputed layer. The fit of host-free rows matches each to its own measured time
+        (:func:`planner.calibration.fit.predict_compute`)."""
+        num, p = self.numerics(dtype), self.params
+        if kind == "layer":
+            fwd = layer_forward_ops(model, micro_batch, seq_len, tp, num)
+            bwd = layer_backward_ops(model, micro_batch, seq_len, tp, num, p.attention_backward_flops_ratio)
+            again = ([op for op in fwd if op.name not in NOT_RECOMPUTED] if recompute == "full" else
+                     [attention_core_forward(model, micro_batch, seq_len, tp, DTYPE_BYTES[dtype])]
+                     if recompute == "selective" else [])
+        else:
+            fwd, bwd = (embedding_ops if kind == "embedding" else head_ops)(model, micro_batch, seq_len, tp, num)
             again = []
 
         def kernels(ops: list[Op]) -> int:
@@ -188,13 +216,12 @@ class DeviceProfile(ABC):
         host_b = kernels(bwd) * p.host_overhead_backward_s + kernels(again) * p.host_overhead_s + (ck if again else 0.0)
         gpu_f = sum(self.op_time(op, dtype) for op in fwd)
         gpu_b = sum(self.op_time(op, dtype) for op in bwd + again)
+        return PassTime(gpu_f, gpu_b), PassTime(host_f, host_b)
 
-        def split(total: float, gpu: float, host: float) -> tuple[float, float]:
-            return (total, host) if total > host else (min(total, gpu), total)
-
-        (gf, hf), (gb, hb) = split(t.forward_s, gpu_f, host_f), split(t.backward_s, gpu_b, host_b)
-        hit = self._split_cache[key] = (PassTime(gf, gb), PassTime(hf, hb))
-        return hit
+    def _measured_split(self, kind: str, model: ModelSpec, micro_batch: int, tp: int, dtype: str, recompute: str,
+                        seq_len: int) -> tuple[PassTime, PassTime] | None:
+        """(device, host) seconds of one pass where measured rows hold both (None: infer them)."""
+        return None
 
     def weight_grad_share(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
                           recompute: str = "none", seq_len: int | None = None) -> float:

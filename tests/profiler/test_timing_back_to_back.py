@@ -1,6 +1,7 @@
-"""The profiler's repetitions run back to back (:func:`executor.profiler.timing.time_phases`): the
-device is waited for once, after the last, never between two, so a phase is timed behind the work
-queued before it as in a training step (the GPU half: tests/gpu/test_profiler_timing_gpu.py)."""
+"""On the CPU the profiler's repetitions run back to back (:func:`executor.profiler.timing.time_phases`):
+the device is waited for once, after the last, never between two. On CUDA each repetition starts idle
+behind a GPU spin that covers its issue time, so the device is timed from a full queue instead
+(tests/profiler/test_timing_full_queue.py; GPU half: tests/gpu/test_profiler_timing_gpu.py)."""
 
 from __future__ import annotations
 

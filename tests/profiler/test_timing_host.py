@@ -40,3 +40,8 @@ def test_layer_rows_carry_the_host_time_of_each_pass_per_layer_of_the_chain() ->
                                 device=CPU, warmup=0, repeats=1, chain=2)
     assert set(compute.TIME_KEYS) <= row.keys()
     assert row["forward_host_s"] == row["forward_s"] > 0 and row["backward_host_s"] == row["backward_s"] > 0
+
+
+def test_the_optimizer_row_takes_the_larger_of_its_device_and_host_times() -> None:
+    row = compute.measure_optimizer(PRESETS["tiny"], layers=1, tp=1, device=CPU, warmup=0, repeats=1)
+    assert row["seconds"] == max(row["device_s"], row["host_s"]) > 0

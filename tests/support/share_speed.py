@@ -2,10 +2,12 @@
 (tests/gpu/test_calibrate_share_gpu.py; pure, so its CPU test, tests/profiler/test_share_speed.py, holds
 it to the figures of 2026-11-27).
 
-A layer row's time is the device's only where the host issued the work faster than the device ran it
-(:func:`executor.profiler.timing.phase_times`). Where the host is slower (launch-bound), the row times the
-host's issue rate, which a 50 % share of the SMs does not slow: there the share may measure as fast as
-the whole GPU, but not faster (then the whole GPU's figure is a fault of the measurement). Where the whole
+A layer row's time was the device's only where the host issued the work faster than the device ran it;
+where the host was slower (launch-bound), the row timed the host's issue rate, which a 50 % share of the
+SMs does not slow: there the share may measure as fast as the whole GPU, but not faster (then the whole
+GPU's figure is a fault of the measurement). Since rows are timed from a full queue on CUDA (host-free,
+:func:`executor.profiler.timing.phase_times`) the device time is the GPU's everywhere, and the judgement
+below, which asks for a slower share only where the whole GPU is device-bound, still holds. Where the whole
 GPU is device-bound, half its SMs must show: the share is clearly slower.
 """
 
