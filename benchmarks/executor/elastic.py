@@ -1,6 +1,7 @@
 """Elastic training on one 4-GPU host made heterogeneous with MPS: a trace of device sets
 (4 GPUs at 100/100/50/50 % -> slow:1 leaves -> slow:1 joins again -> both slow GPUs leave: 100 % x 2;
-8/24/8/8 steps: phase 1 is long enough for the joiner of phase 2 to start while the job trains)
+8/64/8/8 steps: phase 1 is long enough for the joiner of phase 2 to start while the job trains: it took
+~14.5 s on 4x H100 on 2026-11-27, 40 steps; each joiner prints where its start-up went)
 run as one elastic job (in-process switches), and the same events as checkpoint-restart (save, exit,
 re-plan, relaunch, load) in the same run. Prints a table and writes JSON (device, versions, date).
 
@@ -327,7 +328,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default="llama-1.3b")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--global-batch", type=int, default=16)
-    ap.add_argument("--steps", default="8,24,8,8", help="steps per phase (GPU trace: 4 phases)")
+    ap.add_argument("--steps", default="8,64,8,8", help="steps per phase (GPU trace: 4 phases)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--elastic-only", action="store_true",
                     help="skip the checkpoint-restart half (its columns read '-'): a quick re-measure of the switch; "
@@ -364,7 +365,7 @@ def elastic_half(args: argparse.Namespace, work: Path, meta: dict[str, Any]) -> 
     trace = write_trace(work, phases, plans, shares)
     t0 = time.perf_counter()
     code, _, switches = run_elastic(work, plans[0], cluster, trace, _device(args), _train(args))
-    half = {"meta": meta, "host": socket.gethostname(), "args": {k: getattr(args, k) for k in SAME},
+    half = {"meta": meta, "host": machine(), "args": {k: getattr(args, k) for k in SAME},
             "cluster": str(cluster),
             "phases": [p.__dict__ for p in phases], "plans": [str(p) for p in plans], "replan_s": replan_s,
             "shares": shares, "pair_bandwidth_gbps": bandwidths, "pair_bandwidth_mps_gbps": mps_bandwidths,
@@ -372,6 +373,16 @@ def elastic_half(args: argparse.Namespace, work: Path, meta: dict[str, Any]) -> 
     print(f"elastic job: exit {code}, {len(switches)} switches, {half['elastic_wall_s']:.0f} s", flush=True)
     (work / HALF).write_text(json.dumps(half, indent=1) + "\n")
     return half
+
+
+def machine() -> str:
+    """This machine, booted once: host name and boot id. Lent GPU machines may all be named alike
+    (``vm``), and one gone cold between the halves comes back as another boot."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}" if boot else socket.gethostname()
 
 
 def read_half(args: argparse.Namespace, work: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -389,9 +400,9 @@ def read_half(args: argparse.Namespace, work: Path, meta: dict[str, Any]) -> dic
     if half["meta"].get("gpu") != meta.get("gpu"):
         raise SystemExit(f"--restart-only: the elastic half at {path} ran on {half['meta'].get('gpu')}, this machine "
                          f"is {meta.get('gpu')}; both halves must run on the same machine")
-    if half.get("host") != socket.gethostname():
+    if half.get("host") != machine():
         raise SystemExit(f"--restart-only: the elastic half at {path} ran on host {half.get('host')}, this is "
-                         f"{socket.gethostname()}; both halves must run on the same machine (or run both again)")
+                         f"{machine()}; both halves must run on the same machine (or run both again)")
     return half
 
 
@@ -444,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     mps_bw = max(mps_bandwidths.values()) if mps_bandwidths else None
     res = analyse(phases, replan_s, el, switches, rs, bw, mps_bw, restart_downtime=not args.plain_steady) if ok \
         else {"events": [], "steady": []}
-    halves = {"elastic": half["meta"]["date"], "restart": meta["date"]} if args.restart_only else None
+    halves = {"elastic": half["meta"]["date"], "restart": meta["date"], "machine": machine()} if args.restart_only \
+        else None
     result = dict(meta, cluster=cluster.name, model="tiny" if args.smoke else args.model, seq_len=args.seq_len,
                   global_batch=args.global_batch, phases=[p.__dict__ for p in phases], replan_s=replan_s,
                   plans=[json.loads(p.read_text()) for p in plans], pair_bandwidth_gbps=bandwidths,

@@ -37,6 +37,7 @@ from executor.state.resume import choose_checkpoint
 from executor.switch.elastic_channel import Channel
 from executor.switch.elastic_switch import ElasticJob, build_early, plan_joined
 from executor.switch.epoch_world import World
+from executor.switch.joiner_boot import JoinerBoot
 from executor.switch.nccl_warm import warm_nccl
 from executor.switch.warm_up import warm_up
 from executor.train import plan_runner, pool_runner
@@ -73,6 +74,7 @@ def run_elastic(args: TrainConfig) -> int:
         prep, docs, error = rank_checks(plan, renv, args, pool)
         early, move, planned = None, None, None
         if joining:
+            boot = JoinerBoot.since_start()
             if prep is not None:
                 warm_s = warm_up(plan, me, prep.device, opt)
                 if warm_s is not None:
@@ -85,6 +87,7 @@ def run_elastic(args: TrainConfig) -> int:
                     state = move.states[1] if move is not None else rank_states(plan)[plan.devices.index(me)]
                     assert state is not None, f"{me} is not in its own layout"
                     early = build_early(joining, layout, state, args=args, device=prep.device, optim=opt, ahead=True)
+                print(f"[{me}] {boot.line(joining, warm_s, nccl_s)}", flush=True)
             channel.ready(joining, me, None if error is None else str(error))
             if error is not None:
                 raise error

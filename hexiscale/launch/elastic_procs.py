@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -66,6 +67,7 @@ class Processes:
                 env["HEXISCALE_FAULT"] = fault
             if epoch:
                 env["HEXISCALE_ELASTIC_JOIN"] = str(epoch)
+                env["HEXISCALE_STARTED_AT"] = f"{time.time():.3f}"  # the joiner reports its start-up from here
             if shares and dev in shares:
                 env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = f"{shares[dev]:g}"
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
