@@ -169,7 +169,8 @@ def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, 
     modules, so Dynamo traces one graph and reuses it for the others (parameters are inputs).
     TP collectives and CP's K/V all-gather inside a block are graph breaks
     (:func:`executor.parallel.tp_layers.keep_collectives_eager`,
-    :func:`executor.parallel.kv_gather.keep_kv_gather_eager`).
+    :func:`executor.parallel.kv_gather.keep_kv_gather_eager`), and so is CP's attention
+    (:func:`executor.parallel.context_parallel.keep_cp_attention_eager`).
     ``backend``: torch.compile's (``aot_eager`` traces the same graphs without generating kernels,
     which is how the CPU tests check that the compiled region has no graph break).
     """
@@ -180,11 +181,13 @@ def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, 
     on_cpu = not params or params[0].device.type == "cpu"
     if on_cpu and not force:
         return 0
+    from executor.parallel.context_parallel import keep_cp_attention_eager
     from executor.parallel.kv_gather import keep_kv_gather_eager
     from executor.parallel.tp_layers import keep_collectives_eager
 
     keep_collectives_eager()
     keep_kv_gather_eager()
+    keep_cp_attention_eager()
     for block in layers.values():
         block.compile(mode=mode, dynamic=False, backend=backend)
     if head and getattr(stage, "last", False) and getattr(stage, "tp", 1) == 1:

@@ -91,16 +91,17 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext, ba
     return masked_local(q, kv, cp.cp, cp.cp_rank, backends, mask_rows)
 
 
-# Both attentions run eager inside compiled blocks (a graph break, as the K/V all-gather): under
-# Inductor on CUDA (torch 2.11, H100) the lower-right causal bias's efficient-attention backward
-# failed its fake-kernel check, while CPU's aot_eager passed (tests/executor/test_exec_nccl4.py).
-@torch.compiler.disable
 def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext,
                  backends: fast_path.Backends = ()) -> torch.Tensor:
     """Causal GQA attention of the local queries ``q [b, Hq, 2L, d]`` over the whole sequence, from
     the local ``k, v [b, Hkv, 2L, d]``: block by block with flash kernels merged by log-sum-exp
     (:mod:`executor.parallel.cp_blockwise`) where a kernel exists for ``q`` (CPU; CUDA bf16/fp16),
     else one masked SDPA call per local chunk, causal aligned lower-right (module docstring)."""
+    return _attention(q, k, v, cp, backends)
+
+
+def _cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext,
+                  backends: fast_path.Backends = ()) -> torch.Tensor:
     kernel = kernel_for(q)
     if kernel is not None:
         return blockwise_cp_attention(q, k, v, cp.cp, cp.cp_rank, cp.group, kernel)
@@ -116,10 +117,30 @@ def masked_cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: C
     return _attend(q, k, v, cp, backends, lambda start, end: causal_lower_right(end - start, end))
 
 
-@torch.compiler.disable
 def cp_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSpans, cp: CPContext,
                         backends: fast_path.Backends = ()) -> torch.Tensor:
     """:func:`cp_attention` for a packed row (``docs``: the whole row's documents): each query also
     keeps to its own document — its rows of the row's document mask, built for those rows only
     (``DocSpans.mask_rows``: L x (c+1)·L booleans; exact, not yet a varlen kernel)."""
+    return _packed_attention(q, k, v, docs, cp, backends)
+
+
+def _cp_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSpans, cp: CPContext,
+                         backends: fast_path.Backends = ()) -> torch.Tensor:
     return _attend(q, k, v, cp, backends, lambda start, end: docs.mask_rows(start, end, q.device))
+
+
+# Both attentions run eager inside compiled blocks (a graph break, as the K/V all-gather): under
+# Inductor on CUDA (torch 2.11, H100) the lower-right causal bias's efficient-attention backward
+# failed its fake-kernel check, while CPU's aot_eager passed (tests/executor/test_exec_nccl4.py).
+_attention, _packed_attention = _cp_attention, _cp_packed_attention  # see keep_cp_attention_eager
+
+
+def keep_cp_attention_eager() -> None:
+    """Make both CP attentions graph breaks under ``torch.compile`` (comment above), only in a process
+    that compiles (:func:`executor.model.fast_path.compile_blocks` calls this): decorating them at
+    import imported the compiler stack (~1.3 s) into every rank process, compiling or not."""
+    global _attention, _packed_attention
+    if _attention is _cp_attention:
+        _attention = torch.compiler.disable(_cp_attention)
+        _packed_attention = torch.compiler.disable(_cp_packed_attention)

@@ -7,6 +7,7 @@ reference; the job (two switches, each retiring the old plan's groups after the 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hexiscale-jobs")]
 
 def test_smoke_trace_4_to_3_to_4_switches_in_process_and_equals_the_reference(tmp_path: Path,
                                                                                capsys: pytest.CaptureFixture) -> None:
-    assert main(["--smoke", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
+    """The program in its two commands (``--elastic-only``, then ``--restart-only``), and the same elastic
+    half continued by ``--plain-steady`` (one elastic job for both: it is most of the CPU time)."""
+    assert main(["--smoke", "--elastic-only", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    plain = tmp_path / "plain"
+    shutil.copytree(tmp_path / "elastic_work", plain / "elastic_work")
+    assert main(["--smoke", "--restart-only", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
     assert "The slowest rank's switch (excl. comm), part by part" in out
     assert "| 1 after step 2 (-r4090:2) | 4 -> 3 |" in out and "| 2 after step 4 (+r4090:2) | 3 -> 4 |" in out
-    [path] = tmp_path.glob("elastic_cpu_smoke_*.json")
-    res = json.loads(path.read_text())
+    [res] = [r for r in map(json.loads, (p.read_text() for p in tmp_path.glob("elastic_cpu_smoke_*.json")))
+             if r["halves"]]  # the restart half's result (the elastic half wrote its own)
     log = (tmp_path / "elastic_work" / "elastic.log").read_text()
     assert "[r4090:2] handed its state over at step 2; leaving the job" in log
     assert "[r4090:2] warmed up in" in log  # the joiner's warm-up ran (and the losses below are the reference's)
@@ -64,14 +71,11 @@ def test_smoke_trace_4_to_3_to_4_switches_in_process_and_equals_the_reference(tm
     restarted = {int(k): v for run in res["restart_losses"] for k, v in run.items()}
     assert [restarted[k] for k in range(1, 7)] == pytest.approx(ref, rel=1e-5)
 
-
-def test_plain_steady_runs_each_phase_fresh_for_the_steady_state(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture) -> None:
-    """``--plain-steady``: each phase's plain launch trains from a fresh start without checkpoints;
-    its records carry the phase's trace steps, the steady ratio is read, no restart downtime is."""
-    assert main(["--smoke", "--plain-steady", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
+    # --plain-steady: each phase's plain launch trains from a fresh start without checkpoints; its records
+    # carry the phase's trace steps, the steady ratio is read, no restart downtime is
+    assert main(["--smoke", "--restart-only", "--plain-steady", "--out", str(plain)]) == 0, capsys.readouterr().out
     assert "plain launches (steady state): exits [0, 0, 0]" in capsys.readouterr().out
-    [path] = tmp_path.glob("elastic_cpu_smoke_*.json")
+    [path] = plain.glob("elastic_cpu_smoke_*.json")
     res = json.loads(path.read_text())
     assert res["plain_steady"] is True
     assert [sorted(int(k) for k in run) for run in res["restart_losses"]] == [[1, 2], [3, 4], [5, 6]]
@@ -80,4 +84,4 @@ def test_plain_steady_runs_each_phase_fresh_for_the_steady_state(tmp_path: Path,
     assert all(e["elastic_downtime_s"] is not None for e in res["events"])
     first = res["restart_losses"][0]
     assert [first["1"], first["2"]] == pytest.approx(reference_losses(6, 6)[:2], rel=1e-5)  # the same start
-    assert not list(tmp_path.rglob("step-0*"))  # no checkpoint written
+    assert not list(plain.rglob("step-0*"))  # no checkpoint written

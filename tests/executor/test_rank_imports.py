@@ -1,0 +1,32 @@
+"""A rank process that does not compile never imports the compiler stack: ``torch._dynamo`` costs
+~1.3 s of import per process (every launch, every joiner, every test job) and, imported in gloo
+ranks, made one abort at exit (:func:`executor.parallel.tp_layers.keep_collectives_eager`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.support.imports import ROOT
+
+RANK_MODULES = ("hexiscale.cli.main", "executor.train.entry", "executor.switch.elastic", "executor.train.engine",
+                "executor.parallel.context_parallel", "executor.model.llama")
+
+
+def test_the_rank_entry_points_import_no_compiler() -> None:
+    code = (f"import sys\nfor m in {RANK_MODULES!r}:\n    __import__(m)\n"
+            "print(sorted(k for k in sys.modules if k == 'torch._dynamo' or k.startswith('torch._inductor')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_compiling_blocks_makes_cp_attention_a_graph_break() -> None:
+    code = ("import torch\nfrom executor.parallel import context_parallel as cp\n"
+            "from executor.model.fast_path import compile_blocks\n"
+            "class S(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.layers = torch.nn.ModuleDict({'0': torch.nn.Linear(2, 2)})\n"
+            "before = cp._attention is cp._cp_attention\n"
+            "compile_blocks(S(), force=True, backend='aot_eager')\n"
+            "print(before, cp._attention is not cp._cp_attention, cp._packed_attention is not cp._cp_packed_attention)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True", "True"], out
