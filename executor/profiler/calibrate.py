@@ -230,7 +230,9 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
     if device.type == "cuda":  # the executor compiles on CUDA only: a CPU calibration leaves it unmeasured
         comp = compiled_ratio(model, micro_batch=2, dtype=cfg.dtype, device=device, warmup=cfg.warmup,
                               repeats=cfg.repeats, chain=cfg.layer_chain)
-        params = replace(params, compiled_layer_ratio=comp["ratio"])
+        params = replace(params, compiled_layer_ratio=comp["ratio"],
+                         compiled_device_ratio=comp.get("device_ratio", 0.0),
+                         compiled_host_ratio=comp.get("host_ratio", 0.0))
         fits["compile"] = comp
     if device.type == "cuda" and base is not None:  # context parallelism's attention (CUDA's piece kernels)
         cpa = measure_cp_attention(model, dtype=cfg.dtype, device=device, warmup=cfg.warmup, repeats=cfg.repeats)
@@ -253,7 +255,9 @@ def _measure_and_fit(model: ModelSpec, home: Path, staging: Path, *, cpu: bool, 
                                                                 if "link" in fits else {}),
                                                **({"collective_host_s": params.collective_host_s}
                                                   if "collective_host" in fits else {}),
-                                               **({"compiled_layer_ratio": params.compiled_layer_ratio}
+                                               **({"compiled_layer_ratio": params.compiled_layer_ratio,
+                                                   "compiled_device_ratio": params.compiled_device_ratio,
+                                                   "compiled_host_ratio": params.compiled_host_ratio}
                                                   if "compile" in fits else {}),
                                                **({"cp_attention_efficiency": params.cp_attention_efficiency}
                                                   if "cp_attention" in fits else {})},

@@ -87,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
               f"{pk.get('held_out', 0.0) * 100:.1f} %), "
               f"{pk.get('d', 0.0) * 1e6:.0f} us a document per layer")
     if "compile" in summary["fits"]:
-        print(f"compiled layers: {summary['fits']['compile']['ratio']:.3f} x their eager time (priced for plans "
-              "with options.compile)")
+        comp = summary["fits"]["compile"]
+        sides = f"; GPU {comp['device_ratio']:.3f} x, host {comp['host_ratio']:.3f} x" if "host_ratio" in comp else ""
+        print(f"compiled layers: {comp['ratio']:.3f} x their eager time{sides} (priced for plans with options.compile)")
     if summary["live_tps"]:
         print(f"TP layers timed live (with their all-reduces) at tp {', '.join(map(str, summary['live_tps']))}: "
               f"the cost model prices those TP degrees from them")

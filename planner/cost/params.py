@@ -57,6 +57,12 @@ class CostParams:
     # executor/profiler/calibrate.py); 0 = not measured: a plan with ``options.compile`` is then
     # priced as eager for time (its memory as compiled) and the estimate says so in its notes.
     compiled_layer_ratio: float = 0.0
+    # The same ratio on the GPU's and the host's side apart, where calibrate timed both (host-free device
+    # times, planner.cost.pass_times): compiling fuses kernels (GPU) and cuts most per-op launches (host)
+    # by different factors, so a launch-bound eager layer speeds up more than a GPU-bound one. With both,
+    # a compiled pass is max(GPU x device ratio, host x host ratio) of the eager pass's split; 0 = one ratio.
+    compiled_device_ratio: float = 0.0
+    compiled_host_ratio: float = 0.0
     # The plan's ``options.compile``: layer times are scaled by ``compiled_layer_ratio`` where it is
     # measured. A plan option, not a fitted term (set by ProfileSet.for_options, like the residual's).
     layers_compiled: bool = False

@@ -82,6 +82,12 @@ def _check(dtype: str, recompute: str, micro_batch: int, tp: int) -> None:
         raise SpecError("micro_batch" if micro_batch < 1 else "tp", "must be >= 1", "use a positive integer")
 
 
+def exact_split(total: float, gpu: float, host: float) -> tuple[float, float]:
+    """(GPU, host) shares of a pass priced ``total`` whose rows timed ``gpu`` and ``host`` apart: the
+    larger side is the pass time, the other its own time (at most the total)."""
+    return (min(gpu, total), total) if host >= gpu else (total, min(host, total))
+
+
 class DeviceProfile(ABC):
     """Interface (and the spec roofline implementation's cache). Subclasses override ``_layer``,
     ``_embedding``, ``_head`` and may override ``optimizer_time``. Results are cached per
@@ -120,11 +126,28 @@ class DeviceProfile(ABC):
         if hit is None:
             _check(dtype, recompute, micro_batch, tp)
             hit = self._layer(model, micro_batch, tp, dtype, recompute, seq_len or model.seq_len)
-            r = self.params.compiled_layer_ratio
-            if self.params.layers_compiled and r > 0:  # options.compile, priced from the measured ratio
-                hit = PassTime(hit.forward_s * r, hit.backward_s * r)
+            if self.params.layers_compiled and self.params.compiled_layer_ratio > 0:  # options.compile
+                hit = self._compiled_layer(hit, model, micro_batch, tp, dtype, recompute, seq_len or model.seq_len)
             self._cache[key] = hit
         return hit
+
+    def _compiled_layer(self, eager: PassTime, model: ModelSpec, micro_batch: int, tp: int, dtype: str,
+                        recompute: str, seq_len: int) -> PassTime:
+        """``options.compile``'s layer from the eager one: each pass's GPU and host shares (the rows' own,
+        as :meth:`pass_split` has them) scaled by their own measured ratios, else by the one ratio."""
+        p = self.params
+        rows = self._measured_split("layer", model, micro_batch, tp, dtype, recompute, seq_len) \
+            if p.compiled_device_ratio > 0 and p.compiled_host_ratio > 0 else None
+        if rows is None:
+            return PassTime(eager.forward_s * p.compiled_layer_ratio, eager.backward_s * p.compiled_layer_ratio)
+        gpu, host = rows
+
+        def one(total: float, g: float, h: float) -> float:
+            g, h = exact_split(total, g, h)
+            return max(g * p.compiled_device_ratio, h * p.compiled_host_ratio)
+
+        return PassTime(one(eager.forward_s, gpu.forward_s, host.forward_s),
+                        one(eager.backward_s, gpu.backward_s, host.backward_s))
 
     def layer_holds_collectives(self, model: ModelSpec, micro_batch: int, tp: int = 1, dtype: str = "bf16",
                                 seq_len: int | None = None) -> bool:
@@ -179,11 +202,8 @@ class DeviceProfile(ABC):
         def inferred(total: float, gpu: float, host: float) -> tuple[float, float]:
             return (total, host) if total > host else (min(total, gpu), total)
 
-        def exact(total: float, gpu: float, host: float) -> tuple[float, float]:
-            return (min(gpu, total), total) if host >= gpu else (total, min(host, total))
-
         measured = self._measured_split(kind, model, micro_batch, tp, dtype, recompute, s)
-        split = inferred if measured is None else exact  # the rows' own device and host times (host-free rows)
+        split = inferred if measured is None else exact_split  # the rows' own device and host times (host-free rows)
         gpu, host = measured or self.roofline_split(kind, model, micro_batch, tp, dtype, recompute, s)
         (gf, hf), (gb, hb) = split(t.forward_s, gpu.forward_s, host.forward_s), split(
             t.backward_s, gpu.backward_s, host.backward_s)

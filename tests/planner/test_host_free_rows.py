@@ -74,3 +74,31 @@ def test_carried_to_another_tp_the_host_time_follows_the_rooflines_host_not_its_
     assert host.forward_s == pytest.approx(fh * MS * roof2[1].forward_s / roof1[1].forward_s)
     assert roof2[0].forward_s < 0.7 * roof1[0].forward_s  # the GPU's share halves, the host's does not
     assert gpu.forward_s == pytest.approx(prof.layer_time(MODEL, 4, tp=2).forward_s)
+
+
+def _compiled(prof_device: DeviceType, **ratios: float) -> MeasuredProfile:
+    from planner.cost.params import DEFAULT_PARAMS
+
+    return MeasuredProfile(prof_device, replace(DEFAULT_PARAMS, layers_compiled=True, **ratios))
+
+
+@pytest.mark.parametrize("mb", sorted(ROWS))
+def test_a_compiled_layer_scales_its_gpu_and_host_shares_by_their_own_ratios(mb: int) -> None:
+    """Compiling cuts launches (host) more than GPU time: a launch-bound eager layer speeds up by the
+    host's ratio until its GPU side bounds it, a GPU-bound one by the GPU's ratio."""
+    fd, fh, bd, bh = ROWS[mb]
+    got = _compiled(FULL_QUEUE, compiled_layer_ratio=0.75, compiled_device_ratio=0.8,
+                    compiled_host_ratio=0.2).layer_time(MODEL, mb)
+    assert got.forward_s == pytest.approx(max(0.8 * fd, 0.2 * fh) * MS)
+    assert got.backward_s == pytest.approx(max(0.8 * bd, 0.2 * bh) * MS)
+
+
+def test_a_compiled_layer_without_side_ratios_scales_the_pass_time_by_the_one_ratio() -> None:
+    fd, fh, bd, bh = ROWS[1]
+    for device, ratios in ((FULL_QUEUE, {"compiled_layer_ratio": 0.75}),
+                           (OLD, {"compiled_layer_ratio": 0.75, "compiled_device_ratio": 0.8,
+                                  "compiled_host_ratio": 0.2})):  # rows from before: one figure per pass
+        got = _compiled(device, **ratios).layer_time(MODEL, 1)
+        eager = MeasuredProfile(device).layer_time(MODEL, 1)
+        assert got.forward_s == pytest.approx(0.75 * eager.forward_s)
+        assert got.backward_s == pytest.approx(0.75 * eager.backward_s)
