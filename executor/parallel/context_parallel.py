@@ -139,7 +139,7 @@ _attention, _packed_attention = _cp_attention, _cp_packed_attention  # see keep_
 def keep_cp_attention_eager() -> None:
     """Make both CP attentions graph breaks under ``torch.compile`` (comment above), only in a process
     that compiles (:func:`executor.model.fast_path.compile_blocks` calls this): decorating them at
-    import imported the compiler stack (~1.3 s) into every rank process, compiling or not."""
+    import imported the compiler stack (~1.3 s) into every process that imports this module."""
     global _attention, _packed_attention
     if _attention is _cp_attention:
         _attention = torch.compiler.disable(_cp_attention)
