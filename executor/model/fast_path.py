@@ -160,6 +160,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 # ------------------------------------------------------------------------------ compile
 
 
+_KEEP_EAGER: list[Callable[[], None]] = []  # see keep_eager_when_compiling
+_compiling: list[bool] = []  # non-empty once compile_blocks ran in this process
+
+
+def keep_eager_when_compiling(keep: Callable[[], None]) -> Callable[[], None]:
+    """Register ``keep`` (it makes some of its module's functions graph breaks) to run when this
+    process first compiles blocks, or now if it already has: for modules that import this one, which
+    :func:`compile_blocks` cannot import back (an import cycle)."""
+    _KEEP_EAGER.append(keep)
+    if _compiling:
+        keep()
+    return keep
+
+
 def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, mode: str | None = None,
                    backend: str = "inductor") -> int:
     """Compile every transformer block of ``stage`` (its ``layers`` ModuleDict) in place, and with
@@ -169,8 +183,8 @@ def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, 
     modules, so Dynamo traces one graph and reuses it for the others (parameters are inputs).
     TP collectives and CP's K/V all-gather inside a block are graph breaks
     (:func:`executor.parallel.tp_layers.keep_collectives_eager`,
-    :func:`executor.parallel.kv_gather.keep_kv_gather_eager`), and so is CP's attention
-    (:func:`executor.parallel.context_parallel.keep_cp_attention_eager`).
+    :func:`executor.parallel.kv_gather.keep_kv_gather_eager`), and so is what modules that import this
+    one registered (:func:`keep_eager_when_compiling`: CP's attention).
     ``backend``: torch.compile's (``aot_eager`` traces the same graphs without generating kernels,
     which is how the CPU tests check that the compiled region has no graph break).
     """
@@ -181,13 +195,14 @@ def compile_blocks(stage: nn.Module, *, force: bool = False, head: bool = True, 
     on_cpu = not params or params[0].device.type == "cpu"
     if on_cpu and not force:
         return 0
-    from executor.parallel.context_parallel import keep_cp_attention_eager
     from executor.parallel.kv_gather import keep_kv_gather_eager
     from executor.parallel.tp_layers import keep_collectives_eager
 
     keep_collectives_eager()
     keep_kv_gather_eager()
-    keep_cp_attention_eager()
+    _compiling.append(True)
+    for keep in _KEEP_EAGER:
+        keep()
     for block in layers.values():
         block.compile(mode=mode, dynamic=False, backend=backend)
     if head and getattr(stage, "last", False) and getattr(stage, "tp", 1) == 1:

@@ -136,9 +136,10 @@ def _cp_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs
 _attention, _packed_attention = _cp_attention, _cp_packed_attention  # see keep_cp_attention_eager
 
 
+@fast_path.keep_eager_when_compiling
 def keep_cp_attention_eager() -> None:
     """Make both CP attentions graph breaks under ``torch.compile`` (comment above), only in a process
-    that compiles (:func:`executor.model.fast_path.compile_blocks` calls this): decorating them at
+    that compiles (registered with :func:`executor.model.fast_path.keep_eager_when_compiling`): decorating them at
     import imported the compiler stack (~1.3 s) into every process that imports this module."""
     global _attention, _packed_attention
     if _attention is _cp_attention:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.imports import ROOT
 
 RANK_MODULES = ("hexiscale.cli.main", "executor.train.entry", "executor.switch.elastic", "executor.train.engine",
@@ -31,3 +33,16 @@ def test_compiling_blocks_makes_cp_attention_a_graph_break() -> None:
             "print(before, cp._attention is not cp._cp_attention, cp._packed_attention is not cp._cp_packed_attention)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True", "True"], out
+
+
+def test_a_module_imported_after_the_first_compile_is_kept_eager_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from executor.model import fast_path
+
+    monkeypatch.setattr(fast_path, "_KEEP_EAGER", [])
+    monkeypatch.setattr(fast_path, "_compiling", [])
+    calls: list[str] = []
+    fast_path.keep_eager_when_compiling(lambda: calls.append("before"))
+    assert calls == []  # nothing compiled yet: registered for later
+    monkeypatch.setattr(fast_path, "_compiling", [True])
+    fast_path.keep_eager_when_compiling(lambda: calls.append("after"))
+    assert calls == ["after"]
