@@ -77,3 +77,13 @@ def test_the_spin_does_not_leak_into_a_device_bound_gemm() -> None:
     end.synchronize()
     plain = start.elapsed_time(end) / 1e3 / n
     assert spun == pytest.approx(plain, rel=0.04), (spun, plain)
+
+
+def test_idle_host_times_come_from_repetitions_without_the_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HOST_TIMES = "idle"``: the device times are still the spun repetitions' (the slow host stays
+    hidden), the host times those of an idle GPU's repetitions (the same issue time here: a sleep)."""
+    from executor.profiler import timing
+
+    monkeypatch.setattr(timing, "HOST_TIMES", "idle")
+    got = phase_times(_step, 2, torch.device("cuda", 0), warmup=2, repeats=7)
+    assert got.device_s[0] < 0.003 and got.host_s[0] >= 0.005 and got.host_s[1] < 0.002 < 0.005 < got.device_s[1], got
