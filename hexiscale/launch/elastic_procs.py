@@ -13,15 +13,13 @@ forwarded line by line; only these processes are ever signalled, by pid.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hexiscale.launch.local import RankProcess, _pump, _terminate
-from hexiscale.launch.scripts import TRAIN_ENTRY
+from hexiscale.launch.fork_spawn import spawn_mode
+from hexiscale.launch.local import RankProcess, _pump, _terminate, rank_argv, start_rank
 from planner.plan import Plan
 
 
@@ -57,7 +55,8 @@ class Processes:
     def start(self, plan: Plan, plan_path: str, devices: Sequence[str], train_args: Sequence[str], *, attempt: int,
               epoch: int = 0, shares: dict[str, float] | None = None, fault: str | None = None) -> None:
         """Start ``devices`` of ``plan`` (all of them at epoch 0; the joining ones later)."""
-        cmd = [sys.executable, *TRAIN_ENTRY, "--plan", plan_path, "--device", self.device_kind, *train_args]
+        cmd = rank_argv(plan_path, self.device_kind, train_args)
+        mode = spawn_mode(self.device_kind, self.base)
         for dev in devices:
             env = dict(self.base, RANK=str(plan.devices.index(dev)), WORLD_SIZE=str(plan.world_size),
                        LOCAL_RANK=str(self.gpu_index[dev]), HEXISCALE_DEVICE=dev,
@@ -70,7 +69,7 @@ class Processes:
                 env["HEXISCALE_STARTED_AT"] = f"{time.time():.3f}"  # the joiner reports its start-up from here
             if shares and dev in shares:
                 env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = f"{shares[dev]:g}"
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            proc = start_rank(cmd, env, mode)
             self.procs.append(DeviceProcess(plan.devices.index(dev), proc, device=dev, epoch=epoch))
             assert proc.stdout is not None
             t = threading.Thread(target=_pump, args=(proc.stdout, None), daemon=True)

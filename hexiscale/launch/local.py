@@ -25,14 +25,17 @@ from pathlib import Path
 from typing import IO
 
 from executor.job.watchdog import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
+from hexiscale.launch.fork_spawn import ForkedRank, preload, spawn_mode
 from hexiscale.launch.scripts import TRAIN_ENTRY
 from planner.errors import SpecError
+
+RankHandle = subprocess.Popen[bytes] | ForkedRank
 
 
 @dataclass
 class RankProcess:
     rank: int
-    proc: subprocess.Popen[bytes]
+    proc: RankHandle
     code: int | None = None
     ended_at: float | None = None
 
@@ -73,6 +76,15 @@ def _pump(stream: IO[bytes], log: IO[bytes] | None) -> None:
 def rank_argv(plan_path: str, device: str, train_args: Sequence[str]) -> list[str]:
     """One rank's command: this interpreter running ``hexiscale train``."""
     return [sys.executable, *TRAIN_ENTRY, "--plan", plan_path, "--device", device, *train_args]
+
+
+def start_rank(cmd: Sequence[str], env: dict[str, str], mode: str) -> RankHandle:
+    """Start one rank of ``cmd`` (a :func:`rank_argv`) with ``env``, its output on a pipe:
+    exec'd, or for ``mode == "fork"`` forked from this process (:mod:`hexiscale.launch.fork_spawn`)."""
+    if mode == "fork":
+        preload()
+        return ForkedRank(list(cmd[1 + TRAIN_ENTRY.index("train"):]), env)  # ["train", ...]: main's argv
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def rank_commands(plan_path: str, world_size: int, train_args: Sequence[str], *, device: str = "cpu",
@@ -124,9 +136,10 @@ def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, dev
     ranks: list[RankProcess] = []
     pumps: list[threading.Thread] = []
     cmd = rank_argv(plan_path, device, train_args)
+    mode = spawn_mode(device, base)
     for r in range(world_size):
         env = dict(base, RANK=str(r), LOCAL_RANK=str(r), **(rank_env or {}).get(r, {}))
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = start_rank(cmd, env, mode)
         ranks.append(RankProcess(r, proc))
         log = open(logs / f"rank-{r}.log", "wb") if logs is not None else None  # noqa: SIM115
         assert proc.stdout is not None
