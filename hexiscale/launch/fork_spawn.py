@@ -37,13 +37,14 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
 from planner.errors import SpecError
 
 SPAWN_ENV = "HEXISCALE_SPAWN"
 SPAWN_MODES = ("fork", "exec")
+_HELD = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}  # blocked across the fork (see ForkedRank)
 
 
 def spawn_mode(device: str, env: Mapping[str, str] | None = None) -> str:
@@ -70,21 +71,26 @@ def preload() -> None:
 
 
 class ForkedRank:
-    """A rank forked from this process, looked after like a ``subprocess.Popen``."""
+    """A forked child running ``target`` (its return value is the exit code) with ``env`` as its
+    environment and its stdout and stderr on ``self.stdout``; looked after like a ``Popen``."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str]):
+    def __init__(self, target: Callable[[], int], env: Mapping[str, str], *, args: Sequence[str] = ()):
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         read, write = os.pipe()
-        with warnings.catch_warnings():  # the launcher's threads are accounted for (module docstring)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child never returns
-            os.close(read)
-            _run_child(list(argv), dict(env), write)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)  # until the child has reset its handlers
+        try:
+            with warnings.catch_warnings():  # the launcher's threads are accounted for (module docstring)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child never returns
+                os.close(read)
+                _run_child(target, dict(env), write, mask)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(write)
         self.pid = pid
-        self.args = list(argv)
+        self.args = list(args)
         self.stdout: IO[bytes] = os.fdopen(read, "rb")
         self.returncode: int | None = None
 
@@ -118,10 +124,23 @@ class ForkedRank:
         self.send_signal(signal.SIGKILL)
 
 
-def _run_child(argv: list[str], env: dict[str, str], out_fd: int) -> None:  # pragma: no cover - in the child
+def train_target(argv: Sequence[str]) -> Callable[[], int]:
+    """``hexiscale ARGV`` (``["train", ...]``) as a :class:`ForkedRank` target."""
+
+    def run() -> int:
+        from hexiscale.cli.main import main
+
+        sys.argv = [os.path.join(os.path.dirname(os.path.dirname(__file__)), "__main__.py"), *argv]
+        return main(list(argv))
+
+    return run
+
+
+def _run_child(target: Callable[[], int], env: dict[str, str], out_fd: int,
+               mask: set[signal.Signals]) -> None:  # pragma: no cover - in the child
     code = 1
     try:
-        code = _child_main(argv, env, out_fd)
+        code = _child_main(target, env, out_fd, mask)
     except BaseException:  # noqa: BLE001 - the child must reach os._exit whatever happens
         try:
             import traceback
@@ -138,7 +157,8 @@ def _run_child(argv: list[str], env: dict[str, str], out_fd: int) -> None:  # pr
         os._exit(code)
 
 
-def _child_main(argv: list[str], env: dict[str, str], out_fd: int) -> int:  # pragma: no cover - in the child
+def _child_main(target: Callable[[], int], env: dict[str, str], out_fd: int,
+                mask: set[signal.Signals]) -> int:  # pragma: no cover - in the child
     import faulthandler
     import gc
     import random
@@ -159,20 +179,33 @@ def _child_main(argv: list[str], env: dict[str, str], out_fd: int) -> int:  # pr
             continue
         if callable(handler) and handler is not signal.default_int_handler:
             signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.environ.clear()
     os.environ.update(env)
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
-    sys.argv = [os.path.join(os.path.dirname(os.path.dirname(__file__)), "__main__.py"), *argv]
-    from hexiscale.cli.main import main
-
+    _name_process(env)
     try:
-        code = main(argv)
+        code = target()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else _print_exit(exc.code))
     _at_exit()
     return code
+
+
+def _name_process(env: Mapping[str, str]) -> None:  # pragma: no cover - in the child
+    """Name the child after its device or rank (``ps``, ``top``; its ``/proc/PID/environ`` still shows
+    the launcher's environment, which only an exec replaces)."""
+    import ctypes
+    import ctypes.util
+
+    name = env.get("HEXISCALE_DEVICE") or f"rank-{env.get('RANK', '?')}"
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError, TypeError):
+        pass
 
 
 def _print_exit(message: object) -> int:  # pragma: no cover - in the child

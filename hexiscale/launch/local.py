@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from executor.job.watchdog import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_RANK_FAILURE, EXIT_USER_ERROR
-from hexiscale.launch.fork_spawn import ForkedRank, preload, spawn_mode
+from hexiscale.launch.fork_spawn import ForkedRank, preload, spawn_mode, train_target
 from hexiscale.launch.scripts import TRAIN_ENTRY
 from planner.errors import SpecError
 
@@ -83,7 +83,7 @@ def start_rank(cmd: Sequence[str], env: dict[str, str], mode: str) -> RankHandle
     exec'd, or for ``mode == "fork"`` forked from this process (:mod:`hexiscale.launch.fork_spawn`)."""
     if mode == "fork":
         preload()
-        return ForkedRank(list(cmd[1 + TRAIN_ENTRY.index("train"):]), env)  # ["train", ...]: main's argv
+        return ForkedRank(train_target(cmd[1 + TRAIN_ENTRY.index("train"):]), env, args=cmd)  # main(["train", ...])
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -112,6 +112,7 @@ def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, dev
     unless a flag asked for another, see :mod:`hexiscale.launch.own_address`)."""
     from executor.job.env import serve_store
 
+    mode = spawn_mode(device, {**os.environ, **(extra_env or {})})
     try:  # listens on this machine only (loopback by default): the job never leaves it
         store = serve_store(store_addr, store_port)
     except OSError as exc:
@@ -136,7 +137,6 @@ def run_local(plan_path: str, world_size: int, train_args: Sequence[str], *, dev
     ranks: list[RankProcess] = []
     pumps: list[threading.Thread] = []
     cmd = rank_argv(plan_path, device, train_args)
-    mode = spawn_mode(device, base)
     for r in range(world_size):
         env = dict(base, RANK=str(r), LOCAL_RANK=str(r), **(rank_env or {}).get(r, {}))
         proc = start_rank(cmd, env, mode)
