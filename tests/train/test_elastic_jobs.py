@@ -78,15 +78,21 @@ class Job:
 
 
 def rank_processes(parent: int) -> dict[str, int]:
-    """Device -> pid of the live ``hexiscale train`` processes the supervisor ``parent`` started."""
+    """Device -> pid of the live ``hexiscale train`` processes the supervisor ``parent`` started: an
+    exec'd one by ``HEXISCALE_DEVICE`` in its environment, a forked one (whose ``/proc`` environment
+    is the supervisor's) by its name, which is its device (:mod:`hexiscale.launch.fork_spawn`)."""
     out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            env = (stat.parent / "environ").read_bytes().split(b"\0") if ppid == parent else []
+            if ppid != parent:
+                continue
+            env = (stat.parent / "environ").read_bytes().split(b"\0")
+            name = (stat.parent / "comm").read_text().strip()
         except (OSError, ValueError, IndexError):
             continue
-        device = next((e[len(b"HEXISCALE_DEVICE="):].decode() for e in env if e.startswith(b"HEXISCALE_DEVICE=")), None)
+        device = next((e[len(b"HEXISCALE_DEVICE="):].decode() for e in env if e.startswith(b"HEXISCALE_DEVICE=")),
+                      name if ":" in name else None)
         if device:
             out[device] = int(stat.parent.name)
     return out
