@@ -137,7 +137,7 @@ def train_target(argv: Sequence[str]) -> Callable[[], int]:
 
 
 def _run_child(target: Callable[[], int], env: dict[str, str], out_fd: int,
-               mask: set[signal.Signals]) -> None:  # pragma: no cover - in the child
+               mask: set[int | signal.Signals]) -> None:  # pragma: no cover - in the child
     code = 1
     try:
         code = _child_main(target, env, out_fd, mask)
@@ -158,7 +158,7 @@ def _run_child(target: Callable[[], int], env: dict[str, str], out_fd: int,
 
 
 def _child_main(target: Callable[[], int], env: dict[str, str], out_fd: int,
-                mask: set[signal.Signals]) -> int:  # pragma: no cover - in the child
+                mask: set[int | signal.Signals]) -> int:  # pragma: no cover - in the child
     import faulthandler
     import gc
     import random
@@ -167,9 +167,10 @@ def _child_main(target: Callable[[], int], env: dict[str, str], out_fd: int,
     os.dup2(out_fd, 1)
     os.dup2(out_fd, 2)
     os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
-    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
-    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
-                                       closefd=False)
+    # fresh streams on the rank's pipe: a pump thread may have held the launcher's streams' locks
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]
     faulthandler.disable()
     signal.set_wakeup_fd(-1)
     for sig in signal.valid_signals():
