@@ -9,8 +9,9 @@ train`` entry with the same argv and environment, then leaves with ``os._exit``.
 Only CPU launches fork (:func:`spawn_mode`): CUDA and NCCL must never be initialised in a forked
 parent, so GPU ranks are always exec'd. ``HEXISCALE_SPAWN=exec`` forces the exec path everywhere.
 
-What the child undoes of the launcher (the parent must have run no torch ops: its OpenMP pool
-would not survive the fork):
+What the child undoes of the launcher. The parent must have run no parallel torch ops (an OpenMP
+pool does not survive a fork): ``hexiscale launch`` runs none; an in-process caller that did (a test
+calling ``main``) is safe only with ``OMP_NUM_THREADS=1`` in the ranks, the launchers' default.
 
 * threads: only the forking thread lives on (the store server's and the output pumps' are gone);
   the child never touches the launcher's store or its ``sys.stdout`` (a pump may have held its
