@@ -22,8 +22,9 @@ calling ``main``) is safe only with ``OMP_NUM_THREADS=1`` in the ranks, the laun
 * signals: handlers the launcher installed go back to their defaults (SIGINT keeps Python's
   KeyboardInterrupt handler, as in a new interpreter), faulthandler and the wakeup fd are off;
 * random state: ``random`` is reseeded (numpy's too, if loaded), as in a new interpreter;
-* exit: the child runs the atexit handlers and joins its non-daemon threads as an interpreter
-  would at exit, flushes its streams and leaves with ``os._exit`` (never the launcher's exit path).
+* exit: the launcher's atexit handlers and finalizers are dropped (they would do the launcher's
+  clean-up); the child runs its own and joins its non-daemon threads as an interpreter would at exit,
+  flushes its streams and leaves with ``os._exit`` (never the launcher's exit path).
 
 :class:`ForkedRank` has the part of the ``Popen`` interface the launchers use (``pid``,
 ``stdout``, ``poll``, ``wait``, ``terminate``, ``kill``, ``returncode``), with the same exit codes
@@ -184,6 +185,7 @@ def _child_main(target: Callable[[], int], env: dict[str, str], out_fd: int,
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.environ.clear()
     os.environ.update(env)
+    _forget_exit_handlers()
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
@@ -194,6 +196,20 @@ def _child_main(target: Callable[[], int], env: dict[str, str], out_fd: int,
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else _print_exit(exc.code))
     _at_exit()
     return code
+
+
+def _forget_exit_handlers() -> None:  # pragma: no cover - in the child
+    """Drop the launcher's atexit handlers and its finalizers' exit calls (a new interpreter has
+    none): run in the child they would do the launcher's clean-up, e.g. a ``TemporaryDirectory``'s
+    finalizer deleting a folder the launcher still uses. The rank's own registrations run as usual."""
+    import atexit
+    import weakref
+
+    atexit._clear()
+    registry = getattr(weakref.finalize, "_registry", {})
+    for info in list(registry.values()):
+        info.atexit = False
+    weakref.finalize._registered_with_atexit = False  # type: ignore[attr-defined]
 
 
 def _name_process(env: Mapping[str, str]) -> None:  # pragma: no cover - in the child

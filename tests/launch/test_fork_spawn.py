@@ -104,3 +104,32 @@ def test_forked_and_execd_ranks_train_to_the_same_losses(tmp_path: Path) -> None
         assert "step 2/2" in run.stdout  # the ranks' output reaches the launcher's
         got[mode] = [json.loads(line)["loss"] for line in jsonl.read_text().splitlines()]
     assert len(got["fork"]) == 2 and got["fork"] == got["exec"]
+
+
+def _register_at_exit(marker: Path) -> int:
+    import atexit
+
+    atexit.register(lambda: (marker.parent / "child-own").write_text("ran"))
+    return 0
+
+
+def test_a_forked_rank_runs_its_own_exit_handlers_not_the_launchers(tmp_path: Path) -> None:
+    """The launcher's atexit handlers and finalizers (a TemporaryDirectory's clean-up) stay its own."""
+    import atexit
+    import tempfile
+
+    kept = tempfile.TemporaryDirectory(dir=tmp_path)  # its finalizer would delete the folder at exit
+    marker = tmp_path / "launcher-handler"
+
+    def launchers() -> None:
+        marker.write_text("ran")
+
+    atexit.register(launchers)
+    try:
+        rank = ForkedRank(lambda: _register_at_exit(marker), {})
+        assert rank.wait(timeout=30) == 0
+        assert Path(kept.name).is_dir() and not marker.exists()
+        assert (tmp_path / "child-own").read_text() == "ran"
+    finally:
+        atexit.unregister(launchers)
+        kept.cleanup()
