@@ -3,7 +3,6 @@ forked rank is looked after exactly like an exec'd one (output, exit codes, sign
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,9 +15,9 @@ import pytest
 from hexiscale.launch.fork_spawn import ForkedRank, spawn_mode
 from hexiscale.launch.local import describe_exit
 from planner.errors import SpecError
+from tests.train.test_train_jobs import losses, two_rank_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-PLAN4 = ROOT / "examples" / "plans" / "demo-cpu-4-tiny.json"
 
 
 def test_only_cpu_ranks_fork_and_exec_forces_the_old_path() -> None:
@@ -87,11 +86,7 @@ def test_terminate_ends_a_forked_rank_with_sigterm_despite_the_launchers_handler
 @pytest.mark.slow
 def test_forked_and_execd_ranks_train_to_the_same_losses(tmp_path: Path) -> None:
     """One small plan (one pipeline, TP 2), two steps, launched both ways: the same losses."""
-    data = json.loads(PLAN4.read_text())
-    data["pipelines"] = [{"batch_size": 8, "micro_batches": 2, "schedule": "1f1b",
-                          "stages": [{"devices": ["r4090:0", "r4090:1"], "tp": 2, "layers": [0, 4]}]}]
-    plan = tmp_path / "plan2.json"
-    plan.write_text(json.dumps(data))
+    plan = two_rank_plan(tmp_path)
     got = {}
     for mode in ("fork", "exec"):
         jsonl = tmp_path / f"{mode}.jsonl"
@@ -102,7 +97,7 @@ def test_forked_and_execd_ranks_train_to_the_same_losses(tmp_path: Path) -> None
                              text=True, timeout=240, cwd=ROOT)
         assert run.returncode == 0, run.stdout + run.stderr
         assert "step 2/2" in run.stdout  # the ranks' output reaches the launcher's
-        got[mode] = [json.loads(line)["loss"] for line in jsonl.read_text().splitlines()]
+        got[mode] = losses(jsonl)
     assert len(got["fork"]) == 2 and got["fork"] == got["exec"]
 
 
